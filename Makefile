@@ -1,0 +1,31 @@
+# Two commands a user needs: `make demo` and `make test`. Each sets itself up.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+NP     ?= 4
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-fast evolve-demo install clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[mpich,test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/mpirun -n $(NP) $(BIN)/python -m ensemble.run configs/digits.toml
+
+evolve-demo: $(STAMP)
+	$(BIN)/mpirun -n $(NP) $(BIN)/python -m ensemble.run configs/digits_evolve.toml
+
+test: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow"
+
+clean:
+	rm -rf runs build *.egg-info .pytest_cache

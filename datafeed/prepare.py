@@ -1,0 +1,133 @@
+"""Turn raw (x, y) into checked, split, normalised arrays ready to broadcast.
+
+Splits are seeded (stratified for classification); normalisation is fitted on the
+training split only and kept, so ``ensemble.predict`` applies the same transform.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from datafeed.readers import DataError
+
+SPLITS = ("train", "val", "test")
+
+
+def infer_task(y: np.ndarray, setting: str) -> str:
+    """``data.task`` if set, else classification for integer/string/bool labels."""
+    if setting != "auto":
+        return setting
+    if y.dtype.kind in "iubUSO":
+        return "classification"
+    if y.ndim == 1 and np.all(np.mod(y, 1) == 0) and len(np.unique(y)) <= max(20, len(y) // 50):
+        return "classification"
+    return "regression"
+
+
+def encode_labels(y: np.ndarray, class_names: list[str] | None) -> tuple[np.ndarray, list[str]]:
+    """Map labels to 0..C-1; integer labels must already be 0..C-1 if class names were given."""
+    if y.ndim != 1:
+        raise DataError(f"classification labels must be one value per sample, but have shape {y.shape}; "
+                        "set `data.task = \"regression\"` for vector targets")
+    values, codes = np.unique(y, return_inverse=True)
+    if class_names and y.dtype.kind in "iu":
+        if values.min() < 0 or values.max() >= len(class_names):
+            raise DataError(f"labels must lie in 0..{len(class_names) - 1} for the "
+                            f"{len(class_names)} classes, but range {values.min()}..{values.max()}")
+        return y.astype(np.int64), class_names
+    if y.dtype.kind in "iu" and values.min() >= 0 and values.max() < 2 * len(values):
+        return y.astype(np.int64), [str(v) for v in range(int(values.max()) + 1)]
+    return codes.astype(np.int64), [str(v) for v in values]
+
+
+def check_arrays(x: np.ndarray, y: np.ndarray) -> None:
+    """Reject data no network can train on, naming what is wrong."""
+    if len(x) != len(y):
+        raise DataError(f"features and targets differ in length: x has {len(x)} samples, y has "
+                        f"{len(y)}; check `data.x` / `data.y` (or `data.label`)")
+    if len(x) < 10:
+        raise DataError(f"the dataset has only {len(x)} samples; at least 10 are needed to split "
+                        "into train/val/test")
+    if x.dtype.kind not in "iufb":
+        raise DataError(f"features must be numeric, but have dtype {x.dtype}")
+    xf = np.asarray(x, dtype=np.float64)
+    bad = ~np.isfinite(xf)
+    if bad.any():
+        rows = np.unique(np.nonzero(bad)[0])
+        raise DataError(f"features hold {int(bad.sum())} NaN/inf values (first rows: "
+                        f"{rows[:5].tolist()}); clean or impute them before training")
+
+
+def split_indices(y: np.ndarray, task: str, val: float, test: float, seed: int) -> dict[str, np.ndarray]:
+    """Seeded train/val/test index arrays, stratified by class for classification."""
+    from sklearn.model_selection import train_test_split
+    idx = np.arange(len(y))
+    strat = y if task == "classification" else None
+    if strat is not None and np.bincount(y).min() < 3:
+        strat = None                      # a class too small to stratify: plain shuffle
+    rest, test_idx = train_test_split(idx, test_size=test, random_state=seed, stratify=strat)
+    strat_rest = strat[rest] if strat is not None else None
+    train_idx, val_idx = train_test_split(rest, test_size=val / (1.0 - test), random_state=seed + 1,
+                                          stratify=strat_rest)
+    return {"train": np.sort(train_idx), "val": np.sort(val_idx), "test": np.sort(test_idx)}
+
+
+def fit_normalizer(x_train: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature (shift, scale) fitted on the training split; x' = (x - shift) / scale."""
+    flat = x_train.reshape(len(x_train), -1).astype(np.float64)
+    if method == "standard":
+        shift, scale = flat.mean(axis=0), flat.std(axis=0)
+    elif method == "minmax":
+        shift, scale = flat.min(axis=0), flat.max(axis=0) - flat.min(axis=0)
+    else:
+        shift, scale = np.zeros(flat.shape[1]), np.ones(flat.shape[1])
+    scale = np.where(scale > 1e-12, scale, 1.0)          # constant features stay finite
+    shape = x_train.shape[1:]
+    return shift.reshape(shape).astype(np.float32), scale.reshape(shape).astype(np.float32)
+
+
+def apply_normalizer(x: np.ndarray, shift: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return ((np.asarray(x, dtype=np.float32) - shift) / scale).astype(np.float32)
+
+
+def reshape_features(x: np.ndarray, shape: list[int] | None) -> np.ndarray:
+    """Give each sample the configured ``data.reshape`` (e.g. [8, 8, 1] for Conv2D)."""
+    if not shape:
+        return x
+    n_feat = int(np.prod(x.shape[1:]))
+    if int(np.prod(shape)) != n_feat:
+        raise DataError(f"`data.reshape` {shape} holds {int(np.prod(shape))} values per sample, but "
+                        f"each sample has {n_feat} (shape {list(x.shape[1:])})")
+    return x.reshape((len(x), *shape))
+
+
+def prepare(x: np.ndarray, y: np.ndarray, info: dict, data: dict, seed: int) -> tuple[dict, dict]:
+    """Check, encode, split and normalise. Returns (arrays to broadcast, small metadata)."""
+    x = np.asarray(x)
+    y = np.asarray(y)
+    check_arrays(x, y)
+    task = info.get("task") if data["task"] == "auto" and info.get("task") else infer_task(y, data["task"])
+    meta: dict = {"task": task, "feature_names": info.get("feature_names", [])}
+    if task == "classification":
+        y, names = encode_labels(y, info.get("class_names"))
+        meta["class_names"], meta["n_outputs"] = names, len(names)
+        if len(names) < 2:
+            raise DataError("classification needs at least 2 classes, but the labels hold one")
+    else:
+        if y.dtype.kind not in "iuf":
+            raise DataError(f"regression targets must be numeric, but have dtype {y.dtype}; "
+                            "set `data.task = \"classification\"` for labels")
+        y = y.astype(np.float32)
+        if not np.isfinite(y).all():
+            raise DataError("regression targets hold NaN/inf values; clean them before training")
+        meta["n_outputs"] = 1 if y.ndim == 1 else int(np.prod(y.shape[1:]))
+    x = reshape_features(np.asarray(x, dtype=np.float32), data["reshape"])
+    idx = split_indices(y, task, data["val_fraction"], data["test_fraction"], seed)
+    shift, scale = fit_normalizer(x[idx["train"]], data["normalize"])
+    arrays = {"x_mean": shift, "x_scale": scale}
+    for split in SPLITS:
+        arrays[f"x_{split}"] = apply_normalizer(x[idx[split]], shift, scale)
+        arrays[f"y_{split}"] = np.ascontiguousarray(y[idx[split]])
+    meta["input_shape"] = list(x.shape[1:])
+    meta["sizes"] = {s: int(len(idx[s])) for s in SPLITS}
+    return arrays, meta

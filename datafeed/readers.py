@@ -1,0 +1,136 @@
+"""Dataset readers: one function per format in a registry, chosen by suffix or ``format``.
+
+A reader takes the ``[data]`` settings and returns ``(x, y, info)``: features as an
+array with samples on axis 0, targets with the same length, and a dict of what was
+learnt on the way (feature names, class names). Only rank 0 reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+Reader = Callable[[dict], tuple[np.ndarray, np.ndarray, dict]]
+READERS: dict[str, Reader] = {}
+SUFFIXES = {".npz": "npz", ".npy": "npy", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
+            ".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5"}
+BUILTINS = ("digits", "iris", "wine", "breast_cancer", "diabetes", "california_housing_small")
+
+
+class DataError(ValueError):
+    """The data cannot be used as configured; the message names the setting and the fix."""
+
+
+def reader(name: str) -> Callable[[Reader], Reader]:
+    """Register a reader under a format name."""
+    def register(fn: Reader) -> Reader:
+        READERS[name] = fn
+        return fn
+    return register
+
+
+def detect_format(data: dict) -> str:
+    """The format named by ``data.format``, else by the file suffix, else a built-in name."""
+    if data["format"] != "auto":
+        return data["format"]
+    src = data["source"]
+    if src in BUILTINS:
+        return "builtin"
+    fmt = SUFFIXES.get(Path(src).suffix.lower())
+    if fmt is None:
+        raise DataError(f"`data.source` {src!r} is neither a built-in dataset ({', '.join(BUILTINS)}) "
+                        f"nor a file with a known suffix ({', '.join(SUFFIXES)}); set `data.format`")
+    return fmt
+
+
+def read_dataset(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Read the dataset the ``[data]`` table names."""
+    fmt = detect_format(data)
+    if fmt != "builtin" and not Path(data["source"]).exists():
+        raise DataError(f"`data.source` file {data['source']!r} does not exist")
+    return READERS[fmt](data)
+
+
+@reader("builtin")
+def read_builtin(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    from sklearn import datasets
+    name = data["source"]
+    if name not in BUILTINS:
+        raise DataError(f"`data.source` {name!r} is not a built-in dataset; use one of {', '.join(BUILTINS)}")
+    if name == "california_housing_small":     # no download: a synthetic regression stand-in
+        x, y = datasets.make_friedman1(n_samples=2000, n_features=8, noise=0.5, random_state=0)
+        return x, y, {"task": "regression"}
+    bunch = getattr(datasets, f"load_{name}")()
+    info = {"feature_names": [str(f) for f in getattr(bunch, "feature_names", [])]}
+    if name != "diabetes":
+        info["class_names"] = [str(c) for c in getattr(bunch, "target_names", [])]
+    return bunch.data, bunch.target, info
+
+
+@reader("npz")
+def read_npz(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    with np.load(data["source"], allow_pickle=False) as f:
+        for key in ("x", "y"):
+            if data[key] not in f.files:
+                raise DataError(f"`data.{key}` names array {data[key]!r}, but {data['source']!r} "
+                                f"holds {', '.join(f.files)}")
+        return f[data["x"]], f[data["y"]], {}
+
+
+@reader("npy")
+def read_npy(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    """``source`` is the features file; ``y`` names the targets file (relative to it)."""
+    src = Path(data["source"])
+    ypath = Path(data["y"]) if Path(data["y"]).is_absolute() else src.parent / data["y"]
+    if not ypath.suffix:
+        ypath = ypath.with_suffix(".npy")
+    if not ypath.exists():
+        raise DataError(f"`data.y` must name the targets .npy file next to {str(src)!r}, "
+                        f"but {str(ypath)!r} does not exist")
+    return np.load(src, mmap_mode="r"), np.load(ypath, mmap_mode="r"), {}
+
+
+@reader("hdf5")
+def read_hdf5(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    import h5py
+    with h5py.File(data["source"], "r") as f:
+        out = []
+        for key in ("x", "y"):
+            if data[key] not in f:
+                names: list[str] = []
+                f.visit(lambda n: names.append("/" + n) if isinstance(f[n], h5py.Dataset) else None)
+                raise DataError(f"`data.{key}` names HDF5 dataset {data[key]!r}, but "
+                                f"{data['source']!r} holds {', '.join(names) or 'no datasets'}")
+            out.append(f[data[key]][()])
+    return out[0], out[1], {}
+
+
+def _from_frame(frame, data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    label = data["label"]
+    if label not in frame.columns:
+        raise DataError(f"`data.label` names column {label!r}, but the file has columns "
+                        f"{', '.join(map(str, frame.columns))}")
+    features = data["features"] or [c for c in frame.columns if c != label]
+    missing = [c for c in features if c not in frame.columns]
+    if missing:
+        raise DataError(f"`data.features` names columns {missing} that the file does not have; "
+                        f"it has {', '.join(map(str, frame.columns))}")
+    x = frame[features]
+    bad = [c for c in features if not np.issubdtype(x[c].dtype, np.number)]
+    if bad:
+        raise DataError(f"feature columns {bad} are not numeric; drop them with `data.features`")
+    return x.to_numpy(dtype=np.float32), frame[label].to_numpy(), {"feature_names": list(map(str, features))}
+
+
+@reader("csv")
+def read_csv(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    import pandas as pd
+    return _from_frame(pd.read_csv(data["source"]), data)
+
+
+@reader("parquet")
+def read_parquet(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    import pandas as pd
+    return _from_frame(pd.read_parquet(data["source"]), data)

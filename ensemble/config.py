@@ -1,0 +1,302 @@
+"""Read and validate a run's TOML config; fill in every default.
+
+Every rank calls :func:`load_config` on the same file, so a bad config fails
+identically everywhere and no rank waits for another. The result is a plain nested
+dict (the *resolved* config): what the run directory records as ``config.toml``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ensemble.layers import check_layer, suggest
+
+
+class ConfigError(ValueError):
+    """A setting is wrong; the message names the key, the value and what would be right."""
+
+
+@dataclass
+class Key:
+    """One setting: accepted types, default, and an optional check returning an error text."""
+    types: tuple
+    default: Any = None
+    check: Callable[[Any], str | None] | None = None
+    required: bool = False
+    nullable: bool = False
+
+
+@dataclass
+class Table:
+    keys: dict[str, Any]
+    array: bool = False           # an array of tables ([[architectures]])
+    min_items: int = 0
+    defaults: dict = field(default_factory=dict)
+
+
+def _positive(v):
+    return None if v > 0 else "must be > 0"
+
+
+def _nonneg(v):
+    return None if v >= 0 else "must be >= 0"
+
+
+def _fraction(v):
+    return None if 0.0 < v < 1.0 else "must be between 0 and 1 (exclusive)"
+
+
+def _one_of(*options):
+    def check(v):
+        return None if v in options else (
+            f"must be one of {', '.join(repr(o) for o in options)}{suggest(v, options)}")
+    return check
+
+
+def _layers(v):
+    if not v:
+        return "must list at least one layer"
+    for i, layer in enumerate(v):
+        msg = check_layer(layer, f"[{i}]")
+        if msg:
+            return msg            # starts with "`[i]...`": a message about a sub-key
+    return None
+
+
+def _model_ref(v):
+    mod, sep, fn = v.partition(":")
+    return None if sep and mod and fn else 'must look like "package.module:function"'
+
+
+def _shape(v):
+    return None if v and all(isinstance(d, int) and d > 0 for d in v) else (
+        "must be a list of positive integers, e.g. [8, 8, 1]")
+
+
+NUM = (int, float)
+OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "nadam", "adagrad")
+METRICS = ("accuracy", "log_loss", "brier", "ece", "mse", "mae")
+
+TRAIN_KEYS = {
+    "epochs": Key((int,), 30, _positive),
+    "batch_size": Key((int,), 64, _positive),
+    "optimizer": Key((str,), "adam", _one_of(*OPTIMIZERS)),
+    "learning_rate": Key(NUM, 1e-3, _positive),
+    "patience": Key((int,), 5, _nonneg),
+    "member_time_limit": Key(NUM, 600.0, _positive),
+    "bootstrap": Key((bool,), False),
+}
+
+SCHEMA = Table({
+    "name": Key((str,), None, lambda v: None if v and "/" not in v else "must be a non-empty name without '/'"),
+    "mode": Key((str,), "ensemble", _one_of("ensemble", "evolve")),
+    "seed": Key((int,), 0, _nonneg),
+    "output_dir": Key((str,), "runs"),
+    "data": Table({
+        "source": Key((str,), "digits"),
+        "format": Key((str,), "auto", _one_of("auto", "builtin", "npz", "npy", "csv", "parquet", "hdf5")),
+        "x": Key((str,), "x"),
+        "y": Key((str,), "y"),
+        "label": Key((str,), "label"),
+        "features": Key((list,), []),
+        "task": Key((str,), "auto", _one_of("auto", "classification", "regression")),
+        "val_fraction": Key(NUM, 0.15, _fraction),
+        "test_fraction": Key(NUM, 0.15, _fraction),
+        "normalize": Key((str,), "standard", _one_of("standard", "minmax", "none")),
+        "reshape": Key((list,), None, _shape, nullable=True),
+    }),
+    "train": Table(dict(TRAIN_KEYS)),
+    "architectures": Table({
+        "name": Key((str,), None),
+        "members": Key((int,), 1, _positive),
+        "layers": Key((list,), None, _layers, nullable=True),
+        "model": Key((str,), None, _model_ref, nullable=True),
+        "params": Key((dict,), {}),
+        **{k: Key(v.types, None, v.check, nullable=True) for k, v in TRAIN_KEYS.items()},
+    }, array=True),
+    "ensemble": Table({
+        "k": Key((int,), 5, _positive),
+        "method": Key((str,), "auto", _one_of("auto", "top_k", "greedy")),
+        "metric": Key((str,), "auto", _one_of("auto", *METRICS)),
+    }),
+    "evolve": Table({
+        "strategy": Key((str,), "regularized", _one_of("regularized", "mu_plus_lambda", "nsga2", "random")),
+        "evaluations": Key((int,), 40, _positive, nullable=True),
+        "time_limit": Key(NUM, None, _positive, nullable=True),
+        "population_size": Key((int,), 12, _positive),
+        "sample_size": Key((int,), 4, _positive),
+        "mu": Key((int,), 8, _positive),
+        "lambda_": Key((int,), 8, _positive),
+        "objectives": Key((str,), "metric_params", _one_of("metric_params", "metric_time")),
+    }),
+    "search": Key((dict,), {}),
+    "runtime": Table({
+        "threads": Key((int,), 1, _positive),
+        "poll_max_sleep": Key(NUM, 0.05, _positive),
+    }),
+})
+
+
+def _fail(path: str, msg: str) -> None:
+    """Raise naming ``path``; a message that starts with a backquote names a sub-key of it."""
+    raise ConfigError("`" + path + msg[1:] if msg.startswith("`") else f"`{path}` {msg}")
+
+
+def _check_value(path: str, spec: Key, value: Any) -> Any:
+    if value is None:
+        if spec.nullable:
+            return None
+        _fail(path, "must be set")
+    if float in spec.types and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, bool) and bool not in spec.types or not isinstance(value, spec.types):
+        names = " or ".join({int: "an integer", float: "a number", str: "a string", bool: "true/false",
+                            list: "a list", dict: "a table"}[t] for t in spec.types)
+        _fail(path, f"must be {names}, but got {value!r} ({type(value).__name__})")
+    if isinstance(value, float) and not math.isfinite(value):
+        _fail(path, f"must be finite, but got {value!r}")
+    if spec.check:
+        msg = spec.check(value)
+        if msg:
+            _fail(path, msg if msg.startswith("`") else f"{msg}, but got {value!r}")
+    return value
+
+
+def _resolve(path: str, table: Table, given: Any) -> Any:
+    if table.array:
+        items = given if given is not None else []
+        if not isinstance(items, list) or not all(isinstance(t, dict) for t in items):
+            _fail(path, "must be an array of tables ([[" + path + "]])")
+        return [_resolve_table(f"{path}[{i}]", table, t) for i, t in enumerate(items)]
+    if given is None:
+        given = {}
+    if not isinstance(given, dict):
+        _fail(path, f"must be a table ([{path}]), but got {given!r}")
+    return _resolve_table(path, table, given)
+
+
+def _resolve_table(path: str, table: Table, given: dict) -> dict:
+    out = {}
+    for key in given:
+        if key not in table.keys:
+            where = f"{path}.{key}" if path else key
+            raise ConfigError(f"unknown setting `{where}`{suggest(key, table.keys)}; "
+                              f"allowed here: {', '.join(table.keys)}")
+    for key, spec in table.keys.items():
+        where = f"{path}.{key}" if path else key
+        if isinstance(spec, Table):
+            out[key] = _resolve(where, spec, given.get(key))
+        elif key in given:
+            out[key] = _check_value(where, spec, given[key])
+        else:
+            out[key] = copy.deepcopy(spec.default)
+    return out
+
+
+def resolve_config(raw: dict, *, source: str = "config") -> dict:
+    """Validate a parsed config dict and return it with every default filled in."""
+    cfg = _resolve("", SCHEMA, raw)
+    if cfg["name"] is None:
+        cfg["name"] = Path(source).stem or "run"
+    data = cfg["data"]
+    if data["val_fraction"] + data["test_fraction"] >= 0.9:
+        raise ConfigError("`data.val_fraction` + `data.test_fraction` must leave at least 10% "
+                          f"for training, but they sum to {data['val_fraction'] + data['test_fraction']}")
+    if cfg["mode"] == "ensemble" and not cfg["architectures"]:
+        raise ConfigError("mode \"ensemble\" needs at least one [[architectures]] table with "
+                          "`layers` or `model`")
+    names = set()
+    for i, arch in enumerate(cfg["architectures"]):
+        where = f"architectures[{i}]"
+        if (arch["layers"] is None) == (arch["model"] is None):
+            raise ConfigError(f"`{where}` needs exactly one of `layers` (a list of layer tables) "
+                              f"or `model` (\"package.module:function\")")
+        if arch["name"] is None:
+            arch["name"] = f"arch{i}"
+        if arch["name"] in names:
+            raise ConfigError(f"`{where}.name` {arch['name']!r} is used twice; names must be unique")
+        names.add(arch["name"])
+    if cfg["mode"] == "evolve":
+        ev = cfg["evolve"]
+        if ev["evaluations"] is None and ev["time_limit"] is None:
+            raise ConfigError("mode \"evolve\" needs a budget: set `evolve.evaluations` "
+                              "and/or `evolve.time_limit` (seconds)")
+        if ev["sample_size"] > ev["population_size"]:
+            raise ConfigError(f"`evolve.sample_size` ({ev['sample_size']}) must be <= "
+                              f"`evolve.population_size` ({ev['population_size']})")
+    metric = cfg["ensemble"]["metric"]
+    task = data["task"]
+    if task == "classification" and metric in ("mse", "mae"):
+        raise ConfigError(f"`ensemble.metric` {metric!r} is a regression metric, but "
+                          "`data.task` is \"classification\"; use \"accuracy\" or \"log_loss\"")
+    if task == "regression" and metric in ("accuracy", "log_loss", "brier", "ece"):
+        raise ConfigError(f"`ensemble.metric` {metric!r} is a classification metric, but "
+                          "`data.task` is \"regression\"; use \"mse\" or \"mae\"")
+    return cfg
+
+
+def load_config(path: str | Path) -> dict:
+    """Parse and validate the TOML file at ``path`` (relative data paths resolve against it)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    cfg = resolve_config(raw, source=str(path))
+    src = cfg["data"]["source"]
+    if ("/" in src or "." in src) and not Path(src).is_absolute():
+        near_config = path.parent / src
+        if near_config.exists() or not Path(src).exists():
+            cfg["data"]["source"] = str(near_config.resolve())
+    return cfg
+
+
+def member_train_settings(cfg: dict, arch: dict) -> dict:
+    """The training settings of one architecture: its own where set, else the [train] ones."""
+    return {k: (arch[k] if arch.get(k) is not None else cfg["train"][k]) for k in TRAIN_KEYS}
+
+
+def dump_toml(cfg: dict) -> str:
+    """Write a resolved config back as TOML (tables, arrays of tables, inline tables)."""
+    lines: list[str] = []
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items() if x is not None) + "}"
+        raise TypeError(f"cannot write {v!r} as TOML")
+
+    def scalars(d: dict) -> None:
+        for k, v in d.items():
+            if v is None or isinstance(v, dict) and k in SCHEMA.keys and isinstance(SCHEMA.keys[k], Table):
+                continue
+            if isinstance(v, list) and v and all(isinstance(x, dict) for x in v) and k == "architectures":
+                continue
+            lines.append(f"{k} = {value(v)}")
+
+    scalars({k: v for k, v in cfg.items() if not isinstance(SCHEMA.keys.get(k), Table)})
+    for k, spec in SCHEMA.keys.items():
+        if not isinstance(spec, Table):
+            continue
+        if spec.array:
+            for item in cfg.get(k, []):
+                lines += ["", f"[[{k}]]"]
+                scalars(item)
+        else:
+            lines += ["", f"[{k}]"]
+            scalars(cfg.get(k, {}))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,105 @@
+"""The layer vocabulary of a config's architecture list, without TensorFlow.
+
+A layer is a plain dict such as ``{"type": "Dense", "units": 64, "activation": "relu"}``.
+This table says which types exist and which parameters each takes, so the config can
+be validated on every rank before TensorFlow is imported; ``ensemble.architecture``
+turns the same dicts into Keras layers.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+ACTIVATIONS = ("relu", "elu", "gelu", "tanh", "sigmoid", "swish", "silu", "selu",
+               "softplus", "leaky_relu", "linear")
+
+_CONV = {"filters": (int, True), "kernel_size": ((int, list), True), "strides": ((int, list), False),
+         "padding": (str, False), "activation": (str, False), "residual": (bool, False)}
+_POOL = {"pool_size": ((int, list), False), "strides": ((int, list), False), "padding": (str, False)}
+
+#: type -> {parameter: (python type(s), required)}
+LAYER_PARAMS: dict[str, dict[str, tuple[Any, bool]]] = {
+    "Dense": {"units": (int, True), "activation": (str, False), "residual": (bool, False)},
+    "Conv1D": _CONV, "Conv2D": _CONV, "Conv3D": _CONV,
+    "MaxPooling1D": _POOL, "MaxPooling2D": _POOL, "MaxPooling3D": _POOL,
+    "AveragePooling1D": _POOL, "AveragePooling2D": _POOL, "AveragePooling3D": _POOL,
+    "GlobalAveragePooling1D": {}, "GlobalAveragePooling2D": {}, "GlobalAveragePooling3D": {},
+    "GlobalMaxPooling1D": {}, "GlobalMaxPooling2D": {}, "GlobalMaxPooling3D": {},
+    "Flatten": {},
+    "Dropout": {"rate": (float, True)},
+    "BatchNormalization": {"momentum": (float, False), "epsilon": (float, False)},
+    "Activation": {"activation": (str, True)},
+    "Reshape": {"target_shape": (list, True)},
+}
+
+#: how many axes (batch excluded) a layer type needs on its input
+INPUT_RANK = {**{f"{k}{d}D": d + 1 for d in (1, 2, 3)
+                 for k in ("Conv", "MaxPooling", "AveragePooling", "GlobalAveragePooling",
+                           "GlobalMaxPooling")}}
+
+
+def suggest(word: str, options) -> str:
+    """A " (did you mean 'x'?)" hint, or an empty string."""
+    close = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def check_layer(layer: Any, where: str) -> str | None:
+    """Return why ``layer`` is not a valid layer dict, naming ``where`` it sits; None if valid."""
+    if not isinstance(layer, dict):
+        return f"`{where}` must be a table like {{type = \"Dense\", units = 64}}, but got {layer!r}"
+    kind = layer.get("type")
+    if kind not in LAYER_PARAMS:
+        return (f"`{where}.type` must be one of {', '.join(sorted(LAYER_PARAMS))}, "
+                f"but got {kind!r}{suggest(kind, LAYER_PARAMS)}")
+    params = LAYER_PARAMS[kind]
+    for key, value in layer.items():
+        if key == "type":
+            continue
+        if key not in params:
+            allowed = ", ".join(sorted(params)) or "no parameters"
+            return (f"`{where}.{key}` is not a parameter of {kind} (allowed: {allowed})"
+                    f"{suggest(key, params)}")
+        types, _ = params[key]
+        ok_types = types if isinstance(types, tuple) else (types,)
+        if float in ok_types and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) and bool not in ok_types or not isinstance(value, ok_types):
+            names = " or ".join(t.__name__ for t in ok_types)
+            return f"`{where}.{key}` must be {names}, but got {value!r}"
+        if key in ("units", "filters") and value < 1:
+            return f"`{where}.{key}` must be >= 1, but got {value}"
+        if key == "rate" and not 0.0 <= value < 1.0:
+            return f"`{where}.rate` must be in [0, 1), but got {value}"
+        if key == "activation" and value not in ACTIVATIONS:
+            return (f"`{where}.activation` must be one of {', '.join(ACTIVATIONS)}, "
+                    f"but got {value!r}{suggest(value, ACTIVATIONS)}")
+        if key == "padding" and value not in ("same", "valid"):
+            return f"`{where}.padding` must be \"same\" or \"valid\", but got {value!r}"
+    for key, (_, required) in params.items():
+        if required and key not in layer:
+            return f"`{where}` ({kind}) needs `{key}`"
+    return None
+
+
+def check_input_rank(layers: list[dict], input_shape: list[int], where: str) -> str | None:
+    """Why the layer list cannot take samples of ``input_shape`` (axes per layer), or None.
+
+    A cheap, TensorFlow-free walk over axis counts, so a Conv2D on flat vectors is caught
+    on rank 0 before any worker builds a model.
+    """
+    axes = len(input_shape)
+    for i, layer in enumerate(layers):
+        kind = layer["type"]
+        need = INPUT_RANK.get(kind)
+        if need is not None and axes != need:
+            hint = ("set `data.reshape` (e.g. [8, 8, 1] for 64 pixels)" if axes == 1
+                    else "add a Flatten or Reshape layer before it")
+            return (f"`{where}[{i}]` ({kind}) needs {need} axes per sample (e.g. height, width, "
+                    f"channels), but the data gives shape {list(input_shape)}; {hint}")
+        if kind == "Flatten" or kind.startswith("Global") or kind == "Dense" and axes == 1:
+            axes = 1
+        elif kind == "Reshape":
+            axes = len(layer["target_shape"])
+    return None

@@ -1,0 +1,158 @@
+"""Train one ensemble member and write its artifacts; the only module that runs Keras fit.
+
+A member spec is a small plain dict (see ``ensemble.specs``). Training returns a result
+dict for the journal; the model, predictions and history go to ``members/<id>/``,
+written under temporary names and renamed, so a killed write never looks whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import traceback
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from datafeed.pipeline import make_dataset, member_indices
+from ensemble import metrics as M
+
+
+class MemberFailed(RuntimeError):
+    """Training produced no usable member (NaN loss, unbuildable model)."""
+
+
+def configure_tensorflow(threads: int) -> None:
+    """One TensorFlow thread pool of ``threads`` per rank, deterministic ops; call once per process."""
+    import tensorflow as tf
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:
+        pass                        # already initialised in this process: keep what is set
+    tf.config.experimental.enable_op_determinism()
+    tf.get_logger().setLevel("ERROR")          # per-member retracing notices are expected here
+
+
+def _optimizer(name: str, lr: float):
+    import keras
+    return {"adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW, "sgd": keras.optimizers.SGD,
+            "rmsprop": keras.optimizers.RMSprop, "nadam": keras.optimizers.Nadam,
+            "adagrad": keras.optimizers.Adagrad}[name](learning_rate=lr)
+
+
+def _time_limit_callback(limit: float):
+    import keras
+
+    class TimeLimit(keras.callbacks.Callback):
+        """Stop at the end of the epoch that crosses the member's time limit."""
+        def __init__(self):
+            super().__init__()
+            self.start = time.monotonic()
+            self.hit = False
+
+        def on_epoch_end(self, epoch, logs=None):
+            if time.monotonic() - self.start > limit:
+                self.hit = True
+                self.model.stop_training = True
+    return TimeLimit()
+
+
+def _atomic_save(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".part" + path.suffix)
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def predict(model, x: np.ndarray, task: str, y_shift: float = 0.0, y_scale: float = 1.0,
+            batch_size: int = 512) -> np.ndarray:
+    """Probabilities (classification) or predictions in the targets' own units (regression)."""
+    # Direct calls in chunks: Keras' predict() would build a tf.data pipeline per member.
+    chunks = [np.asarray(model(x[i:i + batch_size], training=False)) for i in range(0, len(x), batch_size)]
+    out = np.concatenate(chunks).astype(np.float64) if chunks else np.zeros((0, model.output_shape[-1]))
+    if task == "regression":
+        out = out * y_scale + y_shift
+        if out.shape[-1] == 1:
+            out = out[:, 0]
+    return out
+
+
+def evaluate(task: str, y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
+    if task == "classification":
+        return M.classification_metrics(y, pred)
+    return M.regression_metrics(y, pred)
+
+
+def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: Path) -> dict:
+    """Train ``spec`` on the shared ``data`` views; return its journal record."""
+    import keras
+    from ensemble.architecture import build_model, count_params
+
+    t0 = time.monotonic()
+    task = meta["task"]
+    keras.utils.set_random_seed(spec["seed"])
+    model = build_model(spec, tuple(meta["input_shape"]), meta["n_outputs"], task)
+    if task == "classification":
+        loss, metrics, y_shift, y_scale, y_tf = "sparse_categorical_crossentropy", ["accuracy"], 0.0, 1.0, None
+    else:
+        y_tr = np.asarray(data["y_train"], dtype=np.float64)
+        y_shift, y_scale = float(y_tr.mean()), float(y_tr.std() or 1.0)
+        loss, metrics = "mse", ["mae"]
+        y_tf = lambda y: (y - y_shift) / y_scale          # noqa: E731 - train on standardised targets
+    model.compile(optimizer=_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss,
+                  metrics=metrics, jit_compile=False)
+    idx = member_indices(len(data["y_train"]), spec["seed"], spec.get("bootstrap", False))
+    train_ds = make_dataset(data["x_train"], data["y_train"], idx, spec["batch_size"], spec["seed"],
+                            y_transform=y_tf)
+    val_ds = make_dataset(data["x_val"], data["y_val"], np.arange(len(data["y_val"])), 512, 0,
+                          shuffle=False, y_transform=y_tf)
+    limit = _time_limit_callback(spec["member_time_limit"])
+    callbacks = [keras.callbacks.TerminateOnNaN(), limit,
+                 keras.callbacks.EarlyStopping(monitor="val_loss", patience=spec["patience"],
+                                               restore_best_weights=True)]
+    hist = model.fit(train_ds, validation_data=val_ds, epochs=spec["epochs"], verbose=0, shuffle=False,
+                     callbacks=callbacks).history
+    losses = np.asarray(hist.get("loss", []), dtype=np.float64)
+    if not len(losses) or not np.isfinite(losses).all():
+        raise MemberFailed(f"training loss became NaN/inf at epoch {len(losses)}; lower "
+                           f"`learning_rate` (now {spec['learning_rate']}) or check the data")
+
+    out = Path(run_dir) / "members" / spec["id"]
+    out.mkdir(parents=True, exist_ok=True)
+    preds = {}
+    for split in ("val", "test"):
+        preds[split] = predict(model, np.asarray(data[f"x_{split}"]), task, y_shift, y_scale)
+        if not np.isfinite(preds[split]).all():
+            raise MemberFailed(f"the trained model predicts NaN/inf on the {split} split")
+        _atomic_save(out / f"{split}_pred.npy", lambda p, a=preds[split]: np.save(p, a))
+    history = {k: [float(v) for v in vals] for k, vals in hist.items()}
+    _atomic_save(out / "history.json", lambda p: p.write_text(json.dumps(history)))
+    _atomic_save(out / "model.keras", lambda p: model.save(p))
+    (out / "scaling.json").write_text(json.dumps({"y_shift": y_shift, "y_scale": y_scale}))
+    return {
+        "id": spec["id"], "status": "ok", "arch": spec.get("arch"), "seed": spec["seed"],
+        "val": evaluate(task, np.asarray(data["y_val"]), preds["val"]),
+        "test": evaluate(task, np.asarray(data["y_test"]), preds["test"]),
+        "params": count_params(model), "epochs": len(losses),
+        "stopped": "time_limit" if limit.hit else ("early_stopping" if len(losses) < spec["epochs"] else "epochs"),
+        "train_seconds": round(time.monotonic() - t0, 3), "path": str(out.relative_to(run_dir)),
+    }
+
+
+def run_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: Path, rank: int) -> dict:
+    """``train_member`` that never raises: a failure becomes a journal record."""
+    t0 = time.monotonic()
+    try:
+        result = train_member(spec, data, meta, run_dir)
+    except Exception as exc:          # noqa: BLE001 - any member failure is recorded, the run goes on
+        result = {"id": spec["id"], "status": "failed", "arch": spec.get("arch"), "seed": spec["seed"],
+                  "error": {"kind": type(exc).__name__, "message": str(exc),
+                            "traceback": traceback.format_exc(limit=8)},
+                  "train_seconds": round(time.monotonic() - t0, 3)}
+    result.update(rank=rank, host=socket.gethostname())
+    if "genome" in spec:
+        result["genome"] = spec["genome"]
+    return result

@@ -1,0 +1,381 @@
+"""Scores and uncertainty of members and ensembles, in plain numpy.
+
+Every metric here is a number computed on one split: classification metrics take
+integer labels and class probabilities, regression metrics take targets, the
+predicted mean and optionally the predicted variance. The `METRICS` table says
+which way is better, so ranking and ensemble selection need no special cases.
+
+scikit-learn supplies the metrics it has (accuracy, log loss, Brier, MSE, MAE);
+it is imported inside the functions because `import sklearn.metrics` alone takes
+over a second, and this module must import fast on every MPI rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import numpy as np
+
+__all__ = [
+    "CLASSIFICATION_METRICS",
+    "METRICS",
+    "REGRESSION_METRICS",
+    "average_predictions",
+    "classification_metrics",
+    "classification_uncertainty",
+    "higher_is_better",
+    "metric_task",
+    "regression_metrics",
+    "regression_mixture",
+    "score",
+    "score_unchecked",
+]
+
+#: metric name -> True when a higher value is better.
+METRICS: Mapping[str, bool] = MappingProxyType(
+    {
+        "accuracy": True,
+        "log_loss": False,
+        "brier": False,
+        "ece": False,
+        "mse": False,
+        "mae": False,
+        "nll": False,
+    }
+)
+CLASSIFICATION_METRICS = frozenset({"accuracy", "log_loss", "brier", "ece"})
+REGRESSION_METRICS = frozenset({"mse", "mae", "nll"})
+
+ECE_BINS = 15
+Z_90 = 1.6448536269514722  # two-sided 90% interval of a standard normal
+PROBA_EPS = 1e-15  # floor of a probability before the log
+PROBA_TOL = 1e-3  # how far rows may stray from a distribution (float32 softmax)
+VAR_EPS = 1e-12  # floor of a predicted variance before the log and the division
+
+
+# --------------------------------------------------------------------------- table
+def _check_metric(name: str) -> None:
+    if name not in METRICS:
+        allowed = ", ".join(sorted(METRICS))
+        raise ValueError(f"`metric` must be one of {allowed}, but got {name!r}")
+
+
+def higher_is_better(name: str) -> bool:
+    """Whether a higher value of metric `name` is better (ValueError if unknown)."""
+    _check_metric(name)
+    return METRICS[name]
+
+
+def metric_task(name: str) -> str:
+    """'classification' or 'regression': the kind of prediction metric `name` scores."""
+    _check_metric(name)
+    return "classification" if name in CLASSIFICATION_METRICS else "regression"
+
+
+# --------------------------------------------------------------------- validation
+def _labels_and_proba(y: np.ndarray, proba: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    y = np.asarray(y)
+    proba = np.asarray(proba, dtype=np.float64)
+    if proba.ndim != 2 or proba.shape[1] < 2:
+        raise ValueError(
+            f"`proba` must have shape (n_samples, n_classes >= 2), but got {proba.shape}"
+        )
+    if proba.size and (
+        not np.all(np.isfinite(proba))
+        or proba.min() < -PROBA_TOL
+        or proba.max() > 1 + PROBA_TOL
+        or np.max(np.abs(proba.sum(axis=1) - 1)) > PROBA_TOL
+    ):
+        raise ValueError(
+            "`proba` rows must be probabilities (finite, in [0, 1], summing to 1), but got"
+            f" values in [{proba.min()}, {proba.max()}] and row sums up to"
+            f" {np.max(np.abs(proba.sum(axis=1)))}; were logits passed instead?"
+        )
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.shape != (proba.shape[0],):
+        raise ValueError(
+            f"`y` must hold one integer label per row of `proba` ({proba.shape[0]}),"
+            f" but got shape {y.shape}"
+        )
+    if y.size and not np.all(np.equal(np.mod(y, 1), 0)):
+        raise ValueError("`y` must hold integer class labels, but got non-integers")
+    y = y.astype(np.int64)
+    if y.size and (y.min() < 0 or y.max() >= proba.shape[1]):
+        raise ValueError(
+            f"`y` labels must lie in [0, {proba.shape[1] - 1}] for {proba.shape[1]}"
+            f" classes, but got [{y.min()}, {y.max()}]"
+        )
+    return y, proba
+
+
+def _safe_proba(proba: np.ndarray) -> np.ndarray:
+    """Clip to [PROBA_EPS, 1] and renormalise rows, so the log is finite and
+    scikit-learn sees rows that sum to one (float32 network outputs often do not
+    to its tolerance)."""
+    p = np.clip(proba, PROBA_EPS, 1.0)
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def _match_shape(arr: np.ndarray, like: np.ndarray, name: str) -> np.ndarray:
+    """`arr` as float64 in the shape of `like`; (n,) and (n, 1) are taken as equal."""
+    arr = np.asarray(arr, dtype=np.float64)
+    if arr.shape == like.shape:
+        return arr
+    if arr.size == like.size and arr.ndim <= 2 and like.ndim <= 2 and (
+        arr.shape[0] == like.shape[0]
+    ):
+        return arr.reshape(like.shape)
+    raise ValueError(f"`{name}` must have the shape of `y` {like.shape}, but got {arr.shape}")
+
+
+def _checked_weights(weights: np.ndarray | None, m: int) -> np.ndarray:
+    """Weights of m members normalised to sum 1 (uniform when None)."""
+    if weights is None:
+        return np.full(m, 1.0 / m)
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (m,):
+        raise ValueError(f"`weights` must have shape ({m},) for {m} members, but got {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError(f"`weights` must be finite and non-negative, but got {w.tolist()}")
+    total = w.sum()
+    if total <= 0:
+        raise ValueError("`weights` must not all be zero")
+    return w / total
+
+
+# ------------------------------------------------------------------ classification
+@functools.cache
+def _sklearn_brier_is_multiclass() -> bool:
+    from sklearn.metrics import brier_score_loss
+
+    return "scale_by_half" in inspect.signature(brier_score_loss).parameters
+
+
+def _brier(y: np.ndarray, proba: np.ndarray) -> float:
+    """Multiclass Brier score: mean over samples of sum over classes of (p - onehot)^2.
+
+    scikit-learn >= 1.7 computes this (`labels=`, `scale_by_half=False`); older
+    versions, which the project still allows, only do the binary case, so the
+    same formula is computed here in numpy for them.
+    """
+    c = proba.shape[1]
+    proba = _safe_proba(proba)
+    if _sklearn_brier_is_multiclass():
+        from sklearn.metrics import brier_score_loss
+
+        return float(brier_score_loss(y, proba, labels=list(range(c)), scale_by_half=False))
+    onehot = np.eye(c)[y]
+    return float(np.mean(np.sum((proba - onehot) ** 2, axis=1)))
+
+
+def _log_loss(y: np.ndarray, proba: np.ndarray) -> float:
+    from sklearn.metrics import log_loss
+
+    return float(log_loss(y, _safe_proba(proba), labels=list(range(proba.shape[1]))))
+
+
+def _accuracy(y: np.ndarray, proba: np.ndarray) -> float:
+    from sklearn.metrics import accuracy_score
+
+    return float(accuracy_score(y, proba.argmax(axis=1)))
+
+
+def _ece(y: np.ndarray, proba: np.ndarray, n_bins: int = ECE_BINS) -> float:
+    """Expected calibration error: |accuracy - confidence| per equal-width bin of the
+    top probability, bins (i/B, (i+1)/B], averaged with weights = bin counts."""
+    conf = proba.max(axis=1)
+    correct = (proba.argmax(axis=1) == y).astype(np.float64)
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    bins = np.digitize(conf, edges[1:-1], right=True)
+    count = np.bincount(bins, minlength=n_bins)
+    gap = np.abs(
+        np.bincount(bins, weights=correct, minlength=n_bins)
+        - np.bincount(bins, weights=conf, minlength=n_bins)
+    )
+    return float(gap.sum() / max(count.sum(), 1))
+
+
+_CLASSIFICATION = {"accuracy": _accuracy, "log_loss": _log_loss, "brier": _brier, "ece": _ece}
+
+
+def classification_metrics(y: np.ndarray, proba: np.ndarray) -> dict[str, float]:
+    """accuracy, log_loss, brier (multiclass, in [0, 2]) and ece of class
+    probabilities `proba` (n, c) against integer labels `y` (n,)."""
+    y, proba = _labels_and_proba(y, proba)
+    return {name: fn(y, proba) for name, fn in _CLASSIFICATION.items()}
+
+
+# ---------------------------------------------------------------------- regression
+def _regression_arrays(
+    y: np.ndarray, mean: np.ndarray, var: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    y = np.asarray(y, dtype=np.float64)
+    if y.ndim == 0 or y.shape[0] == 0:
+        raise ValueError(f"`y` must hold at least one sample, but got shape {y.shape}")
+    mean = _match_shape(mean, y, "mean")
+    if var is not None:
+        var = _match_shape(var, y, "var")
+        if np.any(var < 0):
+            raise ValueError(f"`var` must be non-negative, but its minimum is {var.min()}")
+        var = np.maximum(var, VAR_EPS)
+    return y, mean, var
+
+
+def _nll(y: np.ndarray, mean: np.ndarray, var: np.ndarray) -> float:
+    return float(np.mean(0.5 * np.log(2 * np.pi * var) + (y - mean) ** 2 / (2 * var)))
+
+
+def _coverage90(y: np.ndarray, mean: np.ndarray, var: np.ndarray) -> float:
+    return float(np.mean(np.abs(y - mean) <= Z_90 * np.sqrt(var)))
+
+
+def _mse(y: np.ndarray, mean: np.ndarray) -> float:
+    from sklearn.metrics import mean_squared_error
+
+    n = y.shape[0]
+    return float(mean_squared_error(y.reshape(n, -1), mean.reshape(n, -1)))
+
+
+def _mae(y: np.ndarray, mean: np.ndarray) -> float:
+    from sklearn.metrics import mean_absolute_error
+
+    n = y.shape[0]
+    return float(mean_absolute_error(y.reshape(n, -1), mean.reshape(n, -1)))
+
+
+def regression_metrics(
+    y: np.ndarray, mean: np.ndarray, var: np.ndarray | None = None
+) -> dict[str, float]:
+    """mse and mae of `mean` against `y` ((n,) or (n, d), averaged over all entries);
+    with a predicted `var` also nll (mean Gaussian negative log likelihood) and
+    coverage90 (fraction of y inside the central 90% Gaussian interval)."""
+    y, mean, var = _regression_arrays(y, mean, var)
+    out = {"mse": _mse(y, mean), "mae": _mae(y, mean)}
+    if var is not None:
+        out["nll"] = _nll(y, mean, var)
+        out["coverage90"] = _coverage90(y, mean, var)
+    return out
+
+
+def score(
+    name: str, y: np.ndarray, pred: np.ndarray, var: np.ndarray | None = None
+) -> float:
+    """One metric by name: `pred` is the probabilities (n, c) for a classification
+    metric and the mean for a regression metric; "nll" also needs `var`."""
+    if metric_task(name) == "classification":
+        y, proba = _labels_and_proba(y, pred)
+        return _CLASSIFICATION[name](y, proba)
+    if name == "nll" and var is None:
+        raise ValueError("metric 'nll' needs the predicted variance `var`, but got None")
+    y, mean, var = _regression_arrays(y, pred, var)
+    if name == "mse":
+        return _mse(y, mean)
+    if name == "mae":
+        return _mae(y, mean)
+    return _nll(y, mean, var)
+
+
+def score_unchecked(
+    name: str, y: np.ndarray, pred: np.ndarray, var: np.ndarray | None = None
+) -> float:
+    """`score` in plain numpy without input checks, for inner loops such as greedy
+    selection (scikit-learn's per-call validation costs milliseconds). Takes what
+    `score` has accepted: integer labels (n,) and rows of probabilities, or
+    float64 targets of the size of `pred`. Agrees with `score` to rounding."""
+    if name in CLASSIFICATION_METRICS:
+        if name == "ece":
+            return _ece(y, pred)
+        if name == "accuracy":
+            return float(np.mean(pred.argmax(axis=1) == y))
+        p = _safe_proba(pred)
+        p_true = p[np.arange(p.shape[0]), y]
+        if name == "log_loss":
+            return float(-np.mean(np.log(p_true)))
+        _check_metric(name)
+        return float(np.mean(np.sum(p * p, axis=1) - 2 * p_true + 1))  # brier
+    y = y.reshape(pred.shape)
+    if name == "mse":
+        return float(np.mean((y - pred) ** 2))
+    if name == "mae":
+        return float(np.mean(np.abs(y - pred)))
+    _check_metric(name)
+    return _nll(y, pred, np.maximum(var.reshape(pred.shape), VAR_EPS))
+
+
+# ----------------------------------------------------------- averaging, uncertainty
+def average_predictions(preds: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """Weighted average over the first axis of `preds` (m, ...); the weights are
+    normalised to sum 1 (uniform when None). ValueError on negative or all-zero weights."""
+    preds = np.asarray(preds, dtype=np.float64)
+    if preds.ndim == 0 or preds.shape[0] == 0:
+        raise ValueError(f"`preds` must stack at least one member, but got shape {preds.shape}")
+    w = _checked_weights(weights, preds.shape[0])
+    return np.tensordot(w, preds, axes=1)
+
+
+def _entropy(p: np.ndarray) -> np.ndarray:
+    """Shannon entropy (nats) over the last axis, with 0 log 0 = 0."""
+    logp = np.log(np.where(p > 0, p, 1.0))
+    return -np.sum(p * logp, axis=-1)
+
+
+def classification_uncertainty(
+    member_probas: np.ndarray, weights: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """Ensemble probability and its uncertainty split, from members' probabilities
+    (m, n, c): "proba" (n, c) the weighted mean, and per sample (n,) "total" =
+    entropy of the mean, "aleatoric" = weighted mean of members' entropies,
+    "epistemic" = total - aleatoric (mutual information), all in nats."""
+    probas = np.asarray(member_probas, dtype=np.float64)
+    if probas.ndim != 3:
+        raise ValueError(
+            f"`member_probas` must have shape (members, samples, classes), but got {probas.shape}"
+        )
+    w = _checked_weights(weights, probas.shape[0])
+    mean = np.tensordot(w, probas, axes=1)
+    total = _entropy(mean)
+    aleatoric = np.tensordot(w, _entropy(probas), axes=1)
+    # Mutual information is >= 0 in exact arithmetic; clip rounding noise.
+    epistemic = np.maximum(total - aleatoric, 0.0)
+    return {"proba": mean, "total": total, "aleatoric": aleatoric, "epistemic": epistemic}
+
+
+def regression_mixture(
+    member_means: np.ndarray,
+    member_vars: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Moments of the weighted mixture of members' Gaussians, from means (m, n[, d])
+    and variances of the same shape (None: members without a variance head):
+    "mean", "aleatoric" (mean of variances), "epistemic" (variance of the means),
+    "var" = aleatoric + epistemic and "std" = sqrt(var)."""
+    means = np.asarray(member_means, dtype=np.float64)
+    if means.ndim < 2:
+        raise ValueError(
+            f"`member_means` must have shape (members, samples[, outputs]), but got {means.shape}"
+        )
+    w = _checked_weights(weights, means.shape[0])
+    mean = np.tensordot(w, means, axes=1)
+    if member_vars is None:
+        aleatoric = np.zeros_like(mean)
+    else:
+        variances = np.asarray(member_vars, dtype=np.float64)
+        if variances.shape != means.shape:
+            raise ValueError(
+                f"`member_vars` must have the shape of `member_means` {means.shape},"
+                f" but got {variances.shape}"
+            )
+        aleatoric = np.tensordot(w, variances, axes=1)
+    epistemic = np.tensordot(w, (means - mean) ** 2, axes=1)
+    var = aleatoric + epistemic
+    return {
+        "mean": mean,
+        "aleatoric": aleatoric,
+        "epistemic": epistemic,
+        "var": var,
+        "std": np.sqrt(var),
+    }

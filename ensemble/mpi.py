@@ -1,0 +1,80 @@
+"""The one place the run imports mpi4py: world, abort-on-error, polite polling, topology.
+
+MPICH busy-polls inside blocking receives, so an idle rank would burn a core. Every
+wait here probes without blocking and sleeps with a growing back-off instead.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+
+from mpi4py import MPI
+
+ANY_SOURCE = MPI.ANY_SOURCE
+ANY_TAG = MPI.ANY_TAG
+TAG_SPEC, TAG_RESULT, TAG_STOP = 11, 12, 13
+
+world = MPI.COMM_WORLD
+
+
+def where() -> str:
+    return f"rank {world.Get_rank()} on {socket.gethostname()}"
+
+
+def abort_on_exception() -> None:
+    """An uncaught exception on any rank prints with its rank and host, then aborts the job.
+
+    Without this, one rank dies and the others wait forever in a collective.
+    """
+    def hook(kind, value, tb):
+        text = "".join(traceback.format_exception(kind, value, tb))
+        sys.stderr.write(f"[{where()}] fatal error, aborting the job:\n{text}")
+        sys.stderr.flush()
+        if world.Get_size() > 1:
+            world.Abort(1)
+        os._exit(1)
+    sys.excepthook = hook
+
+
+def poll_recv(comm, source: int = ANY_SOURCE, tag: int = ANY_TAG, max_sleep: float = 0.05):
+    """Receive a pickled message without spinning a core: probe, sleep, back off to max_sleep."""
+    status = MPI.Status()
+    sleep = 1e-4
+    while not comm.Iprobe(source=source, tag=tag, status=status):
+        time.sleep(sleep)
+        sleep = min(sleep * 2, max_sleep)
+    src, got_tag = status.Get_source(), status.Get_tag()
+    return comm.recv(source=src, tag=got_tag), src, got_tag
+
+
+def polite_barrier(comm, max_sleep: float = 0.05) -> None:
+    """A barrier that sleeps while waiting instead of busy-polling."""
+    req = comm.Ibarrier()
+    sleep = 1e-4
+    while not req.Test():
+        time.sleep(sleep)
+        sleep = min(sleep * 2, max_sleep)
+
+
+def polite_bcast(comm, obj, root: int = 0, max_sleep: float = 0.05):
+    """Broadcast a small pickled object; ranks that wait (e.g. while root reads data) sleep."""
+    if comm.Get_size() == 1:
+        return obj
+    if comm.Get_rank() == root:
+        for dest in range(comm.Get_size()):
+            if dest != root:
+                comm.send(obj, dest=dest, tag=TAG_SPEC + 100)
+        return obj
+    return poll_recv(comm, root, TAG_SPEC + 100, max_sleep)[0]
+
+
+def node_local_rank(comm=world) -> int:
+    """This rank's index among the ranks on its node (for binding one GPU per rank)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    rank = node.Get_rank()
+    node.Free()
+    return rank

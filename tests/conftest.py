@@ -1,0 +1,32 @@
+"""Shared test helpers: the venv's mpiexec and a runner that never hangs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def mpiexec() -> str:
+    exe = BIN / "mpiexec"
+    return str(exe) if exe.exists() else "mpiexec"
+
+
+def run_mpi(n: int, args: list[str], timeout: float = 300, cwd: Path | None = None,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Start ``mpiexec -n n python ARGS`` with a timeout: a deadlock fails the test, never hangs CI."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    cmd = [mpiexec(), "-n", str(n), sys.executable, *args]
+    try:
+        return subprocess.run(cmd, cwd=cwd or ROOT, env=full_env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s (hang?)\n"
+                    f"stdout:\n{exc.stdout}\nstderr:\n{exc.stderr}")

@@ -1,0 +1,132 @@
+"""Readers on small files written here; checks, splits and normalisation."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from datafeed.prepare import check_arrays, fit_normalizer, prepare, split_indices
+from datafeed.readers import DataError, read_dataset
+from ensemble.config import resolve_config
+
+
+def data_cfg(**kw):
+    cfg = resolve_config({"data": kw, "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]})
+    return cfg["data"]
+
+
+@pytest.fixture
+def xy():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(60, 5)).astype(np.float32), rng.integers(0, 3, size=60)
+
+
+def test_npz(tmp_path, xy):
+    np.savez(tmp_path / "d.npz", feats=xy[0], labels=xy[1])
+    x, y, _ = read_dataset(data_cfg(source=str(tmp_path / "d.npz"), x="feats", y="labels"))
+    np.testing.assert_array_equal(x, xy[0])
+    np.testing.assert_array_equal(y, xy[1])
+    with pytest.raises(DataError, match=r"`data.x` names array 'x'.*feats, labels"):
+        read_dataset(data_cfg(source=str(tmp_path / "d.npz")))
+
+
+def test_npy_pair(tmp_path, xy):
+    np.save(tmp_path / "x.npy", xy[0])
+    np.save(tmp_path / "y.npy", xy[1])
+    x, y, _ = read_dataset(data_cfg(source=str(tmp_path / "x.npy"), y="y.npy"))
+    np.testing.assert_array_equal(x, xy[0])
+    with pytest.raises(DataError, match="`data.y`"):
+        read_dataset(data_cfg(source=str(tmp_path / "x.npy"), y="missing.npy"))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_tables(tmp_path, xy, fmt):
+    frame = pd.DataFrame(xy[0], columns=[f"f{i}" for i in range(5)])
+    frame["target"] = xy[1]
+    path = tmp_path / f"d.{fmt}"
+    frame.to_csv(path, index=False) if fmt == "csv" else frame.to_parquet(path)
+    x, y, info = read_dataset(data_cfg(source=str(path), label="target"))
+    np.testing.assert_allclose(x, xy[0], rtol=1e-6)
+    assert info["feature_names"] == [f"f{i}" for i in range(5)]
+    x, _, _ = read_dataset(data_cfg(source=str(path), label="target", features=["f1", "f3"]))
+    assert x.shape == (60, 2)
+    with pytest.raises(DataError, match=r"`data.label` names column 'label'"):
+        read_dataset(data_cfg(source=str(path)))
+    with pytest.raises(DataError, match=r"`data.features`.*\['nope'\]"):
+        read_dataset(data_cfg(source=str(path), label="target", features=["nope"]))
+
+
+def test_hdf5(tmp_path, xy):
+    import h5py
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f["/group/images"] = xy[0]
+        f["/labels"] = xy[1]
+    x, y, _ = read_dataset(data_cfg(source=str(tmp_path / "d.h5"), x="/group/images", y="/labels"))
+    np.testing.assert_array_equal(x, xy[0])
+    with pytest.raises(DataError, match=r"`data.y` names HDF5 dataset '/nope'.*/group/images"):
+        read_dataset(data_cfg(source=str(tmp_path / "d.h5"), x="/group/images", y="/nope"))
+
+
+def test_builtin_and_missing_file(tmp_path):
+    x, y, info = read_dataset(data_cfg(source="digits"))
+    assert x.shape == (1797, 64) and len(info["class_names"]) == 10
+    with pytest.raises(DataError, match="does not exist"):
+        read_dataset(data_cfg(source=str(tmp_path / "none.npz")))
+    with pytest.raises(DataError, match="`data.source`.*known suffix"):
+        read_dataset(data_cfg(source=str(tmp_path / "data.weird")))
+
+
+def test_bad_arrays():
+    x = np.zeros((20, 3))
+    with pytest.raises(DataError, match="x has 20 samples, y has 19"):
+        check_arrays(x, np.zeros(19))
+    x[4, 1] = np.nan
+    with pytest.raises(DataError, match=r"NaN/inf.*\[4\]"):
+        check_arrays(x, np.zeros(20))
+
+
+def test_split_is_seeded_disjoint_and_stratified():
+    y = np.repeat(np.arange(4), 50)
+    a = split_indices(y, "classification", 0.2, 0.2, seed=3)
+    b = split_indices(y, "classification", 0.2, 0.2, seed=3)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    allidx = np.concatenate(list(a.values()))
+    assert len(np.unique(allidx)) == 200
+    assert [len(a[k]) for k in ("train", "val", "test")] == [120, 40, 40]
+    for k in a:                                   # every class in its share
+        np.testing.assert_array_equal(np.bincount(y[a[k]]), np.full(4, len(a[k]) // 4))
+    c = split_indices(y, "classification", 0.2, 0.2, seed=4)
+    assert not np.array_equal(a["test"], c["test"])
+
+
+def test_normalisation_fits_on_train_only():
+    rng = np.random.default_rng(1)
+    x = rng.normal(5.0, 2.0, size=(300, 4)).astype(np.float32)
+    y = (rng.random(300) > 0.5).astype(int)
+    cfg = data_cfg(source="digits", task="classification")
+    arrays, meta = prepare(x, y, {}, cfg, seed=0)
+    np.testing.assert_allclose(arrays["x_train"].mean(axis=0), 0, atol=1e-5)
+    np.testing.assert_allclose(arrays["x_train"].std(axis=0), 1, atol=1e-4)
+    assert abs(arrays["x_test"].mean()) > 1e-4                 # test statistics were not used
+    shift, scale = fit_normalizer(x, "minmax")
+    assert np.allclose(shift, x.min(axis=0)) and np.all(scale > 0)
+    assert meta["sizes"] == {"train": 210, "val": 45, "test": 45} and meta["n_outputs"] == 2
+
+
+def test_constant_feature_and_reshape_and_regression():
+    x = np.ones((100, 8), dtype=np.float32)
+    x[:, 0] = np.arange(100)
+    y = np.linspace(0, 1, 100)
+    arrays, meta = prepare(x, y, {}, data_cfg(source="digits", task="regression", reshape=[2, 4]), seed=0)
+    assert meta["task"] == "regression" and meta["input_shape"] == [2, 4]
+    assert np.isfinite(arrays["x_train"]).all() and arrays["x_train"].shape[1:] == (2, 4)
+    with pytest.raises(DataError, match=r"`data.reshape` \[3, 3\] holds 9 values"):
+        prepare(x, y, {}, data_cfg(source="digits", reshape=[3, 3]), seed=0)
+
+
+def test_string_labels_are_encoded():
+    x = np.random.default_rng(0).normal(size=(30, 2))
+    y = np.array(["cat", "dog", "eel"] * 10)
+    arrays, meta = prepare(x, y, {}, data_cfg(source="digits"), seed=0)
+    assert meta["task"] == "classification" and meta["class_names"] == ["cat", "dog", "eel"]
+    assert set(np.unique(arrays["y_train"])) <= {0, 1, 2}

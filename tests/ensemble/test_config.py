@@ -1,0 +1,123 @@
+"""Config validation: every bad setting fails with a message that names its key."""
+
+import textwrap
+
+import pytest
+
+from ensemble.config import ConfigError, dump_toml, load_config, resolve_config
+
+GOOD = {
+    "name": "t",
+    "data": {"source": "digits"},
+    "architectures": [{"name": "mlp", "members": 2, "layers": [{"type": "Dense", "units": 8}]}],
+}
+
+
+def bad(**patch):
+    import copy
+    cfg = copy.deepcopy(GOOD)
+    for dotted, value in patch.items():
+        keys = dotted.split("__")
+        node = cfg
+        for k in keys[:-1]:
+            node = node[int(k)] if isinstance(node, list) else node.setdefault(k, {})
+        node[keys[-1]] = value
+    return cfg
+
+
+@pytest.mark.parametrize("cfg, names", [
+    (bad(epochz=3), ["`epochz`"]),
+    (bad(train__epocs=3), ["`train.epocs`", "did you mean 'epochs'"]),
+    (bad(train__epochs="ten"), ["`train.epochs`", "integer"]),
+    (bad(train__epochs=0), ["`train.epochs`", "> 0"]),
+    (bad(train__learning_rate=-1.0), ["`train.learning_rate`"]),
+    (bad(train__optimizer="adma"), ["`train.optimizer`", "did you mean 'adam'"]),
+    (bad(train__bootstrap=1), ["`train.bootstrap`", "true/false"]),
+    (bad(mode="evolution"), ["`mode`", "'ensemble'"]),
+    (bad(data__val_fraction=1.5), ["`data.val_fraction`"]),
+    (bad(data__val_fraction=0.5, data__test_fraction=0.45), ["`data.val_fraction`", "`data.test_fraction`"]),
+    (bad(data__normalize="zscore"), ["`data.normalize`"]),
+    (bad(data__reshape=[8, 0]), ["`data.reshape`"]),
+    (bad(architectures__0__layers=[{"type": "Dens", "units": 8}]),
+     ["`architectures[0].layers[0].type`", "did you mean 'Dense'"]),
+    (bad(architectures__0__layers=[{"type": "Dense", "unit": 8}]),
+     ["`architectures[0].layers[0].unit`", "did you mean 'units'"]),
+    (bad(architectures__0__layers=[{"type": "Dense"}]), ["`architectures[0].layers[0]`", "`units`"]),
+    (bad(architectures__0__layers=[{"type": "Dropout", "rate": 1.5}]), ["`architectures[0].layers[0].rate`"]),
+    (bad(architectures__0__layers=[{"type": "Dense", "units": 8, "activation": "rleu"}]),
+     ["`architectures[0].layers[0].activation`", "did you mean 'relu'"]),
+    (bad(architectures__0__model="mymodule.build"), ["`architectures[0].model`", "package.module:function"]),
+    (bad(architectures__0__members=0), ["`architectures[0].members`"]),
+    (bad(architectures=[]), ["[[architectures]]"]),
+    (bad(ensemble__k=0), ["`ensemble.k`"]),
+    (bad(ensemble__metric="mse", data__task="classification"), ["`ensemble.metric`", "classification"]),
+    (bad(runtime__threads=0), ["`runtime.threads`"]),
+    (bad(mode="evolve", evolve__evaluations=None), ["`evolve.evaluations`", "`evolve.time_limit`"]),
+    (bad(data="digits"), ["`data`", "table"]),
+])
+def test_bad_config_names_the_key(cfg, names):
+    with pytest.raises(ConfigError) as info:
+        resolve_config(cfg)
+    for name in names:
+        assert name in str(info.value), str(info.value)
+
+
+def test_both_layers_and_model_is_an_error():
+    cfg = bad(architectures__0__model="pkg.mod:fn")
+    with pytest.raises(ConfigError, match=r"`architectures\[0\]` needs exactly one of `layers`"):
+        resolve_config(cfg)
+
+
+def test_duplicate_architecture_names():
+    cfg = bad(architectures=GOOD["architectures"] * 2)
+    with pytest.raises(ConfigError, match="used twice"):
+        resolve_config(cfg)
+
+
+def test_defaults_are_filled_and_per_arch_overrides_kept():
+    cfg = resolve_config(bad(architectures__0__learning_rate=0.5))
+    assert cfg["train"]["epochs"] == 30 and cfg["ensemble"]["k"] == 5 and cfg["mode"] == "ensemble"
+    assert cfg["architectures"][0]["learning_rate"] == 0.5
+    assert cfg["architectures"][0]["epochs"] is None          # falls back to [train]
+
+
+def test_integer_accepted_where_number_expected():
+    cfg = resolve_config(bad(train__learning_rate=1))
+    assert cfg["train"]["learning_rate"] == 1.0 and isinstance(cfg["train"]["learning_rate"], float)
+
+
+def test_dump_round_trips(tmp_path):
+    cfg = resolve_config(GOOD)
+    path = tmp_path / "c.toml"
+    path.write_text(dump_toml(cfg))
+    again = load_config(path)
+    assert again == cfg
+
+
+def test_load_reports_missing_file_and_bad_toml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+    path = tmp_path / "bad.toml"
+    path.write_text("name = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path)
+
+
+def test_relative_data_path_resolves_against_config_dir(tmp_path):
+    (tmp_path / "d.npz").write_bytes(b"")
+    path = tmp_path / "c.toml"
+    path.write_text(textwrap.dedent("""
+        [data]
+        source = "d.npz"
+        [[architectures]]
+        layers = [{type = "Dense", units = 4}]
+    """))
+    cfg = load_config(path)
+    assert cfg["data"]["source"] == str((tmp_path / "d.npz").resolve())
+    assert cfg["name"] == "c"
+
+
+def test_shipped_configs_are_valid():
+    from pathlib import Path
+    for path in sorted((Path(__file__).parents[2] / "configs").glob("*.toml")):
+        load_config(path)

@@ -1,0 +1,199 @@
+"""Ranking, top-k and greedy (Caruana) ensemble selection on known cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ensemble.metrics import average_predictions, score
+from ensemble.selection import greedy_selection, rank_members, select, top_k
+
+
+def ensemble_score(weights: dict, preds: dict, y: np.ndarray, metric: str) -> float:
+    stacked = np.stack([preds[i] for i in weights])
+    return score(metric, y, average_predictions(stacked, np.array(list(weights.values()))))
+
+
+def assert_weights(weights: dict) -> None:
+    assert weights and all(w > 0 for w in weights.values())
+    assert sum(weights.values()) == pytest.approx(1.0)
+    values = list(weights.values())
+    assert values == sorted(values, reverse=True)
+
+
+@pytest.fixture(scope="module")
+def regression_case():
+    """Three good members whose errors cancel exactly, seven independent noisy ones
+    that score between the good ones individually."""
+    rng = np.random.default_rng(0)
+    n = 300
+    y = rng.normal(size=n)
+    a, b = rng.normal(size=n), rng.normal(size=n)
+    preds = {"g1": y + a, "g2": y + b, "g3": y - a - b}
+    preds |= {f"n{j}": y + 1.2 * rng.normal(size=n) for j in range(7)}
+    return y, preds
+
+
+@pytest.fixture(scope="module")
+def classification_case():
+    """Three good members each confidently wrong on its own third of the samples
+    (their average is right everywhere), seven noisy members that are individually
+    better by log loss (wrong on a random quarter)."""
+    rng = np.random.default_rng(1)
+    n, c = 300, 3
+    y = rng.integers(0, c, n)
+    rows = np.arange(n)
+
+    def member(wrong: np.ndarray, top: float, pred: np.ndarray) -> np.ndarray:
+        p = np.full((n, c), (1 - top) / (c - 1))
+        p[rows, np.where(wrong, pred, y)] = top
+        return p
+
+    preds = {f"g{i}": member(rows % 3 == i, 0.8, (y + 1) % c) for i in range(3)}
+    for j in range(7):
+        preds[f"n{j}"] = member(rng.random(n) < 0.25, 0.6, (y + 1 + rng.integers(0, 2, n)) % c)
+    return y, preds
+
+
+# ------------------------------------------------------------------------ ranking
+def test_rank_members_direction_ties_and_missing_last():
+    records = [
+        {"id": "c", "val": {"accuracy": 0.8}},
+        {"id": "e", "val": {"accuracy": float("nan")}},
+        {"id": "b", "val": {"accuracy": 0.9}},
+        {"id": "d", "val": {}},
+        {"id": "a", "val": {"accuracy": 0.8}},
+        {"id": "f"},  # failed member: no validation at all
+        {"id": "g", "val": {"accuracy": 0.95, "log_loss": 0.1}},
+    ]
+    assert [r["id"] for r in rank_members(records, "accuracy")] == list("gbacdef")
+    # lower is better for log_loss; everyone without it goes last, by id
+    assert [r["id"] for r in rank_members(records, "log_loss")] == list("gabcdef")
+    assert rank_members(records, "accuracy")[0] is records[6]
+
+
+def test_rank_members_integer_ids_sort_numerically():
+    records = [{"id": i, "val": {"mse": 1.0}} for i in (10, 2, 33, 1)]
+    assert [r["id"] for r in rank_members(records, "mse")] == [1, 2, 10, 33]
+
+
+def test_rank_members_unknown_metric():
+    with pytest.raises(ValueError, match=r"`metric` must be one of .*accuracy.*, but got 'f1'"):
+        rank_members([{"id": "a", "val": {"f1": 1.0}}], "f1")
+
+
+# -------------------------------------------------------------------------- top-k
+def test_top_k():
+    scores = {"a": 0.3, "b": 0.1, "c": math.nan, "d": 0.2, "e": 0.1}
+    assert top_k(scores, 2, "mse") == {"b": 0.5, "e": 0.5}
+    assert list(top_k(scores, 3, "accuracy")) == ["a", "d", "b"]
+    everyone = top_k(scores, 50, "mse")
+    assert list(everyone) == ["b", "e", "d", "a"]  # the NaN one is never chosen
+    assert_weights(everyone)
+    with pytest.raises(ValueError, match="`k` must be a positive integer"):
+        top_k(scores, 0, "mse")
+    with pytest.raises(ValueError, match="no candidate has a finite"):
+        top_k({"a": math.nan}, 1, "mse")
+
+
+# ------------------------------------------------------------------------- greedy
+def test_greedy_finds_the_complementary_members(regression_case):
+    y, preds = regression_case
+    weights = greedy_selection(preds, y, "mse", n_init=2)
+    assert set(weights) == {"g1", "g2", "g3"}
+    assert all(w == pytest.approx(1 / 3) for w in weights.values())
+    assert ensemble_score(weights, preds, y, "mse") == pytest.approx(0.0, abs=1e-20)
+
+
+def test_greedy_beats_top_k_regression(regression_case):
+    y, preds = regression_case
+    weights = greedy_selection(preds, y, "mse")  # sorted init with the 3 best
+    assert {"g1", "g2", "g3"} <= set(weights)
+    assert_weights(weights)
+    single = {i: score("mse", y, p) for i, p in preds.items()}
+    best_k = top_k(single, 3, "mse")
+    assert ensemble_score(weights, preds, y, "mse") < 0.5 * ensemble_score(best_k, preds, y, "mse")
+    assert ensemble_score(weights, preds, y, "mse") < min(single.values())
+
+
+def test_greedy_beats_top_k_classification(classification_case):
+    y, preds = classification_case
+    single = {i: score("log_loss", y, p) for i, p in preds.items()}
+    best_k = top_k(single, 3, "log_loss")
+    assert set(best_k).isdisjoint({"g0", "g1", "g2"})  # top-k misses the good ones
+    weights = greedy_selection(preds, y, "log_loss", max_size=20, task="classification")
+    assert_weights(weights)
+    assert sum(weights.get(g, 0.0) for g in ("g0", "g1", "g2")) > 0.8
+    greedy_loss = ensemble_score(weights, preds, y, "log_loss")
+    assert greedy_loss < ensemble_score(best_k, preds, y, "log_loss") - 0.1
+    assert ensemble_score(weights, preds, y, "accuracy") == 1.0
+
+
+def test_greedy_max_size_caps_the_picks(classification_case):
+    y, preds = classification_case
+    weights = greedy_selection(preds, y, "log_loss", max_size=7, n_init=3)
+    counts = [w * 7 for w in weights.values()]
+    assert counts == pytest.approx([round(c) for c in counts]) and sum(counts) == pytest.approx(7)
+    assert greedy_selection(preds, y, "log_loss", max_size=1) == {
+        min(preds, key=lambda i: (score("log_loss", y, preds[i]), i)): 1.0
+    }
+
+
+def test_greedy_stops_without_strict_gain_and_breaks_ties_by_id():
+    y = np.array([0.0, 1.0, 2.0])
+    preds = {"b": y + 0.1, "a": y + 0.1, "c": y + 1.0}
+    assert greedy_selection(preds, y, "mse", n_init=1) == {"a": 1.0}
+    perfect = {"z": y.copy(), "y": y + 0.5}
+    assert greedy_selection(perfect, y, "mse", n_init=1) == {"z": 1.0}
+
+
+def test_greedy_is_deterministic_under_reordering(classification_case):
+    y, preds = classification_case
+    first = greedy_selection(preds, y, "brier", max_size=15)
+    again = greedy_selection(dict(reversed(list(preds.items()))), y, "brier", max_size=15)
+    assert first == again and list(first) == list(again)
+
+
+def test_greedy_skips_members_with_broken_predictions(regression_case):
+    y, preds = regression_case
+    broken = dict(preds, bad=np.full_like(y, np.nan))
+    assert "bad" not in greedy_selection(broken, y, "mae", max_size=10)
+
+
+def test_greedy_nll_uses_the_mixture_variance():
+    rng = np.random.default_rng(5)
+    y = rng.normal(size=200)
+    preds = {"calibrated": y + rng.normal(size=200), "overconfident": y + rng.normal(size=200)}
+    variances = {"calibrated": np.ones(200), "overconfident": np.full(200, 0.01)}
+    weights = greedy_selection(preds, y, "nll", n_init=1, val_vars=variances)
+    assert next(iter(weights)) == "calibrated"
+    assert_weights(weights)
+    with pytest.raises(ValueError, match="needs the members' variances"):
+        greedy_selection(preds, y, "nll")
+
+
+def test_greedy_argument_errors(regression_case):
+    y, preds = regression_case
+    with pytest.raises(ValueError, match="`task` must be 'regression' for metric 'mse'"):
+        greedy_selection(preds, y, "mse", task="classification")
+    with pytest.raises(ValueError, match="`n_init` must be a positive integer"):
+        greedy_selection(preds, y, "mse", n_init=0)
+    with pytest.raises(ValueError, match="must share one shape"):
+        greedy_selection(dict(preds, short=y[:5]), y, "mse")
+    with pytest.raises(ValueError, match="at least one member"):
+        greedy_selection({}, y, "mse")
+
+
+# ------------------------------------------------------------------------- select
+def test_select_defaults_to_greedy_when_more_candidates_than_k(regression_case):
+    y, preds = regression_case
+    assert select(preds, y, "mse", k=3) == greedy_selection(preds, y, "mse")
+    assert select(preds, y, "mse", method="top_k", k=3) == top_k(
+        {i: score("mse", y, p) for i, p in preds.items()}, 3, "mse"
+    )
+    everyone = select(preds, y, "mse", k=10)  # not more than k: top-k keeps all
+    assert len(everyone) == 10 and all(w == pytest.approx(0.1) for w in everyone.values())
+    with pytest.raises(ValueError, match="`method` must be one of greedy, top_k"):
+        select(preds, y, "mse", method="stacking")

@@ -1,0 +1,158 @@
+"""End-to-end ensemble runs under real mpiexec: -n 1 (serial) and -n 3 (master + 2 workers)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ensemble import metrics as M
+from ensemble.journal import read_journal
+from tests.conftest import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+CONFIG = """
+name = "tiny"
+seed = 7
+[data]
+source = "digits"
+test_fraction = 0.2
+[train]
+epochs = 6
+batch_size = 64
+patience = 2
+learning_rate = 0.003
+[[architectures]]
+name = "mlp"
+members = 3
+layers = [{type = "Dense", units = 24, activation = "relu"}]
+[[architectures]]
+name = "user"
+members = 1
+model = "tests.mpi.user_models:small_mlp"
+params = {units = 12}
+[[architectures]]
+name = "cnn"
+members = 1
+layers = [{type = "Reshape", target_shape = [8, 8, 1]},
+          {type = "Conv2D", filters = 4, kernel_size = 3, activation = "relu"},
+          {type = "MaxPooling2D", pool_size = 2}, {type = "Flatten"}]
+[ensemble]
+k = 3
+method = "top_k"
+"""
+
+
+def start(tmp_path_factory, n: int, text: str = CONFIG, name: str = "run"):
+    base = tmp_path_factory.mktemp(f"n{n}")
+    cfg = base / "tiny.toml"
+    cfg.write_text(textwrap.dedent(text))
+    run_dir = base / name
+    proc = run_mpi(n, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return run_dir, proc
+
+
+@pytest.fixture(scope="module")
+def run3(tmp_path_factory):
+    return start(tmp_path_factory, 3)
+
+
+@pytest.fixture(scope="module")
+def run1(tmp_path_factory):
+    return start(tmp_path_factory, 1)
+
+
+def check_run_dir(run_dir):
+    journal = read_journal(run_dir / "journal.jsonl")
+    ids = [r["id"] for r in journal]
+    assert sorted(ids) == ["cnn-000", "mlp-000", "mlp-001", "mlp-002", "user-000"]
+    assert all(r["status"] == "ok" for r in journal), journal
+    for r in journal:
+        for f in ("model.keras", "val_pred.npy", "test_pred.npy", "history.json"):
+            assert (run_dir / r["path"] / f).is_file()
+    board = pd.read_csv(run_dir / "leaderboard.csv")
+    assert list(board["rank"]) == [1, 2, 3, 4, 5]
+    acc = list(board["val_accuracy"])
+    assert acc == sorted(acc, reverse=True)
+
+    # ensemble.json's numbers, recomputed from the saved predictions
+    ens = json.loads((run_dir / "ensemble.json").read_text())
+    data = np.load(run_dir / "ensemble_test_predictions.npz")
+    y_test = data["y"]
+    weights = {m["id"]: m["weight"] for m in ens["members"]}
+    assert len(weights) == 3 and abs(sum(weights.values()) - 1) < 1e-9
+    assert set(weights) == set(board["id"][:3])                      # top-k by validation accuracy
+    probs = sum(w * np.load(run_dir / "members" / i / "test_pred.npy") for i, w in weights.items())
+    recomputed = M.classification_metrics(y_test, probs)
+    for key in ("accuracy", "log_loss", "brier", "ece"):
+        assert ens["ensemble"]["test"][key] == pytest.approx(recomputed[key], rel=1e-9)
+    best = ens["best_member"]
+    assert best["id"] == board["id"][0]
+    best_pred = np.load(run_dir / "members" / best["id"] / "test_pred.npy")
+    assert best["test"]["accuracy"] == pytest.approx(M.classification_metrics(y_test, best_pred)["accuracy"])
+    assert (run_dir / "config.toml").is_file() and (run_dir / "normalization.npz").is_file()
+    return journal
+
+
+def test_three_ranks_complete_run(run3):
+    run_dir, proc = run3
+    journal = check_run_dir(run_dir)
+    assert {r["rank"] for r in journal} <= {1, 2} and len({r["rank"] for r in journal}) == 2
+    assert "ensemble (3 members)" in proc.stdout and "best member" in proc.stdout
+
+
+def test_serial_run_matches_parallel_run(run1, run3):
+    j1 = {r["id"]: r for r in check_run_dir(run1[0])}
+    j3 = {r["id"]: r for r in read_journal(run3[0] / "journal.jsonl")}
+    assert {r["rank"] for r in j1.values()} == {0}
+    for member_id, r in j1.items():                      # same config and seed: same member metrics
+        assert r["val"] == pytest.approx(j3[member_id]["val"], rel=1e-6), member_id
+        assert r["test"] == pytest.approx(j3[member_id]["test"], rel=1e-6), member_id
+
+
+def test_regression_run_reports_spread(tmp_path_factory):
+    run_dir, proc = start(tmp_path_factory, 2, """
+        name = "reg"
+        [data]
+        source = "diabetes"
+        task = "regression"
+        [train]
+        epochs = 8
+        batch_size = 32
+        bootstrap = true
+        [[architectures]]
+        members = 3
+        layers = [{type = "Dense", units = 16, activation = "relu"}]
+        [ensemble]
+        k = 3
+    """)
+    ens = json.loads((run_dir / "ensemble.json").read_text())
+    assert ens["task"] == "regression" and set(ens["ensemble"]["test"]) >= {"mse", "mae"}
+    data = np.load(run_dir / "ensemble_test_predictions.npz")
+    assert data["mean"].shape == data["std"].shape == data["y"].shape
+    assert (data["std"] > 0).all()                                    # members disagree somewhere
+    assert ens["ensemble"]["test"]["mse"] == pytest.approx(float(np.mean((data["mean"] - data["y"]) ** 2)))
+    assert "mse" in proc.stdout
+
+
+@pytest.mark.parametrize("patch, message", [
+    ("[train]\nepocs = 3\n", "`train.epocs`"),
+    ('[data]\nsource = "/nonexistent/file.npz"\n', "does not exist"),
+    ('[[architectures]]\nlayers = [{type = "Conv2D", filters = 2, kernel_size = 3}]\n', "data.reshape"),
+])
+def test_bad_input_fails_fast_on_every_rank(tmp_path, patch, message):
+    cfg = tmp_path / "bad.toml"
+    base = "" if "[[architectures]]" in patch else '[[architectures]]\nlayers = [{type = "Dense", units = 4}]\n'
+    cfg.write_text(patch + base)
+    t0 = time.monotonic()
+    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(tmp_path / "r")], timeout=60)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert proc.stderr.count(message) == 1                      # said once, by rank 0
+    assert time.monotonic() - t0 < 30
