@@ -221,6 +221,11 @@ def resolve_config(raw: dict, *, source: str = "config") -> dict:
         if arch["name"] in names:
             raise ConfigError(f"`{where}.name` {arch['name']!r} is used twice; names must be unique")
         names.add(arch["name"])
+    from evolve.space import SearchSpace
+    for key in cfg["search"]:
+        if key not in SearchSpace.KEYS:
+            raise ConfigError(f"unknown setting `search.{key}`{suggest(key, SearchSpace.KEYS)}; "
+                              f"allowed here: {', '.join(sorted(SearchSpace.KEYS))}")
     if cfg["mode"] == "evolve":
         ev = cfg["evolve"]
         if ev["evaluations"] is None and ev["time_limit"] is None:

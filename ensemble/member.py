@@ -122,9 +122,11 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
 
     out = Path(run_dir) / "members" / spec["id"]
     out.mkdir(parents=True, exist_ok=True)
-    preds = {}
+    preds, predict_seconds = {}, 0.0
     for split in ("val", "test"):
+        t_pred = time.perf_counter()
         preds[split] = predict(model, np.asarray(data[f"x_{split}"]), task, y_shift, y_scale)
+        predict_seconds = time.perf_counter() - t_pred if split == "val" else predict_seconds
         if not np.isfinite(preds[split]).all():
             raise MemberFailed(f"the trained model predicts NaN/inf on the {split} split")
         _atomic_save(out / f"{split}_pred.npy", lambda p, a=preds[split]: np.save(p, a))
@@ -139,6 +141,7 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         "params": count_params(model), "epochs": len(losses),
         "stopped": "time_limit" if limit.hit else ("early_stopping" if len(losses) < spec["epochs"] else "epochs"),
         "train_seconds": round(time.monotonic() - t0, 3), "path": str(out.relative_to(run_dir)),
+        "predict_seconds_per_sample": predict_seconds / max(1, len(preds["val"])),
     }
 
 
@@ -153,6 +156,5 @@ def run_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: 
                             "traceback": traceback.format_exc(limit=8)},
                   "train_seconds": round(time.monotonic() - t0, 3)}
     result.update(rank=rank, host=socket.gethostname())
-    if "genome" in spec:
-        result["genome"] = spec["genome"]
+    result.update({k: spec[k] for k in ("genome", "summary") if k in spec})
     return result

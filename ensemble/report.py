@@ -110,12 +110,13 @@ def build_ensemble(run_dir: Path, records: list[dict], cfg: dict, meta: dict,
 
 
 def finalize(run_dir: Path, records: list[dict], cfg: dict, meta: dict,
-             y_val: np.ndarray, y_test: np.ndarray) -> dict:
-    """Write leaderboard.csv and ensemble.json; return the ensemble summary."""
+             y_val: np.ndarray, y_test: np.ndarray, extra: dict | None = None) -> dict:
+    """Write leaderboard.csv and ensemble.json (with ``extra`` sections); return the summary."""
     metric = default_metric(meta["task"], cfg["ensemble"]["metric"])
     board = leaderboard(records, metric)
     write_atomic(run_dir / "leaderboard.csv", board.to_csv(index=False))
     summary = build_ensemble(run_dir, records, cfg, meta, y_val, y_test)
+    summary.update(extra or {})
     write_atomic(run_dir / "ensemble.json", json.dumps(summary, indent=2, allow_nan=True))
     return summary
 

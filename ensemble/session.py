@@ -122,12 +122,11 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: Path, resume: bo
             journal.append(result)
             records.append(result)
             print(_progress(result, len(records), total, metric, t0), flush=True)
-        run_master(comm, source, on_result, train_local, cfg["runtime"]["poll_max_sleep"],
-                   should_stop=getattr(source, "should_stop", lambda: False))
-    if hasattr(source, "finish"):
-        source.finish(records)
+        run_master(comm, source, on_result, train_local, cfg["runtime"]["poll_max_sleep"])
+    extra = {"search": source.finish(records)} if cfg["mode"] == "evolve" else {}
     try:
-        summary = finalize(run_dir, records, cfg, meta, np.asarray(data["y_val"]), np.asarray(data["y_test"]))
+        summary = finalize(run_dir, records, cfg, meta, np.asarray(data["y_val"]), np.asarray(data["y_test"]),
+                           extra)
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1

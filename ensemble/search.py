@@ -1,0 +1,170 @@
+"""mode = "evolve": the master's side of the architecture search.
+
+Wraps an ``evolve`` ask/tell strategy as the scheduler's spec source: every time a
+worker is free the strategy breeds the next genome (steady-state, asynchronous), the
+genome becomes a member spec, and its validation metric goes back as fitness. At the
+end it writes ``search.csv`` and ``search.png``; the ensemble is then selected from
+everything the search trained, with no extra training.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ensemble.config import ConfigError
+from ensemble.metrics import higher_is_better
+from ensemble.report import default_metric, write_atomic
+from ensemble.specs import derive_seed
+
+STRATEGY_SETTINGS = {"regularized": ("population_size", "sample_size"), "mu_plus_lambda": ("mu", "lambda_"),
+                     "nsga2": ("population_size",), "random": ()}
+
+
+def search_space(cfg: dict, meta: dict):
+    """The validated search space for this data; errors name the `search.*` key."""
+    from evolve import SearchSpace
+    try:
+        return SearchSpace.from_config(cfg["search"], input_rank=len(meta["input_shape"]))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_search(cfg: dict, meta: dict) -> None:
+    """Rank 0, before any training: the space must fit the data and yield a buildable genome."""
+    from evolve import random_genome
+    space = search_space(cfg, meta)
+    try:
+        random_genome(np.random.default_rng(0), space, tuple(meta["input_shape"]), meta["n_outputs"])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _fitness(record: dict, metric: str) -> float | None:
+    if record.get("status") != "ok":
+        return None
+    value = record["val"].get(metric)
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value) if higher_is_better(metric) else -float(value)
+
+
+class SearchSource:
+    """Spec source for the scheduler: strategy.ask() -> spec, result -> strategy.tell()."""
+
+    def __init__(self, cfg: dict, meta: dict, run_dir: Path, previous: list[dict]):
+        from evolve import make_strategy
+        ev = cfg["evolve"]
+        self.cfg, self.meta, self.run_dir = cfg, meta, run_dir
+        self.metric = default_metric(meta["task"], cfg["ensemble"]["metric"])
+        self.space = search_space(cfg, meta)
+        self.input_shape = tuple(meta["input_shape"])
+        params = {k: ev[k] for k in STRATEGY_SETTINGS[ev["strategy"]]}
+        self.strategy = make_strategy(ev["strategy"], self.space, self.input_shape, meta["n_outputs"],
+                                      rng_seed=cfg["seed"], budget_evaluations=ev["evaluations"],
+                                      budget_seconds=ev["time_limit"], **params)
+        self.total = ev["evaluations"]
+        self.population_size = ev["population_size"] if ev["strategy"] != "mu_plus_lambda" else ev["mu"]
+        done = [r for r in previous if "genome" in r]
+        self.strategy.replay([{"genome": r["genome"], "fitness": _fitness(r, self.metric),
+                               "objectives": self._objectives(r)} for r in done])
+        self.count = max([r["search"]["evaluation"] for r in done if "search" in r], default=0)
+        self.wall0 = time.monotonic() - max([r["search"]["wall"] for r in done if "search" in r], default=0.0)
+        self.genomes: dict[str, object] = {}
+
+    def _objectives(self, r: dict) -> tuple[float, float] | None:
+        fit = _fitness(r, self.metric)
+        if fit is None:
+            return None
+        second = r.get("params", 0) if self.cfg["evolve"]["objectives"] == "metric_params" \
+            else r.get("predict_seconds_per_sample", 0.0)
+        return (fit, -float(second))
+
+    def next_spec(self) -> dict | None:
+        genome = self.strategy.ask()
+        if genome is None:
+            return None
+        from evolve import decode
+        self.count += 1
+        spec_id = f"e{self.count:04d}"
+        self.genomes[spec_id] = genome
+        train = self.cfg["train"]
+        return {"id": spec_id, "arch": "evolved", "model": None, "params": {},
+                "layers": decode(genome, self.input_shape, self.space, self.meta["n_outputs"]),
+                "seed": derive_seed(self.cfg["seed"], 1_000_003, self.count),
+                "epochs": train["epochs"], "patience": train["patience"],
+                "member_time_limit": train["member_time_limit"], "bootstrap": train["bootstrap"],
+                "optimizer": genome.optimizer, "learning_rate": genome.learning_rate,
+                "batch_size": genome.batch_size, "genome": genome.to_dict(), "summary": genome.summary(),
+                "evaluation": self.count}
+
+    def tell(self, result: dict) -> None:
+        genome = self.genomes.pop(result["id"])
+        fitness = _fitness(result, self.metric)
+        self.strategy.tell(genome, fitness, self._objectives(result))
+        result["search"] = {"evaluation": int(result["id"][1:]), "wall": round(time.monotonic() - self.wall0, 3),
+                            "fitness": fitness}
+
+    def finish(self, records: list[dict]) -> dict:
+        """Write search.csv and search.png; print initial population vs search best."""
+        import pandas as pd
+        rows = sorted((r for r in records if "search" in r), key=lambda r: r["search"]["wall"])
+        best, table = -math.inf, []
+        for r in rows:
+            fit = r["search"]["fitness"]
+            best = max(best, fit) if fit is not None else best
+            sign = 1 if higher_is_better(self.metric) else -1
+            table.append({"evaluation": r["search"]["evaluation"], "wall_seconds": r["search"]["wall"],
+                          "id": r["id"], "status": r["status"],
+                          f"val_{self.metric}": None if fit is None else sign * fit,
+                          f"best_val_{self.metric}": None if best == -math.inf else sign * best,
+                          "params": r.get("params"), "genome": r.get("summary")})
+        frame = pd.DataFrame(table)
+        write_atomic(self.run_dir / "search.csv", frame.to_csv(index=False))
+        if len(frame):
+            self._plot(frame)
+        return self.compare(rows)
+
+    def compare(self, rows: list[dict]) -> dict:
+        """Best of the initial random population against the best the search found."""
+        ok = [r for r in rows if r["search"]["fitness"] is not None]
+        initial = [r for r in ok if r["search"]["evaluation"] <= self.population_size]
+        if not ok or not initial:
+            return {}
+        pick = lambda rs: max(rs, key=lambda r: (r["search"]["fitness"], -r["search"]["evaluation"]))  # noqa: E731
+        a, b = pick(initial), pick(ok)
+        out = {"metric": self.metric, "initial_best": {"id": a["id"], "val": a["val"][self.metric],
+                                                      "test": a["test"][self.metric], "genome": a.get("summary")},
+               "search_best": {"id": b["id"], "val": b["val"][self.metric],
+                               "test": b["test"][self.metric], "genome": b.get("summary")},
+               "evaluations": len(rows), "initial_population": self.population_size}
+        print(f"search: best of the initial random population ({self.population_size}) {a['id']}: "
+              f"val {self.metric} {out['initial_best']['val']:.4f}, test {out['initial_best']['test']:.4f}\n"
+              f"search: best evolved after {len(rows)} evaluations          {b['id']}: "
+              f"val {self.metric} {out['search_best']['val']:.4f}, test {out['search_best']['test']:.4f}"
+              f"  [{b.get('summary')}]", flush=True)
+        return out
+
+    def _plot(self, frame) -> None:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        col = f"best_val_{self.metric}"
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        for ax, x, label in ((axes[0], frame.index + 1, "evaluations"),
+                             (axes[1], frame["wall_seconds"], "wall time (s)")):
+            ax.scatter(x, frame[f"val_{self.metric}"], s=10, alpha=0.5, label="each member")
+            ax.step(x, frame[col], where="post", color="C3", label="best so far")
+            ax.set_xlabel(label)
+            ax.set_ylabel(f"validation {self.metric}")
+            ax.grid(alpha=0.3)
+        axes[0].legend()
+        fig.suptitle(f"{self.cfg['evolve']['strategy']} search: best so far")
+        fig.tight_layout()
+        tmp = self.run_dir / "search.part.png"
+        fig.savefig(tmp, dpi=100)
+        plt.close(fig)
+        tmp.replace(self.run_dir / "search.png")

@@ -1,0 +1,24 @@
+"""Architecture search without MPI: search space, genome, decoding, operators, strategies.
+
+Typical use on the master::
+
+    space = SearchSpace.from_config(cfg.get("search", {}), input_rank=len(x.shape) - 1)
+    strategy = make_strategy("regularized", space, x.shape[1:], n_outputs, rng_seed=0,
+                             budget_evaluations=200, budget_seconds=None)
+    g = strategy.ask()                       # None: budget spent or wait for results
+    layers = decode(g, x.shape[1:], space, n_outputs)   # layer dicts for the builder
+    strategy.tell(g, val_score)              # None for a failed member
+"""
+
+from evolve.decode import Analysis, analyse, check, count_params, decode
+from evolve.genome import Genome, LayerGene
+from evolve.operators import crossover, mutate, random_genome, tournament
+from evolve.repair import repair
+from evolve.space import SearchSpace
+from evolve.strategies import STRATEGIES, STRATEGY_PARAMS, Strategy, make_strategy
+
+__all__ = [
+    "Analysis", "Genome", "LayerGene", "STRATEGIES", "STRATEGY_PARAMS", "SearchSpace",
+    "Strategy", "analyse", "check", "count_params", "crossover", "decode", "make_strategy",
+    "mutate", "random_genome", "repair", "tournament",
+]

@@ -1,0 +1,202 @@
+"""The search space: which layers, widths and hyperparameters evolution may try.
+
+Built from the ``[search]`` table of the config with ``SearchSpace.from_config``;
+every key has a default, so ``[search]`` may be empty. Errors name the key as
+``search.<key>`` and say what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+LAYER_TYPES = ("conv", "maxpool", "avgpool", "dense", "dropout", "batchnorm")
+SPATIAL_TYPES = frozenset({"conv", "maxpool", "avgpool"})
+ACTIVATIONS = ("relu", "elu", "gelu", "tanh", "swish", "silu", "selu", "sigmoid",
+               "softplus", "leaky_relu", "mish", "linear")
+OPTIMIZERS = ("adam", "sgd", "rmsprop", "adamw", "nadam", "adagrad", "adamax")
+REDUCTIONS = ("global_average", "flatten")
+
+
+def default_layer_types(input_rank: int) -> tuple[str, ...]:
+    """Flat vectors get an MLP space, sequences/images/volumes a conv space."""
+    if input_rank == 1:
+        return ("dense", "dropout", "batchnorm")
+    return ("conv", "maxpool", "dense", "dropout", "batchnorm")
+
+
+def powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
+    """Powers of two in [lo, hi]; sampling uniformly from them is log-uniform."""
+    return tuple(2 ** e for e in range(math.ceil(math.log2(lo)), math.floor(math.log2(hi)) + 1))
+
+
+def _name(key: str) -> str:
+    return f"`search.{key}`"
+
+
+def _as_int(key: str, v: Any, lo: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or int(v) != v:
+        raise ValueError(f"{_name(key)} must be an integer >= {lo}, but got {v!r}")
+    if v < lo:
+        raise ValueError(f"{_name(key)} must be an integer >= {lo}, but got {v!r}")
+    return int(v)
+
+
+def _as_float(key: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{_name(key)} must be a finite number, but got {v!r}")
+    return float(v)
+
+
+def _as_list(key: str, v: Any, what: str) -> list:
+    if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple)) or len(v) == 0:
+        raise ValueError(f"{_name(key)} must be a non-empty list of {what}, but got {v!r}")
+    return list(v)
+
+
+def _int_range(key: str, v: Any) -> tuple[int, int]:
+    items = _as_list(key, v, "two integers [min, max]")
+    if len(items) != 2:
+        raise ValueError(f"{_name(key)} must be [min, max] (two integers), but got {v!r}")
+    lo, hi = (_as_int(key, x) for x in items)
+    if lo > hi:
+        raise ValueError(f"{_name(key)} must be [min, max] with min <= max, but got {v!r}")
+    if not powers_of_two(lo, hi):
+        raise ValueError(f"{_name(key)} must contain a power of two, but got {v!r}")
+    return lo, hi
+
+
+def _choices(key: str, v: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    items = _as_list(key, v, "names")
+    out = []
+    for x in items:
+        if x not in allowed:
+            raise ValueError(f"{_name(key)} entries must be among {list(allowed)}, but got {x!r}")
+        if x not in out:
+            out.append(x)
+    return tuple(out)
+
+
+def _int_choices(key: str, v: Any) -> tuple[int, ...]:
+    items = _as_list(key, v, "positive integers")
+    return tuple(sorted({_as_int(key, x) for x in items}))
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Ranges and choices for genomes; frozen so it can be shared and pickled."""
+
+    input_rank: int
+    layer_types: tuple[str, ...]
+    min_depth: int = 1
+    max_depth: int = 6
+    units: tuple[int, int] = (16, 512)
+    filters: tuple[int, int] = (8, 128)
+    kernel_sizes: tuple[int, ...] = (1, 3, 5)
+    strides: tuple[int, ...] = (1, 2)
+    pool_sizes: tuple[int, ...] = (2,)
+    activations: tuple[str, ...] = ("relu", "elu", "gelu", "tanh", "swish")
+    dropout: tuple[float, float] = (0.0, 0.5)
+    skip_connections: bool = True
+    learning_rate: tuple[float, float] = (1e-4, 1e-2)
+    batch_size: tuple[int, ...] = (16, 32, 64, 128)
+    optimizers: tuple[str, ...] = ("adam", "sgd", "rmsprop", "adamw")
+    reductions: tuple[str, ...] = REDUCTIONS
+    max_params: int = 2_000_000
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({
+        "layer_types", "min_depth", "max_depth", "units", "filters", "kernel_sizes",
+        "strides", "pool_sizes", "activations", "dropout", "skip_connections",
+        "learning_rate", "batch_size", "optimizers", "reductions", "max_params"})
+
+    @property
+    def unit_choices(self) -> tuple[int, ...]:
+        return powers_of_two(*self.units)
+
+    @property
+    def filter_choices(self) -> tuple[int, ...]:
+        return powers_of_two(*self.filters)
+
+    @property
+    def spatial(self) -> bool:
+        """True when samples have spatial axes (rank 2-4, channels last)."""
+        return self.input_rank >= 2
+
+    @classmethod
+    def from_config(cls, d: dict | None, input_rank: int) -> "SearchSpace":
+        """Validate the ``[search]`` table; ``input_rank`` is the rank of one sample."""
+        d = dict(d or {})
+        if isinstance(input_rank, bool) or input_rank not in (1, 2, 3, 4):
+            raise ValueError("evolve needs samples of rank 1 (vectors), 2 (sequences), "
+                             f"3 (images) or 4 (volumes), but the input rank is {input_rank!r}")
+        unknown = sorted(set(d) - cls.KEYS)
+        if unknown:
+            raise ValueError(f"{_name(unknown[0])} is not a search setting; "
+                             f"allowed keys are {sorted(cls.KEYS)}")
+        kw: dict[str, Any] = {"input_rank": input_rank}
+        lt = _choices("layer_types", d.get("layer_types", default_layer_types(input_rank)),
+                      LAYER_TYPES)
+        if input_rank == 1 and SPATIAL_TYPES & set(lt):
+            bad = sorted(SPATIAL_TYPES & set(lt))[0]
+            raise ValueError(f"{_name('layer_types')} entry {bad!r} needs samples of rank 2-4 "
+                             "(sequences, images, volumes), but the input samples are "
+                             "flat vectors (rank 1)")
+        if not {"conv", "dense"} & set(lt):
+            raise ValueError(f"{_name('layer_types')} needs at least one of 'conv', 'dense', "
+                             f"but got {list(lt)}")
+        kw["layer_types"] = lt
+        if "min_depth" in d:
+            kw["min_depth"] = _as_int("min_depth", d["min_depth"])
+        min_depth = kw.get("min_depth", cls.min_depth)
+        if "max_depth" in d:
+            kw["max_depth"] = _as_int("max_depth", d["max_depth"], lo=0)
+        max_depth = kw.get("max_depth", cls.max_depth)
+        if max_depth < min_depth:
+            raise ValueError(f"{_name('max_depth')} must be >= {_name('min_depth')} "
+                             f"({min_depth}), but got {max_depth}")
+        for key in ("units", "filters"):
+            if key in d:
+                kw[key] = _int_range(key, d[key])
+        for key in ("kernel_sizes", "strides", "pool_sizes", "batch_size"):
+            if key in d:
+                kw[key] = _int_choices(key, d[key])
+        if "pool_sizes" in kw and min(kw["pool_sizes"]) < 2:
+            raise ValueError(f"{_name('pool_sizes')} entries must be >= 2, "
+                             f"but got {list(kw['pool_sizes'])}")
+        if "activations" in d:
+            kw["activations"] = _choices("activations", d["activations"], ACTIVATIONS)
+        if "optimizers" in d:
+            kw["optimizers"] = _choices("optimizers", d["optimizers"], OPTIMIZERS)
+        if "reductions" in d:
+            kw["reductions"] = _choices("reductions", d["reductions"], REDUCTIONS)
+        if "dropout" in d:
+            items = _as_list("dropout", d["dropout"], "two rates [min, max]")
+            lo, hi = (_as_float("dropout", x) for x in items) if len(items) == 2 else (-1, -1)
+            if not 0.0 <= lo <= hi < 1.0:
+                raise ValueError(f"{_name('dropout')} must be [min, max] with "
+                                 f"0 <= min <= max < 1, but got {d['dropout']!r}")
+            kw["dropout"] = (lo, hi)
+        if "learning_rate" in d:
+            items = _as_list("learning_rate", d["learning_rate"], "two rates [min, max]")
+            lo, hi = (_as_float("learning_rate", x) for x in items) if len(items) == 2 else (0, 0)
+            if not 0.0 < lo <= hi:
+                raise ValueError(f"{_name('learning_rate')} must be [min, max] with "
+                                 f"0 < min <= max, but got {d['learning_rate']!r}")
+            kw["learning_rate"] = (lo, hi)
+        if "skip_connections" in d:
+            if not isinstance(d["skip_connections"], bool):
+                raise ValueError(f"{_name('skip_connections')} must be true or false, "
+                                 f"but got {d['skip_connections']!r}")
+            kw["skip_connections"] = d["skip_connections"]
+        if "max_params" in d:
+            kw["max_params"] = _as_int("max_params", d["max_params"])
+        return cls(**kw)
+
+    def to_config(self) -> dict:
+        """The resolved ``[search]`` table (JSON/TOML-able), defaults filled in."""
+        out: dict[str, Any] = {}
+        for key in sorted(self.KEYS):
+            v = getattr(self, key)
+            out[key] = list(v) if isinstance(v, tuple) else v
+        return out

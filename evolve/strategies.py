@@ -1,0 +1,397 @@
+"""Ask/tell search strategies (optuna-like), MPI-free.
+
+The master calls ``ask()`` for a genome to train and ``tell()`` with its result.
+``ask()`` returns None when the budget is spent or, for generational strategies,
+while the current generation is still out. ``done()`` is True once the budget is
+spent and every asked genome has been told.
+
+Determinism and resume: the strategy's random Generator is re-derived from
+``(rng_seed, number of tells)`` after every tell. Its state is therefore a pure
+function of the sequence of tells, and ``replay(journal_records)`` rebuilds it
+exactly (population, ages, generation, counters, cache and RNG) by registering
+and telling each record in journal order, without re-running any ask. A strategy
+resumed with ``replay`` continues exactly as the original would have if no asks
+were in flight when it stopped; asks that were in flight are simply lost and
+new ones are issued in their place.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+from deap import tools
+
+from evolve.decode import count_params
+from evolve.genome import Genome
+from evolve.operators import Candidate, crossover, mutate, random_genome, tournament
+from evolve.space import SearchSpace
+
+MAX_TRIES = 50
+
+
+class Strategy:
+    """Shared bookkeeping: budget, fitness cache, best, RNG, replay."""
+
+    name: ClassVar[str] = "base"
+    PARAMS: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, space: SearchSpace, input_shape: tuple[int, ...], n_outputs: int,
+                 rng_seed: int = 0, budget_evaluations: int | None = None,
+                 budget_seconds: float | None = None,
+                 clock: Callable[[], float] = time.monotonic, **params: Any):
+        self.space, self.input_shape, self.n_outputs = space, tuple(input_shape), int(n_outputs)
+        self.seed = int(rng_seed) % 2 ** 63
+        self.budget_evaluations, self.budget_seconds = budget_evaluations, budget_seconds
+        self.params = self.validate_params(params)
+        self._clock, self._t0 = clock, clock()
+        self.asked = self.told = self.failed = 0
+        self.results: dict[str, float | None] = {}  # fitness cache by genome key
+        self._seen: set[str] = set()
+        self._pending: dict[str, Genome] = {}
+        self.best: tuple[Genome, float] | None = None
+        self.rng = self._derive_rng()
+
+    # -- parameters ---------------------------------------------------------
+    @classmethod
+    def validate_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        """Defaults filled in; ValueError naming the parameter on unknown or bad values."""
+        params = dict(params)
+        if "lambda" in params and "lambda_" in cls.PARAMS:
+            params["lambda_"] = params.pop("lambda")
+        unknown = sorted(set(params) - set(cls.PARAMS))
+        if unknown:
+            raise ValueError(f"strategy '{cls.name}' has no parameter `{unknown[0]}`; "
+                             f"allowed: {sorted(cls.PARAMS) or 'none'}")
+        out = {**cls.PARAMS, **params}
+        for key, v in out.items():
+            if key.endswith("_prob"):
+                ok = not isinstance(v, bool) and isinstance(v, (int, float)) and 0 <= v <= 1
+                what = "a probability in [0, 1]"
+            else:
+                ok = not isinstance(v, bool) and isinstance(v, int) and v >= 1
+                what = "an integer >= 1"
+            if not ok:
+                raise ValueError(f"strategy '{cls.name}' parameter `{key}` must be {what}, "
+                                 f"but got {v!r}")
+        return out
+
+    # -- the ask/tell contract ----------------------------------------------
+    def budget_spent(self) -> bool:
+        """No more asks will be issued."""
+        if self.budget_evaluations is not None and self.asked >= self.budget_evaluations:
+            return True
+        return self.budget_seconds is not None and self.elapsed() >= self.budget_seconds
+
+    def done(self) -> bool:
+        """Budget spent and every asked genome told."""
+        return self.budget_spent() and not self._pending
+
+    def ask(self) -> Genome | None:
+        """Next genome to evaluate; None if the budget is spent or results must come first."""
+        if self.budget_spent():
+            return None
+        g = self._propose()
+        if g is not None:
+            self._register(g)
+        return g
+
+    def tell(self, genome: Genome, fitness: float | None,
+             objectives: tuple[float, ...] | None = None) -> None:
+        """Result of an evaluation; fitness is maximised, None (or NaN) means it failed."""
+        if fitness is not None:
+            fitness = float(fitness)
+            if not math.isfinite(fitness):
+                fitness = None
+        key = genome.key()
+        self._pending.pop(key, None)
+        self._seen.add(key)
+        self.told += 1
+        self.results[key] = fitness
+        if fitness is None:
+            self.failed += 1
+        elif self.best is None or fitness > self.best[1]:
+            self.best = (genome, fitness)
+        self._observe(genome, fitness, None if objectives is None else tuple(objectives))
+        self.rng = self._derive_rng()
+
+    def replay(self, records: list[dict]) -> None:
+        """Rebuild state from journal records {"genome", "fitness", "objectives"} in order."""
+        for n, rec in enumerate(records):
+            try:
+                g = Genome.from_dict(rec["genome"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"journal record {n}: cannot read its genome ({e})") from e
+            self._register(g)
+            self.tell(g, rec.get("fitness"), rec.get("objectives"))
+
+    def elapsed(self) -> float:
+        return self._clock() - self._t0
+
+    def state(self) -> dict:
+        """Small JSON-able summary for logs."""
+        out = {"strategy": self.name, "asked": self.asked, "told": self.told,
+               "failed": self.failed, "pending": len(self._pending),
+               "elapsed_s": round(self.elapsed(), 3), "budget_spent": self.budget_spent(),
+               "best_fitness": self.best[1] if self.best else None,
+               "best": self.best[0].summary() if self.best else None,
+               "best_key": self.best[0].key() if self.best else None}
+        out.update(self._extra_state())
+        return out
+
+    # -- helpers and hooks --------------------------------------------------
+    def _derive_rng(self) -> np.random.Generator:
+        return np.random.default_rng([self.seed, self.told])
+
+    def _register(self, g: Genome) -> None:
+        self.asked += 1
+        key = g.key()
+        self._seen.add(key)
+        self._pending[key] = g
+        self._on_ask(g)
+
+    def _random(self) -> Genome:
+        return random_genome(self.rng, self.space, self.input_shape, self.n_outputs)
+
+    def _mutate(self, g: Genome) -> Genome:
+        return mutate(g, self.rng, self.space, self.input_shape, self.n_outputs)
+
+    def _crossover(self, a: Genome, b: Genome) -> Genome:
+        return crossover(a, b, self.rng, self.space, self.input_shape, self.n_outputs)[0]
+
+    def _fresh(self, propose: Callable[[], Genome]) -> Genome:
+        """A genome never asked before: retry ``propose``, then random; a duplicate at worst."""
+        g = None
+        for make in (propose, self._random):
+            for _ in range(MAX_TRIES):
+                g = make()
+                if g.key() not in self._seen:
+                    return g
+        return g
+
+    def _propose(self) -> Genome | None:
+        raise NotImplementedError
+
+    def _on_ask(self, g: Genome) -> None:
+        pass
+
+    def _observe(self, g: Genome, fitness: float | None, objectives: tuple | None) -> None:
+        pass
+
+    def _extra_state(self) -> dict:
+        return {}
+
+
+class RandomSearch(Strategy):
+    """Baseline: independent random genomes."""
+
+    name = "random"
+
+    def _propose(self) -> Genome:
+        return self._fresh(self._random)
+
+
+class RegularizedEvolution(Strategy):
+    """Aging evolution (Real et al. 2019), steady-state and fully asynchronous.
+
+    Random genomes until ``population_size`` results are in; then each ask
+    mutates the tournament winner of ``sample_size`` members drawn from the
+    population (after a crossover with probability ``crossover_prob``). Each
+    successful result joins the population and the oldest member leaves.
+    """
+
+    name = "regularized"
+    PARAMS = {"population_size": 20, "sample_size": 5, "crossover_prob": 0.0}
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(*args, **kw)
+        if self.params["sample_size"] > self.params["population_size"]:
+            raise ValueError(f"strategy 'regularized' parameter `sample_size` must be <= "
+                             f"`population_size` ({self.params['population_size']}), "
+                             f"but got {self.params['sample_size']}")
+        self.population: deque[tuple[Genome, float, int]] = deque()  # (genome, fitness, born)
+
+    def _propose(self) -> Genome:
+        if len(self.population) < self.params["population_size"]:
+            return self._fresh(self._random)
+        return self._fresh(self._child)
+
+    def _child(self) -> Genome:
+        genomes = [g for g, _, _ in self.population]
+        fits = [f for _, f, _ in self.population]
+        parent = tournament(genomes, fits, self.params["sample_size"], self.rng)
+        if self.rng.random() < self.params["crossover_prob"]:
+            other = tournament(genomes, fits, self.params["sample_size"], self.rng)
+            parent = self._crossover(parent, other)
+        return self._mutate(parent)
+
+    def _observe(self, g: Genome, fitness: float | None, objectives: tuple | None) -> None:
+        if fitness is None:
+            return
+        self.population.append((g, fitness, self.told))
+        if len(self.population) > self.params["population_size"]:
+            self.population.popleft()
+
+    def _extra_state(self) -> dict:
+        return {"population": len(self.population),
+                "oldest_born": self.population[0][2] if self.population else None}
+
+
+class Generational(Strategy):
+    """Generations: ask None while the generation's offspring are out; select when all are in."""
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(*args, **kw)
+        self.generation = 0
+        self.parents: list[tuple[Genome, float, tuple]] = []  # (genome, fitness, objectives)
+        self._gen_size = self._first_size()
+        self._issued = 0
+        self._outstanding: set[str] = set()
+        self._offspring: list[tuple[Genome, float, tuple]] = []
+
+    def _first_size(self) -> int:
+        raise NotImplementedError
+
+    def _next_size(self) -> int:
+        raise NotImplementedError
+
+    def _select(self, pool: list[tuple[Genome, float, tuple]]) -> list[tuple[Genome, float, tuple]]:
+        raise NotImplementedError
+
+    def _pick_parent(self) -> Genome:
+        return self.parents[int(self.rng.integers(len(self.parents)))][0]
+
+    def _offspring_one(self) -> Genome:
+        if len(self.parents) >= 2 and self.rng.random() < self.params["crossover_prob"]:
+            return self._crossover(self._pick_parent(), self._pick_parent())
+        return self._mutate(self._pick_parent())
+
+    def _propose(self) -> Genome | None:
+        if self._issued >= self._gen_size:
+            return None
+        return self._fresh(self._offspring_one if self.parents else self._random)
+
+    def _on_ask(self, g: Genome) -> None:
+        self._issued += 1
+        self._outstanding.add(g.key())
+
+    def _objectives(self, g: Genome, fitness: float, objectives: tuple | None) -> tuple:
+        return (fitness,)
+
+    def _observe(self, g: Genome, fitness: float | None, objectives: tuple | None) -> None:
+        key = g.key()
+        if key not in self._outstanding:
+            return  # a result from outside this generation: cached, not bred from
+        self._outstanding.discard(key)
+        if fitness is not None:
+            self._offspring.append((g, fitness, self._objectives(g, fitness, objectives)))
+        if self._issued >= self._gen_size and not self._outstanding:
+            pool = self.parents + self._offspring
+            self.parents = self._select(pool) if pool else []
+            self.generation += 1
+            self._gen_size, self._issued, self._offspring = self._next_size(), 0, []
+
+    def _extra_state(self) -> dict:
+        return {"generation": self.generation, "parents": len(self.parents),
+                "generation_outstanding": len(self._outstanding),
+                "generation_left_to_ask": self._gen_size - self._issued}
+
+
+class MuPlusLambda(Generational):
+    """(mu + lambda): ``mu`` random first; each generation breeds ``lambda_`` offspring
+    (crossover with ``crossover_prob``, else mutation) and keeps the best ``mu`` of both."""
+
+    name = "mu_plus_lambda"
+    PARAMS = {"mu": 10, "lambda_": 20, "crossover_prob": 0.5}
+
+    def _first_size(self) -> int:
+        return self.params["mu"]
+
+    def _next_size(self) -> int:
+        return self.params["lambda_"]
+
+    def _select(self, pool):
+        return sorted(pool, key=lambda t: -t[1])[: self.params["mu"]]  # stable: ties keep order
+
+
+class NSGA2(Generational):
+    """NSGA-II on the objectives told (all maximised), default (fitness, -parameter count).
+
+    Survivors by ``deap.tools.selNSGA2``; parents by binary tournament on
+    (front rank, crowding distance)."""
+
+    name = "nsga2"
+    PARAMS = {"population_size": 20, "crossover_prob": 0.5}
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(*args, **kw)
+        self._n_obj: int | None = None
+        self._rank: list[tuple[int, float]] = []  # (front, -crowding) per parent
+
+    def _first_size(self) -> int:
+        return self.params["population_size"]
+
+    _next_size = _first_size
+
+    def _objectives(self, g: Genome, fitness: float, objectives: tuple | None) -> tuple:
+        if objectives is None:
+            objectives = (fitness, -float(count_params(g, self.input_shape, self.n_outputs) or 0))
+        objectives = tuple(float(x) for x in objectives)
+        if self._n_obj is None:
+            self._n_obj = len(objectives)
+        if len(objectives) != self._n_obj or not all(math.isfinite(x) for x in objectives):
+            raise ValueError(f"nsga2 needs {self._n_obj} finite objectives per result, "
+                             f"but got {objectives!r}")
+        return objectives
+
+    def _select(self, pool):
+        cands = [Candidate(i, obj) for i, (_, _, obj) in enumerate(pool)]
+        chosen = tools.selNSGA2(cands, self.params["population_size"])
+        chosen.sort(key=lambda c: c.index)  # keep pool order for determinism downstream
+        parents = [pool[c.index] for c in chosen]
+        self._rank = [(0, 0.0)] * len(parents)
+        cands = [Candidate(i, obj) for i, (_, _, obj) in enumerate(parents)]
+        for r, front in enumerate(tools.sortNondominated(cands, len(cands))):
+            tools.emo.assignCrowdingDist(front)
+            for c in front:
+                self._rank[c.index] = (r, -c.fitness.crowding_dist)
+        return parents
+
+    def _pick_parent(self) -> Genome:
+        i, j = (int(x) for x in self.rng.integers(len(self.parents), size=2))
+        return self.parents[min(i, j, key=lambda k: (self._rank[k], k))][0]
+
+    def pareto_front(self) -> list[tuple[Genome, tuple]]:
+        """Non-dominated members of the current parents, with their objectives."""
+        return [(g, obj) for (g, _, obj), (r, _) in zip(self.parents, self._rank) if r == 0]
+
+    def _extra_state(self) -> dict:
+        return {**super()._extra_state(), "front_size": len(self.pareto_front())}
+
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    cls.name: cls for cls in (RegularizedEvolution, MuPlusLambda, NSGA2, RandomSearch)}
+STRATEGY_PARAMS: dict[str, frozenset[str]] = {
+    n: frozenset(c.PARAMS) | ({"lambda"} if "lambda_" in c.PARAMS else frozenset())
+    for n, c in STRATEGIES.items()}
+
+
+def make_strategy(name: str, space: SearchSpace, input_shape: tuple[int, ...], n_outputs: int,
+                  rng_seed: int = 0, budget_evaluations: int | None = None,
+                  budget_seconds: float | None = None, **params: Any) -> Strategy:
+    """Build a strategy by name; ``params`` are its own settings (see ``STRATEGY_PARAMS``).
+
+    ``clock`` (a zero-argument callable returning seconds) may be passed to drive
+    the seconds budget in tests.
+    """
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}")
+    for key, v in (("budget_evaluations", budget_evaluations), ("budget_seconds", budget_seconds)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+            raise ValueError(f"`{key}` must be a number >= 0 or None, but got {v!r}")
+    return STRATEGIES[name](space, input_shape, n_outputs, rng_seed=rng_seed,
+                            budget_evaluations=budget_evaluations,
+                            budget_seconds=budget_seconds, **params)

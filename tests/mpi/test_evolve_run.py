@@ -1,0 +1,67 @@
+"""An evolve run under real mpiexec -n 3 with a tiny budget: journal, search.csv, leaderboard, ensemble."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pandas as pd
+import pytest
+
+from ensemble.journal import read_journal
+from tests.conftest import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+CONFIG = """
+name = "evo"
+mode = "evolve"
+seed = 5
+[data]
+source = "digits"
+reshape = [8, 8, 1]
+[train]
+epochs = 3
+patience = 1
+[evolve]
+strategy = "regularized"
+evaluations = 7
+population_size = 4
+sample_size = 2
+[search]
+max_depth = 2
+filters = [4, 8]
+units = [8, 32]
+max_params = 20000
+[ensemble]
+k = 3
+"""
+
+
+def test_evolve_run_three_ranks(tmp_path):
+    cfg = tmp_path / "evo.toml"
+    cfg.write_text(textwrap.dedent(CONFIG))
+    run_dir = tmp_path / "run"
+    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    journal = read_journal(run_dir / "journal.jsonl")
+    assert sorted(r["id"] for r in journal) == [f"e{i:04d}" for i in range(1, 8)]
+    assert all("genome" in r and "search" in r for r in journal)
+    assert len({json.dumps(r["genome"], sort_keys=True) for r in journal}) == 7     # no genome trained twice
+
+    search = pd.read_csv(run_dir / "search.csv")
+    assert len(search) == 7 and list(search.columns[:4]) == ["evaluation", "wall_seconds", "id", "status"]
+    assert search["wall_seconds"].is_monotonic_increasing
+    best = search["best_val_accuracy"].tolist()
+    assert best == sorted(best) and best[-1] == pytest.approx(search["val_accuracy"].max())
+    assert (run_dir / "search.png").stat().st_size > 1000
+
+    board = pd.read_csv(run_dir / "leaderboard.csv")
+    assert len(board) == 7 and board["val_accuracy"].is_monotonic_decreasing
+    ens = json.loads((run_dir / "ensemble.json").read_text())
+    assert ens["method"] == "greedy" and 1 <= len(ens["members"]) <= 7
+    assert set(m["id"] for m in ens["members"]) <= set(board["id"])
+    assert ens["search"]["search_best"]["val"] >= ens["search"]["initial_best"]["val"]
+    assert ens["best_member"]["id"] == board["id"][0]
+    assert "search: best evolved" in proc.stdout
