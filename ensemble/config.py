@@ -80,7 +80,7 @@ def _shape(v):
 
 NUM = (int, float)
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "nadam", "adagrad")
-METRICS = ("accuracy", "log_loss", "brier", "ece", "mse", "mae")
+METRICS = ("accuracy", "log_loss", "brier", "ece", "mse", "mae", "nll")
 
 TRAIN_KEYS = {
     "epochs": Key((int,), 30, _positive),
@@ -90,6 +90,7 @@ TRAIN_KEYS = {
     "patience": Key((int,), 5, _nonneg),
     "member_time_limit": Key(NUM, 600.0, _positive),
     "bootstrap": Key((bool,), False),
+    "loss": Key((str,), "auto", _one_of("auto", "gaussian_nll")),
 }
 
 SCHEMA = Table({
@@ -137,6 +138,9 @@ SCHEMA = Table({
     "search": Key((dict,), {}),
     "runtime": Table({
         "threads": Key((int,), 1, _positive),
+        "time_limit": Key(NUM, None, _positive, nullable=True),
+        "finish_reserve": Key(NUM, 30.0, _nonneg),
+        "max_failed_share": Key(NUM, 0.5, lambda v: None if 0.0 < v <= 1.0 else "must be in (0, 1]"),
         "poll_max_sleep": Key(NUM, 0.05, _positive),
     }),
 })
@@ -236,12 +240,21 @@ def resolve_config(raw: dict, *, source: str = "config") -> dict:
                               f"`evolve.population_size` ({ev['population_size']})")
     metric = cfg["ensemble"]["metric"]
     task = data["task"]
-    if task == "classification" and metric in ("mse", "mae"):
+    gaussian = [a["name"] for a in cfg["architectures"] if (a["loss"] or cfg["train"]["loss"]) == "gaussian_nll"]
+    if gaussian and task == "classification":
+        raise ConfigError("`train.loss` \"gaussian_nll\" is for regression, but `data.task` is "
+                          "\"classification\"; remove it or set `data.task = \"regression\"`")
+    all_gaussian = (cfg["train"]["loss"] == "gaussian_nll" if cfg["mode"] == "evolve"
+                    else len(gaussian) == len(cfg["architectures"]))
+    if metric == "nll" and not all_gaussian:
+        raise ConfigError("`ensemble.metric` \"nll\" needs every member to predict a variance: set "
+                          "`train.loss = \"gaussian_nll\"` (and no architecture overriding it)")
+    if task == "classification" and metric in ("mse", "mae", "nll"):
         raise ConfigError(f"`ensemble.metric` {metric!r} is a regression metric, but "
                           "`data.task` is \"classification\"; use \"accuracy\" or \"log_loss\"")
     if task == "regression" and metric in ("accuracy", "log_loss", "brier", "ece"):
         raise ConfigError(f"`ensemble.metric` {metric!r} is a classification metric, but "
-                          "`data.task` is \"regression\"; use \"mse\" or \"mae\"")
+                          "`data.task` is \"regression\"; use \"mse\", \"mae\" or \"nll\"")
     return cfg
 
 

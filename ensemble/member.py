@@ -22,7 +22,24 @@ from ensemble import metrics as M
 
 
 class MemberFailed(RuntimeError):
-    """Training produced no usable member (NaN loss, unbuildable model)."""
+    """Training produced no usable member; ``kind`` says why (nan_loss, time_limit, ...)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def injected_failure(member_id: str) -> str | None:
+    """Fault injection for resilience tests: ``ENSEMBLE_INJECT_FAILURE="id:kind,..."``.
+
+    kind is ``raise`` (an exception in training), ``nan`` (a NaN loss) or ``exit`` (the
+    rank dies as if killed). Off unless the variable is set.
+    """
+    for item in os.environ.get("ENSEMBLE_INJECT_FAILURE", "").split(","):
+        name, _, kind = item.partition(":")
+        if name == member_id:
+            return kind or "raise"
+    return None
 
 
 def configure_tensorflow(threads: int) -> None:
@@ -68,22 +85,39 @@ def _atomic_save(path: Path, write) -> None:
 
 
 def predict(model, x: np.ndarray, task: str, y_shift: float = 0.0, y_scale: float = 1.0,
-            batch_size: int = 512) -> np.ndarray:
-    """Probabilities (classification) or predictions in the targets' own units (regression)."""
+            gaussian: bool = False, batch_size: int = 512) -> tuple[np.ndarray, np.ndarray | None]:
+    """(prediction, variance or None): probabilities for classification; for regression the
+    prediction (and a Gaussian member's variance) in the targets' own units."""
     # Direct calls in chunks: Keras' predict() would build a tf.data pipeline per member.
     chunks = [np.asarray(model(x[i:i + batch_size], training=False)) for i in range(0, len(x), batch_size)]
     out = np.concatenate(chunks).astype(np.float64) if chunks else np.zeros((0, model.output_shape[-1]))
-    if task == "regression":
-        out = out * y_scale + y_shift
-        if out.shape[-1] == 1:
-            out = out[:, 0]
-    return out
+    if task == "classification":
+        return out, None
+    var = None
+    if gaussian:
+        k = out.shape[-1] // 2
+        out, raw = out[:, :k], out[:, k:]
+        var = (np.logaddexp(0.0, raw) + 1e-6) * y_scale ** 2          # softplus, as in the loss
+    out = out * y_scale + y_shift
+    if out.shape[-1] == 1:
+        out = out[:, 0]
+        var = var[:, 0] if var is not None else None
+    return out, var
 
 
-def evaluate(task: str, y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
+def gaussian_nll(y_true, y_pred):
+    """Mean Gaussian negative log-likelihood of (mean, softplus variance) heads, up to a constant."""
+    from keras import ops
+    k = y_pred.shape[-1] // 2
+    mean, var = y_pred[..., :k], ops.softplus(y_pred[..., k:]) + 1e-6
+    y = ops.reshape(ops.cast(y_true, mean.dtype), ops.shape(mean))
+    return ops.mean(0.5 * ops.log(var) + 0.5 * ops.square(y - mean) / var, axis=-1)
+
+
+def evaluate(task: str, y: np.ndarray, pred: np.ndarray, var: np.ndarray | None = None) -> dict[str, float]:
     if task == "classification":
         return M.classification_metrics(y, pred)
-    return M.regression_metrics(y, pred)
+    return M.regression_metrics(y, pred, var)
 
 
 def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: Path) -> dict:
@@ -93,6 +127,12 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
 
     t0 = time.monotonic()
     task = meta["task"]
+    gaussian = spec.get("loss") == "gaussian_nll"
+    fault = injected_failure(spec["id"])
+    if fault == "exit":
+        os._exit(9)
+    if fault == "raise":
+        raise RuntimeError(f"injected failure in member {spec['id']} (ENSEMBLE_INJECT_FAILURE)")
     keras.utils.set_random_seed(spec["seed"])
     model = build_model(spec, tuple(meta["input_shape"]), meta["n_outputs"], task)
     if task == "classification":
@@ -100,10 +140,10 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     else:
         y_tr = np.asarray(data["y_train"], dtype=np.float64)
         y_shift, y_scale = float(y_tr.mean()), float(y_tr.std() or 1.0)
-        loss, metrics = "mse", ["mae"]
+        loss, metrics = (gaussian_nll, []) if gaussian else ("mse", ["mae"])
         y_tf = lambda y: (y - y_shift) / y_scale          # noqa: E731 - train on standardised targets
-    model.compile(optimizer=_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss,
-                  metrics=metrics, jit_compile=False)
+    lr = spec["learning_rate"] * (1e12 if fault == "nan" else 1.0)
+    model.compile(optimizer=_optimizer(spec["optimizer"], lr), loss=loss, metrics=metrics, jit_compile=False)
     idx = member_indices(len(data["y_train"]), spec["seed"], spec.get("bootstrap", False))
     train_ds = make_dataset(data["x_train"], data["y_train"], idx, spec["batch_size"], spec["seed"],
                             y_transform=y_tf)
@@ -117,29 +157,37 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
                      callbacks=callbacks).history
     losses = np.asarray(hist.get("loss", []), dtype=np.float64)
     if not len(losses) or not np.isfinite(losses).all():
-        raise MemberFailed(f"training loss became NaN/inf at epoch {len(losses)}; lower "
+        raise MemberFailed("nan_loss", f"training loss became NaN/inf at epoch {len(losses)}; lower "
                            f"`learning_rate` (now {spec['learning_rate']}) or check the data")
+    if limit.hit:
+        raise MemberFailed("time_limit", f"training exceeded `member_time_limit` "
+                           f"({spec['member_time_limit']:g} s) after {len(losses)} of {spec['epochs']} "
+                           "epochs; raise the limit or shrink the model")
 
     out = Path(run_dir) / "members" / spec["id"]
     out.mkdir(parents=True, exist_ok=True)
-    preds, predict_seconds = {}, 0.0
+    preds, variances, predict_seconds = {}, {}, 0.0
     for split in ("val", "test"):
         t_pred = time.perf_counter()
-        preds[split] = predict(model, np.asarray(data[f"x_{split}"]), task, y_shift, y_scale)
+        preds[split], variances[split] = predict(model, np.asarray(data[f"x_{split}"]), task, y_shift,
+                                                 y_scale, gaussian)
         predict_seconds = time.perf_counter() - t_pred if split == "val" else predict_seconds
         if not np.isfinite(preds[split]).all():
-            raise MemberFailed(f"the trained model predicts NaN/inf on the {split} split")
+            raise MemberFailed("nan_prediction", f"the trained model predicts NaN/inf on the {split} split")
         _atomic_save(out / f"{split}_pred.npy", lambda p, a=preds[split]: np.save(p, a))
+        if gaussian:
+            _atomic_save(out / f"{split}_var.npy", lambda p, a=variances[split]: np.save(p, a))
     history = {k: [float(v) for v in vals] for k, vals in hist.items()}
     _atomic_save(out / "history.json", lambda p: p.write_text(json.dumps(history)))
-    _atomic_save(out / "model.keras", lambda p: model.save(p))
-    (out / "scaling.json").write_text(json.dumps({"y_shift": y_shift, "y_scale": y_scale}))
+    _atomic_save(out / "scaling.json", lambda p: p.write_text(json.dumps(
+        {"y_shift": y_shift, "y_scale": y_scale, "gaussian": gaussian})))
+    _atomic_save(out / "model.keras", lambda p: model.save(p))      # last: its presence means whole
     return {
         "id": spec["id"], "status": "ok", "arch": spec.get("arch"), "seed": spec["seed"],
-        "val": evaluate(task, np.asarray(data["y_val"]), preds["val"]),
-        "test": evaluate(task, np.asarray(data["y_test"]), preds["test"]),
+        "val": evaluate(task, np.asarray(data["y_val"]), preds["val"], variances["val"]),
+        "test": evaluate(task, np.asarray(data["y_test"]), preds["test"], variances["test"]),
         "params": count_params(model), "epochs": len(losses),
-        "stopped": "time_limit" if limit.hit else ("early_stopping" if len(losses) < spec["epochs"] else "epochs"),
+        "stopped": "early_stopping" if len(losses) < spec["epochs"] else "epochs",
         "train_seconds": round(time.monotonic() - t0, 3), "path": str(out.relative_to(run_dir)),
         "predict_seconds_per_sample": predict_seconds / max(1, len(preds["val"])),
     }
@@ -152,7 +200,7 @@ def run_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: 
         result = train_member(spec, data, meta, run_dir)
     except Exception as exc:          # noqa: BLE001 - any member failure is recorded, the run goes on
         result = {"id": spec["id"], "status": "failed", "arch": spec.get("arch"), "seed": spec["seed"],
-                  "error": {"kind": type(exc).__name__, "message": str(exc),
+                  "error": {"kind": getattr(exc, "kind", type(exc).__name__), "message": str(exc),
                             "traceback": traceback.format_exc(limit=8)},
                   "train_seconds": round(time.monotonic() - t0, 3)}
     result.update(rank=rank, host=socket.gethostname())

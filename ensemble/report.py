@@ -63,8 +63,9 @@ def leaderboard(records: list[dict], metric: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _load(run_dir: Path, member_id: str, split: str) -> np.ndarray:
-    return np.load(run_dir / "members" / member_id / f"{split}_pred.npy")
+def _load(run_dir: Path, member_id: str, split: str, what: str = "pred") -> np.ndarray | None:
+    path = run_dir / "members" / member_id / f"{split}_{what}.npy"
+    return np.load(path) if path.exists() else None
 
 
 def build_ensemble(run_dir: Path, records: list[dict], cfg: dict, meta: dict,
@@ -77,33 +78,36 @@ def build_ensemble(run_dir: Path, records: list[dict], cfg: dict, meta: dict,
         raise RuntimeError(f"no member finished (of {len(records)} tried); see "
                            f"{run_dir / 'journal.jsonl'} for each failure")
     val_preds = {r["id"]: _load(run_dir, r["id"], "val") for r in ranked}
+    val_vars = {r["id"]: _load(run_dir, r["id"], "val", "var") for r in ranked}
+    gaussian = all(v is not None for v in val_vars.values())
     method = cfg["ensemble"]["method"]
     if method == "auto":                   # Caruana's greedy when there is a choice to make
         method = "greedy" if len(ranked) > cfg["ensemble"]["k"] else "top_k"
-    weights = select(val_preds, y_val, metric, method=method, k=cfg["ensemble"]["k"], task=task)
+    weights = select(val_preds, y_val, metric, method=method, k=cfg["ensemble"]["k"], task=task,
+                     val_vars=val_vars if gaussian else None)
     ids = list(weights)
     w = np.array([weights[i] for i in ids])
-    test_preds = np.stack([_load(run_dir, i, "test") for i in ids])
-    val_stack = np.stack([val_preds[i] for i in ids])
     best = ranked[0]
     out = {"task": task, "metric": metric, "method": method,
            "members": [{"id": i, "weight": float(weights[i])} for i in ids],
            "n_finished": len(ranked), "n_failed": len({r["id"] for r in records} - {r["id"] for r in ranked})}
-    per_sample: dict[str, np.ndarray] = {}
+    stack = {s: np.stack([_load(run_dir, i, s) for i in ids]) for s in ("val", "test")}
     if task == "classification":
-        unc = M.classification_uncertainty(test_preds, w)
-        ens_val = M.average_predictions(val_stack, w)
-        out["ensemble"] = {"val": M.classification_metrics(y_val, ens_val),
-                           "test": M.classification_metrics(y_test, unc["proba"])}
-        per_sample = {"proba": unc["proba"], "prediction": unc["proba"].argmax(axis=1),
-                      "total_entropy": unc["total"], "aleatoric": unc["aleatoric"],
-                      "epistemic": unc["epistemic"]}
+        unc = {s: M.classification_uncertainty(stack[s], w) for s in ("val", "test")}
+        out["ensemble"] = {s: M.classification_metrics(y, unc[s]["proba"])
+                           for s, y in (("val", y_val), ("test", y_test))}
+        t = unc["test"]
+        per_sample = {"proba": t["proba"], "prediction": t["proba"].argmax(axis=1), "total_entropy": t["total"],
+                      "aleatoric": t["aleatoric"], "epistemic": t["epistemic"]}
     else:
-        mix_t = M.regression_mixture(test_preds, None, w)
-        mix_v = M.regression_mixture(val_stack, None, w)
-        out["ensemble"] = {"val": M.regression_metrics(y_val, mix_v["mean"]),
-                           "test": M.regression_metrics(y_test, mix_t["mean"])}
-        per_sample = {"mean": mix_t["mean"], "std": mix_t["std"], "epistemic_var": mix_t["epistemic"]}
+        var = {s: np.stack([_load(run_dir, i, s, "var") for i in ids]) if gaussian else None
+               for s in ("val", "test")}
+        mix = {s: M.regression_mixture(stack[s], var[s], w) for s in ("val", "test")}
+        out["ensemble"] = {s: M.regression_metrics(y, mix[s]["mean"], mix[s]["var"] if gaussian else None)
+                           for s, y in (("val", y_val), ("test", y_test))}
+        t = mix["test"]
+        per_sample = {"mean": t["mean"], "std": t["std"], "aleatoric_var": t["aleatoric"],
+                      "epistemic_var": t["epistemic"]}
     out["best_member"] = {"id": best["id"], "val": best["val"], "test": best["test"]}
     np.savez(run_dir / "ensemble_test_predictions.npz", y=y_test, **per_sample)
     return out

@@ -97,6 +97,7 @@ class SearchSource:
                 "seed": derive_seed(self.cfg["seed"], 1_000_003, self.count),
                 "epochs": train["epochs"], "patience": train["patience"],
                 "member_time_limit": train["member_time_limit"], "bootstrap": train["bootstrap"],
+                "loss": train["loss"],
                 "optimizer": genome.optimizer, "learning_rate": genome.learning_rate,
                 "batch_size": genome.batch_size, "genome": genome.to_dict(), "summary": genome.summary(),
                 "evaluation": self.count}

@@ -26,6 +26,10 @@ def prepare_run(cfg: dict, args) -> tuple[dict, dict, Path]:
 
     x, y, info = read_dataset(cfg["data"])
     arrays, meta = prepare(x, y, info, cfg["data"], cfg["seed"])
+    if meta["task"] == "classification" and "gaussian_nll" in (
+            [cfg["train"]["loss"]] + [a["loss"] for a in cfg["architectures"]]):
+        raise ConfigError("`train.loss` \"gaussian_nll\" is for regression, but the labels make this "
+                          "a classification task; remove it or set `data.task = \"regression\"`")
     for i, arch in enumerate(cfg["architectures"]):
         if arch["layers"]:
             msg = check_input_rank(arch["layers"], meta["input_shape"], f"architectures[{i}].layers")

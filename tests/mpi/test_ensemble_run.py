@@ -116,8 +116,9 @@ def test_serial_run_matches_parallel_run(run1, run3):
         assert r["test"] == pytest.approx(j3[member_id]["test"], rel=1e-6), member_id
 
 
-def test_regression_run_reports_spread(tmp_path_factory):
-    run_dir, proc = start(tmp_path_factory, 2, """
+@pytest.mark.parametrize("loss, metric", [("auto", "mse"), ("gaussian_nll", "nll")])
+def test_regression_run_reports_spread(tmp_path_factory, loss, metric):
+    run_dir, proc = start(tmp_path_factory, 2, f"""
         name = "reg"
         [data]
         source = "diabetes"
@@ -126,18 +127,28 @@ def test_regression_run_reports_spread(tmp_path_factory):
         epochs = 8
         batch_size = 32
         bootstrap = true
+        loss = "{loss}"
         [[architectures]]
         members = 3
-        layers = [{type = "Dense", units = 16, activation = "relu"}]
+        layers = [{{type = "Dense", units = 16, activation = "relu"}}]
         [ensemble]
         k = 3
+        metric = "{metric}"
     """)
     ens = json.loads((run_dir / "ensemble.json").read_text())
     assert ens["task"] == "regression" and set(ens["ensemble"]["test"]) >= {"mse", "mae"}
     data = np.load(run_dir / "ensemble_test_predictions.npz")
     assert data["mean"].shape == data["std"].shape == data["y"].shape
-    assert (data["std"] > 0).all()                                    # members disagree somewhere
+    assert (data["epistemic_var"] > 0).all()                          # members disagree somewhere
+    np.testing.assert_allclose(data["std"] ** 2, data["aleatoric_var"] + data["epistemic_var"], rtol=1e-9)
     assert ens["ensemble"]["test"]["mse"] == pytest.approx(float(np.mean((data["mean"] - data["y"]) ** 2)))
+    if loss == "gaussian_nll":
+        assert (data["aleatoric_var"] > 0).all()
+        test = ens["ensemble"]["test"]
+        recomputed = M.regression_metrics(data["y"], data["mean"], data["std"] ** 2)
+        assert test["nll"] == pytest.approx(recomputed["nll"]) and 0.5 < test["coverage90"] <= 1.0
+    else:
+        assert (data["aleatoric_var"] == 0).all()
     assert "mse" in proc.stdout
 
 
