@@ -29,6 +29,7 @@ PRETEND_NODES_ENV = "ENSEMBLE_PRETEND_NODES"
 _CORRUPT_ENV = "_ENSEMBLE_DISTRIBUTE_CORRUPT"  # test hook: comm rank whose window gets a flipped byte
 ALIGN = 64
 _CRC_CHUNK = 64 * 2**20
+_COPY_CHUNK = 32 * 2**20  # root copies a memmap this much at a time, then drops its pages
 _MAX_CHUNK = 2**31 - 1
 _MADV_DONTNEED = 4
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14
@@ -160,36 +161,42 @@ def broadcast_arrays(comm: MPI.Intracomm, arrays: dict[str, np.ndarray] | None, 
     buf, _ = win.Shared_query(0)
     if node.rank == 0:
         _prefault(buf)
-    sums: list[int] | None = None
+    failure, sums = None, None
     if comm.rank == root:
-        _fill(buf, arrays, meta, chunk_bytes)
-        if meta.verify:
-            sums = _checksums(buf, meta)
+        try:
+            _fill(buf, arrays, meta)
+            sums = _checksums(buf, meta) if meta.verify else None
+        except Exception as exc:  # reported on every rank below instead of a hang
+            failure = (f"broadcast_arrays: root rank {root} on {socket.gethostname()} could not "
+                       f"copy its arrays into shared memory: {type(exc).__name__}: {exc}")
     bad: list[str] = []
     if leaders is not None:
         _quiet_barrier(leaders)  # root is copying into its window meanwhile
-        view = memoryview(buf)
-        for lo in range(0, meta.total, chunk_bytes):
-            leaders.Bcast([view[lo:min(lo + chunk_bytes, meta.total)], MPI.BYTE], root=0)
-        view.release()
-        if os.environ.get(_CORRUPT_ENV) == str(comm.rank):
-            _flip_a_byte(buf, meta)
-        if meta.verify:
-            sums = leaders.bcast(sums, root=0)
-            if comm.rank != root:
+        failure, sums = leaders.bcast((failure, sums), root=0)
+        if failure is None:
+            view = memoryview(buf)
+            for lo in range(0, meta.total, chunk_bytes):
+                leaders.Bcast([view[lo:min(lo + chunk_bytes, meta.total)], MPI.BYTE], root=0)
+            view.release()
+            if os.environ.get(_CORRUPT_ENV) == str(comm.rank):
+                _flip_a_byte(buf, meta)
+            if meta.verify and comm.rank != root:
                 got = _checksums(buf, meta)
                 bad = [f"'{e.name}' on rank {comm.rank} ({socket.gethostname()})"
                        for e, want, have in zip(meta.entries, sums, got) if want != have]
         leaders.Free()
     _quiet_barrier(node)  # the leader's writes are complete before anyone reads
-    if meta.verify:
+    failure = node.bcast(failure, root=0)
+    if failure is None and meta.verify:
         _quiet_barrier(comm)
         bad = comm.allreduce(bad, op=MPI.SUM)
         if bad:
-            win.Free()
-            node.Free()
-            raise RuntimeError("broadcast_arrays: checksum mismatch after the transfer for "
-                               + ", ".join(bad) + "; the received bytes differ from root's")
+            failure = ("broadcast_arrays: checksum mismatch after the transfer for "
+                       + ", ".join(bad) + "; the received bytes differ from root's")
+    if failure is not None:
+        win.Free()
+        node.Free()
+        raise RuntimeError(failure)
     readonly = MPI.buffer.fromaddress(buf.address, len(buf), readonly=True)
     views = {e.name: _view(readonly, e) for e in meta.entries}
     return SharedArrays(views, win, buf, node, max(meta.total, ALIGN))
@@ -232,7 +239,7 @@ def _describe(arrays: dict[str, np.ndarray] | None, verify: bool) -> _Meta | str
     return _Meta(tuple(entries), offset, bool(verify))
 
 
-def _fill(buf: MPI.buffer, arrays: Mapping[str, np.ndarray], meta: _Meta, chunk_bytes: int) -> None:
+def _fill(buf: MPI.buffer, arrays: Mapping[str, np.ndarray], meta: _Meta) -> None:
     """Copy root's arrays into the window, C order, chunk by chunk where possible."""
     for e in meta.entries:
         if e.nbytes == 0:
@@ -245,8 +252,8 @@ def _fill(buf: MPI.buffer, arrays: Mapping[str, np.ndarray], meta: _Meta, chunk_
             continue
         flat = src.reshape(-1).view(np.uint8)
         release = isinstance(src, np.memmap) and src.mode in ("r", "r+")
-        for lo in range(0, e.nbytes, chunk_bytes):
-            hi = min(lo + chunk_bytes, e.nbytes)
+        for lo in range(0, e.nbytes, _COPY_CHUNK):
+            hi = min(lo + _COPY_CHUNK, e.nbytes)
             dst[lo:hi] = flat[lo:hi]
             if release:
                 _drop_pages(flat.ctypes.data + lo, flat.ctypes.data + hi)
