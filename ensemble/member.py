@@ -78,6 +78,13 @@ def _time_limit_callback(limit: float):
     return TimeLimit()
 
 
+def _poisoned(loss):
+    """A loss that returns NaN, for ``ENSEMBLE_INJECT_FAILURE=<id>:nan``."""
+    def nan_loss(y_true, y_pred):
+        return loss(y_true, y_pred) * float("nan")
+    return nan_loss
+
+
 def _atomic_save(path: Path, write) -> None:
     tmp = path.with_name(path.name + ".part" + path.suffix)
     write(tmp)
@@ -142,8 +149,10 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         y_shift, y_scale = float(y_tr.mean()), float(y_tr.std() or 1.0)
         loss, metrics = (gaussian_nll, []) if gaussian else ("mse", ["mae"])
         y_tf = lambda y: (y - y_shift) / y_scale          # noqa: E731 - train on standardised targets
-    lr = spec["learning_rate"] * (1e12 if fault == "nan" else 1.0)
-    model.compile(optimizer=_optimizer(spec["optimizer"], lr), loss=loss, metrics=metrics, jit_compile=False)
+    if fault == "nan":                                  # the loss turns NaN from the first step
+        loss = _poisoned(keras.losses.get(loss))
+    model.compile(optimizer=_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss,
+                  metrics=metrics, jit_compile=False)
     idx = member_indices(len(data["y_train"]), spec["seed"], spec.get("bootstrap", False))
     train_ds = make_dataset(data["x_train"], data["y_train"], idx, spec["batch_size"], spec["seed"],
                             y_transform=y_tf)

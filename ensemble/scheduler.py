@@ -38,12 +38,14 @@ class SpecList:
 
 def run_master(comm, source: SpecSource, on_result: Callable[[dict], None],
                train_local: Callable[[dict], dict], max_sleep: float = 0.05,
-               should_stop: Callable[[], bool] = lambda: False) -> None:
-    """Hand specs to workers until the source runs dry and every worker has reported."""
+               should_stop: Callable[[], bool] = lambda: False,
+               adjust: Callable[[dict], dict] = lambda spec: spec) -> None:
+    """Hand specs to workers until the source runs dry (or ``should_stop``) and every
+    worker has reported; ``adjust`` may change a spec just before it is handed out."""
     workers = list(range(1, comm.Get_size()))
     if not workers:
         while not should_stop() and (spec := source.next_spec()) is not None:
-            result = train_local(spec)
+            result = train_local(adjust(spec))
             source.tell(result)
             on_result(result)
         return
@@ -55,6 +57,7 @@ def run_master(comm, source: SpecSource, on_result: Callable[[dict], None],
                 if spec is None:
                     break
                 worker = free.pop(0)
+                spec = adjust(spec)
                 comm.send(spec, dest=worker, tag=TAG_SPEC)
                 busy[worker] = spec
             if not busy:

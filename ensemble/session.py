@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ensemble.budget import RunBudget, slurm_end_time
 from ensemble.config import ConfigError, dump_toml
 from ensemble.journal import Journal, read_journal
 
@@ -35,6 +36,12 @@ def prepare_run(cfg: dict, args) -> tuple[dict, dict, Path]:
             msg = check_input_rank(arch["layers"], meta["input_shape"], f"architectures[{i}].layers")
             if msg:
                 raise ConfigError(msg)
+        else:
+            from ensemble.architecture import ArchitectureError, load_builder
+            try:
+                load_builder(arch["model"])
+            except ArchitectureError as exc:
+                raise ConfigError(f"`architectures[{i}].model`: {exc}") from None
     if cfg["mode"] == "evolve":
         from ensemble.search import check_search
         check_search(cfg, meta)
@@ -121,23 +128,34 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: Path, resume: bo
             trainer = make_trainer(cfg, meta, data, run_dir, 0)
         return trainer(spec)
 
+    rt = cfg["runtime"]
+    budget = RunBudget(rt["time_limit"], rt["finish_reserve"], rt["max_failed_share"], end_time=slurm_end_time())
     with Journal(journal_path) as journal:
         def on_result(result: dict) -> None:
             journal.append(result)
             records.append(result)
+            budget.observe(result)
             print(_progress(result, len(records), total, metric, t0), flush=True)
-        run_master(comm, source, on_result, train_local, cfg["runtime"]["poll_max_sleep"])
+        run_master(comm, source, on_result, train_local, rt["poll_max_sleep"],
+                   should_stop=budget.should_stop, adjust=budget.cap)
+    code = 0
+    if budget.reason:
+        failed = [r for r in records if r.get("status") != "ok"]
+        kinds = sorted({r["error"]["kind"] for r in failed if "error" in r})
+        print(f"stopped early: {budget.reason}" + (f"\nfailures: {len(failed)} ({', '.join(kinds)})"
+                                                  if failed else ""), file=sys.stderr, flush=True)
+        code = 4 if budget.n_failed and "failed" in budget.reason else 0
     extra = {"search": source.finish(records)} if cfg["mode"] == "evolve" else {}
     try:
         summary = finalize(run_dir, records, cfg, meta, np.asarray(data["y_val"]), np.asarray(data["y_test"]),
                            extra)
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return code or 1
     print(format_comparison(summary), flush=True)
     print(f"wrote {run_dir}/ensemble.json, leaderboard.csv, journal.jsonl  "
           f"({time.monotonic() - t0:.1f} s)", flush=True)
-    return 0
+    return code
 
 
 def run_worker_side(comm, cfg: dict, meta: dict, data, run_dir: Path) -> None:

@@ -1,0 +1,49 @@
+"""The master's stop rules: failure share and wall-time deadline."""
+
+from ensemble.budget import RunBudget
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def ok(seconds=10.0):
+    return {"status": "ok", "train_seconds": seconds}
+
+
+def test_failure_share_stops_only_after_enough_failures():
+    b = RunBudget(None, 30, 0.5, clock=Clock())
+    for r in [{"status": "failed"}, {"status": "failed"}]:
+        b.observe(r)
+    assert not b.should_stop()                     # 2 of 2 failed, but too few to judge
+    b.observe({"status": "failed"})
+    assert b.should_stop() and "3 of 3 members failed" in b.reason and "max_failed_share" in b.reason
+
+
+def test_failure_share_tolerates_a_minority():
+    b = RunBudget(None, 30, 0.5, clock=Clock())
+    for r in [ok(), ok(), ok(), {"status": "failed"}, {"status": "failed"}, {"status": "failed"}, ok()]:
+        b.observe(r)
+    assert not b.should_stop()
+
+
+def test_deadline_leaves_room_for_one_more_member_and_the_reserve():
+    clock = Clock()
+    b = RunBudget(time_limit=100, finish_reserve=20, max_failed_share=1.0, clock=clock)
+    b.observe(ok(30))
+    clock.t += 40                      # 40 s used; one more member (30 s) ends at 70 < 80
+    assert not b.should_stop()
+    clock.t += 15                      # 55 + 30 > 80
+    assert b.should_stop() and "time limit" in b.reason
+
+
+def test_member_time_limit_is_capped_to_the_deadline_and_slurm_end_wins_when_sooner():
+    clock = Clock()
+    b = RunBudget(time_limit=1000, finish_reserve=10, max_failed_share=1.0, clock=clock, end_time=1100.0)
+    spec = {"id": "a", "member_time_limit": 600.0}
+    assert b.cap(spec)["member_time_limit"] == 90.0 and spec["member_time_limit"] == 600.0
+    assert RunBudget(None, 10, 1.0, clock=clock).cap(spec) is spec

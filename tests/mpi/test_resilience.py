@@ -1,0 +1,209 @@
+"""Nothing lost: member failures, kill -9 of a worker or the master then --resume, stop rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ensemble.journal import read_journal
+from tests.conftest import ROOT, mpiexec, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+CONFIG = """
+name = "res"
+seed = 11
+[data]
+source = "digits"
+[train]
+epochs = 12
+patience = 3
+batch_size = 32
+[[architectures]]
+name = "mlp"
+members = 6
+layers = [{type = "Dense", units = 32, activation = "relu"}]
+[ensemble]
+k = 3
+method = "top_k"
+[runtime]
+max_failed_share = 0.9
+"""
+
+
+def write_config(tmp_path: Path, text: str = CONFIG) -> Path:
+    cfg = tmp_path / "res.toml"
+    cfg.write_text(textwrap.dedent(text))
+    return cfg
+
+
+def ok_lines(run_dir: Path) -> list[dict]:
+    return [r for r in read_journal(run_dir / "journal.jsonl") if r["status"] == "ok"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run every interrupted one must equal."""
+    base = tmp_path_factory.mktemp("ref")
+    run_dir = base / "run"
+    proc = run_mpi(3, ["-m", "ensemble.run", str(write_config(base)), "--run-dir", str(run_dir)])
+    assert proc.returncode == 0, proc.stderr
+    return run_dir
+
+
+def find_rank_pid(tag: str, rank: int, timeout: float = 60) -> int:
+    """The pid of MPI rank ``rank`` of the job started with ENSEMBLE_TEST_TAG=tag."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"ENSEMBLE_TEST_TAG={tag}".encode() in env and f"PMI_RANK={rank}".encode() in env:
+                return int(pid)
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} of job {tag} not found")
+
+
+def kill_mid_run(tmp_path: Path, rank: int) -> Path:
+    """Start a -n 3 run, kill -9 ``rank`` once two members have finished; return the run dir."""
+    run_dir = tmp_path / "run"
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "ENSEMBLE_TEST_TAG": tag, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([mpiexec(), "-n", "3", sys.executable, "-m", "ensemble.run",
+                             str(write_config(tmp_path)), "--run-dir", str(run_dir)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 240
+        while len(ok_lines(run_dir)) < 2:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < end, "no member finished in time"
+            time.sleep(0.2)
+        os.kill(find_rank_pid(tag, rank), signal.SIGKILL)
+        proc.communicate(timeout=60)                 # the whole job must go down, not hang
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+            pytest.fail("the job did not exit after a rank was killed")
+    assert proc.returncode != 0
+    done = ok_lines(run_dir)
+    assert 2 <= len(done) < 6, "kill came too late to test resume"
+    return run_dir
+
+
+@pytest.mark.parametrize("rank", [1, 0], ids=["worker", "master"])
+def test_kill_then_resume_equals_uninterrupted(tmp_path, reference, rank):
+    run_dir = kill_mid_run(tmp_path, rank)
+    before = {r["id"]: (run_dir / r["path"] / "model.keras").stat().st_mtime_ns for r in ok_lines(run_dir)}
+    proc = run_mpi(3, ["-m", "ensemble.run", str(write_config(tmp_path)), "--run-dir", str(run_dir), "--resume"])
+    assert proc.returncode == 0, proc.stderr
+    assert f"resuming with {len(before)} finished" in proc.stdout
+
+    lines = ok_lines(run_dir)
+    ids = [r["id"] for r in lines]
+    assert len(ids) == len(set(ids)) == 6                        # no member finished twice
+    for member_id, mtime in before.items():                       # and none was retrained
+        assert (run_dir / "members" / member_id / "model.keras").stat().st_mtime_ns == mtime
+
+    ref = {r["id"]: r for r in ok_lines(reference)}
+    for r in lines:
+        assert r["val"] == pytest.approx(ref[r["id"]]["val"], rel=1e-6)
+        assert r["test"] == pytest.approx(ref[r["id"]]["test"], rel=1e-6)
+    ens = json.loads((run_dir / "ensemble.json").read_text())
+    ref_ens = json.loads((reference / "ensemble.json").read_text())
+    assert ens["members"] == ref_ens["members"]
+    assert ens["ensemble"]["test"] == pytest.approx(ref_ens["ensemble"]["test"], rel=1e-6)
+    pd.testing.assert_frame_equal(pd.read_csv(run_dir / "leaderboard.csv")[["id", "val_accuracy"]],
+                                  pd.read_csv(reference / "leaderboard.csv")[["id", "val_accuracy"]])
+
+
+def test_member_failures_are_journaled_and_the_run_goes_on(tmp_path):
+    cfg = write_config(tmp_path, CONFIG.replace("members = 6", "members = 4") + textwrap.dedent("""
+        [[architectures]]
+        name = "slow"
+        members = 1
+        member_time_limit = 0.001
+        layers = [{type = "Dense", units = 8}]
+    """))
+    run_dir = tmp_path / "run"
+    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
+                   env={"ENSEMBLE_INJECT_FAILURE": "mlp-001:raise,mlp-002:nan"})
+    assert proc.returncode == 0, proc.stderr
+    journal = {r["id"]: r for r in read_journal(run_dir / "journal.jsonl")}
+    assert len(journal) == 5
+    kinds = {i: r["error"]["kind"] for i, r in journal.items() if r["status"] == "failed"}
+    assert kinds == {"mlp-001": "RuntimeError", "mlp-002": "nan_loss", "slow-000": "time_limit"}
+    for member_id in kinds:
+        err = journal[member_id]
+        assert err["error"]["message"] and "Traceback" in err["error"]["traceback"]
+        assert err["rank"] in (1, 2) and err["host"]
+    board = pd.read_csv(run_dir / "leaderboard.csv")
+    assert list(board["status"]) == ["ok", "ok", "failed", "failed", "failed"]
+    ens = json.loads((run_dir / "ensemble.json").read_text())
+    assert {m["id"] for m in ens["members"]} == {"mlp-000", "mlp-003"} and ens["n_failed"] == 3
+
+
+def test_evolve_run_survives_failed_candidates(tmp_path):
+    cfg = write_config(tmp_path, """
+        mode = "evolve"
+        [data]
+        source = "digits"
+        [train]
+        epochs = 2
+        [evolve]
+        evaluations = 6
+        population_size = 3
+        sample_size = 2
+        [search]
+        max_depth = 2
+        units = [8, 16]
+    """)
+    run_dir = tmp_path / "run"
+    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
+                   env={"ENSEMBLE_INJECT_FAILURE": "e0002:raise,e0004:nan"})
+    assert proc.returncode == 0, proc.stderr
+    journal = {r["id"]: r for r in read_journal(run_dir / "journal.jsonl")}
+    assert len(journal) == 6 and {i for i, r in journal.items() if r["status"] == "failed"} == {"e0002", "e0004"}
+    search = pd.read_csv(run_dir / "search.csv")
+    assert sorted(search.loc[search["status"] == "failed", "id"]) == ["e0002", "e0004"]
+    ens = json.loads((run_dir / "ensemble.json").read_text())
+    assert not {m["id"] for m in ens["members"]} & {"e0002", "e0004"}
+
+
+def test_too_many_failures_stop_the_run_with_a_summary(tmp_path):
+    cfg = write_config(tmp_path, CONFIG.replace("max_failed_share = 0.9", "max_failed_share = 0.5"))
+    run_dir = tmp_path / "run"
+    failing = ",".join(f"mlp-{i:03d}:raise" for i in range(6))
+    t0 = time.monotonic()
+    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
+                   env={"ENSEMBLE_INJECT_FAILURE": failing})
+    assert proc.returncode == 4
+    assert "max_failed_share" in proc.stderr and "failures:" in proc.stderr
+    assert len(read_journal(run_dir / "journal.jsonl")) < 6          # it stopped handing out work
+    assert time.monotonic() - t0 < 90
+
+
+def test_run_time_limit_stops_handing_out_work_and_still_writes_results(tmp_path):
+    text = CONFIG.replace("members = 6", "members = 30").replace(
+        "[runtime]\n", "[runtime]\ntime_limit = 25\nfinish_reserve = 2\n")
+    run_dir = tmp_path / "run"
+    proc = run_mpi(3, ["-m", "ensemble.run", str(write_config(tmp_path, text)), "--run-dir", str(run_dir)])
+    assert proc.returncode == 0, proc.stderr
+    assert "time limit is near" in proc.stderr
+    assert 0 < len(read_journal(run_dir / "journal.jsonl")) < 30
+    assert (run_dir / "ensemble.json").exists() and (run_dir / "leaderboard.csv").exists()
