@@ -277,7 +277,7 @@ class GroupStop(keras.callbacks.Callback):
             self.fused.stop_request.assign(1.0)
 
     def on_epoch_end(self, epoch, logs=None):
-        local = bool(self.model.stop_training) or self.fused.stop_request.numpy() > 0
+        local = bool(self.model.stop_training or self.fused.stop_request.numpy() > 0)
         self.requested = self.requested or (local and not self.stopped)   # not the group's mid-epoch stop
         send, recv = np.array([float(local)]), np.zeros(1)
         self.comm.Allreduce(send, recv)

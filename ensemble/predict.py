@@ -423,7 +423,7 @@ def write_predictions(path: str | Path, run: EnsembleRun, result: dict, y: np.nd
 
 
 def format_metrics(label: str, metrics: dict[str, float]) -> str:
-    return f"{label:<28}" + "".join(f"{k} {v:.4f}  " for k, v in metrics.items())
+    return f"{label:<28}" + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
 
 
 # --------------------------------------------------------------------------------- CLI
@@ -448,22 +448,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _prepare_on_root(args: argparse.Namespace):
-    """Rank 0: load the run, export, read the input. Returns (run, x, y, out path)."""
+    """Rank 0: load the run, check the output path, export, read the input -> (run, x, y, out)."""
     run = load_run(args.run_dir)
+    out = Path(args.out or f"{Path(args.data or 'x').stem}_predictions.csv")
+    if args.data and out.suffix not in OUT_SUFFIXES:
+        raise PredictError(f"--out must end in {', '.join(OUT_SUFFIXES)}, but got {str(out)!r}")
+    if args.data and not out.parent.is_dir():
+        raise PredictError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
     if args.export:
-        if not args.export.endswith(".keras"):
-            raise PredictError(f"--export must name a .keras file, but got {args.export!r}")
         from ensemble.export import export_ensemble
         export_ensemble(run, args.export)
         print(f"wrote {args.export}: {len(run.members)} members -> "
               + ("averaged probabilities" if run.task == "classification" else "[mean, variance]"), flush=True)
     if not args.data:
         return run, None, None, None
-    out = Path(args.out or f"{Path(args.data).stem}_predictions.csv")
-    if out.suffix not in OUT_SUFFIXES:
-        raise PredictError(f"--out must end in {', '.join(OUT_SUFFIXES)}, but got {str(out)!r}")
-    if not out.parent.is_dir():
-        raise PredictError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
     x, y = read_input(run, args.data, args.format, args.x, args.y, args.label)
     return run, x, y, out
 
@@ -518,8 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out}: {len(x)} predictions from {len(run.members)} members on {size} rank(s)", flush=True)
     if y is not None:
         print(format_metrics(f"{args.data} ({len(y)} samples)", score(run, result, y)), flush=True)
-        if args.data == TEST_KEYWORD:
-            print(format_metrics("ensemble.json test", run.summary["ensemble"]["test"]), flush=True)
+        recorded = run.summary.get("ensemble", {}).get("test")
+        if args.data == TEST_KEYWORD and recorded:
+            print(format_metrics("ensemble.json test", recorded), flush=True)
     return 0
 
 

@@ -10,6 +10,7 @@ everything the search trained, with no extra training.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -37,8 +38,10 @@ def check_search(cfg: dict, meta: dict) -> None:
     """Rank 0, before any training: the space must fit the data and yield a buildable genome."""
     from evolve import random_genome
     space = search_space(cfg, meta)
-    try:
-        random_genome(np.random.default_rng(0), space, tuple(meta["input_shape"]), meta["n_outputs"])
+    rng = np.random.default_rng(cfg["seed"])
+    try:                    # a space that rarely yields a valid genome would stall the search later
+        for _ in range(20):
+            random_genome(rng, space, tuple(meta["input_shape"]), meta["n_outputs"])
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -74,6 +77,7 @@ class SearchSource:
         self.count = max([r["search"]["evaluation"] for r in done if "search" in r], default=0)
         self.wall0 = time.monotonic() - max([r["search"]["wall"] for r in done if "search" in r], default=0.0)
         self.genomes: dict[str, object] = {}
+        self.exhausted = False
 
     def _objectives(self, r: dict) -> tuple[float, float] | None:
         fit = _fitness(r, self.metric)
@@ -84,7 +88,14 @@ class SearchSource:
         return (fit, -float(second))
 
     def next_spec(self) -> dict | None:
-        genome = self.strategy.ask()
+        if self.exhausted:
+            return None
+        try:
+            genome = self.strategy.ask()
+        except ValueError as exc:          # the space stopped yielding valid genomes: end the search
+            print(f"search stopped: {exc}", file=sys.stderr, flush=True)
+            self.exhausted = True
+            return None
         if genome is None:
             return None
         from evolve import decode

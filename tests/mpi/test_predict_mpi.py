@@ -1,0 +1,108 @@
+"""`python -m ensemble.predict` under real mpiexec: -n 3 gives the -n 1 numbers; errors never hang.
+
+The run directories are made here without training (members with seeded random weights,
+saved exactly as a run saves them), so the test pays for prediction only.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from datafeed.prepare import prepare
+from datafeed.readers import read_dataset
+from ensemble import predict as P
+from ensemble.config import dump_toml, resolve_config
+from tests.conftest import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+def make_run(run_dir, data: dict, members: list[dict]) -> None:
+    """A run directory as `ensemble.run` writes it; members: {"id", "weight", "gaussian"}."""
+    import keras
+    cfg = resolve_config({"seed": 1, "data": data, "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]})
+    x, y, info = read_dataset(cfg["data"])
+    arrays, meta = prepare(x, y, info, cfg["data"], cfg["seed"])
+    run_dir.mkdir()
+    (run_dir / "config.toml").write_text(dump_toml(cfg))
+    (run_dir / "data.json").write_text(json.dumps(meta))
+    np.savez(run_dir / "normalization.npz", shift=arrays["x_mean"], scale=arrays["x_scale"])
+    regression = meta["task"] == "regression"
+    y_train = np.asarray(arrays["y_train"], dtype=np.float64)
+    for i, m in enumerate(members):
+        keras.utils.set_random_seed(i)
+        inputs = keras.Input(tuple(meta["input_shape"]))
+        hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+        k = meta["n_outputs"] * (2 if m.get("gaussian") else 1)
+        outputs = keras.layers.Dense(k, activation=None if regression else "softmax")(hidden)
+        folder = run_dir / "members" / m["id"]
+        folder.mkdir(parents=True)
+        keras.Model(inputs, outputs).save(folder / "model.keras")
+        scaling = {"y_shift": float(y_train.mean()), "y_scale": float(y_train.std()), "gaussian": m.get("gaussian", False)}
+        (folder / "scaling.json").write_text(json.dumps(scaling if regression else {"y_shift": 0.0, "y_scale": 1.0}))
+    (run_dir / "ensemble.json").write_text(json.dumps({
+        "task": meta["task"], "members": [{"id": m["id"], "weight": m["weight"]} for m in members]}))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("predict_mpi")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 5)).astype(np.float32) * [1, 10, 100, 0.1, 1] + 3
+    y = np.stack([x[:, 0] + 0.01 * x[:, 2], x[:, 1] * x[:, 3]], axis=1)
+    np.savez(base / "two_targets.npz", x=x, y=y)
+    make_run(base / "reg", {"source": str(base / "two_targets.npz"), "task": "regression"},
+             [{"id": "g-000", "weight": 0.4, "gaussian": True}, {"id": "g-001", "weight": 0.3, "gaussian": True},
+              {"id": "plain-000", "weight": 0.2}, {"id": "g-002", "weight": 0.1, "gaussian": True}])
+    make_run(base / "cls", {"source": "iris"},
+             [{"id": f"m-{i:03d}", "weight": w} for i, w in enumerate((0.5, 0.25, 0.25))])
+    return base
+
+
+def predict(n, run_dir, out, *args):
+    return run_mpi(n, ["-m", "ensemble.predict", str(run_dir), "--data", "test", "--out", str(out), *args],
+                   timeout=120)
+
+
+def test_three_ranks_equal_one_rank_regression(runs):
+    proc3 = predict(3, runs / "reg", runs / "reg3.npz")
+    assert proc3.returncode == 0, proc3.stdout + proc3.stderr
+    assert "on 3 rank(s)" in proc3.stdout and "mse" in proc3.stdout
+    proc1 = predict(1, runs / "reg", runs / "reg1.npz")
+    assert proc1.returncode == 0, proc1.stdout + proc1.stderr
+    one, three = np.load(runs / "reg1.npz"), np.load(runs / "reg3.npz")
+    assert set(one.files) == {"mean", "std", "aleatoric_var", "epistemic_var", "target"}
+    for key in one.files:
+        assert one[key].shape == (18, 2)
+        np.testing.assert_allclose(three[key], one[key], rtol=1e-9, atol=1e-12, err_msg=key)
+    assert (one["aleatoric_var"] > 0).all() and (one["epistemic_var"] > 0).all()
+
+
+def test_three_ranks_equal_the_library_classification(runs):
+    proc = predict(3, runs / "cls", runs / "cls3.npz")               # 3 members: one per rank
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = np.load(runs / "cls3.npz")
+    result, y = P.predict_file(runs / "cls", "test")
+    np.testing.assert_array_equal(got["target"], np.array(["setosa", "versicolor", "virginica"])[y])
+    np.testing.assert_allclose(got["proba"], result["proba"], rtol=1e-12)
+    for key, name in (("total", "total_entropy"), ("aleatoric", "aleatoric"), ("epistemic", "epistemic")):
+        np.testing.assert_allclose(got[name], result[key], rtol=1e-9, atol=1e-12, err_msg=key)
+
+
+def test_errors_stop_every_rank(runs):
+    proc = run_mpi(3, ["-m", "ensemble.predict", str(runs / "cls"), "--data", str(runs / "none.csv")], timeout=60)
+    assert proc.returncode != 0 and proc.stderr.count("does not exist") == 1, proc.stderr
+    broken = runs / "broken"
+    broken.mkdir()
+    for name in ("config.toml", "data.json", "normalization.npz", "ensemble.json"):
+        (broken / name).write_bytes((runs / "cls" / name).read_bytes())
+    for i in range(3):
+        (broken / "members" / f"m-{i:03d}").mkdir(parents=True)
+        model = (runs / "cls" / "members" / f"m-{i:03d}" / "model.keras").read_bytes()
+        (broken / "members" / f"m-{i:03d}" / "model.keras").write_bytes(model if i < 2 else b"not a model")
+    proc = predict(3, broken, runs / "broken.npz")
+    assert proc.returncode == P.EXIT_PREDICT and "rank 2" in proc.stderr, proc.stdout + proc.stderr
+    assert not (runs / "broken.npz").exists()
