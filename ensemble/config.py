@@ -138,6 +138,8 @@ SCHEMA = Table({
     "search": Key((dict,), {}),
     "runtime": Table({
         "threads": Key((int,), 1, _positive),
+        "verify_broadcast": Key((bool,), False),
+        "pretend_nodes": Key((int,), None, _positive, nullable=True),
         "time_limit": Key(NUM, None, _positive, nullable=True),
         "finish_reserve": Key(NUM, 30.0, _nonneg),
         "max_failed_share": Key(NUM, 0.5, lambda v: None if 0.0 < v <= 1.0 else "must be in (0, 1]"),

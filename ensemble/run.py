@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(run_dir)
 
     from datafeed.distribute import broadcast_arrays
-    data = broadcast_arrays(comm, arrays, verify=False)
+    rt = cfg["runtime"]
+    data = broadcast_arrays(comm, arrays, pretend_nodes=rt["pretend_nodes"],
+                            verify=rt["verify_broadcast"] or os.environ.get("ENSEMBLE_VERIFY_BROADCAST") == "1")
     del arrays                                           # rank 0 keeps the shared copy only
 
     from ensemble.session import run_master_side, run_worker_side

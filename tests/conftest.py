@@ -21,7 +21,7 @@ def mpiexec() -> str:
 def run_mpi(n: int, args: list[str], timeout: float = 300, cwd: Path | None = None,
             env: dict | None = None) -> subprocess.CompletedProcess:
     """Start ``mpiexec -n n python ARGS`` with a timeout: a deadlock fails the test, never hangs CI."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "ENSEMBLE_VERIFY_BROADCAST": "1",
                 "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
     cmd = [mpiexec(), "-n", str(n), sys.executable, *args]
     try:

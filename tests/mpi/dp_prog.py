@@ -120,7 +120,7 @@ def main() -> None:
     got = comm.gather({"epochs": len(hist["loss"]), "iterations": int(model.optimizer.iterations),
                        "requested": dp[1].requested, "stopped": dp[1].stopped})
     out["epoch_stop"] = got
-    # rank 1 alone sees a "NaN" after step 6 (epoch 1, batch 1): both stop after step 7
+    # rank 1 alone sees a "NaN" in its 7th step (epoch 1, batch 1): the request rides on step 8, all stop there
     model, hist, dp = train(comm, "adam", extra=[StopAt(batch=6)] if RANK == 1 else [], epochs=6)
     out["batch_stop"] = comm.gather({"epochs": len(hist["loss"]), "iterations": int(model.optimizer.iterations),
                                      "requested": dp[1].requested, "stopped": dp[1].stopped})
