@@ -138,6 +138,7 @@ SCHEMA = Table({
     "search": Key((dict,), {}),
     "runtime": Table({
         "threads": Key((int,), 1, _positive),
+        "group_size": Key((int,), 1, _positive),
         "verify_broadcast": Key((bool,), False),
         "pretend_nodes": Key((int,), None, _positive, nullable=True),
         "time_limit": Key(NUM, None, _positive, nullable=True),

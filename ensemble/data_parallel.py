@@ -4,9 +4,10 @@ Every rank of a group builds the same Keras model, takes the leader's weights
 (``broadcast_weights``) and trains on its shard of each global batch
 (``make_dataset(..., shard=(rank, size))``). ``make_data_parallel`` changes the compiled
 train step so that, between the gradient and the optimizer update, all gradients are
-packed into one float32 buffer and summed with ONE ``comm.Allreduce`` per step (tensor
+copied into one float32 buffer and summed with ONE ``comm.Allreduce`` per step (tensor
 fusion, as Horovod does), called from inside the compiled step through
-``tf.numpy_function``. Every rank then applies the same averaged gradient, so the
+``tf.numpy_function``; TensorFlow takes the summed gradients as views of the receive
+buffer, without a copy. Every rank then applies the same averaged gradient, so the
 weights stay identical without ever being sent again.
 
 Exactness: each rank's gradient is weighted by its shard size, ``sum_r n_r g_r / N``,
@@ -82,7 +83,12 @@ def broadcast_weights(model: keras.Model, comm, root: int = 0) -> None:
 
 
 def _aligned_empty(n: int) -> np.ndarray:
+    """n float32 starting on an _ALIGN boundary (a view of a slightly larger array)."""
     raw = np.empty(n + _ALIGN // 4, np.float32)
+    return _view(raw, n)
+
+
+def _view(raw: np.ndarray, n: int) -> np.ndarray:
     start = (-raw.ctypes.data % _ALIGN) // 4
     return raw[start:start + n]
 
@@ -90,18 +96,26 @@ def _aligned_empty(n: int) -> np.ndarray:
 class FusedAllreduce:
     """Sums every gradient of a step in one float32 buffer with one ``comm.Allreduce``.
 
-    ``reduce`` builds the graph side (pack, numpy_function, unpack); ``_allreduce`` is
-    the Python side that runs once per step. Statistics for benchmarks: ``calls``,
-    ``nbytes`` (per call), ``allreduce_seconds`` (inside ``comm.Allreduce``),
-    ``op_seconds`` (the whole Python side); set ``trace = []`` to record
-    ``(start, end)`` perf_counter times of every ``Allreduce``.
+    ``reduce`` builds the graph side: one ``tf.numpy_function`` that takes the gradients
+    and returns them summed. Its Python side (``_allreduce``) copies them into a
+    persistent send buffer (each gradient at a 64-byte-aligned offset, then the two
+    extra slots), calls ``comm.Allreduce`` into a reused receive buffer, and returns
+    views of it, which TensorFlow adopts without copying. Per step that is one copy in,
+    the allreduce and nothing else (plus one scaling pass on a partial batch).
+
+    Statistics for benchmarks: ``calls``, ``nbytes`` (sent per call),
+    ``allreduce_seconds`` (inside ``comm.Allreduce``), ``op_seconds`` (the whole Python
+    side); set ``trace = []`` to record, per step, the perf_counter times
+    ``(enter, allreduce start, allreduce end, leave)``.
     """
 
     def __init__(self, comm):
         self.comm = comm
         self.calls, self.nbytes = 0, 0
         self.allreduce_seconds = self.op_seconds = 0.0
-        self.trace: list[tuple[float, float]] | None = None
+        self.trace: list[tuple[float, float, float, float]] | None = None
+        self._layout: tuple | None = None
+        self._send: np.ndarray | None = None
         self._pool: list[np.ndarray] = []
         # Graph state, deliberately outside the model (never saved with it).
         self.ref_batch = tf.Variable(0.0, trainable=False, dtype=tf.float32, name="dp_ref_batch")
@@ -116,60 +130,74 @@ class FusedAllreduce:
         """
         present = [i for i, g in enumerate(grads) if g is not None]
         dense = [tf.convert_to_tensor(grads[i]) for i in present]
-        flats = [tf.reshape(tf.cast(g, tf.float32), [-1]) for g in dense]
+        inputs = [tf.cast(g, tf.float32) for g in dense]
         if prescale is not None:
-            flats = [f * prescale for f in flats]
+            inputs = [g * prescale for g in inputs]
         tail = tf.stack([n_local, self.stop_request.read_value()])
-        flat = tf.concat([*flats, tail], axis=0)
-        summed, total, stop = tf.numpy_function(self._allreduce, [flat, ref],
-                                                [tf.float32, tf.float32, tf.float32],
-                                                stateful=True, name="fused_allreduce")
-        summed.set_shape([flat.shape[0] - 2 if flat.shape[0] is not None else None])
+        outputs = tf.numpy_function(self._allreduce, [ref, tail, *inputs],
+                                    [tf.float32] * (len(inputs) + 2), stateful=True,
+                                    name="fused_allreduce")
+        total, stop = outputs[-2], outputs[-1]
         total.set_shape([])
         stop.set_shape([])
         self.ref_batch.assign(tf.where(ref > 0, ref, total))
         self.group_stop.assign(tf.maximum(self.group_stop, stop))
-        pieces = tf.split(summed, [tf.size(g) for g in dense]) if len(dense) > 1 else [summed]
         out = list(grads)
-        for i, g, piece in zip(present, dense, pieces):
-            out[i] = tf.cast(tf.reshape(piece, tf.shape(g)), g.dtype)
+        for i, g, summed in zip(present, dense, outputs[:-2]):
+            summed.set_shape(g.shape)
+            out[i] = tf.cast(summed, g.dtype)
         return out
 
-    def _buffer(self, n: int) -> np.ndarray:
-        """A receive buffer of n floats that TensorFlow no longer holds (reused: no page faults)."""
-        for raw in self._pool:
-            # references: the pool, ``raw`` here and getrefcount's argument; one more while
-            # TensorFlow still holds the view it adopted from the previous step
-            if raw.size >= n and sys.getrefcount(raw) == 3:
-                return _view(raw, n)
-        raw = _aligned_empty(n).base
-        if len(self._pool) < 3:
-            self._pool.append(raw)
-        return _view(raw, n)
+    def _prepare(self, grads: tuple[np.ndarray, ...]) -> tuple:
+        """Offsets of each gradient in the buffer (multiples of 16 floats) and its length."""
+        shapes = tuple(g.shape for g in grads)
+        if self._layout is None or self._layout[0] != shapes:
+            offsets, end = [], 0
+            for g in grads:
+                offsets.append(end)
+                end += -(-g.size // (_ALIGN // 4)) * (_ALIGN // 4)
+            self._layout = (shapes, offsets, end + 2)
+            self._send = _aligned_empty(end + 2)
+            self._send[:] = 0.0                     # the padding stays zero
+            self._pool = []
+        return self._layout
 
-    def _allreduce(self, flat: np.ndarray, ref) -> tuple[np.ndarray, np.float32, np.float32]:
+    def _buffer(self, n: int) -> np.ndarray:
+        """A receive buffer that TensorFlow no longer holds (reused: no page faults, no copy)."""
+        for raw in self._pool:
+            # references: the pool, ``raw`` here and getrefcount's argument; more while
+            # TensorFlow still holds views it adopted from an earlier step
+            if sys.getrefcount(raw) == 3:
+                return _view(raw, n)
+        recv = _aligned_empty(n)
+        if len(self._pool) < 3:
+            self._pool.append(recv.base)
+        return recv
+
+    def _allreduce(self, ref, tail, *grads: np.ndarray) -> list:
         t0 = time.perf_counter()
-        recv = self._buffer(flat.size)
+        shapes, offsets, n = self._prepare(grads)
+        send = self._send
+        for g, o in zip(grads, offsets):
+            send[o:o + g.size] = g.reshape(-1)
+        send[n - 2:] = tail
+        recv = self._buffer(n)
         t1 = time.perf_counter()
-        self.comm.Allreduce(flat, recv)
+        self.comm.Allreduce(send, recv)
         t2 = time.perf_counter()
-        grads, total, stop = recv[:-2], float(recv[-2]), float(recv[-1])
-        ref = float(ref)
+        total, stop, ref = float(recv[-2]), float(recv[-1]), float(ref)
         factor = ref / total if ref > 0 else 1.0 / total
         if factor != 1.0:
-            np.multiply(grads, np.float32(factor), out=grads)
+            np.multiply(recv, np.float32(factor), out=recv)
+        out = [recv[o:o + g.size].reshape(g.shape) for g, o in zip(grads, offsets)]
+        t3 = time.perf_counter()
         self.calls += 1
-        self.nbytes = flat.nbytes
+        self.nbytes = send.nbytes
         self.allreduce_seconds += t2 - t1
-        self.op_seconds += time.perf_counter() - t0
+        self.op_seconds += t3 - t0
         if self.trace is not None:
-            self.trace.append((t1, t2))
-        return grads, np.float32(total), np.float32(stop)
-
-
-def _view(raw: np.ndarray, n: int) -> np.ndarray:
-    start = (-raw.ctypes.data % _ALIGN) // 4
-    return raw[start:start + n]
+            self.trace.append((t0, t1, t2, t3))
+        return [*out, np.float32(total), np.float32(stop)]
 
 
 @contextlib.contextmanager

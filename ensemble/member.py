@@ -127,8 +127,14 @@ def evaluate(task: str, y: np.ndarray, pred: np.ndarray, var: np.ndarray | None 
     return M.regression_metrics(y, pred, var)
 
 
-def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: Path) -> dict:
-    """Train ``spec`` on the shared ``data`` views; return its journal record."""
+def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: Path,
+                 group=None) -> dict | None:
+    """Train ``spec`` on the shared ``data`` views; return its journal record.
+
+    With a member ``group`` (G > 1 ranks) every rank of the group calls this: each trains
+    on its shard of every global batch with a fused gradient allreduce; only the leader
+    predicts, writes files and returns the record (the others return None).
+    """
     import keras
     from ensemble.architecture import build_model, count_params
 
@@ -142,6 +148,9 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         raise RuntimeError(f"injected failure in member {spec['id']} (ENSEMBLE_INJECT_FAILURE)")
     keras.utils.set_random_seed(spec["seed"])
     model = build_model(spec, tuple(meta["input_shape"]), meta["n_outputs"], task)
+    if group is not None:
+        from ensemble.data_parallel import broadcast_weights, make_data_parallel
+        broadcast_weights(model, group)
     if task == "classification":
         loss, metrics, y_shift, y_scale, y_tf = "sparse_categorical_crossentropy", ["accuracy"], 0.0, 1.0, None
     else:
@@ -153,21 +162,27 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         loss = _poisoned(keras.losses.get(loss))
     model.compile(optimizer=_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss,
                   metrics=metrics, jit_compile=False)
+    parallel = make_data_parallel(model, group) if group is not None else []
     idx = member_indices(len(data["y_train"]), spec["seed"], spec.get("bootstrap", False))
     train_ds = make_dataset(data["x_train"], data["y_train"], idx, spec["batch_size"], spec["seed"],
-                            y_transform=y_tf)
+                            y_transform=y_tf,
+                            shard=(group.Get_rank(), group.Get_size()) if group is not None else None)
     val_ds = make_dataset(data["x_val"], data["y_val"], np.arange(len(data["y_val"])), 512, 0,
                           shuffle=False, y_transform=y_tf)
     limit = _time_limit_callback(spec["member_time_limit"])
-    callbacks = [keras.callbacks.TerminateOnNaN(), limit,
-                 keras.callbacks.EarlyStopping(monitor="val_loss", patience=spec["patience"],
-                                               restore_best_weights=True)]
+    callbacks = parallel[:1] + [keras.callbacks.TerminateOnNaN(), limit,
+                                keras.callbacks.EarlyStopping(monitor="val_loss", patience=spec["patience"],
+                                                              restore_best_weights=True)] + parallel[1:]
     hist = model.fit(train_ds, validation_data=val_ds, epochs=spec["epochs"], verbose=0, shuffle=False,
                      callbacks=callbacks).history
     losses = np.asarray(hist.get("loss", []), dtype=np.float64)
     if not len(losses) or not np.isfinite(losses).all():
         raise MemberFailed("nan_loss", f"training loss became NaN/inf at epoch {len(losses)}; lower "
                            f"`learning_rate` (now {spec['learning_rate']}) or check the data")
+    if group is not None:
+        limit.hit = bool(group.allreduce(int(limit.hit)))        # one verdict for the whole group
+        if group.Get_rank() != 0:
+            return None
     if limit.hit:
         raise MemberFailed("time_limit", f"training exceeded `member_time_limit` "
                            f"({spec['member_time_limit']:g} s) after {len(losses)} of {spec['epochs']} "
@@ -202,11 +217,14 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     }
 
 
-def run_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: Path, rank: int) -> dict:
+def run_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: Path, rank: int,
+               group=None) -> dict | None:
     """``train_member`` that never raises: a failure becomes a journal record."""
     t0 = time.monotonic()
     try:
-        result = train_member(spec, data, meta, run_dir)
+        result = train_member(spec, data, meta, run_dir, group)
+        if result is None:                      # a group member that is not the leader
+            return None
     except Exception as exc:          # noqa: BLE001 - any member failure is recorded, the run goes on
         result = {"id": spec["id"], "status": "failed", "arch": spec.get("arch"), "seed": spec["seed"],
                   "error": {"kind": getattr(exc, "kind", type(exc).__name__), "message": str(exc),

@@ -78,3 +78,17 @@ def node_local_rank(comm=world) -> int:
     rank = node.Get_rank()
     node.Free()
     return rank
+
+
+def split_groups(comm, group_size: int):
+    """Cut the worker ranks (1..P-1) into member groups of ``group_size`` contiguous ranks.
+
+    Returns (group communicator or None on the master, world ranks of the group leaders).
+    Every rank must call it; ``group_size`` must divide the number of workers.
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+    workers = size - 1
+    leaders = [1 + g * group_size for g in range(workers // group_size)] if workers else []
+    color = MPI.UNDEFINED if rank == 0 else (rank - 1) // group_size
+    group = comm.Split(color, key=rank)
+    return (None if group == MPI.COMM_NULL else group), leaders

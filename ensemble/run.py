@@ -59,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(f"config error in {args.config}: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
+    group_size, workers = cfg["runtime"]["group_size"], size - 1
+    if group_size > 1 and (workers == 0 or workers % group_size):
+        if rank == 0:
+            print(f"config error in {args.config}: `runtime.group_size` must divide the {workers} worker "
+                  f"ranks (mpirun -n P gives P-1 workers besides the master), but got {group_size}",
+                  file=sys.stderr, flush=True)
+        return EXIT_CONFIG
     set_thread_env(cfg["runtime"]["threads"])
     bind_gpu(mpi.node_local_rank(comm))
     max_sleep = cfg["runtime"]["poll_max_sleep"]
@@ -87,10 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     del arrays                                           # rank 0 keeps the shared copy only
 
     from ensemble.session import run_master_side, run_worker_side
+    group, leaders = mpi.split_groups(comm, group_size)
     if rank == 0:
-        code = run_master_side(comm, cfg, meta, data, run_dir, args.resume)
+        code = run_master_side(comm, cfg, meta, data, run_dir, args.resume, leaders)
     else:
-        run_worker_side(comm, cfg, meta, data, run_dir)
+        run_worker_side(comm, cfg, meta, data, run_dir, group)
         code = 0
     mpi.polite_barrier(comm, max_sleep)
     data.free()

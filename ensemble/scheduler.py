@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from ensemble.mpi import ANY_SOURCE, ANY_TAG, TAG_RESULT, TAG_SPEC, TAG_STOP, poll_recv
+from ensemble.mpi import ANY_SOURCE, ANY_TAG, TAG_RESULT, TAG_SPEC, TAG_STOP, poll_recv, polite_bcast
 
 
 class SpecSource(Protocol):
@@ -39,10 +39,11 @@ class SpecList:
 def run_master(comm, source: SpecSource, on_result: Callable[[dict], None],
                train_local: Callable[[dict], dict], max_sleep: float = 0.05,
                should_stop: Callable[[], bool] = lambda: False,
-               adjust: Callable[[dict], dict] = lambda spec: spec) -> None:
-    """Hand specs to workers until the source runs dry (or ``should_stop``) and every
-    worker has reported; ``adjust`` may change a spec just before it is handed out."""
-    workers = list(range(1, comm.Get_size()))
+               adjust: Callable[[dict], dict] = lambda spec: spec,
+               workers: list[int] | None = None) -> None:
+    """Hand specs to workers (group leaders) until the source runs dry (or ``should_stop``)
+    and every worker has reported; ``adjust`` may change a spec just before it is handed out."""
+    workers = list(range(1, comm.Get_size())) if workers is None else list(workers)
     if not workers:
         while not should_stop() and (spec := source.next_spec()) is not None:
             result = train_local(adjust(spec))
@@ -72,12 +73,24 @@ def run_master(comm, source: SpecSource, on_result: Callable[[dict], None],
             comm.send(None, dest=worker, tag=TAG_STOP)
 
 
-def run_worker(comm, train: Callable[[dict], dict], max_sleep: float = 0.05) -> int:
-    """Train specs from the master until told to stop; returns how many were trained."""
+def run_worker(comm, train: Callable[[dict], dict | None], max_sleep: float = 0.05, group=None) -> int:
+    """Train specs from the master until told to stop; returns how many were trained.
+
+    With a member group, only its leader talks to the master; it broadcasts each spec
+    (or the stop) inside the group, every rank of the group trains, the leader reports.
+    """
+    leader = group is None or group.Get_rank() == 0
     count = 0
     while True:
-        spec, _, tag = poll_recv(comm, 0, ANY_TAG, max_sleep)
-        if tag == TAG_STOP:
+        spec = None
+        if leader:
+            spec, _, tag = poll_recv(comm, 0, ANY_TAG, max_sleep)
+            spec = None if tag == TAG_STOP else spec
+        if group is not None and group.Get_size() > 1:
+            spec = polite_bcast(group, spec, 0, max_sleep)
+        if spec is None:
             return count
-        comm.send(train(spec), dest=0, tag=TAG_RESULT)
+        result = train(spec)
+        if leader:
+            comm.send(result, dest=0, tag=TAG_RESULT)
         count += 1

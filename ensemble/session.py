@@ -78,11 +78,13 @@ def choose_run_dir(cfg: dict, args: argparse.Namespace) -> Path:
     return run_dir
 
 
-def make_trainer(cfg: dict, meta: dict, data, run_dir: Path, rank: int):
+def make_trainer(cfg: dict, meta: dict, data, run_dir: Path, rank: int, group=None):
     """A function spec -> result that trains on this rank (imports TensorFlow once)."""
     from ensemble.member import configure_tensorflow, run_member
     configure_tensorflow(cfg["runtime"]["threads"])
-    return lambda spec: run_member(spec, data, meta, run_dir, rank)
+    if group is not None and group.Get_size() == 1:
+        group = None                                  # G = 1: no communication at all
+    return lambda spec: run_member(spec, data, meta, run_dir, rank, group)
 
 
 def _progress(result: dict, done: int, total: int | None, metric: str, t0: float) -> str:
@@ -96,7 +98,8 @@ def _progress(result: dict, done: int, total: int | None, metric: str, t0: float
     return f"{head} {body}  rank {result.get('rank')}  +{time.monotonic() - t0:6.1f} s"
 
 
-def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: Path, resume: bool) -> int:
+def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: Path, resume: bool,
+                    leaders: list[int]) -> int:
     """Rank 0: schedule members, journal results, build and report the ensemble."""
     from ensemble.report import default_metric, finalize, format_comparison
     from ensemble.scheduler import SpecList, run_master
@@ -115,9 +118,10 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: Path, resume: bo
         specs = member_specs(cfg)
         source = SpecList(specs, done_ids)
         total = len(specs)
-    workers = comm.Get_size() - 1
+    group_size = cfg["runtime"]["group_size"]
     print(f"run {run_dir}: {meta['task']} on {meta['sizes']} samples, {total or '?'} members, "
-          f"{workers or 'no'} workers{' (serial)' if not workers else ''}"
+          f"{len(leaders) or 'no'} {'groups of ' + str(group_size) + ' ranks' if group_size > 1 else 'workers'}"
+          f"{' (serial)' if not leaders else ''}"
           + (f", resuming with {len(done_ids)} finished" if resume else ""), flush=True)
     records = list(previous)
     trainer = None
@@ -137,7 +141,7 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: Path, resume: bo
             budget.observe(result)
             print(_progress(result, len(records), total, metric, t0), flush=True)
         run_master(comm, source, on_result, train_local, rt["poll_max_sleep"],
-                   should_stop=budget.should_stop, adjust=budget.cap)
+                   should_stop=budget.should_stop, adjust=budget.cap, workers=leaders)
     code = 0
     if budget.reason:
         failed = [r for r in records if r.get("status") != "ok"]
@@ -158,8 +162,8 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: Path, resume: bo
     return code
 
 
-def run_worker_side(comm, cfg: dict, meta: dict, data, run_dir: Path) -> None:
-    """Ranks > 0: train what the master sends until it says stop."""
+def run_worker_side(comm, cfg: dict, meta: dict, data, run_dir: Path, group) -> None:
+    """Ranks > 0: train what the master (through the group leader) sends until it says stop."""
     from ensemble.scheduler import run_worker
-    trainer = make_trainer(cfg, meta, data, run_dir, comm.Get_rank())
-    run_worker(comm, trainer, cfg["runtime"]["poll_max_sleep"])
+    trainer = make_trainer(cfg, meta, data, run_dir, comm.Get_rank(), group)
+    run_worker(comm, trainer, cfg["runtime"]["poll_max_sleep"], group)

@@ -71,6 +71,8 @@ CASES = [
      "`architectures[0].layers[0].type` must be one of"),
     ("no budget for evolve", 'mode = "evolve"\n[evolve]\nevaluations = 0\n', "`evolve.evaluations` must be > 0"),
     ("unknown search key", 'mode = "evolve"\n[search]\nmax_dept = 3\n', "unknown setting `search.max_dept`"),
+    ("group size does not divide the workers", "[runtime]\ngroup_size = 3\n" + DENSE,
+     "`runtime.group_size` must divide the 2 worker ranks"),
     ("missing data file", '[data]\nsource = "/nonexistent/d.npz"\n' + DENSE, "does not exist"),
     ("NaN in features", case_nan, "NaN/inf values"),
     ("x/y length mismatch", case_length, "x has 40 samples, y has 39"),
