@@ -115,10 +115,10 @@ def test_identical_peer_trains_exactly_like_one_rank_with_one_allreduce_per_step
     dp = make_data_parallel(model, comm)
     h_dp = fit(model, dp=dp)
 
-    n_params = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
+    padded = sum(-(-int(np.prod(v.shape)) // 16) * 16 for v in model.trainable_weights)
     steps = [c for c in comm.calls if c[1] == "float32"]
     assert len(steps) == 2 * 6                                   # 96 rows / 16 = 6 steps, 2 epochs
-    assert {c[2] for c in steps} == {n_params + 2}               # every gradient in one buffer
+    assert {c[2] for c in steps} == {padded + 2}                 # every gradient in one buffer
     assert [b[-2] for b in comm.step_buffers] == [16.0] * 12     # local rows travel in the buffer
     assert len(comm.calls) == len(steps) + 2 * 2                 # + logs and stop vote per epoch
     for a, b in zip(plain.get_weights(), model.get_weights()):
@@ -126,7 +126,7 @@ def test_identical_peer_trains_exactly_like_one_rank_with_one_allreduce_per_step
     for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
         np.testing.assert_allclose(h_dp[key], h_plain[key], rtol=1e-5)
     fused = dp[0].fused
-    assert fused.calls == 12 and fused.nbytes == 4 * (n_params + 2)
+    assert fused.calls == 12 and fused.nbytes == 4 * (padded + 2)
 
 
 class OwnStep(keras.Model):
@@ -274,3 +274,5 @@ def test_shard_bounds_are_exact_and_checked():
         make_dataset(x, y, np.arange(10), 2, 0, shard=(0, 3))
     with pytest.raises(ValueError, match="`shard`"):
         make_dataset(x, y, np.arange(10), 4, 0, shard=(3, 3))
+    with pytest.raises(ValueError, match="fewer than the 3 ranks"):
+        make_dataset(x, y, np.arange(2), 4, 0, shard=(0, 3))

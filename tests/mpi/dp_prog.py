@@ -101,7 +101,8 @@ def main() -> None:
         case = {"ranks_differ": across_ranks(model), "allreduce_calls": fused.calls,
                 "buffer_floats": fused.nbytes // 4, "receive_buffers": len(fused._pool),
                 "iterations": int(model.optimizer.iterations),
-                "params": int(sum(np.prod(v.shape) for v in model.trainable_weights))}
+                "params": int(sum(np.prod(v.shape) for v in model.trainable_weights)),
+                "padded_params": int(sum(-(-int(np.prod(v.shape)) // 16) * 16 for v in model.trainable_weights))}
         dp_weights = model.get_weights()
         polite_barrier(comm)                       # rank 1 sleeps while rank 0 trains alone
         if RANK == 0:

@@ -42,7 +42,7 @@ def test_two_ranks_end_with_the_weights_of_one_rank(result, optimizer):
 def test_one_fused_allreduce_per_step(result, optimizer):
     case = result[optimizer]
     assert case["allreduce_calls"] == case["iterations"]
-    assert case["buffer_floats"] == case["params"] + 2       # all gradients + rows + stop flag
+    assert case["buffer_floats"] == case["padded_params"] + 2   # all gradients (64-byte aligned) + rows + stop
     assert case["receive_buffers"] == 1                      # reused, never reallocated
 
 
