@@ -173,8 +173,12 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     callbacks = parallel[:1] + [keras.callbacks.TerminateOnNaN(), limit,
                                 keras.callbacks.EarlyStopping(monitor="val_loss", patience=spec["patience"],
                                                               restore_best_weights=True)] + parallel[1:]
-    hist = model.fit(train_ds, validation_data=val_ds, epochs=spec["epochs"], verbose=0, shuffle=False,
-                     callbacks=callbacks).history
+    try:
+        hist = model.fit(train_ds, validation_data=val_ds, epochs=spec["epochs"], verbose=0, shuffle=False,
+                         callbacks=callbacks).history
+    except Exception as exc:
+        exc.inside_group_fit = group is not None   # the other ranks may wait in an allreduce forever
+        raise
     losses = np.asarray(hist.get("loss", []), dtype=np.float64)
     if not len(losses) or not np.isfinite(losses).all():
         raise MemberFailed("nan_loss", f"training loss became NaN/inf at epoch {len(losses)}; lower "
@@ -226,6 +230,8 @@ def run_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: 
         if result is None:                      # a group member that is not the leader
             return None
     except Exception as exc:          # noqa: BLE001 - any member failure is recorded, the run goes on
+        if getattr(exc, "inside_group_fit", False):
+            raise                         # cannot be recovered without a hang: abort the job
         result = {"id": spec["id"], "status": "failed", "arch": spec.get("arch"), "seed": spec["seed"],
                   "error": {"kind": getattr(exc, "kind", type(exc).__name__), "message": str(exc),
                             "traceback": traceback.format_exc(limit=8)},
