@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-Reader = Callable[[dict], tuple[np.ndarray, np.ndarray, dict]]
+Reader = Callable[..., tuple[np.ndarray, np.ndarray | None, dict]]
 READERS: dict[str, Reader] = {}
 SUFFIXES = {".npz": "npz", ".npy": "npy", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
             ".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5"}
@@ -45,16 +45,22 @@ def detect_format(data: dict) -> str:
     return fmt
 
 
-def read_dataset(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Read the dataset the ``[data]`` table names."""
+def read_dataset(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
+    """Read the dataset the ``[data]`` table names.
+
+    ``require_y=False`` (prediction inputs) returns ``y = None`` when the file has no targets
+    (no ``data.y`` array/dataset/file, no ``data.label`` column) instead of raising.
+    """
     fmt = detect_format(data)
     if fmt != "builtin" and not Path(data["source"]).exists():
         raise DataError(f"`data.source` file {data['source']!r} does not exist")
-    return READERS[fmt](data)
+    if require_y:
+        return READERS[fmt](data)
+    return READERS[fmt](data, require_y=False)
 
 
 @reader("builtin")
-def read_builtin(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+def read_builtin(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray, dict]:
     from sklearn import datasets
     name = data["source"]
     if name not in BUILTINS:
@@ -70,22 +76,25 @@ def read_builtin(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
 
 
 @reader("npz")
-def read_npz(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+def read_npz(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     with np.load(data["source"], allow_pickle=False) as f:
-        for key in ("x", "y"):
+        keys = ("x", "y") if require_y or data["y"] in f.files else ("x",)
+        for key in keys:
             if data[key] not in f.files:
                 raise DataError(f"`data.{key}` names array {data[key]!r}, but {data['source']!r} "
                                 f"holds {', '.join(f.files)}")
-        return f[data["x"]], f[data["y"]], {}
+        return f[data["x"]], (f[data["y"]] if len(keys) > 1 else None), {}
 
 
 @reader("npy")
-def read_npy(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+def read_npy(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     """``source`` is the features file; ``y`` names the targets file (relative to it)."""
     src = Path(data["source"])
     ypath = Path(data["y"]) if Path(data["y"]).is_absolute() else src.parent / data["y"]
     if not ypath.suffix:
         ypath = ypath.with_suffix(".npy")
+    if not ypath.exists() and not require_y:
+        return np.load(src, mmap_mode="r"), None, {}
     if not ypath.exists():
         raise DataError(f"`data.y` must name the targets .npy file next to {str(src)!r}, "
                         f"but {str(ypath)!r} does not exist")
@@ -93,23 +102,25 @@ def read_npy(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
 
 
 @reader("hdf5")
-def read_hdf5(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+def read_hdf5(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     import h5py
     with h5py.File(data["source"], "r") as f:
         out = []
-        for key in ("x", "y"):
+        keys = ("x", "y") if require_y or data["y"] in f else ("x",)
+        for key in keys:
             if data[key] not in f:
                 names: list[str] = []
                 f.visit(lambda n: names.append("/" + n) if isinstance(f[n], h5py.Dataset) else None)
                 raise DataError(f"`data.{key}` names HDF5 dataset {data[key]!r}, but "
                                 f"{data['source']!r} holds {', '.join(names) or 'no datasets'}")
             out.append(f[data[key]][()])
-    return out[0], out[1], {}
+    return out[0], (out[1] if len(out) > 1 else None), {}
 
 
-def _from_frame(frame, data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+def _from_frame(frame, data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     label = data["label"]
-    if label not in frame.columns:
+    has_label = label in frame.columns
+    if require_y and not has_label:
         raise DataError(f"`data.label` names column {label!r}, but the file has columns "
                         f"{', '.join(map(str, frame.columns))}")
     features = data["features"] or [c for c in frame.columns if c != label]
@@ -121,16 +132,17 @@ def _from_frame(frame, data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
     bad = [c for c in features if not np.issubdtype(x[c].dtype, np.number)]
     if bad:
         raise DataError(f"feature columns {bad} are not numeric; drop them with `data.features`")
-    return x.to_numpy(dtype=np.float32), frame[label].to_numpy(), {"feature_names": list(map(str, features))}
+    y = frame[label].to_numpy() if has_label else None
+    return x.to_numpy(dtype=np.float32), y, {"feature_names": list(map(str, features))}
 
 
 @reader("csv")
-def read_csv(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+def read_csv(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     import pandas as pd
-    return _from_frame(pd.read_csv(data["source"]), data)
+    return _from_frame(pd.read_csv(data["source"]), data, require_y)
 
 
 @reader("parquet")
-def read_parquet(data: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+def read_parquet(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     import pandas as pd
-    return _from_frame(pd.read_parquet(data["source"]), data)
+    return _from_frame(pd.read_parquet(data["source"]), data, require_y)

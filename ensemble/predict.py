@@ -282,20 +282,23 @@ def _local_ensemble(run: EnsembleRun, x: np.ndarray, rank: int, size: int) -> tu
     configure_tensorflow(1)
     outs = []
     for m in mine:
-        model = keras.models.load_model(m.model_path, compile=False)
+        try:
+            model = keras.models.load_model(m.model_path, compile=False)
+        except Exception as exc:                   # noqa: BLE001 - a corrupt or foreign file
+            raise PredictError(f"member {m.id!r}: cannot load {m.model_path!r}: {exc}") from exc
         want = run.n_outputs * (2 if m.gaussian else 1)
         if model.output_shape[-1] != want:
             raise PredictError(f"member {m.id!r} outputs {model.output_shape[-1]} values per sample, but "
                                f"{want} are expected for this {run.task} ensemble")
         outs.append(member_output(m, model, x, run.task))
     w = np.array([m.weight for m in mine])
-    first = np.stack([o[0] for o in outs])
+    preds = np.stack([o[0] for o in outs])
     if run.task == "classification":
-        return float(w.sum()), M.classification_uncertainty(first, w)
+        return float(w.sum()), M.classification_uncertainty(preds, w)
     variances = None
     if any(o[1] is not None for o in outs):   # a member without a variance head adds no aleatoric part
         variances = np.stack([o[1] if o[1] is not None else np.zeros_like(o[0]) for o in outs])
-    return float(w.sum()), M.regression_mixture(first, variances, w)
+    return float(w.sum()), M.regression_mixture(preds, variances, w)
 
 
 def predict_arrays(run: EnsembleRun, x: np.ndarray, comm=None) -> dict[str, np.ndarray]:
@@ -450,10 +453,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _prepare_on_root(args: argparse.Namespace):
     """Rank 0: load the run, check the output path, export, read the input -> (run, x, y, out)."""
     run = load_run(args.run_dir)
-    out = Path(args.out or f"{Path(args.data or 'x').stem}_predictions.csv")
-    if args.data and out.suffix not in OUT_SUFFIXES:
+    out = Path(args.out or f"{Path(args.data).stem}_predictions.csv") if args.data else None
+    if out is not None and out.suffix not in OUT_SUFFIXES:
         raise PredictError(f"--out must end in {', '.join(OUT_SUFFIXES)}, but got {str(out)!r}")
-    if args.data and not out.parent.is_dir():
+    if out is not None and not out.parent.is_dir():
         raise PredictError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
     if args.export:
         from ensemble.export import export_ensemble

@@ -100,8 +100,10 @@ def build_ensemble(run_dir: Path, records: list[dict], cfg: dict, meta: dict,
         per_sample = {"proba": t["proba"], "prediction": t["proba"].argmax(axis=1), "total_entropy": t["total"],
                       "aleatoric": t["aleatoric"], "epistemic": t["epistemic"]}
     else:
-        var = {s: np.stack([_load(run_dir, i, s, "var") for i in ids]) if gaussian else None
-               for s in ("val", "test")}
+        def member_var(i: str, split: str) -> np.ndarray:       # a non-Gaussian member adds no aleatoric part
+            v = _load(run_dir, i, split, "var")
+            return v if v is not None else np.zeros_like(_load(run_dir, i, split))
+        var = {s: np.stack([member_var(i, s) for i in ids]) for s in ("val", "test")}
         mix = {s: M.regression_mixture(stack[s], var[s], w) for s in ("val", "test")}
         out["ensemble"] = {s: M.regression_metrics(y, mix[s]["mean"], mix[s]["var"] if gaussian else None)
                            for s, y in (("val", y_val), ("test", y_test))}

@@ -174,33 +174,32 @@ def test_csv_with_labels_by_column_name(cls_run, tmp_path):
 
 # --------------------------------------------------------------------------------- export
 @pytest.fixture(scope="module")
-def reg_cli(reg_run, tmp_path_factory):
+def reg_export(reg_run, tmp_path_factory):
+    from ensemble.export import export_ensemble
     out = tmp_path_factory.mktemp("reg_out")
+    return export_ensemble(reg_run, out / "ensemble.keras")
+
+
+def test_regression_csv_without_targets_equals_library(reg_run, tmp_path):
     x, _, names = raw_test_rows(reg_run)
-    pd.DataFrame(x, columns=names).to_csv(out / "rows.csv", index=False)   # no target column
-    proc = cli(reg_run, "--data", out / "rows.csv", "--out", out / "preds.npz", "--export", out / "ensemble.keras")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out, proc
+    pd.DataFrame(x, columns=names).to_csv(tmp_path / "rows.csv", index=False)     # no target column
+    result, targets = P.predict_file(reg_run, str(tmp_path / "rows.csv"))
+    assert targets is None
+    expected = library(reg_run, x)
+    for key in ("mean", "std", "var", "aleatoric", "epistemic"):
+        np.testing.assert_allclose(result[key], expected[key], rtol=1e-12, err_msg=key)
+    P.write_predictions(tmp_path / "p.csv", P.load_run(reg_run), result)
+    assert list(pd.read_csv(tmp_path / "p.csv").columns) == ["mean", "std", "aleatoric_var", "epistemic_var"]
 
 
-def test_regression_file_via_cli_equals_library(reg_run, reg_cli):
-    out, proc = reg_cli
-    saved = np.load(out / "preds.npz")
-    assert set(saved.files) == {"mean", "std", "aleatoric_var", "epistemic_var"}
-    expected = library(reg_run, raw_test_rows(reg_run)[0])
-    np.testing.assert_allclose(saved["mean"], expected["mean"], rtol=1e-12)
-    np.testing.assert_allclose(saved["std"], expected["std"], rtol=1e-9)
-    assert "mse" not in proc.stdout                                 # no targets, no metrics
-
-
-def test_exported_models_load_in_a_fresh_process(cls_run, reg_run, cls_cli, reg_cli, tmp_path):
+def test_exported_models_load_in_a_fresh_process(cls_run, reg_run, cls_cli, reg_export, tmp_path):
     x_cls, x_reg = raw_test_rows(cls_run)[0], raw_test_rows(reg_run)[0]
     np.savez(tmp_path / "x.npz", cls=x_cls, reg=x_reg)
     script = textwrap.dedent(f"""
         import sys, numpy as np, keras
         x = np.load({str(tmp_path / 'x.npz')!r})
         p = keras.models.load_model({str(cls_cli[0] / 'ensemble.keras')!r}).predict(x["cls"], verbose=0)
-        mean, var = keras.models.load_model({str(reg_cli[0] / 'ensemble.keras')!r}).predict(x["reg"], verbose=0)
+        mean, var = keras.models.load_model({str(reg_export)!r}).predict(x["reg"], verbose=0)
         assert not any(m.startswith("ensemble") for m in sys.modules), "needs no project import"
         np.savez({str(tmp_path / 'out.npz')!r}, proba=p, mean=mean, var=var)
     """)

@@ -1,4 +1,4 @@
-"""`python -m ensemble.predict` under real mpiexec: -n 3 gives the -n 1 numbers; errors never hang.
+"""`python -m ensemble.predict` under real mpiexec: -n 3 and -n 2 give the -n 1 numbers; errors never hang.
 
 The run directories are made here without training (members with seeded random weights,
 saved exactly as a run saves them), so the test pays for prediction only.
@@ -41,8 +41,11 @@ def make_run(run_dir, data: dict, members: list[dict]) -> None:
         folder = run_dir / "members" / m["id"]
         folder.mkdir(parents=True)
         keras.Model(inputs, outputs).save(folder / "model.keras")
-        scaling = {"y_shift": float(y_train.mean()), "y_scale": float(y_train.std()), "gaussian": m.get("gaussian", False)}
-        (folder / "scaling.json").write_text(json.dumps(scaling if regression else {"y_shift": 0.0, "y_scale": 1.0}))
+        scaling = {"y_shift": 0.0, "y_scale": 1.0}
+        if regression:
+            scaling = {"y_shift": float(y_train.mean()), "y_scale": float(y_train.std()),
+                       "gaussian": m.get("gaussian", False)}
+        (folder / "scaling.json").write_text(json.dumps(scaling))
     (run_dir / "ensemble.json").write_text(json.dumps({
         "task": meta["task"], "members": [{"id": m["id"], "weight": m["weight"]} for m in members]}))
 
@@ -81,10 +84,10 @@ def test_three_ranks_equal_one_rank_regression(runs):
     assert (one["aleatoric_var"] > 0).all() and (one["epistemic_var"] > 0).all()
 
 
-def test_three_ranks_equal_the_library_classification(runs):
-    proc = predict(3, runs / "cls", runs / "cls3.npz")               # 3 members: one per rank
+def test_two_ranks_equal_the_library_classification(runs):
+    proc = predict(2, runs / "cls", runs / "cls2.npz")               # members 0, 2 on rank 0; 1 on rank 1
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    got = np.load(runs / "cls3.npz")
+    got = np.load(runs / "cls2.npz")
     result, y = P.predict_file(runs / "cls", "test")
     np.testing.assert_array_equal(got["target"], np.array(["setosa", "versicolor", "virginica"])[y])
     np.testing.assert_allclose(got["proba"], result["proba"], rtol=1e-12)
@@ -102,7 +105,21 @@ def test_errors_stop_every_rank(runs):
     for i in range(3):
         (broken / "members" / f"m-{i:03d}").mkdir(parents=True)
         model = (runs / "cls" / "members" / f"m-{i:03d}" / "model.keras").read_bytes()
-        (broken / "members" / f"m-{i:03d}" / "model.keras").write_bytes(model if i < 2 else b"not a model")
-    proc = predict(3, broken, runs / "broken.npz")
-    assert proc.returncode == P.EXIT_PREDICT and "rank 2" in proc.stderr, proc.stdout + proc.stderr
+        (broken / "members" / f"m-{i:03d}" / "model.keras").write_bytes(model if i != 1 else b"not a model")
+    proc = predict(2, broken, runs / "broken.npz")
+    assert proc.returncode == P.EXIT_PREDICT, proc.stdout + proc.stderr
+    assert "rank 1: member 'm-001': cannot load" in proc.stderr and proc.stderr.count("error:") == 1
     assert not (runs / "broken.npz").exists()
+
+
+def test_export_of_gaussian_and_plain_members_matches_predict(runs):
+    """Not MPI, but on this module's two-output run: mean/variance heads mixed with a plain member."""
+    import keras
+    from ensemble.export import export_ensemble
+    path = export_ensemble(runs / "reg", runs / "reg.keras")
+    x = np.load(runs / "two_targets.npz")["x"][:40]
+    mean, var = keras.models.load_model(path).predict(x, verbose=0)
+    run = P.load_run(runs / "reg")
+    expected = P.predict_arrays(run, P.prepare_features(run, x))
+    np.testing.assert_allclose(mean, expected["mean"], rtol=1e-5)
+    np.testing.assert_allclose(var, expected["var"], rtol=1e-5)
