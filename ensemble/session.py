@@ -6,8 +6,10 @@ so these pieces can be driven from tests without a command line.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
+import tomllib
 import sys
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble.budget import RunBudget, slurm_end_time
-from ensemble.config import ConfigError, dump_toml
+from ensemble.config import ConfigError, dump_toml, resolve_config
 from ensemble.journal import Journal, read_journal
 
 
@@ -46,10 +48,28 @@ def prepare_run(cfg: dict, args) -> tuple[dict, dict, Path]:
         from ensemble.search import check_search
         check_search(cfg, meta)
     run_dir = choose_run_dir(cfg, args)
+    if args.resume:
+        check_same_run(cfg, run_dir)
     (run_dir / "config.toml").write_text(dump_toml(cfg))
     (run_dir / "data.json").write_text(json.dumps(meta, indent=2))
     np.savez(run_dir / "normalization.npz", shift=arrays["x_mean"], scale=arrays["x_scale"])
     return arrays, meta, run_dir
+
+
+RESULT_SETTINGS = ("mode", "seed", "data", "train", "architectures", "evolve", "search", "ensemble")
+
+
+def check_same_run(cfg: dict, run_dir: Path) -> None:
+    """--resume must not mix members of two different configs in one run."""
+    saved_path = run_dir / "config.toml"
+    if not saved_path.exists():
+        return
+    saved = resolve_config(tomllib.loads(saved_path.read_text()))
+    for key in RESULT_SETTINGS:
+        if saved[key] != cfg[key]:
+            raise ConfigError(f"--resume: `{key}` differs from the run's saved config.toml in "
+                              f"{str(run_dir)!r}; resume with the config the run started with "
+                              "(only [runtime] settings may change)")
 
 
 def choose_run_dir(cfg: dict, args: argparse.Namespace) -> Path:

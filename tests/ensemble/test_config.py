@@ -121,3 +121,14 @@ def test_shipped_configs_are_valid():
     from pathlib import Path
     for path in sorted((Path(__file__).parents[2] / "configs").glob("*.toml")):
         load_config(path)
+
+
+def test_resume_refuses_a_changed_config(tmp_path):
+    from ensemble.session import check_same_run
+    cfg = resolve_config(GOOD)
+    (tmp_path / "config.toml").write_text(dump_toml(cfg))
+    check_same_run(cfg, tmp_path)                                    # unchanged: fine
+    check_same_run({**cfg, "runtime": {**cfg["runtime"], "threads": 2}}, tmp_path)   # runtime may change
+    changed = resolve_config(bad(train__epochs=3))
+    with pytest.raises(ConfigError, match="`train` differs from the run's saved config.toml"):
+        check_same_run(changed, tmp_path)
