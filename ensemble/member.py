@@ -65,16 +65,18 @@ def _time_limit_callback(limit: float):
     import keras
 
     class TimeLimit(keras.callbacks.Callback):
-        """Stop at the end of the epoch that crosses the member's time limit."""
+        """Stop training at the first batch that ends past the member's time limit."""
         def __init__(self):
             super().__init__()
             self.start = time.monotonic()
             self.hit = False
 
-        def on_epoch_end(self, epoch, logs=None):
-            if time.monotonic() - self.start > limit:
+        def on_train_batch_end(self, batch, logs=None):
+            if not self.hit and time.monotonic() - self.start > limit:
                 self.hit = True
                 self.model.stop_training = True
+
+        on_epoch_end = on_train_batch_end
     return TimeLimit()
 
 

@@ -78,14 +78,14 @@ def find_rank_pid(tag: str, rank: int, timeout: float = 60) -> int:
     raise AssertionError(f"rank {rank} of job {tag} not found")
 
 
-def kill_mid_run(tmp_path: Path, rank: int) -> Path:
+def kill_mid_run(tmp_path: Path, rank: int, text: str = CONFIG, total: int = 6) -> Path:
     """Start a -n 3 run, kill -9 ``rank`` once two members have finished; return the run dir."""
     run_dir = tmp_path / "run"
     tag = uuid.uuid4().hex
     env = {**os.environ, "ENSEMBLE_TEST_TAG": tag, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([mpiexec(), "-n", "3", sys.executable, "-m", "ensemble.run",
-                             str(write_config(tmp_path)), "--run-dir", str(run_dir)],
+                             str(write_config(tmp_path, text)), "--run-dir", str(run_dir)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 240
@@ -102,7 +102,7 @@ def kill_mid_run(tmp_path: Path, rank: int) -> Path:
             pytest.fail("the job did not exit after a rank was killed")
     assert proc.returncode != 0
     done = ok_lines(run_dir)
-    assert 2 <= len(done) < 6, "kill came too late to test resume"
+    assert 2 <= len(done) < total, "kill came too late to test resume"
     return run_dir
 
 
@@ -130,6 +130,44 @@ def test_kill_then_resume_equals_uninterrupted(tmp_path, reference, rank):
     assert ens["ensemble"]["test"] == pytest.approx(ref_ens["ensemble"]["test"], rel=1e-6)
     pd.testing.assert_frame_equal(pd.read_csv(run_dir / "leaderboard.csv")[["id", "val_accuracy"]],
                                   pd.read_csv(reference / "leaderboard.csv")[["id", "val_accuracy"]])
+
+
+EVOLVE = """
+mode = "evolve"
+seed = 2
+[data]
+source = "digits"
+[train]
+epochs = 6
+[evolve]
+evaluations = 8
+population_size = 4
+sample_size = 2
+[search]
+max_depth = 2
+units = [16, 64]
+"""
+
+
+def test_evolve_kill_then_resume_finishes_the_budget_without_retraining(tmp_path):
+    run_dir = kill_mid_run(tmp_path, 1, EVOLVE, total=8)
+    before = {r["id"]: (run_dir / r["path"] / "model.keras").stat().st_mtime_ns for r in ok_lines(run_dir)}
+    genomes = {r["id"]: r["genome"] for r in ok_lines(run_dir)}
+    proc = run_mpi(3, ["-m", "ensemble.run", str(write_config(tmp_path, EVOLVE)), "--run-dir", str(run_dir),
+                       "--resume"])
+    assert proc.returncode == 0, proc.stderr
+    journal = read_journal(run_dir / "journal.jsonl")
+    finished = [r["id"] for r in journal if r["status"] == "ok"]
+    assert len(finished) == len(set(finished))                       # no member finished twice
+    for member_id, mtime in before.items():                           # none retrained, same genome
+        assert (run_dir / "members" / member_id / "model.keras").stat().st_mtime_ns == mtime
+        assert next(r for r in journal if r["id"] == member_id)["genome"] == genomes[member_id]
+    keys = [json.dumps(r["genome"], sort_keys=True) for r in journal if r["status"] == "ok"]
+    assert len(keys) == len(set(keys))                                # no genome trained twice
+    search = pd.read_csv(run_dir / "search.csv")
+    assert len(search) == len(journal) == 8                           # the budget, in-flight asks re-bred
+    assert max(r["search"]["evaluation"] for r in journal) <= 8 + 2
+    assert json.loads((run_dir / "ensemble.json").read_text())["members"]
 
 
 def test_member_failures_are_journaled_and_the_run_goes_on(tmp_path):
