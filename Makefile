@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[mpich,test]"
+	$(BIN)/python -m pip install --quiet -e ".[cpu,mpich,test]"
 	touch $(STAMP)
 
 install: $(STAMP)

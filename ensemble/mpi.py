@@ -35,6 +35,7 @@ def abort_on_exception() -> None:
         sys.stderr.write(f"[{where()}] fatal error, aborting the job:\n{text}")
         sys.stderr.flush()
         if world.Get_size() > 1:
+            time.sleep(1.0)             # let mpiexec forward the message before Abort tears down I/O
             world.Abort(1)
         os._exit(1)
     sys.excepthook = hook

@@ -109,3 +109,16 @@ def test_resume_without_a_run_is_refused(tmp_path):
     proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(tmp_path / "none"), "--resume"],
                    timeout=60)
     assert proc.returncode != 0 and "holds no journal.jsonl to resume from" in proc.stderr
+
+
+def test_unexpected_error_on_rank0_aborts_every_rank(tmp_path):
+    """Not a bad setting but a failure nobody handles (the run directory cannot be made)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(DENSE)
+    (tmp_path / "file").write_text("a file, not a directory")
+    t0 = time.monotonic()
+    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(tmp_path / "file" / "run")], timeout=60)
+    assert proc.returncode != 0
+    assert "[rank 0 on " in proc.stderr and "fatal error, aborting the job" in proc.stderr
+    assert "NotADirectoryError" in proc.stderr or "FileExistsError" in proc.stderr
+    assert time.monotonic() - t0 < 30
