@@ -8,6 +8,7 @@ dict (the *resolved* config): what the run directory records as ``config.toml``.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -294,7 +295,7 @@ def dump_toml(cfg: dict) -> str:
         if isinstance(v, (int, float)):
             return repr(v)
         if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            return json.dumps(v)          # a JSON string is a valid TOML basic string
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
         if isinstance(v, dict):
@@ -302,12 +303,7 @@ def dump_toml(cfg: dict) -> str:
         raise TypeError(f"cannot write {v!r} as TOML")
 
     def scalars(d: dict) -> None:
-        for k, v in d.items():
-            if v is None or isinstance(v, dict) and k in SCHEMA.keys and isinstance(SCHEMA.keys[k], Table):
-                continue
-            if isinstance(v, list) and v and all(isinstance(x, dict) for x in v) and k == "architectures":
-                continue
-            lines.append(f"{k} = {value(v)}")
+        lines.extend(f"{k} = {value(v)}" for k, v in d.items() if v is not None)
 
     scalars({k: v for k, v in cfg.items() if not isinstance(SCHEMA.keys.get(k), Table)})
     for k, spec in SCHEMA.keys.items():
