@@ -93,10 +93,15 @@ def _atomic_save(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+VAR_FLOOR = 1e-6            # added to the softplus variance head, in the loss and at prediction
+
+
 def predict(model, x: np.ndarray, task: str, y_shift: float = 0.0, y_scale: float = 1.0,
-            gaussian: bool = False, batch_size: int = 512) -> tuple[np.ndarray, np.ndarray | None]:
+            gaussian: bool = False, batch_size: int = 512,
+            squeeze: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """(prediction, variance or None): probabilities for classification; for regression the
-    prediction (and a Gaussian member's variance) in the targets' own units."""
+    prediction (and a Gaussian member's variance) in the targets' own units, (n,) for one
+    output unless ``squeeze`` is False."""
     # Direct calls in chunks: Keras' predict() would build a tf.data pipeline per member.
     chunks = [np.asarray(model(x[i:i + batch_size], training=False)) for i in range(0, len(x), batch_size)]
     out = np.concatenate(chunks).astype(np.float64) if chunks else np.zeros((0, model.output_shape[-1]))
@@ -106,9 +111,9 @@ def predict(model, x: np.ndarray, task: str, y_shift: float = 0.0, y_scale: floa
     if gaussian:
         k = out.shape[-1] // 2
         out, raw = out[:, :k], out[:, k:]
-        var = (np.logaddexp(0.0, raw) + 1e-6) * y_scale ** 2          # softplus, as in the loss
+        var = (np.logaddexp(0.0, raw) + VAR_FLOOR) * y_scale ** 2     # softplus, as in the loss
     out = out * y_scale + y_shift
-    if out.shape[-1] == 1:
+    if squeeze and out.shape[-1] == 1:
         out = out[:, 0]
         var = var[:, 0] if var is not None else None
     return out, var
@@ -118,7 +123,7 @@ def gaussian_nll(y_true, y_pred):
     """Mean Gaussian negative log-likelihood of (mean, softplus variance) heads, up to a constant."""
     from keras import ops
     k = y_pred.shape[-1] // 2
-    mean, var = y_pred[..., :k], ops.softplus(y_pred[..., k:]) + 1e-6
+    mean, var = y_pred[..., :k], ops.softplus(y_pred[..., k:]) + VAR_FLOOR
     y = ops.reshape(ops.cast(y_true, mean.dtype), ops.shape(mean))
     return ops.mean(0.5 * ops.log(var) + 0.5 * ops.square(y - mean) / var, axis=-1)
 

@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from ensemble import metrics as M
+from ensemble.member import VAR_FLOOR, predict
 
 TEST_KEYWORD = "test"
 OUT_SUFFIXES = (".csv", ".npz", ".parquet")
 EXIT_INPUT, EXIT_PREDICT = 3, 4
-VAR_FLOOR = 1e-6                      # added to a Gaussian member's softplus variance, as in training
 BATCH = 512                           # rows per model call, as in training (same float32 results)
 _BCAST_BYTES = 1 << 28                # per Bcast message, far below the 2 GiB count limit
 _CLI_NAMES = {"`data.source`": "--data", "`data.x`": "--x", "`data.y`": "--y", "`data.label`": "--label",
@@ -260,16 +260,7 @@ def _test_split(run: EnsembleRun) -> tuple[np.ndarray, np.ndarray]:
 def member_output(member: Member, model, x: np.ndarray, task: str) -> tuple[np.ndarray, np.ndarray | None]:
     """One member on normalised ``x``: probabilities (n, C), or its mean (n, k) and variance
     (n, k; None without a variance head) in the targets' units."""
-    chunks = [np.asarray(model(x[i:i + BATCH], training=False)) for i in range(0, len(x), BATCH)]
-    out = np.concatenate(chunks).astype(np.float64)
-    if task == "classification":
-        return out, None
-    var = None
-    if member.gaussian:
-        k = out.shape[1] // 2
-        out, raw = out[:, :k], out[:, k:]
-        var = (np.logaddexp(0.0, raw) + VAR_FLOOR) * member.y_scale ** 2        # softplus
-    return out * member.y_scale + member.y_shift, var
+    return predict(model, x, task, member.y_shift, member.y_scale, member.gaussian, BATCH, squeeze=False)
 
 
 def _local_ensemble(run: EnsembleRun, x: np.ndarray, rank: int, size: int) -> tuple[float, dict | None]:
