@@ -206,7 +206,8 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         t_pred = time.perf_counter()
         preds[split], variances[split] = predict(model, np.asarray(data[f"x_{split}"]), task, y_shift,
                                                  y_scale, gaussian)
-        predict_seconds = time.perf_counter() - t_pred if split == "val" else predict_seconds
+        if split == "val":                              # inference time, an NSGA-II objective
+            predict_seconds = time.perf_counter() - t_pred
         if not np.isfinite(preds[split]).all():
             raise MemberFailed("nan_prediction", f"the trained model predicts NaN/inf on the {split} split")
         _atomic_save(out / f"{split}_pred.npy", lambda p, a=preds[split]: np.save(p, a))

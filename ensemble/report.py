@@ -77,8 +77,9 @@ def build_ensemble(run_dir: Path, records: list[dict], cfg: dict, meta: dict,
     if not ranked:
         raise RuntimeError(f"no member finished (of {len(records)} tried); see "
                            f"{run_dir / 'journal.jsonl'} for each failure")
-    val_preds = {r["id"]: _load(run_dir, r["id"], "val") for r in ranked}
-    val_vars = {r["id"]: _load(run_dir, r["id"], "val", "var") for r in ranked}
+    preds = {"val": {r["id"]: _load(run_dir, r["id"], "val") for r in ranked}}
+    variances = {"val": {r["id"]: _load(run_dir, r["id"], "val", "var") for r in ranked}}
+    val_preds, val_vars = preds["val"], variances["val"]
     gaussian = all(v is not None for v in val_vars.values())
     method = cfg["ensemble"]["method"]
     if method == "auto":                   # Caruana's greedy when there is a choice to make
@@ -91,7 +92,9 @@ def build_ensemble(run_dir: Path, records: list[dict], cfg: dict, meta: dict,
     out = {"task": task, "metric": metric, "method": method,
            "members": [{"id": i, "weight": float(weights[i])} for i in ids],
            "n_finished": len(ranked), "n_failed": len({r["id"] for r in records} - {r["id"] for r in ranked})}
-    stack = {s: np.stack([_load(run_dir, i, s) for i in ids]) for s in ("val", "test")}
+    preds["test"] = {i: _load(run_dir, i, "test") for i in ids}
+    variances["test"] = {i: _load(run_dir, i, "test", "var") for i in ids}
+    stack = {s: np.stack([preds[s][i] for i in ids]) for s in ("val", "test")}
     if task == "classification":
         unc = {s: M.classification_uncertainty(stack[s], w) for s in ("val", "test")}
         out["ensemble"] = {s: M.classification_metrics(y, unc[s]["proba"])
@@ -100,10 +103,9 @@ def build_ensemble(run_dir: Path, records: list[dict], cfg: dict, meta: dict,
         per_sample = {"proba": t["proba"], "prediction": t["proba"].argmax(axis=1), "total_entropy": t["total"],
                       "aleatoric": t["aleatoric"], "epistemic": t["epistemic"]}
     else:
-        def member_var(i: str, split: str) -> np.ndarray:       # a non-Gaussian member adds no aleatoric part
-            v = _load(run_dir, i, split, "var")
-            return v if v is not None else np.zeros_like(_load(run_dir, i, split))
-        var = {s: np.stack([member_var(i, s) for i in ids]) for s in ("val", "test")}
+        var = {s: np.stack([variances[s][i] if variances[s][i] is not None      # a non-Gaussian member
+                            else np.zeros_like(preds[s][i]) for i in ids])    # adds no aleatoric part
+               for s in ("val", "test")}
         mix = {s: M.regression_mixture(stack[s], var[s], w) for s in ("val", "test")}
         out["ensemble"] = {s: M.regression_metrics(y, mix[s]["mean"], mix[s]["var"] if gaussian else None)
                            for s, y in (("val", y_val), ("test", y_test))}

@@ -102,16 +102,12 @@ class SearchSource:
         self.count += 1
         spec_id = f"e{self.count:04d}"
         self.genomes[spec_id] = genome
-        train = self.cfg["train"]
         return {"id": spec_id, "arch": "evolved", "model": None, "params": {},
                 "layers": decode(genome, self.input_shape, self.space, self.meta["n_outputs"]),
                 "seed": derive_seed(self.cfg["seed"], 1_000_003, self.count),
-                "epochs": train["epochs"], "patience": train["patience"],
-                "member_time_limit": train["member_time_limit"], "bootstrap": train["bootstrap"],
-                "loss": train["loss"],
+                **self.cfg["train"],                     # the genome evolves the three below
                 "optimizer": genome.optimizer, "learning_rate": genome.learning_rate,
-                "batch_size": genome.batch_size, "genome": genome.to_dict(), "summary": genome.summary(),
-                "evaluation": self.count}
+                "batch_size": genome.batch_size, "genome": genome.to_dict(), "summary": genome.summary()}
 
     def tell(self, result: dict) -> None:
         genome = self.genomes.pop(result["id"])
@@ -125,10 +121,10 @@ class SearchSource:
         import pandas as pd
         rows = sorted((r for r in records if "search" in r), key=lambda r: r["search"]["wall"])
         best, table = -math.inf, []
+        sign = 1 if higher_is_better(self.metric) else -1      # fitness is maximised: undo the sign
         for r in rows:
             fit = r["search"]["fitness"]
             best = max(best, fit) if fit is not None else best
-            sign = 1 if higher_is_better(self.metric) else -1
             table.append({"evaluation": r["search"]["evaluation"], "wall_seconds": r["search"]["wall"],
                           "id": r["id"], "status": r["status"],
                           f"val_{self.metric}": None if fit is None else sign * fit,
