@@ -29,6 +29,7 @@ import tensorflow as tf  # noqa: E402
 
 from datafeed.pipeline import make_dataset  # noqa: E402
 from ensemble.data_parallel import broadcast_weights, make_data_parallel  # noqa: E402
+from tests.ensemble.test_data_parallel import StopAt  # noqa: E402  (one rank asks to stop)
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -40,23 +41,6 @@ X = rng.standard_normal((N, FEATURES)).astype(np.float32)
 Y = (X[:, :CLASSES] + 0.5 * rng.standard_normal((N, CLASSES))).argmax(1).astype(np.int64)
 VX = rng.standard_normal((60, FEATURES)).astype(np.float32)
 VY = VX[:, :CLASSES].argmax(1).astype(np.int64)
-
-
-class StopAt(keras.callbacks.Callback):
-    """Asks to stop on this rank only: after the ``batch``-th step, or at the end of ``epoch``."""
-
-    def __init__(self, batch=None, epoch=None):
-        super().__init__()
-        self.batch, self.epoch, self.seen = batch, epoch, 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.seen == self.batch:
-            self.model.stop_training = True
-        self.seen += 1
-
-    def on_epoch_end(self, epoch, logs=None):
-        if epoch == self.epoch:
-            self.model.stop_training = True
 
 
 def train(group, optimizer: str, extra=(), dropout_bn: bool = False, epochs: int = EPOCHS):
