@@ -9,11 +9,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
-from pathlib import Path
 
 EXIT_CONFIG, EXIT_DATA = 2, 3
+log = logging.getLogger("ensemble.run")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -27,44 +28,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def set_thread_env(threads: int) -> None:
-    """Thread limits must be in the environment before numpy/TensorFlow start their pools."""
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
-                "TF_NUM_INTEROP_THREADS"):
-        os.environ.setdefault(var, str(threads))
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-def bind_gpu(local_rank: int) -> None:
-    """One GPU per rank on the node, chosen by node-local rank, unless the user set devices."""
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        return
-    gpus = Path("/proc/driver/nvidia/gpus")
-    n = len(list(gpus.iterdir())) if gpus.is_dir() else 0
-    if n:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(local_rank % n)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from ensemble.config import ConfigError, load_config
-    from ensemble import mpi
+    from ensemble.runtime import mpi
+    from ensemble.runtime.env import bind_gpu, set_thread_env
+    from ensemble.runtime.logs import add_debug_file, setup_logging
 
     mpi.abort_on_exception()
     comm = mpi.world
     rank, size = comm.Get_rank(), comm.Get_size()
+    setup_logging(rank)
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:
-        if rank == 0:
-            print(f"config error in {args.config}: {exc}", file=sys.stderr, flush=True)
+        log.error(f"config error in {args.config}: {exc}")
         return EXIT_CONFIG
+    setup_logging(rank, cfg["runtime"]["log_level"])
     group_size, workers = cfg["runtime"]["group_size"], size - 1
     if group_size > 1 and (workers == 0 or workers % group_size):
-        if rank == 0:
-            print(f"config error in {args.config}: `runtime.group_size` must divide the {workers} worker "
-                  f"ranks (mpirun -n P gives P-1 workers besides the master), but got {group_size}",
-                  file=sys.stderr, flush=True)
+        log.error(f"config error in {args.config}: `runtime.group_size` must divide the {workers} worker "
+                  f"ranks (mpirun -n P gives P-1 workers besides the master), but got {group_size}")
         return EXIT_CONFIG
     set_thread_env(cfg["runtime"]["threads"])
     bind_gpu(mpi.node_local_rank(comm))
@@ -73,19 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     # Rank 0 reads, checks and prepares; everyone learns the outcome before going on.
     arrays, status = None, None
     if rank == 0:
-        from ensemble.session import prepare_run
+        from ensemble.orchestrate.prepare import prepare_run
         try:
             arrays, meta, run_dir = prepare_run(cfg, args)
-            status = ("ok", meta, str(run_dir))
+            status = ("ok", meta, str(run_dir.path))
         except (ConfigError, ValueError) as exc:
             status = ("error", f"{type(exc).__name__.replace('Error', ' error').lower()}: {exc}", None)
     status = mpi.polite_bcast(comm, status, 0, max_sleep)
     if status[0] != "ok":
-        if rank == 0:
-            print(f"{status[1]}", file=sys.stderr, flush=True)
+        log.error(status[1])
         return EXIT_DATA
     _, meta, run_dir = status
-    run_dir = Path(run_dir)
+    from ensemble.results.rundir import RunDirectory
+    run_dir = RunDirectory(run_dir)
+    if cfg["runtime"]["debug_log"]:
+        add_debug_file(run_dir.path, rank)
 
     from datafeed.distribute import broadcast_arrays
     rt = cfg["runtime"]
@@ -93,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                             verify=rt["verify_broadcast"] or os.environ.get("ENSEMBLE_VERIFY_BROADCAST") == "1")
     del arrays                                           # rank 0 keeps the shared copy only
 
-    from ensemble.session import run_master_side, run_worker_side
+    from ensemble.orchestrate.session import run_master_side, run_worker_side
     group, leaders = mpi.split_groups(comm, group_size)
     if rank == 0:
         code = run_master_side(comm, cfg, meta, data, run_dir, args.resume, leaders)

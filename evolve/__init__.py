@@ -15,10 +15,10 @@ from evolve.genome import Genome, LayerGene
 from evolve.operators import crossover, mutate, random_genome, tournament
 from evolve.repair import repair
 from evolve.space import SearchSpace
-from evolve.strategies import STRATEGIES, STRATEGY_PARAMS, Strategy, make_strategy
+from evolve.strategies import STRATEGIES, STRATEGY_PARAMS, Setting, Strategy, make_strategy
 
 __all__ = [
-    "Analysis", "Genome", "LayerGene", "STRATEGIES", "STRATEGY_PARAMS", "SearchSpace",
+    "Analysis", "Genome", "LayerGene", "STRATEGIES", "STRATEGY_PARAMS", "SearchSpace", "Setting",
     "Strategy", "analyse", "check", "count_params", "crossover", "decode", "make_strategy",
     "mutate", "random_genome", "repair", "tournament",
 ]

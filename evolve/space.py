@@ -11,11 +11,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ensemble.config.vocabulary import ACTIVATIONS as _VOCAB_ACTIVATIONS
+from ensemble.config.vocabulary import OPTIMIZERS as _VOCAB_OPTIMIZERS
+
 LAYER_TYPES = ("conv", "maxpool", "avgpool", "dense", "dropout", "batchnorm")
 SPATIAL_TYPES = frozenset({"conv", "maxpool", "avgpool"})
-ACTIVATIONS = ("relu", "elu", "gelu", "tanh", "swish", "silu", "selu", "sigmoid",
-               "softplus", "leaky_relu", "mish", "linear")
-OPTIMIZERS = ("adam", "sgd", "rmsprop", "adamw", "nadam", "adagrad", "adamax")
+ACTIVATIONS = _VOCAB_ACTIVATIONS          # one vocabulary with configs and training
+OPTIMIZERS = tuple(_VOCAB_OPTIMIZERS)
 REDUCTIONS = ("global_average", "flatten")
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -33,11 +34,38 @@ from evolve.space import SearchSpace
 MAX_TRIES = 50
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One setting a strategy declares: its default, what values it takes, what it does.
+
+    The config's ``[evolve]`` table, the strategy itself and the README's table are all
+    made from these declarations, so they cannot disagree.
+    """
+    default: Any
+    doc: str
+    choices: tuple | None = None          # allowed strings; else an integer >= 1 or, for
+                                          # names ending in ``_prob``, a probability
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not allowed (``must be ...``), or None."""
+        if self.choices is not None:
+            return None if value in self.choices else (
+                f"must be one of {', '.join(repr(c) for c in self.choices)}")
+        if isinstance(self.default, float):
+            ok = not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value <= 1
+            return None if ok else "must be a probability in [0, 1]"
+        ok = not isinstance(value, bool) and isinstance(value, int) and value >= 1
+        return None if ok else "must be an integer >= 1"
+
+
+CROSSOVER = "probability that a child is bred by crossover of two parents (then mutated)"
+
+
 class Strategy:
     """Shared bookkeeping: budget, fitness cache, best, RNG, replay."""
 
     name: ClassVar[str] = "base"
-    PARAMS: ClassVar[dict[str, Any]] = {}
+    SETTINGS: ClassVar[dict[str, Setting]] = {}
 
     def __init__(self, space: SearchSpace, input_shape: tuple[int, ...], n_outputs: int,
                  rng_seed: int = 0, budget_evaluations: int | None = None,
@@ -60,24 +88,28 @@ class Strategy:
     def validate_params(cls, params: dict[str, Any]) -> dict[str, Any]:
         """Defaults filled in; ValueError naming the parameter on unknown or bad values."""
         params = dict(params)
-        if "lambda" in params and "lambda_" in cls.PARAMS:
+        if "lambda" in params and "lambda_" in cls.SETTINGS:
             params["lambda_"] = params.pop("lambda")
-        unknown = sorted(set(params) - set(cls.PARAMS))
+        unknown = sorted(set(params) - set(cls.SETTINGS))
         if unknown:
             raise ValueError(f"strategy '{cls.name}' has no parameter `{unknown[0]}`; "
-                             f"allowed: {sorted(cls.PARAMS) or 'none'}")
-        out = {**cls.PARAMS, **params}
+                             f"allowed: {sorted(cls.SETTINGS) or 'none'}")
+        out = {**cls.defaults(), **params}
         for key, v in out.items():
-            if key.endswith("_prob"):
-                ok = not isinstance(v, bool) and isinstance(v, (int, float)) and 0 <= v <= 1
-                what = "a probability in [0, 1]"
-            else:
-                ok = not isinstance(v, bool) and isinstance(v, int) and v >= 1
-                what = "an integer >= 1"
-            if not ok:
-                raise ValueError(f"strategy '{cls.name}' parameter `{key}` must be {what}, "
-                                 f"but got {v!r}")
+            why = cls.SETTINGS[key].problem(v)
+            if why:
+                raise ValueError(f"strategy '{cls.name}' parameter `{key}` {why}, but got {v!r}")
         return out
+
+    @classmethod
+    def initial_size(cls, params: dict[str, Any]) -> int | None:
+        """How many genomes of the first population are random (None: all of them)."""
+        return params.get("population_size")
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every setting of this strategy with its default."""
+        return {k: s.default for k, s in cls.SETTINGS.items()}
 
     # -- the ask/tell contract ----------------------------------------------
     def budget_spent(self) -> bool:
@@ -204,7 +236,11 @@ class RegularizedEvolution(Strategy):
     """
 
     name = "regularized"
-    PARAMS = {"population_size": 20, "sample_size": 5, "crossover_prob": 0.0}
+    SETTINGS = {
+        "population_size": Setting(12, "members alive at once; the first ones are random"),
+        "sample_size": Setting(4, "tournament size: members drawn to pick each parent"),
+        "crossover_prob": Setting(0.0, CROSSOVER + " (0: mutation only, as in Real et al.)"),
+    }
 
     def __init__(self, *args: Any, **kw: Any):
         super().__init__(*args, **kw)
@@ -305,7 +341,15 @@ class MuPlusLambda(Generational):
     (crossover with ``crossover_prob``, else mutation) and keeps the best ``mu`` of both."""
 
     name = "mu_plus_lambda"
-    PARAMS = {"mu": 10, "lambda_": 20, "crossover_prob": 0.5}
+    SETTINGS = {
+        "mu": Setting(8, "parents kept each generation; the first generation is mu random genomes"),
+        "lambda_": Setting(8, "offspring bred per generation"),
+        "crossover_prob": Setting(0.5, CROSSOVER),
+    }
+
+    @classmethod
+    def initial_size(cls, params: dict[str, Any]) -> int | None:
+        return params["mu"]
 
     def _first_size(self) -> int:
         return self.params["mu"]
@@ -324,7 +368,13 @@ class NSGA2(Generational):
     (front rank, crowding distance)."""
 
     name = "nsga2"
-    PARAMS = {"population_size": 20, "crossover_prob": 0.5}
+    SETTINGS = {
+        "population_size": Setting(12, "parents kept and offspring bred per generation"),
+        "crossover_prob": Setting(0.5, CROSSOVER),
+        "objectives": Setting("metric_params", "second objective beside the validation metric: "
+                              "parameter count or inference time per sample",
+                              choices=("metric_params", "metric_time")),
+    }
 
     def __init__(self, *args: Any, **kw: Any):
         super().__init__(*args, **kw)
@@ -375,7 +425,7 @@ class NSGA2(Generational):
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (RegularizedEvolution, MuPlusLambda, NSGA2, RandomSearch)}
 STRATEGY_PARAMS: dict[str, frozenset[str]] = {
-    n: frozenset(c.PARAMS) | ({"lambda"} if "lambda_" in c.PARAMS else frozenset())
+    n: frozenset(c.SETTINGS) | ({"lambda"} if "lambda_" in c.SETTINGS else frozenset())
     for n, c in STRATEGIES.items()}
 
 

@@ -3,7 +3,7 @@
 For Dense stacks of about 1M and 10M parameters, at the same global batch, side by side
 in one run:
 
-(a) step time of G=2 (``ensemble.data_parallel``, two MPI ranks, shards of each global
+(a) step time of G=2 (``ensemble.runtime.data_parallel``, two MPI ranks, shards of each global
     batch) against G=1 (one rank, the other asleep);
 (b) the fused allreduce inside a G=2 step against a raw mpi4py ``Allreduce`` of the same
     number of bytes (preallocated numpy buffers, no TensorFlow), made between the same
@@ -185,7 +185,7 @@ def median(values) -> float:
 def mpi_worker(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
-    from ensemble.mpi import polite_barrier
+    from ensemble.runtime.mpi import polite_barrier
     comm = MPI.COMM_WORLD
     setup_tensorflow()
     out: dict = {"models": {}}
@@ -214,7 +214,7 @@ def fit_steps(name: str, args: argparse.Namespace, comm, shard=None) -> dict:
     import keras
 
     from datafeed.pipeline import make_dataset
-    from ensemble.data_parallel import broadcast_weights, make_data_parallel
+    from ensemble.runtime.data_parallel import broadcast_weights, make_data_parallel
 
     model = build(name)
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy",

@@ -1,6 +1,6 @@
 """The master's stop rules: failure share and wall-time deadline."""
 
-from ensemble.budget import RunBudget
+from ensemble.runtime.budget import RunBudget
 
 
 class Clock:

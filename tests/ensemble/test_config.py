@@ -124,7 +124,7 @@ def test_shipped_configs_are_valid():
 
 
 def test_resume_refuses_a_changed_config(tmp_path):
-    from ensemble.session import check_same_run
+    from ensemble.orchestrate.prepare import check_same_run
     cfg = resolve_config(GOOD)
     (tmp_path / "config.toml").write_text(dump_toml(cfg))
     check_same_run(cfg, tmp_path)                                    # unchanged: fine

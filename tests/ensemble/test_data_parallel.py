@@ -15,7 +15,7 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 from datafeed.pipeline import make_dataset, shard, steps_per_epoch  # noqa: E402
-from ensemble.data_parallel import broadcast_weights, make_data_parallel  # noqa: E402
+from ensemble.runtime.data_parallel import broadcast_weights, make_data_parallel  # noqa: E402
 
 
 class RecordingComm:

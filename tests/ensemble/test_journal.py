@@ -2,7 +2,7 @@
 
 import json
 
-from ensemble.journal import Journal, read_journal
+from ensemble.results.journal import Journal, read_journal
 
 
 def test_append_is_one_whole_line_per_record(tmp_path):

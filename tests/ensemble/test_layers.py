@@ -1,6 +1,6 @@
 """The TensorFlow-free input-rank check that rank 0 runs before any worker builds a model."""
 
-from ensemble.layers import check_input_rank
+from ensemble.config.vocabulary import check_input_rank
 
 
 def test_conv2d_on_flat_vectors_is_caught_with_the_fix():

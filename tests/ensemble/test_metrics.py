@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ensemble.metrics import (
+from ensemble.task.metrics import (
     CLASSIFICATION_METRICS,
     METRICS,
     REGRESSION_METRICS,
@@ -231,7 +231,7 @@ def test_regression_epistemic_zero_when_members_agree():
 
 def test_import_is_light():
     code = (
-        "import sys, time; t = time.perf_counter(); import ensemble.metrics, ensemble.selection;"
+        "import sys, time; t = time.perf_counter(); import ensemble.task.metrics, ensemble.results.selection;"
         " print(time.perf_counter() - t, 'sklearn' in sys.modules, 'tensorflow' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,

@@ -17,7 +17,7 @@ import pytest
 
 from datafeed.prepare import encode_labels, split_indices
 from datafeed.readers import read_dataset
-from ensemble import metrics as M
+from ensemble.task import metrics as M
 from ensemble import predict as P
 from tests.conftest import ROOT, run_mpi
 
@@ -175,7 +175,7 @@ def test_csv_with_labels_by_column_name(cls_run, tmp_path):
 # --------------------------------------------------------------------------------- export
 @pytest.fixture(scope="module")
 def reg_export(reg_run, tmp_path_factory):
-    from ensemble.export import export_ensemble
+    from ensemble.inference.export import export_ensemble
     out = tmp_path_factory.mktemp("reg_out")
     return export_ensemble(reg_run, out / "ensemble.keras")
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from ensemble.metrics import average_predictions, score
-from ensemble.selection import greedy_selection, rank_members, select, top_k
+from ensemble.task.metrics import average_predictions, score
+from ensemble.results.selection import greedy_selection, rank_members, select, top_k
 
 
 def ensemble_score(weights: dict, preds: dict, y: np.ndarray, metric: str) -> float:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mpi4py import MPI  # noqa: E402
 
-from ensemble.mpi import polite_barrier  # noqa: E402
+from ensemble.runtime.mpi import polite_barrier  # noqa: E402
 
 comm = MPI.COMM_WORLD
 RANK = comm.Get_rank()
@@ -28,7 +28,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from datafeed.pipeline import make_dataset  # noqa: E402
-from ensemble.data_parallel import broadcast_weights, make_data_parallel  # noqa: E402
+from ensemble.runtime.data_parallel import broadcast_weights, make_data_parallel  # noqa: E402
 from tests.ensemble.test_data_parallel import StopAt  # noqa: E402  (one rank asks to stop)
 
 tf.config.threading.set_intra_op_parallelism_threads(1)

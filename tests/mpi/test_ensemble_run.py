@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ensemble import metrics as M
-from ensemble.journal import read_journal
+from ensemble.task import metrics as M
+from ensemble.results.journal import read_journal
 from tests.conftest import run_mpi
 
 pytestmark = pytest.mark.mpi

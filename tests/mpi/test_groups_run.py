@@ -9,7 +9,7 @@ import textwrap
 import pandas as pd
 import pytest
 
-from ensemble.journal import read_journal
+from ensemble.results.journal import read_journal
 from tests.conftest import run_mpi
 
 pytestmark = pytest.mark.mpi

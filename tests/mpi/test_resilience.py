@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ensemble.journal import read_journal
+from ensemble.results.journal import read_journal
 from tests.conftest import ROOT, mpiexec, run_mpi
 
 pytestmark = pytest.mark.mpi

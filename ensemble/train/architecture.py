@@ -10,7 +10,8 @@ import importlib
 import math
 from typing import Any
 
-from ensemble.layers import INPUT_RANK
+from ensemble.config.vocabulary import INPUT_RANK, OPTIMIZERS
+from ensemble.task import get_task
 
 
 class ArchitectureError(ValueError):
@@ -76,13 +77,7 @@ def build_layers(layers: list[dict], input_shape: tuple[int, ...], n_outputs: in
         x = _residual(x, y, layer) if layer.get("residual") else y
     if len(x.shape) > 2:
         x = keras.layers.Flatten()(x)
-    if task == "classification":
-        outputs = keras.layers.Dense(n_outputs, activation="softmax", name="probabilities")(x)
-    elif gaussian:
-        outputs = keras.layers.Dense(2 * n_outputs, name="mean_and_raw_variance")(x)
-    else:
-        outputs = keras.layers.Dense(n_outputs, name="prediction")(x)
-    return keras.Model(inputs, outputs)
+    return keras.Model(inputs, get_task(task).head(x, n_outputs, gaussian))
 
 
 def load_builder(ref: str):
@@ -104,7 +99,7 @@ def build_model(spec: dict, input_shape: tuple[int, ...], n_outputs: int, task: 
     gaussian = spec.get("loss") == "gaussian_nll"
     if spec.get("model"):
         model = load_builder(spec["model"])(tuple(input_shape), n_outputs, **spec.get("params", {}))
-        want = (2 * n_outputs) if gaussian else n_outputs
+        want = get_task(task).output_width(n_outputs, gaussian)
         got = model.output_shape[-1] if hasattr(model, "output_shape") else None
         if got != want:
             raise ArchitectureError(f"`model` {spec['model']!r} must return a Keras model with {want} "
@@ -116,3 +111,11 @@ def build_model(spec: dict, input_shape: tuple[int, ...], n_outputs: int, task: 
 
 def count_params(model) -> int:
     return int(sum(math.prod(w.shape) for w in model.weights))
+
+
+def make_optimizer(name: str, learning_rate: float):
+    """The Keras optimizer a vocabulary name stands for (``ensemble.config.vocabulary.OPTIMIZERS``)."""
+    import keras
+    if name not in OPTIMIZERS:
+        raise ArchitectureError(f"optimizer {name!r} is not one of {', '.join(OPTIMIZERS)}")
+    return getattr(keras.optimizers, OPTIMIZERS[name])(learning_rate=learning_rate)

@@ -6,31 +6,13 @@ TensorFlow and can be re-run on a finished run directory.
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
-from ensemble import metrics as M
-from ensemble.selection import rank_members, select
-
-
-def default_metric(task: str, setting: str) -> str:
-    if setting != "auto":
-        return setting
-    return "accuracy" if task == "classification" else "mse"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and rename: never half a file."""
-    tmp = path.with_name(path.name + ".part")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+from ensemble.results.rundir import RunDirectory
+from ensemble.results.selection import rank_members, select
+from ensemble.task import get_task
+from ensemble.task.metrics import higher_is_better
 
 
 def finished_records(records: list[dict]) -> list[dict]:
@@ -63,69 +45,56 @@ def leaderboard(records: list[dict], metric: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _load(run_dir: Path, member_id: str, split: str, what: str = "pred") -> np.ndarray | None:
-    path = run_dir / "members" / member_id / f"{split}_{what}.npy"
-    return np.load(path) if path.exists() else None
-
-
-def build_ensemble(run_dir: Path, records: list[dict], cfg: dict, meta: dict,
+def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: dict,
                    y_val: np.ndarray, y_test: np.ndarray) -> dict:
     """Select members on validation predictions, average them, score on the test split."""
-    task = meta["task"]
-    metric = default_metric(task, cfg["ensemble"]["metric"])
+    task = get_task(meta["task"])
+    metric = task.default_metric(cfg["ensemble"]["metric"])
     ranked = rank_members(finished_records(records), metric)
     if not ranked:
         raise RuntimeError(f"no member finished (of {len(records)} tried); see "
-                           f"{run_dir / 'journal.jsonl'} for each failure")
-    preds = {"val": {r["id"]: _load(run_dir, r["id"], "val") for r in ranked}}
-    variances = {"val": {r["id"]: _load(run_dir, r["id"], "val", "var") for r in ranked}}
+                           f"{run_dir / run_dir.JOURNAL} for each failure")
+    load = run_dir.load_member_array
+    preds = {"val": {r["id"]: load(r["id"], "val") for r in ranked}}
+    variances = {"val": {r["id"]: load(r["id"], "val", "var") for r in ranked}}
     val_preds, val_vars = preds["val"], variances["val"]
     gaussian = all(v is not None for v in val_vars.values())
     method = cfg["ensemble"]["method"]
     if method == "auto":                   # Caruana's greedy when there is a choice to make
         method = "greedy" if len(ranked) > cfg["ensemble"]["k"] else "top_k"
-    weights = select(val_preds, y_val, metric, method=method, k=cfg["ensemble"]["k"], task=task,
+    weights = select(val_preds, y_val, metric, method=method, k=cfg["ensemble"]["k"], task=task.name,
                      val_vars=val_vars if gaussian else None)
     ids = list(weights)
     w = np.array([weights[i] for i in ids])
     best = ranked[0]
-    out = {"task": task, "metric": metric, "method": method,
+    out = {"task": task.name, "metric": metric, "method": method,
            "members": [{"id": i, "weight": float(weights[i])} for i in ids],
            "n_finished": len(ranked), "n_failed": len({r["id"] for r in records} - {r["id"] for r in ranked})}
-    preds["test"] = {i: _load(run_dir, i, "test") for i in ids}
-    variances["test"] = {i: _load(run_dir, i, "test", "var") for i in ids}
-    stack = {s: np.stack([preds[s][i] for i in ids]) for s in ("val", "test")}
-    if task == "classification":
-        unc = {s: M.classification_uncertainty(stack[s], w) for s in ("val", "test")}
-        out["ensemble"] = {s: M.classification_metrics(y, unc[s]["proba"])
-                           for s, y in (("val", y_val), ("test", y_test))}
-        t = unc["test"]
-        per_sample = {"proba": t["proba"], "prediction": t["proba"].argmax(axis=1), "total_entropy": t["total"],
-                      "aleatoric": t["aleatoric"], "epistemic": t["epistemic"]}
-    else:
-        var = {s: np.stack([variances[s][i] if variances[s][i] is not None      # a non-Gaussian member
-                            else np.zeros_like(preds[s][i]) for i in ids])    # adds no aleatoric part
-               for s in ("val", "test")}
-        mix = {s: M.regression_mixture(stack[s], var[s], w) for s in ("val", "test")}
-        out["ensemble"] = {s: M.regression_metrics(y, mix[s]["mean"], mix[s]["var"] if gaussian else None)
-                           for s, y in (("val", y_val), ("test", y_test))}
-        t = mix["test"]
-        per_sample = {"mean": t["mean"], "std": t["std"], "aleatoric_var": t["aleatoric"],
-                      "epistemic_var": t["epistemic"]}
+    preds["test"] = {i: load(i, "test") for i in ids}
+    variances["test"] = {i: load(i, "test", "var") for i in ids}
+    stats = {}
+    for s in ("val", "test"):
+        var = None
+        if any(variances[s][i] is not None for i in ids):     # a member without a variance head
+            var = np.stack([variances[s][i] if variances[s][i] is not None      # adds no aleatoric part
+                            else np.zeros_like(preds[s][i]) for i in ids])
+        stats[s] = task.combine(np.stack([preds[s][i] for i in ids]), var, w)
+    out["ensemble"] = {s: task.ensemble_metrics(y, stats[s], gaussian)
+                       for s, y in (("val", y_val), ("test", y_test))}
     out["best_member"] = {"id": best["id"], "val": best["val"], "test": best["test"]}
-    np.savez(run_dir / "ensemble_test_predictions.npz", y=y_test, **per_sample)
+    run_dir.write_npz(run_dir.TEST_PREDICTIONS, y=y_test, **task.per_sample(stats["test"]))
     return out
 
 
-def finalize(run_dir: Path, records: list[dict], cfg: dict, meta: dict,
+def finalize(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: dict,
              y_val: np.ndarray, y_test: np.ndarray, extra: dict | None = None) -> dict:
     """Write leaderboard.csv and ensemble.json (with ``extra`` sections); return the summary."""
-    metric = default_metric(meta["task"], cfg["ensemble"]["metric"])
+    metric = get_task(meta["task"]).default_metric(cfg["ensemble"]["metric"])
     board = leaderboard(records, metric)
-    write_atomic(run_dir / "leaderboard.csv", board.to_csv(index=False))
+    run_dir.write_text(run_dir.LEADERBOARD, board.to_csv(index=False))
     summary = build_ensemble(run_dir, records, cfg, meta, y_val, y_test)
     summary.update(extra or {})
-    write_atomic(run_dir / "ensemble.json", json.dumps(summary, indent=2, allow_nan=True))
+    run_dir.write_json(run_dir.ENSEMBLE, summary)
     return summary
 
 
@@ -140,7 +109,7 @@ def format_comparison(summary: dict) -> str:
                  + "".join(f"{best[k]:>12.4f}" for k in keys))
     metric = summary["metric"]
     if metric in ens:
-        better = ens[metric] >= best[metric] if M.higher_is_better(metric) else ens[metric] <= best[metric]
+        better = ens[metric] >= best[metric] if higher_is_better(metric) else ens[metric] <= best[metric]
         diff = ens[metric] - best[metric]
         lines.append(f"ensemble vs best member on test {metric}: {diff:+.4f} "
                      f"({'ensemble at least as good' if better else 'best member better'})")

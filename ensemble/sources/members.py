@@ -1,10 +1,24 @@
-"""Member specs: the small plain dicts that cross MPI and say what one member is."""
+"""Member specs, the small plain dicts that cross MPI and say what one member is, and the
+spec source of an ensemble run: the fixed member list."""
 
 from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
 
 import numpy as np
 
 from ensemble.config import member_train_settings
+
+
+class SpecSource(Protocol):
+    """What the master needs from an ensemble list or a search strategy."""
+
+    def next_spec(self) -> dict | None:
+        """The next spec to train, or None when nothing can be handed out now."""
+
+    def tell(self, result: dict) -> None:
+        """A result has arrived (finished or failed)."""
 
 
 def derive_seed(*parts: int) -> int:
@@ -28,3 +42,16 @@ def member_specs(cfg: dict) -> list[dict]:
                 **settings,
             })
     return specs
+
+
+class SpecList:
+    """The fixed member list of an ensemble run, minus members already finished."""
+
+    def __init__(self, specs: list[dict], done_ids: set[str] = frozenset()):
+        self.pending = deque(s for s in specs if s["id"] not in done_ids)
+
+    def next_spec(self) -> dict | None:
+        return self.pending.popleft() if self.pending else None
+
+    def tell(self, result: dict) -> None:
+        pass

@@ -1,9 +1,12 @@
-"""The layer vocabulary of a config's architecture list, without TensorFlow.
+"""The one vocabulary of the project: tasks, optimizers, activations, losses, metrics, layers.
 
-A layer is a plain dict such as ``{"type": "Dense", "units": 64, "activation": "relu"}``.
-This table says which types exist and which parameters each takes, so the config can
-be validated on every rank before TensorFlow is imported; ``ensemble.architecture``
-turns the same dicts into Keras layers.
+Config validation, the search space (``evolve.space``), training (``ensemble.train``) and
+the metrics all read these tables, so a name is either valid everywhere or nowhere. No
+TensorFlow here: the names map to Keras classes by name, looked up where models are built.
+
+A layer is a plain dict such as ``{"type": "Dense", "units": 64, "activation": "relu"}``;
+``LAYER_PARAMS`` says which types exist and which parameters each takes, so the config
+can be validated on every rank before TensorFlow is imported.
 """
 
 from __future__ import annotations
@@ -11,8 +14,38 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+TASKS = ("classification", "regression")
+
+#: optimizer name in configs -> the ``keras.optimizers`` class it builds
+OPTIMIZERS: dict[str, str] = {
+    "adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSprop", "nadam": "Nadam",
+    "adagrad": "Adagrad", "adamax": "Adamax", "adadelta": "Adadelta", "lion": "Lion",
+}
+
+#: activation names accepted by layers and by the search space (``keras.activations``)
 ACTIVATIONS = ("relu", "elu", "gelu", "tanh", "sigmoid", "swish", "silu", "selu",
-               "softplus", "leaky_relu", "linear")
+               "softplus", "leaky_relu", "mish", "linear")
+
+#: ``train.loss``: "auto" is the task's own loss (cross-entropy or MSE); "gaussian_nll"
+#: gives regression members a mean and a variance head
+LOSSES = ("auto", "gaussian_nll")
+
+#: metric name -> (task it scores, True when higher is better)
+METRICS: dict[str, tuple[str, bool]] = {
+    "accuracy": ("classification", True),
+    "log_loss": ("classification", False),
+    "brier": ("classification", False),
+    "ece": ("classification", False),
+    "mse": ("regression", False),
+    "mae": ("regression", False),
+    "nll": ("regression", False),
+}
+
+
+def task_metrics(task: str) -> tuple[str, ...]:
+    """The metric names that score ``task``'s predictions."""
+    return tuple(m for m, (t, _) in METRICS.items() if t == task)
+
 
 _CONV = {"filters": (int, True), "kernel_size": ((int, list), True), "strides": ((int, list), False),
          "padding": (str, False), "activation": (str, False), "residual": (bool, False)}
@@ -39,9 +72,25 @@ INPUT_RANK = {**{f"{k}{d}D": d + 1 for d in (1, 2, 3)
                            "GlobalMaxPooling")}}
 
 
+def _edit_distance(a: str, b: str) -> int:
+    """Optimal-string-alignment distance: insertions, deletions, substitutions, swaps of neighbours."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[-1][-1]
+
+
 def suggest(word: str, options) -> str:
-    """A " (did you mean 'x'?)" hint, or an empty string."""
-    close = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.6)
+    """A " (did you mean 'x'?)" hint, or an empty string: the fewest typing slips first
+    ('adma' -> 'adam', not 'adamax'), else the closest by difflib's ratio."""
+    word, options = str(word), [str(o) for o in options]
+    by_edits = sorted((_edit_distance(word.lower(), o.lower()), o) for o in options)
+    if by_edits and by_edits[0][0] <= max(1, min(2, len(word) // 3)):
+        return f" (did you mean '{by_edits[0][1]}'?)"
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 

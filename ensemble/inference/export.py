@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble.predict import VAR_FLOOR, EnsembleRun, PredictError, load_run
+from ensemble.inference.load import EnsembleRun, PredictError, load_run
+from ensemble.task import VAR_FLOOR
 
 F64 = "float64"
 
@@ -62,7 +63,7 @@ def _normalize(z, shift: np.ndarray, scale: np.ndarray):
 def build_ensemble_model(run: EnsembleRun):
     """The Keras model: raw features -> normalisation -> members -> weighted combination."""
     import keras
-    from ensemble.member import configure_tensorflow
+    from ensemble.runtime.env import configure_tensorflow
     configure_tensorflow(1)
     shape = run.input_shape
     flat = int(np.prod(shape))

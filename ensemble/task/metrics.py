@@ -19,6 +19,9 @@ from types import MappingProxyType
 
 import numpy as np
 
+from ensemble.config.vocabulary import METRICS as VOCABULARY
+from ensemble.config.vocabulary import task_metrics
+
 __all__ = [
     "CLASSIFICATION_METRICS",
     "METRICS",
@@ -34,20 +37,10 @@ __all__ = [
     "score_unchecked",
 ]
 
-#: metric name -> True when a higher value is better.
-METRICS: Mapping[str, bool] = MappingProxyType(
-    {
-        "accuracy": True,
-        "log_loss": False,
-        "brier": False,
-        "ece": False,
-        "mse": False,
-        "mae": False,
-        "nll": False,
-    }
-)
-CLASSIFICATION_METRICS = frozenset({"accuracy", "log_loss", "brier", "ece"})
-REGRESSION_METRICS = frozenset({"mse", "mae", "nll"})
+#: metric name -> True when a higher value is better (from the one vocabulary).
+METRICS: Mapping[str, bool] = MappingProxyType({m: up for m, (_, up) in VOCABULARY.items()})
+CLASSIFICATION_METRICS = frozenset(task_metrics("classification"))
+REGRESSION_METRICS = frozenset(task_metrics("regression"))
 
 ECE_BINS = 15
 Z_90 = 1.6448536269514722  # two-sided 90% interval of a standard normal

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ensemble.layers import check_layer, suggest
+from ensemble.config.vocabulary import LOSSES, METRICS, OPTIMIZERS, TASKS, check_layer, suggest
 
 
 class ConfigError(ValueError):
@@ -80,8 +80,6 @@ def _shape(v):
 
 
 NUM = (int, float)
-OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "nadam", "adagrad")
-METRICS = ("accuracy", "log_loss", "brier", "ece", "mse", "mae", "nll")
 
 TRAIN_KEYS = {
     "epochs": Key((int,), 30, _positive),
@@ -91,7 +89,7 @@ TRAIN_KEYS = {
     "patience": Key((int,), 5, _nonneg),
     "member_time_limit": Key(NUM, 600.0, _positive),
     "bootstrap": Key((bool,), False),
-    "loss": Key((str,), "auto", _one_of("auto", "gaussian_nll")),
+    "loss": Key((str,), "auto", _one_of(*LOSSES)),
 }
 
 SCHEMA = Table({
@@ -106,7 +104,7 @@ SCHEMA = Table({
         "y": Key((str,), "y"),
         "label": Key((str,), "label"),
         "features": Key((list,), []),
-        "task": Key((str,), "auto", _one_of("auto", "classification", "regression")),
+        "task": Key((str,), "auto", _one_of("auto", *TASKS)),
         "val_fraction": Key(NUM, 0.15, _fraction),
         "test_fraction": Key(NUM, 0.15, _fraction),
         "normalize": Key((str,), "standard", _one_of("standard", "minmax", "none")),
@@ -126,19 +124,13 @@ SCHEMA = Table({
         "method": Key((str,), "auto", _one_of("auto", "top_k", "greedy")),
         "metric": Key((str,), "auto", _one_of("auto", *METRICS)),
     }),
-    "evolve": Table({
-        "strategy": Key((str,), "regularized", _one_of("regularized", "mu_plus_lambda", "nsga2", "random")),
-        "evaluations": Key((int,), 40, _positive, nullable=True),
-        "time_limit": Key(NUM, None, _positive, nullable=True),
-        "population_size": Key((int,), 12, _positive),
-        "sample_size": Key((int,), 4, _positive),
-        "mu": Key((int,), 8, _positive),
-        "lambda_": Key((int,), 8, _positive),
-        "objectives": Key((str,), "metric_params", _one_of("metric_params", "metric_time")),
-    }),
+    # strategy, budget, and the settings the chosen strategy declares (evolve.strategies)
+    "evolve": Key((dict,), {}),
     "search": Key((dict,), {}),
     "runtime": Table({
         "threads": Key((int,), 1, _positive),
+        "log_level": Key((str,), "info", _one_of("debug", "info", "warning", "error")),
+        "debug_log": Key((bool,), False),
         "group_size": Key((int,), 1, _positive),
         "verify_broadcast": Key((bool,), False),
         "pretend_nodes": Key((int,), None, _positive, nullable=True),
@@ -234,14 +226,12 @@ def resolve_config(raw: dict, *, source: str = "config") -> dict:
         if key not in SearchSpace.KEYS:
             raise ConfigError(f"unknown setting `search.{key}`{suggest(key, SearchSpace.KEYS)}; "
                               f"allowed here: {', '.join(sorted(SearchSpace.KEYS))}")
+    cfg["evolve"] = resolve_evolve(cfg["evolve"])
     if cfg["mode"] == "evolve":
         ev = cfg["evolve"]
         if ev["evaluations"] is None and ev["time_limit"] is None:
             raise ConfigError("mode \"evolve\" needs a budget: set `evolve.evaluations` "
                               "and/or `evolve.time_limit` (seconds)")
-        if ev["sample_size"] > ev["population_size"]:
-            raise ConfigError(f"`evolve.sample_size` ({ev['sample_size']}) must be <= "
-                              f"`evolve.population_size` ({ev['population_size']})")
     metric = cfg["ensemble"]["metric"]
     task = data["task"]
     gaussian = [a["name"] for a in cfg["architectures"] if (a["loss"] or cfg["train"]["loss"]) == "gaussian_nll"]
@@ -253,13 +243,49 @@ def resolve_config(raw: dict, *, source: str = "config") -> dict:
     if metric == "nll" and not all_gaussian:
         raise ConfigError("`ensemble.metric` \"nll\" needs every member to predict a variance: set "
                           "`train.loss = \"gaussian_nll\"` (and no architecture overriding it)")
-    if task == "classification" and metric in ("mse", "mae", "nll"):
-        raise ConfigError(f"`ensemble.metric` {metric!r} is a regression metric, but "
-                          "`data.task` is \"classification\"; use \"accuracy\" or \"log_loss\"")
-    if task == "regression" and metric in ("accuracy", "log_loss", "brier", "ece"):
-        raise ConfigError(f"`ensemble.metric` {metric!r} is a classification metric, but "
-                          "`data.task` is \"regression\"; use \"mse\", \"mae\" or \"nll\"")
+    if metric != "auto" and task != "auto" and METRICS[metric][0] != task:
+        fits = [m for m, (t, _) in METRICS.items() if t == task]
+        raise ConfigError(f"`ensemble.metric` {metric!r} is a {METRICS[metric][0]} metric, but "
+                          f"`data.task` is \"{task}\"; use one of {', '.join(repr(m) for m in fits)}")
     return cfg
+
+
+EVOLVE_KEYS = {
+    "strategy": Key((str,), "regularized"),
+    "evaluations": Key((int,), 40, _positive, nullable=True),
+    "time_limit": Key(NUM, None, _positive, nullable=True),
+}
+
+
+def resolve_evolve(given: dict) -> dict:
+    """The ``[evolve]`` table: strategy and budget, then the settings the chosen strategy
+    declares (``evolve.strategies``), each checked and defaulted by that declaration."""
+    from evolve.strategies import STRATEGIES
+    strategy = given.get("strategy", EVOLVE_KEYS["strategy"].default)
+    _check_value("evolve.strategy", Key((str,), None, _one_of(*STRATEGIES)), strategy)
+    settings = STRATEGIES[strategy].SETTINGS
+    for key in given:
+        if key in EVOLVE_KEYS or key in settings:
+            continue
+        owners = [name for name, cls in STRATEGIES.items() if key in cls.SETTINGS]
+        where = (f"; it is a setting of strategy {', '.join(repr(o) for o in owners)}" if owners
+                 else suggest(key, [*EVOLVE_KEYS, *settings]))
+        raise ConfigError(f"unknown setting `evolve.{key}` for strategy {strategy!r}{where}; "
+                          f"allowed here: {', '.join([*EVOLVE_KEYS, *settings])}")
+    out = {k: _check_value(f"evolve.{k}", spec, given[k]) if k in given else spec.default
+           for k, spec in EVOLVE_KEYS.items()}
+    for key, setting in settings.items():
+        value = given.get(key, setting.default)
+        if isinstance(setting.default, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        why = setting.problem(value)
+        if why:
+            _fail(f"evolve.{key}", f"{why}, but got {value!r}")
+        out[key] = value
+    if "sample_size" in out and out["sample_size"] > out["population_size"]:
+        raise ConfigError(f"`evolve.sample_size` ({out['sample_size']}) must be <= "
+                          f"`evolve.population_size` ({out['population_size']})")
+    return out
 
 
 def load_config(path: str | Path) -> dict:
@@ -305,8 +331,13 @@ def dump_toml(cfg: dict) -> str:
     def scalars(d: dict) -> None:
         lines.extend(f"{k} = {value(v)}" for k, v in d.items() if v is not None)
 
-    scalars({k: v for k, v in cfg.items() if not isinstance(SCHEMA.keys.get(k), Table)})
+    tables = {k for k, spec in SCHEMA.keys.items() if isinstance(spec, Table)} | {"evolve"}
+    scalars({k: v for k, v in cfg.items() if k not in tables})
     for k, spec in SCHEMA.keys.items():
+        if k == "evolve":
+            lines += ["", "[evolve]"]
+            scalars(cfg.get(k, {}))
+            continue
         if not isinstance(spec, Table):
             continue
         if spec.array:

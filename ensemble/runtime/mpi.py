@@ -1,4 +1,5 @@
-"""The one place the run imports mpi4py: world, abort-on-error, polite polling, topology.
+"""The one place the run imports mpi4py (with ``datafeed.distribute``): world, message
+tags, abort-on-error, polite polling, topology.
 
 MPICH busy-polls inside blocking receives, so an idle rank would burn a core. Every
 wait here probes without blocking and sleeps with a growing back-off instead.
@@ -17,6 +18,7 @@ from mpi4py import MPI
 ANY_SOURCE = MPI.ANY_SOURCE
 ANY_TAG = MPI.ANY_TAG
 TAG_SPEC, TAG_RESULT, TAG_STOP = 11, 12, 13
+TAG_REPORT, TAG_DECISION = 14, 15        # a worker's in-training report and the master's answer
 
 world = MPI.COMM_WORLD
 

@@ -8,7 +8,7 @@ Three ways, all deterministic (ties go to the smaller id):
 
 Weights come back as a dict id -> weight ordered best first (highest weight, then
 best single score), holding only nonzero weights, summing to 1.
-Pure numpy; metrics and their directions come from `ensemble.metrics`.
+Pure numpy; metrics and their directions come from `ensemble.task.metrics`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ensemble.metrics import higher_is_better, metric_task, score, score_unchecked
+from ensemble.task.metrics import higher_is_better, metric_task, score, score_unchecked
 
 __all__ = ["greedy_selection", "rank_members", "select", "top_k"]
 

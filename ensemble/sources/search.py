@@ -9,20 +9,19 @@ everything the search trained, with no extra training.
 
 from __future__ import annotations
 
+import logging
 import math
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from ensemble.config import ConfigError
-from ensemble.metrics import higher_is_better
-from ensemble.report import default_metric, write_atomic
-from ensemble.specs import derive_seed
+from ensemble.results.rundir import RunDirectory
+from ensemble.sources.members import derive_seed
+from ensemble.task import get_task
+from ensemble.task.metrics import higher_is_better
 
-STRATEGY_SETTINGS = {"regularized": ("population_size", "sample_size"), "mu_plus_lambda": ("mu", "lambda_"),
-                     "nsga2": ("population_size",), "random": ()}
+log = logging.getLogger(__name__)
 
 
 def search_space(cfg: dict, meta: dict):
@@ -58,19 +57,21 @@ def _fitness(record: dict, metric: str) -> float | None:
 class SearchSource:
     """Spec source for the scheduler: strategy.ask() -> spec, result -> strategy.tell()."""
 
-    def __init__(self, cfg: dict, meta: dict, run_dir: Path, previous: list[dict]):
-        from evolve import make_strategy
+    def __init__(self, cfg: dict, meta: dict, run_dir: RunDirectory, previous: list[dict]):
+        from evolve import STRATEGIES, make_strategy
         ev = cfg["evolve"]
         self.cfg, self.meta, self.run_dir = cfg, meta, run_dir
-        self.metric = default_metric(meta["task"], cfg["ensemble"]["metric"])
+        self.metric = get_task(meta["task"]).default_metric(cfg["ensemble"]["metric"])
         self.space = search_space(cfg, meta)
         self.input_shape = tuple(meta["input_shape"])
-        params = {k: ev[k] for k in STRATEGY_SETTINGS[ev["strategy"]]}
+        cls = STRATEGIES[ev["strategy"]]
+        params = {k: ev.get(k, s.default) for k, s in cls.SETTINGS.items()}   # as the strategy declares
+        self.objectives = params.get("objectives", "metric_params")
         self.strategy = make_strategy(ev["strategy"], self.space, self.input_shape, meta["n_outputs"],
                                       rng_seed=cfg["seed"], budget_evaluations=ev["evaluations"],
                                       budget_seconds=ev["time_limit"], **params)
         self.total = ev["evaluations"]
-        self.population_size = ev["population_size"] if ev["strategy"] != "mu_plus_lambda" else ev["mu"]
+        self.population_size = cls.initial_size(self.strategy.params)
         done = [r for r in previous if "genome" in r]
         self.strategy.replay([{"genome": r["genome"], "fitness": _fitness(r, self.metric),
                                "objectives": self._objectives(r)} for r in done])
@@ -83,7 +84,7 @@ class SearchSource:
         fit = _fitness(r, self.metric)
         if fit is None:
             return None
-        second = r.get("params", 0) if self.cfg["evolve"]["objectives"] == "metric_params" \
+        second = r.get("params", 0) if self.objectives == "metric_params" \
             else r.get("predict_seconds_per_sample", 0.0)
         return (fit, -float(second))
 
@@ -93,7 +94,7 @@ class SearchSource:
         try:
             genome = self.strategy.ask()
         except ValueError as exc:          # the space stopped yielding valid genomes: end the search
-            print(f"search stopped: {exc}", file=sys.stderr, flush=True)
+            log.warning("search stopped: %s", exc)
             self.exhausted = True
             return None
         if genome is None:
@@ -131,7 +132,7 @@ class SearchSource:
                           f"best_val_{self.metric}": None if best == -math.inf else sign * best,
                           "params": r.get("params"), "genome": r.get("summary")})
         frame = pd.DataFrame(table)
-        write_atomic(self.run_dir / "search.csv", frame.to_csv(index=False))
+        self.run_dir.write_text(self.run_dir.SEARCH_TABLE, frame.to_csv(index=False))
         if len(frame):
             self._plot(frame)
         return self.compare(rows)
@@ -139,6 +140,8 @@ class SearchSource:
     def compare(self, rows: list[dict]) -> dict:
         """Best of the initial random population against the best the search found."""
         ok = [r for r in rows if r["search"]["fitness"] is not None]
+        if self.population_size is None:          # random search: no initial population to beat
+            return {}
         initial = [r for r in ok if r["search"]["evaluation"] <= self.population_size]
         if not ok or not initial:
             return {}
@@ -149,11 +152,11 @@ class SearchSource:
                "search_best": {"id": b["id"], "val": b["val"][self.metric],
                                "test": b["test"][self.metric], "genome": b.get("summary")},
                "evaluations": len(rows), "initial_population": self.population_size}
-        print(f"search: best of the initial random population ({self.population_size}) {a['id']}: "
-              f"val {self.metric} {out['initial_best']['val']:.4f}, test {out['initial_best']['test']:.4f}\n"
-              f"search: best evolved after {len(rows)} evaluations          {b['id']}: "
-              f"val {self.metric} {out['search_best']['val']:.4f}, test {out['search_best']['test']:.4f}"
-              f"  [{b.get('summary')}]", flush=True)
+        log.info(f"search: best of the initial random population ({self.population_size}) {a['id']}: "
+                 f"val {self.metric} {out['initial_best']['val']:.4f}, test {out['initial_best']['test']:.4f}\n"
+                 f"search: best evolved after {len(rows)} evaluations          {b['id']}: "
+                 f"val {self.metric} {out['search_best']['val']:.4f}, test {out['search_best']['test']:.4f}"
+                 f"  [{b.get('summary')}]")
         return out
 
     def _plot(self, frame) -> None:
@@ -172,7 +175,5 @@ class SearchSource:
         axes[0].legend()
         fig.suptitle(f"{self.cfg['evolve']['strategy']} search: best so far")
         fig.tight_layout()
-        tmp = self.run_dir / "search.part.png"
-        fig.savefig(tmp, dpi=100)
+        self.run_dir.write_plot(self.run_dir.SEARCH_PLOT, fig)
         plt.close(fig)
-        tmp.replace(self.run_dir / "search.png")

@@ -1,0 +1,12 @@
+"""Layer 0, the floor: one schema for every setting and one vocabulary of names.
+
+``schema`` reads and validates a run's TOML (every default filled in; errors name the
+key); ``vocabulary`` holds the names every other layer agrees on (tasks, optimizers,
+activations, losses, metrics, layer types); ``reference`` renders the strategy settings
+the README documents. Imports nothing from the rest of ``ensemble``.
+"""
+
+from ensemble.config.schema import (ConfigError, dump_toml, load_config, member_train_settings,
+                                    resolve_config)
+
+__all__ = ["ConfigError", "dump_toml", "load_config", "member_train_settings", "resolve_config"]

@@ -1,0 +1,107 @@
+"""The ensemble's prediction with uncertainty, in one process or spread over MPI ranks.
+
+Member i runs on rank i % P; each rank combines its own members with the task's formulas
+(``Task.combine``), and the ranks' shares are summed with ``Task.first_moments`` /
+``second_moments`` and finished with ``Task.finish``, the same formulas ``ensemble.json``
+and the exported Keras model use. ``comm`` is any object with mpi4py's buffer
+``Allreduce``/``Reduce``; this module does not import MPI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ensemble.inference.inputs import read_input
+from ensemble.inference.load import EnsembleRun, Member, PredictError, load_run
+from ensemble.task import get_task
+
+BATCH = 512                           # rows per model call, as in training (same float32 results)
+
+
+def member_output(member: Member, model, x: np.ndarray, task: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """One member on normalised ``x``: probabilities (n, C), or its mean (n, k) and variance
+    (n, k; None without a variance head) in the targets' units."""
+    return get_task(task).predict(model, x, member.y_shift, member.y_scale, member.gaussian, BATCH,
+                                  squeeze=False)
+
+
+def _local_ensemble(run: EnsembleRun, x: np.ndarray, rank: int, size: int) -> tuple[float, dict | None]:
+    """This rank's members (i % size == rank) combined among themselves, and their total weight."""
+    mine = run.members[rank::size]
+    if not mine:
+        return 0.0, None
+    import keras
+    from ensemble.runtime.env import configure_tensorflow
+    configure_tensorflow(1)
+    task = get_task(run.task)
+    outs = []
+    for m in mine:
+        try:
+            model = keras.models.load_model(m.model_path, compile=False)
+        except Exception as exc:                   # noqa: BLE001 - a corrupt or foreign file
+            raise PredictError(f"member {m.id!r}: cannot load {m.model_path!r}: {exc}") from exc
+        want = task.output_width(run.n_outputs, m.gaussian)
+        if model.output_shape[-1] != want:
+            raise PredictError(f"member {m.id!r} outputs {model.output_shape[-1]} values per sample, but "
+                               f"{want} are expected for this {run.task} ensemble")
+        outs.append(member_output(m, model, x, run.task))
+    w = np.array([m.weight for m in mine])
+    variances = None
+    if any(o[1] is not None for o in outs):   # a member without a variance head adds no aleatoric part
+        variances = np.stack([o[1] if o[1] is not None else np.zeros_like(o[0]) for o in outs])
+    return float(w.sum()), task.combine(np.stack([o[0] for o in outs]), variances, w)
+
+
+def predict_arrays(run: EnsembleRun, x: np.ndarray, comm=None) -> dict[str, np.ndarray]:
+    """The ensemble on normalised ``x``, spread over ``comm``'s ranks (None: this process only).
+
+    Classification: "proba" (n, C), "total", "aleatoric", "epistemic" (n,) in nats.
+    Regression: "mean", "var", "std", "aleatoric", "epistemic", each (n,) or (n, k).
+    Collective over ``comm``; the result is complete on rank 0 only (empty elsewhere).
+    """
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+    n, k = len(x), run.n_outputs
+    task = get_task(run.task)
+    error, weight, part = None, 0.0, None
+    try:
+        weight, part = _local_ensemble(run, x, rank, size)
+    except Exception as exc:                       # noqa: BLE001 - every rank must learn of it
+        error = str(exc) if isinstance(exc, PredictError) else f"{type(exc).__name__}: {exc}"
+        if size == 1:
+            raise PredictError(error) from exc
+        error = f"rank {rank}: {error}"
+    if size == 1:                                  # the weights sum to one: nothing to combine
+        return _squeeze(dict(part), run)
+    from ensemble.runtime.mpi import polite_barrier
+    polite_barrier(comm)                           # idle ranks sleep while the others predict
+    errors = [e for e in comm.allgather(error) if e]
+    if errors:
+        raise PredictError("; ".join(errors))
+    first = np.empty((n, task.first_moments(0.0, None, 1, k).shape[1]))
+    comm.Allreduce(task.first_moments(weight, part, n, k), first)   # numpy buffers, summed; no pickling
+    local_second = task.second_moments(weight, part, first, k)
+    second = np.empty_like(local_second) if rank == 0 else None
+    if local_second.size:
+        comm.Reduce(local_second, second, root=0)
+    return _squeeze(task.finish(first, second, k), run) if rank == 0 else {}
+
+
+def _squeeze(result: dict, run: EnsembleRun) -> dict[str, np.ndarray]:
+    if run.task == "regression":
+        n, k = len(result["mean"]), run.n_outputs
+        result = {key: np.asarray(v).reshape((n,) if k == 1 else (n, k)) for key, v in result.items()}
+    return result
+
+
+def predict_file(run_dir: str | Path, source: str, **overrides) -> tuple[dict, np.ndarray | None]:
+    """In one process: the ensemble's prediction on ``source`` and its encoded targets (or None)."""
+    run = load_run(run_dir)
+    x, y = read_input(run, source, **overrides)
+    return predict_arrays(run, x), y
+
+
+def score(run: EnsembleRun, result: dict, y: np.ndarray) -> dict[str, float]:
+    """The metrics ``ensemble.json`` reports, on these predictions."""
+    return get_task(run.task).ensemble_metrics(y, result, run.gaussian)

@@ -1,0 +1,115 @@
+"""A finished run's ensemble, as prediction needs it: members, weights, scaling, normalisation.
+
+``load_run(run_dir)`` reads ``ensemble.json``, ``data.json``, ``config.toml`` and the
+normalisation through the run directory and checks every chosen member's files, so a
+broken run fails here with a message that says what to do, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ensemble.results.rundir import RunDirectory
+
+
+class PredictError(ValueError):
+    """The run directory or the input cannot be used; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One ensemble member: its weight (normalised over the ensemble) and output scaling."""
+    id: str
+    weight: float
+    model_path: str
+    y_shift: float = 0.0
+    y_scale: float = 1.0
+    gaussian: bool = False
+
+
+@dataclass(frozen=True)
+class EnsembleRun:
+    """What prediction needs from a run directory; small, picklable, no TensorFlow."""
+    path: str
+    config: dict
+    meta: dict
+    members: tuple[Member, ...]
+    shift: np.ndarray
+    scale: np.ndarray
+    summary: dict
+
+    @property
+    def task(self) -> str:
+        return self.meta["task"]
+
+    @property
+    def class_names(self) -> list[str]:
+        return [str(c) for c in self.meta.get("class_names", [])]
+
+    @property
+    def n_outputs(self) -> int:
+        return int(self.meta["n_outputs"])
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.meta["input_shape"])
+
+    @property
+    def gaussian(self) -> bool:
+        """Every member predicts a variance (then metrics include nll, as in ensemble.json)."""
+        return all(m.gaussian for m in self.members)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PredictError(f"cannot read {str(path)!r}: {exc}") from None
+
+
+def load_run(run_dir: str | Path) -> EnsembleRun:
+    """Read a run directory's ensemble, data description and normalisation; check the members."""
+    path = Path(run_dir)
+    rd = RunDirectory(path)
+    if not path.is_dir():
+        raise PredictError(f"run directory {str(path)!r} does not exist; pass the directory that "
+                           "`python -m ensemble.run` wrote (runs/<name>, or its --run-dir)")
+    for name in (rd.CONFIG, rd.DATA, rd.NORMALIZATION, rd.ENSEMBLE):
+        if not (path / name).is_file():
+            why = ("the run has not chosen an ensemble yet (unfinished or failed); finish it with "
+                   "`python -m ensemble.run CONFIG --resume`" if name == rd.ENSEMBLE
+                   else "it is not a complete run directory")
+            raise PredictError(f"{str(path / name)!r} does not exist: {why}")
+    summary = _read_json(path / rd.ENSEMBLE)
+    meta = _read_json(path / rd.DATA)
+    from ensemble.config import resolve_config
+    config = resolve_config(tomllib.loads((path / rd.CONFIG).read_text()))   # defaults back in
+    shift, scale = (a.astype(np.float32) for a in rd.load_normalization())
+    entries = [m for m in summary.get("members", []) if float(m.get("weight", 0.0)) > 0]
+    total = sum(float(m["weight"]) for m in entries)
+    if not entries or not np.isfinite(total):
+        raise PredictError(f"{str(path / rd.ENSEMBLE)!r} lists no member with a positive weight")
+    members = []
+    for m in entries:
+        model_path = rd.model_path(m["id"])
+        if not model_path.is_file():
+            raise PredictError(f"ensemble member {m['id']!r} has no model file "
+                               f"{str(model_path)!r}; the run directory is incomplete")
+        scaling = {}
+        scaling_path = rd.member_dir(m["id"]) / rd.SCALING
+        if scaling_path.is_file():
+            scaling = _read_json(scaling_path)
+        elif meta["task"] == "regression":
+            raise PredictError(f"regression member {m['id']!r} has no {str(scaling_path)!r}, "
+                               "so its outputs cannot be put back into the targets' units")
+        members.append(Member(m["id"], float(m["weight"]) / total, str(model_path),
+                              float(scaling.get("y_shift", 0.0)), float(scaling.get("y_scale", 1.0)),
+                              bool(scaling.get("gaussian", False))))
+    return EnsembleRun(str(path), config, meta, tuple(members), shift, scale, summary)
+
+

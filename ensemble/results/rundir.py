@@ -1,0 +1,142 @@
+"""The run directory: its layout, atomic writes and the journal, in one object.
+
+Every file a run writes is named here and written through ``atomic_write`` (temporary
+name, fsync, rename), so a killed job never leaves half a file that looks whole. This
+is the one place a storage backend changes: packed member stores for 100,000 members
+would replace the ``*_member_*`` methods, and nothing above would notice.
+
+    runs/<name>/
+      config.toml  data.json  normalization.npz  journal.jsonl
+      members/<id>/  model.keras  {val,test}_pred.npy  {val,test}_var.npy  history.json  scaling.json
+      leaderboard.csv  ensemble.json  ensemble_test_predictions.npz  [search.csv search.png]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ensemble.results.journal import Journal, read_journal
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp)`` on a temporary name beside ``path``, fsync it, rename it to ``path``.
+
+    The temporary name keeps the suffix (``x.npy`` -> ``x.npy.part.npy``), so writers that
+    insist on one (``np.save``, ``model.save``) do not add or refuse it.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".part" + path.suffix)
+    write(tmp)
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    return atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
+
+
+class RunDirectory:
+    """A run's directory on disk; paths by role, never spelled out by callers."""
+
+    CONFIG = "config.toml"
+    DATA = "data.json"
+    NORMALIZATION = "normalization.npz"
+    JOURNAL = "journal.jsonl"
+    LEADERBOARD = "leaderboard.csv"
+    ENSEMBLE = "ensemble.json"
+    TEST_PREDICTIONS = "ensemble_test_predictions.npz"
+    SEARCH_TABLE = "search.csv"
+    SEARCH_PLOT = "search.png"
+    MEMBERS = "members"
+    MODEL = "model.keras"
+    SCALING = "scaling.json"
+    HISTORY = "history.json"
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDirectory({str(self.path)!r})"
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    # -- whole-run files ------------------------------------------------------------
+    def write_text(self, name: str, text: str) -> Path:
+        return write_text_atomic(self.path / name, text)
+
+    def write_json(self, name: str, obj) -> Path:
+        return self.write_text(name, json.dumps(obj, indent=2, allow_nan=True))
+
+    def read_json(self, name: str) -> dict:
+        return json.loads((self.path / name).read_text())
+
+    def write_npz(self, name: str, **arrays: np.ndarray) -> Path:
+        return atomic_write(self.path / name, lambda p: np.savez(p, **arrays))
+
+    def write_plot(self, name: str, fig, dpi: int = 100) -> Path:
+        return atomic_write(self.path / name, lambda p: fig.savefig(p, dpi=dpi))
+
+    def save_normalization(self, shift: np.ndarray, scale: np.ndarray) -> Path:
+        return self.write_npz(self.NORMALIZATION, shift=shift, scale=scale)
+
+    def load_normalization(self) -> tuple[np.ndarray, np.ndarray]:
+        with np.load(self.path / self.NORMALIZATION) as norm:
+            return norm["shift"], norm["scale"]
+
+    # -- the journal ----------------------------------------------------------------
+    def has_journal(self) -> bool:
+        return (self.path / self.JOURNAL).exists()
+
+    def journal(self) -> Journal:
+        """The append-only results journal, opened for appending (torn tail repaired)."""
+        return Journal(self.path / self.JOURNAL)
+
+    def read_journal(self) -> list[dict]:
+        return read_journal(self.path / self.JOURNAL)
+
+    # -- members ----------------------------------------------------------------------
+    def member_dir(self, member_id: str) -> Path:
+        return self.path / self.MEMBERS / member_id
+
+    def member_ref(self, member_id: str) -> str:
+        """How the journal names a member's artifacts (relative to the run directory)."""
+        return f"{self.MEMBERS}/{member_id}"
+
+    def model_path(self, member_id: str) -> Path:
+        return self.member_dir(member_id) / self.MODEL
+
+    def save_member_array(self, member_id: str, split: str, what: str, array: np.ndarray) -> Path:
+        """``{split}_{what}.npy``: a member's predictions (``pred``) or variances (``var``)."""
+        folder = self.member_dir(member_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        return atomic_write(folder / f"{split}_{what}.npy", lambda p: np.save(p, array))
+
+    def load_member_array(self, member_id: str, split: str, what: str = "pred") -> np.ndarray | None:
+        path = self.member_dir(member_id) / f"{split}_{what}.npy"
+        return np.load(path) if path.exists() else None
+
+    def save_member_json(self, member_id: str, name: str, obj) -> Path:
+        folder = self.member_dir(member_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        return write_text_atomic(folder / name, json.dumps(obj))
+
+    def save_member_model(self, member_id: str, model) -> Path:
+        """Write last: a member whose model file exists is whole."""
+        folder = self.member_dir(member_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        return atomic_write(folder / self.MODEL, lambda p: model.save(p))
+
+    def load_member_scaling(self, member_id: str) -> dict | None:
+        path = self.member_dir(member_id) / self.SCALING
+        return json.loads(path.read_text()) if path.is_file() else None

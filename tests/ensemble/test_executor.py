@@ -1,0 +1,73 @@
+"""The executor seam without MPI: the dispatch loop over a serial executor, in-training
+reports answered by the master's decision, and a contract every executor keeps."""
+
+from __future__ import annotations
+
+import pytest
+
+from ensemble.orchestrate.dispatch import dispatch
+from ensemble.runtime.executor import CONTINUE, STOP, SerialExecutor, check_decision
+from ensemble.sources import SpecList
+
+
+def fake_trainer(epochs: int = 4):
+    """A trainer that 'trains' for ``epochs`` epochs, reporting each, and obeys decisions."""
+    def train(spec, report):
+        seen, lr = [], spec.get("learning_rate", 1.0)
+        for epoch in range(1, epochs + 1):
+            decision = report({"epoch": epoch, "logs": {"val_loss": 1.0 / epoch}})
+            seen.append(decision["action"])
+            if decision["action"] == "stop":
+                break
+            if decision["action"] == "update":
+                lr = decision["settings"]["learning_rate"]
+        return {"id": spec["id"], "status": "ok", "epochs": epoch, "decisions": seen, "lr": lr}
+    return train
+
+
+def test_serial_dispatch_trains_every_spec_in_order():
+    specs = [{"id": f"m{i}"} for i in range(4)]
+    results = []
+    dispatch(SerialExecutor(lambda: fake_trainer(2)), SpecList(specs, {"m1"}), results.append)
+    assert [r["id"] for r in results] == ["m0", "m2", "m3"]
+    assert all(r["decisions"] == ["continue", "continue"] for r in results)
+
+
+def test_master_decisions_stop_and_update_a_member_while_it_trains():
+    asked = []
+
+    def decide(spec, payload):
+        asked.append((spec["id"], payload["epoch"]))
+        if spec["id"] == "stop-me" and payload["epoch"] == 2:
+            return STOP
+        if spec["id"] == "tune-me" and payload["epoch"] == 1:
+            return {"action": "update", "settings": {"learning_rate": 0.5}}
+        return CONTINUE
+
+    results = []
+    specs = [{"id": "stop-me"}, {"id": "tune-me"}]
+    dispatch(SerialExecutor(lambda: fake_trainer(4)), SpecList(specs), results.append, decide=decide)
+    by_id = {r["id"]: r for r in results}
+    assert by_id["stop-me"]["epochs"] == 2 and by_id["stop-me"]["decisions"] == ["continue", "stop"]
+    assert by_id["tune-me"]["epochs"] == 4 and by_id["tune-me"]["lr"] == 0.5
+    assert asked[:2] == [("stop-me", 1), ("stop-me", 2)]
+
+
+def test_should_stop_and_adjust_are_applied_before_hand_out():
+    results = []
+    specs = [{"id": f"m{i}", "limit": 10} for i in range(5)]
+    dispatch(SerialExecutor(lambda: fake_trainer(1)), SpecList(specs), results.append,
+             should_stop=lambda: len(results) >= 2, adjust=lambda s: {**s, "id": s["id"] + "*"})
+    assert [r["id"] for r in results] == ["m0*", "m1*"]
+
+
+def test_trainer_is_made_only_when_there_is_work():
+    made = []
+    dispatch(SerialExecutor(lambda: made.append(1) or fake_trainer(1)), SpecList([]), lambda r: None)
+    assert made == []
+
+
+@pytest.mark.parametrize("bad", [None, {"action": "pause"}, {"action": "update"}])
+def test_a_malformed_decision_is_refused(bad):
+    with pytest.raises(ValueError, match="decision"):
+        check_decision(bad)

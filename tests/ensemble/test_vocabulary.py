@@ -1,0 +1,78 @@
+"""One vocabulary: config validation, the search space and training accept the same names;
+strategies declare their settings, which the config, the search and the README share."""
+
+from __future__ import annotations
+
+import pytest
+
+from ensemble.config import ConfigError, dump_toml, resolve_config
+from ensemble.config.reference import README_END, README_START, strategy_table
+from ensemble.config.vocabulary import ACTIVATIONS, OPTIMIZERS, suggest
+from ensemble.results.rundir import RunDirectory
+from evolve import STRATEGIES, SearchSpace
+from tests.conftest import ROOT
+
+ARCH = [{"name": "a", "layers": [{"type": "Dense", "units": 4}]}]
+
+
+def test_search_space_and_config_share_the_names():
+    space = SearchSpace.from_config({"optimizers": list(OPTIMIZERS), "activations": list(ACTIVATIONS)}, 1)
+    assert set(space.optimizers) == set(OPTIMIZERS) and set(space.activations) == set(ACTIVATIONS)
+    for name in OPTIMIZERS:
+        resolve_config({"train": {"optimizer": name}, "architectures": ARCH})
+    for act in ACTIVATIONS:
+        resolve_config({"architectures": [{"name": "a", "layers": [{"type": "Dense", "units": 4,
+                                                                     "activation": act}]}]})
+
+
+def test_every_optimizer_and_activation_builds_in_keras():
+    keras = pytest.importorskip("keras")
+    from ensemble.train.architecture import make_optimizer
+    for name in OPTIMIZERS:                        # "adamax" once passed validation and then failed
+        assert make_optimizer(name, 1e-3).learning_rate is not None
+    for act in ACTIVATIONS:
+        keras.layers.Dense(2, activation=act)(keras.Input((3,)))
+
+
+def test_suggestions_prefer_the_fewest_slips():
+    assert suggest("adma", OPTIMIZERS) == " (did you mean 'adam'?)"
+    assert suggest("rleu", ACTIVATIONS) == " (did you mean 'relu'?)"
+    assert suggest("zzzzzz", OPTIMIZERS) == ""
+
+
+def test_strategy_settings_come_from_the_registry_and_reach_the_strategy(tmp_path):
+    cfg = resolve_config({"mode": "evolve", "evolve": {"crossover_prob": 0.5, "population_size": 6,
+                                                       "sample_size": 3}})
+    assert cfg["evolve"] == {"strategy": "regularized", "evaluations": 40, "time_limit": None,
+                             "population_size": 6, "sample_size": 3, "crossover_prob": 0.5}
+    again = resolve_config(__import__("tomllib").loads(dump_toml(cfg)))
+    assert again["evolve"] == cfg["evolve"]
+    from ensemble.sources.search import SearchSource
+    meta = {"task": "classification", "input_shape": [8, 8, 1], "n_outputs": 10}
+    source = SearchSource(cfg, meta, RunDirectory(tmp_path), [])
+    assert source.strategy.params == {"population_size": 6, "sample_size": 3, "crossover_prob": 0.5}
+    for name, cls in STRATEGIES.items():
+        cfg = resolve_config({"mode": "evolve", "evolve": {"strategy": name}})
+        assert {k: cfg["evolve"][k] for k in cls.SETTINGS} == cls.defaults()
+
+
+@pytest.mark.parametrize("evolve, message", [
+    ({"mu": 4}, "`evolve.mu` for strategy 'regularized'; it is a setting of strategy 'mu_plus_lambda'"),
+    ({"strategy": "nsga2", "crossover_prob": 2}, "`evolve.crossover_prob` must be a probability"),
+    ({"strategy": "nsga2", "objectives": "metric_size"}, "`evolve.objectives` must be one of"),
+    ({"strategy": "annealing"}, "`evolve.strategy` must be one of"),
+    ({"sample_size": 13}, "`evolve.sample_size` (13) must be <= `evolve.population_size` (12)"),
+    ({"populaton_size": 9}, "did you mean 'population_size'"),
+])
+def test_bad_strategy_settings_name_the_key(evolve, message):
+    with pytest.raises(ConfigError) as info:
+        resolve_config({"mode": "evolve", "evolve": evolve})
+    assert message in str(info.value)
+
+
+def test_readme_documents_exactly_the_declared_settings():
+    text = (ROOT / "README.md").read_text()
+    assert README_START in text and README_END in text, "README lacks the generated strategy table"
+    block = text.split(README_START)[1].split(README_END)[0].strip()
+    assert block == strategy_table(), ("README's strategy table is stale; regenerate it with "
+                                       "`python -m ensemble.config.reference`")
