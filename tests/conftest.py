@@ -30,3 +30,11 @@ def run_mpi(n: int, args: list[str], timeout: float = 300, cwd: Path | None = No
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s (hang?)\n"
                     f"stdout:\n{exc.stdout}\nstderr:\n{exc.stderr}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Everything under tests/mpi starts mpiexec: mark it, so `make test-fast` (-m "not mpi")
+    can never pick up a test that launches ranks even if its file forgets the mark."""
+    for item in items:
+        if "tests/mpi/" in str(item.path).replace("\\", "/"):
+            item.add_marker(pytest.mark.mpi)
