@@ -24,7 +24,7 @@ NEIGHBOURS = {"evolve": 3, "datafeed": 3}
 CONFIG_READS = {"evolve.strategies", "evolve.space"}
 MPI_MODULES = {"ensemble/runtime/mpi.py", "datafeed/distribute.py"}
 TF_PLACES = ("ensemble/train/", "ensemble/inference/", "ensemble/runtime/env.py",
-             "ensemble/runtime/data_parallel.py", "ensemble/task/tasks.py", "datafeed/pipeline.py")
+             "ensemble/runtime/data_parallel.py", "ensemble/task/tasks.py", "ensemble/task/graph.py", "datafeed/pipeline.py")
 
 
 def modules() -> list[Path]:

@@ -105,6 +105,11 @@ class Task:
         second = sum(self.second_moments(w, p, first, k) for w, p in parts)
         return self.finish(first, second, k)
 
+    def combine_in_keras(self, members: list, n_outputs: int):
+        """The same combination as a Keras graph of stock layers (``ensemble.task.graph``),
+        from ``MemberOutput``s; the exported model's output(s)."""
+        raise NotImplementedError
+
     def ensemble_metrics(self, y: np.ndarray, stats: dict, gaussian: bool = False) -> dict[str, float]:
         raise NotImplementedError
 
@@ -143,6 +148,10 @@ class Classification(Task):
         total = M.classification_uncertainty(proba[None])["total"]     # entropy of the ensemble mean
         return {"proba": proba, "total": total, "aleatoric": aleatoric,
                 "epistemic": np.maximum(total - aleatoric, 0.0)}
+
+    def combine_in_keras(self, members, n_outputs):
+        from ensemble.task.graph import classification_graph
+        return classification_graph(members, n_outputs)
 
     def ensemble_metrics(self, y, stats, gaussian=False):
         return M.classification_metrics(y, stats["proba"])
@@ -209,6 +218,10 @@ class Regression(Task):
         var = aleatoric + epistemic
         return {"mean": first, "var": var, "std": np.sqrt(var), "aleatoric": aleatoric,
                 "epistemic": epistemic}
+
+    def combine_in_keras(self, members, n_outputs):
+        from ensemble.task.graph import regression_graph
+        return regression_graph(members, n_outputs, VAR_FLOOR)
 
     def ensemble_metrics(self, y, stats, gaussian=False):
         return M.regression_metrics(y, stats["mean"], stats["var"] if gaussian else None)

@@ -1,0 +1,79 @@
+"""The task's combination formulas as a Keras graph of stock layers, for the exported model.
+
+The same sums as ``Task.combine``/``Task.finish`` (weighted mean of probabilities; the
+mixture's mean and aleatoric + epistemic variance), in float64 with ``Rescaling``, ``Add``,
+``Subtract`` and ``Multiply`` only (a Gaussian member's mean/variance halves are picked by
+a fixed ``Dense``), so ``keras.models.load_model`` needs no custom layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+F64 = "float64"
+
+
+def _sum(terms: list, name: str):
+    """Sum of tensors under a named layer (an Identity when there is a single term)."""
+    import keras
+    if len(terms) == 1:
+        return keras.layers.Identity(name=name, dtype=F64)(terms[0])
+    return keras.layers.Add(name=name, dtype=F64)(terms)
+
+
+def _weighted(tensor, weight: float, name: str):
+    import keras
+    return keras.layers.Rescaling(weight, name=name, dtype=F64)(tensor)
+
+
+def _columns(tensor, start: int, stop: int, width: int, name: str):
+    """``tensor[:, start:stop]`` by a fixed, non-trainable selection Dense (no Lambda layer)."""
+    import keras
+    layer = keras.layers.Dense(stop - start, use_bias=False, trainable=False, dtype=F64, name=name)
+    out = layer(tensor)
+    layer.set_weights([np.eye(width)[:, start:stop]])
+    return out
+
+
+
+@dataclass(frozen=True)
+class MemberOutput:
+    """One member's raw output tensor in the exported graph, with its weight and scaling."""
+    tensor: Any
+    weight: float
+    tag: str
+    y_shift: float = 0.0
+    y_scale: float = 1.0
+    gaussian: bool = False
+
+
+def classification_graph(members: list[MemberOutput], k: int):
+    """Averaged probabilities (n, C)."""
+    return _sum([_weighted(m.tensor, m.weight, f"proba_w_{m.tag}") for m in members],
+                              "probabilities")
+
+
+def regression_graph(members: list[MemberOutput], k: int, var_floor: float):
+    """[mean (n, k), variance (n, k)]: the mixture's mean and aleatoric + epistemic variance."""
+    import keras
+    means, variances = [], []
+    for m in members:
+        out = m.tensor
+        if m.gaussian:
+            raw_var = _columns(out, k, 2 * k, 2 * k, f"raw_var_{m.tag}")
+            out = _columns(out, 0, k, 2 * k, f"raw_mean_{m.tag}")
+            var = keras.layers.Activation("softplus", dtype=F64, name=f"softplus_{m.tag}")(raw_var)
+            s2 = m.y_scale ** 2
+            var = keras.layers.Rescaling(s2, offset=var_floor * s2, dtype=F64, name=f"var_{m.tag}")(var)
+            variances.append(_weighted(var, m.weight, f"var_w_{m.tag}"))
+        means.append(keras.layers.Rescaling(m.y_scale, offset=m.y_shift, dtype=F64, name=f"mean_{m.tag}")(out))
+    mean = _sum([_weighted(x, m.weight, f"mean_w_{m.tag}") for x, m in zip(means, members)],
+                              "mean")
+    for x, m in zip(means, members):               # epistemic: weighted spread about the mean
+        d = keras.layers.Subtract(dtype=F64, name=f"dev_{m.tag}")([x, mean])
+        variances.append(_weighted(keras.layers.Multiply(dtype=F64, name=f"dev2_{m.tag}")([d, d]), m.weight,
+                                   f"dev2_w_{m.tag}"))
+    return [mean, _sum(variances, "variance")]
