@@ -16,12 +16,15 @@ population-based training stand on this; a trainer that never reports pays nothi
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
 from ensemble.runtime.mpi import (ANY_SOURCE, ANY_TAG, TAG_DECISION, TAG_REPORT, TAG_RESULT, TAG_SPEC,
                                   TAG_STOP, poll_recv, polite_bcast)
+
+log = logging.getLogger(__name__)
 
 CONTINUE = {"action": "continue"}
 STOP = {"action": "stop"}
@@ -110,6 +113,7 @@ class MpiExecutor:
         worker = self._free.popleft()
         self.comm.send(spec, dest=worker, tag=TAG_SPEC)
         self._running[worker] = spec
+        log.debug("spec %s to rank %d", spec.get("id"), worker)
 
     def busy(self) -> int:
         return len(self._running)
@@ -120,11 +124,14 @@ class MpiExecutor:
             if tag == TAG_REPORT:
                 decision = check_decision(decide(self._running[worker], message))
                 self.comm.send(decision, dest=worker, tag=TAG_DECISION)
+                log.debug("report from rank %d on %s: %s", worker, self._running[worker].get("id"),
+                          decision["action"])
                 continue
             if tag != TAG_RESULT:
                 raise RuntimeError(f"master got an unexpected message (tag {tag}) from rank {worker}")
-            self._running.pop(worker)
+            spec = self._running.pop(worker)
             self._free.append(worker)
+            log.debug("result of %s from rank %d", spec.get("id"), worker)
             return message
 
     def shutdown(self) -> None:
@@ -158,7 +165,9 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None) -> int:
         if grouped:
             spec = polite_bcast(group, spec, 0, max_sleep)
         if spec is None:
+            log.debug("told to stop after %d specs", count)
             return count
+        log.debug("training %s", spec.get("id"))
         result = train(spec, report)
         if leader:
             comm.send(result, dest=0, tag=TAG_RESULT)

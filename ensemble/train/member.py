@@ -9,6 +9,7 @@ obeys the decision (go on, stop, new learning rate).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -21,6 +22,8 @@ from datafeed.pipeline import make_dataset, member_indices
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import Report
 from ensemble.task import get_task
+
+log = logging.getLogger(__name__)
 
 
 class MemberFailed(RuntimeError):
@@ -131,6 +134,7 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     model.compile(optimizer=make_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss,
                   metrics=metrics, jit_compile=False)
     parallel = make_data_parallel(model, group) if group is not None else []
+    log.debug("%s: model built in %.2f s", spec["id"], time.monotonic() - t0)
     idx = member_indices(len(data["y_train"]), spec["seed"], spec.get("bootstrap", False))
     train_ds = make_dataset(data["x_train"], data["y_train"], idx, spec["batch_size"], spec["seed"],
                             y_transform=y_tf,
@@ -165,6 +169,7 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
                            "epochs; raise the limit or shrink the model")
 
     member = spec["id"]
+    log.debug("%s: trained %d epochs in %.2f s", member, len(losses), time.monotonic() - t0)
     preds, variances, predict_seconds = {}, {}, 0.0
     for split in ("val", "test"):
         t_pred = time.perf_counter()
@@ -208,6 +213,7 @@ def run_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: 
     except Exception as exc:          # noqa: BLE001 - any member failure is recorded, the run goes on
         if getattr(exc, "inside_group_fit", False):
             raise                         # cannot be recovered without a hang: abort the job
+        log.debug("%s failed: %s", spec["id"], exc)
         result = {"id": spec["id"], "status": "failed", "arch": spec.get("arch"), "seed": spec["seed"],
                   "error": {"kind": getattr(exc, "kind", type(exc).__name__), "message": str(exc),
                             "traceback": traceback.format_exc(limit=8)},
