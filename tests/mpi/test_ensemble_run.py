@@ -59,7 +59,7 @@ def start(tmp_path_factory, n: int, text: str = CONFIG, name: str = "run"):
 
 @pytest.fixture(scope="module")
 def run3(tmp_path_factory):
-    return start(tmp_path_factory, 3)
+    return start(tmp_path_factory, 3, CONFIG + "[runtime]\ndebug_log = true\n")
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +104,17 @@ def test_three_ranks_complete_run(run3):
     journal = check_run_dir(run_dir)
     assert {r["rank"] for r in journal} <= {1, 2} and len({r["rank"] for r in journal}) == 2
     assert "ensemble (3 members)" in proc.stdout and "best member" in proc.stdout
+
+
+def test_debug_log_per_rank(run3):
+    logs = run3[0] / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log", "rank-2.log"]
+    master = (logs / "rank-0.log").read_text()
+    assert "spec mlp-000 to rank" in master and "result of" in master
+    for r in (1, 2):
+        text = (logs / f"rank-{r}.log").read_text()
+        assert f"rank {r} ensemble.runtime.executor DEBUG: training" in text and "told to stop" in text
+    assert "DEBUG" not in run3[1].stdout + run3[1].stderr        # the console stays at INFO
 
 
 def test_serial_run_matches_parallel_run(run1, run3):
