@@ -198,8 +198,13 @@ def _resolve_table(path: str, table: Table, given: dict) -> dict:
     return out
 
 
-def resolve_config(raw: dict, *, source: str = "config") -> dict:
-    """Validate a parsed config dict and return it with every default filled in."""
+def resolve_config(raw: dict, *, source: str = "config", saved: bool = False) -> dict:
+    """Validate a parsed config dict and return it with every default filled in.
+
+    ``saved``: ``raw`` is a run directory's own config.toml; runs written before each
+    strategy declared its settings recorded every strategy's settings in ``[evolve]``,
+    and those of other strategies are dropped instead of refused.
+    """
     cfg = _resolve("", SCHEMA, raw)
     if cfg["name"] is None:
         cfg["name"] = Path(source).stem or "run"
@@ -226,7 +231,7 @@ def resolve_config(raw: dict, *, source: str = "config") -> dict:
         if key not in SearchSpace.KEYS:
             raise ConfigError(f"unknown setting `search.{key}`{suggest(key, SearchSpace.KEYS)}; "
                               f"allowed here: {', '.join(sorted(SearchSpace.KEYS))}")
-    cfg["evolve"] = resolve_evolve(cfg["evolve"])
+    cfg["evolve"] = resolve_evolve(cfg["evolve"], saved)
     if cfg["mode"] == "evolve":
         ev = cfg["evolve"]
         if ev["evaluations"] is None and ev["time_limit"] is None:
@@ -257,17 +262,20 @@ EVOLVE_KEYS = {
 }
 
 
-def resolve_evolve(given: dict) -> dict:
+def resolve_evolve(given: dict, saved: bool = False) -> dict:
     """The ``[evolve]`` table: strategy and budget, then the settings the chosen strategy
     declares (``evolve.strategies``), each checked and defaulted by that declaration."""
     from evolve.strategies import STRATEGIES
     strategy = given.get("strategy", EVOLVE_KEYS["strategy"].default)
     _check_value("evolve.strategy", Key((str,), None, _one_of(*STRATEGIES)), strategy)
     settings = STRATEGIES[strategy].SETTINGS
-    for key in given:
+    for key in list(given):
         if key in EVOLVE_KEYS or key in settings:
             continue
         owners = [name for name, cls in STRATEGIES.items() if key in cls.SETTINGS]
+        if saved and owners:
+            given = {k: v for k, v in given.items() if k != key}
+            continue
         where = (f"; it is a setting of strategy {', '.join(repr(o) for o in owners)}" if owners
                  else suggest(key, [*EVOLVE_KEYS, *settings]))
         raise ConfigError(f"unknown setting `evolve.{key}` for strategy {strategy!r}{where}; "

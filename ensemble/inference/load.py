@@ -88,7 +88,7 @@ def load_run(run_dir: str | Path) -> EnsembleRun:
     summary = _read_json(path / rd.ENSEMBLE)
     meta = _read_json(path / rd.DATA)
     from ensemble.config import resolve_config
-    config = resolve_config(tomllib.loads((path / rd.CONFIG).read_text()))   # defaults back in
+    config = resolve_config(tomllib.loads((path / rd.CONFIG).read_text()), saved=True)   # defaults back in
     shift, scale = (a.astype(np.float32) for a in rd.load_normalization())
     entries = [m for m in summary.get("members", []) if float(m.get("weight", 0.0)) > 0]
     total = sum(float(m["weight"]) for m in entries)

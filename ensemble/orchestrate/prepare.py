@@ -56,7 +56,7 @@ def check_same_run(cfg: dict, run_dir: RunDirectory | Path) -> None:
     saved_path = run_dir / run_dir.CONFIG
     if not saved_path.exists():
         return
-    saved = resolve_config(tomllib.loads(saved_path.read_text()))
+    saved = resolve_config(tomllib.loads(saved_path.read_text()), saved=True)
     for key in RESULT_SETTINGS:
         if saved[key] != cfg[key]:
             raise ConfigError(f"--resume: `{key}` differs from the run's saved config.toml in "

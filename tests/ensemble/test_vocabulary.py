@@ -76,3 +76,15 @@ def test_readme_documents_exactly_the_declared_settings():
     block = text.split(README_START)[1].split(README_END)[0].strip()
     assert block == strategy_table(), ("README's strategy table is stale; regenerate it with "
                                        "`python -m ensemble.config.reference`")
+
+
+def test_run_directories_written_before_the_registry_still_load():
+    old = {"mode": "evolve", "evolve": {"strategy": "regularized", "evaluations": 7, "population_size": 4,
+                                        "sample_size": 2, "mu": 8, "lambda_": 8, "objectives": "metric_params"}}
+    with pytest.raises(ConfigError, match="`evolve.mu`"):
+        resolve_config(old)                           # a user's config: a wrong key is an error
+    cfg = resolve_config(old, saved=True)             # a run's own config.toml from an older version
+    assert cfg["evolve"] == {"strategy": "regularized", "evaluations": 7, "time_limit": None,
+                             "population_size": 4, "sample_size": 2, "crossover_prob": 0.0}
+    with pytest.raises(ConfigError, match="`evolve.typo`"):
+        resolve_config({"evolve": {"typo": 1}}, saved=True)
