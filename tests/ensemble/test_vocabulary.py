@@ -87,4 +87,4 @@ def test_run_directories_written_before_the_registry_still_load():
     assert cfg["evolve"] == {"strategy": "regularized", "evaluations": 7, "time_limit": None,
                              "population_size": 4, "sample_size": 2, "crossover_prob": 0.0}
     with pytest.raises(ConfigError, match="`evolve.typo`"):
-        resolve_config({"evolve": {"typo": 1}}, saved=True)
+        resolve_config({"mode": "evolve", "evolve": {"typo": 1}}, saved=True)
