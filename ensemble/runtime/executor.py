@@ -21,9 +21,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from ensemble.runtime.mpi import (ANY_SOURCE, ANY_TAG, TAG_DECISION, TAG_REPORT, TAG_RESULT, TAG_SPEC,
-                                  TAG_STOP, poll_recv, polite_bcast)
-
 log = logging.getLogger(__name__)
 
 CONTINUE = {"action": "continue"}
@@ -102,6 +99,8 @@ class MpiExecutor:
     arrive as messages. Waiting probes and sleeps instead of spinning a core."""
 
     def __init__(self, comm, workers: list[int], max_sleep: float = 0.05):
+        from ensemble.runtime import mpi            # only here: the serial path needs no MPI
+        self.mpi = mpi
         self.comm, self.workers, self.max_sleep = comm, list(workers), max_sleep
         self._free: deque[int] = deque(self.workers)
         self._running: dict[int, dict] = {}
@@ -111,7 +110,7 @@ class MpiExecutor:
 
     def submit(self, spec: dict) -> None:
         worker = self._free.popleft()
-        self.comm.send(spec, dest=worker, tag=TAG_SPEC)
+        self.comm.send(spec, dest=worker, tag=self.mpi.TAG_SPEC)
         self._running[worker] = spec
         log.debug("spec %s to rank %d", spec.get("id"), worker)
 
@@ -120,14 +119,15 @@ class MpiExecutor:
 
     def wait(self, decide: Decide) -> dict:
         while True:
-            message, worker, tag = poll_recv(self.comm, ANY_SOURCE, ANY_TAG, self.max_sleep)
-            if tag == TAG_REPORT:
+            mpi = self.mpi
+            message, worker, tag = mpi.poll_recv(self.comm, mpi.ANY_SOURCE, mpi.ANY_TAG, self.max_sleep)
+            if tag == mpi.TAG_REPORT:
                 decision = check_decision(decide(self._running[worker], message))
-                self.comm.send(decision, dest=worker, tag=TAG_DECISION)
+                self.comm.send(decision, dest=worker, tag=mpi.TAG_DECISION)
                 log.debug("report from rank %d on %s: %s", worker, self._running[worker].get("id"),
                           decision["action"])
                 continue
-            if tag != TAG_RESULT:
+            if tag != mpi.TAG_RESULT:
                 raise RuntimeError(f"master got an unexpected message (tag {tag}) from rank {worker}")
             spec = self._running.pop(worker)
             self._free.append(worker)
@@ -136,7 +136,7 @@ class MpiExecutor:
 
     def shutdown(self) -> None:
         for worker in self.workers:
-            self.comm.send(None, dest=worker, tag=TAG_STOP)
+            self.comm.send(None, dest=worker, tag=self.mpi.TAG_STOP)
 
 
 def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None) -> int:
@@ -146,6 +146,8 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None) -> int:
     (or the stop), and each decision on a report, inside the group, so every rank of the
     group trains the same spec and takes the same decision at the same step.
     """
+    from ensemble.runtime.mpi import (ANY_TAG, TAG_DECISION, TAG_REPORT, TAG_RESULT, TAG_STOP, poll_recv,
+                                      polite_bcast)
     leader = group is None or group.Get_rank() == 0
     grouped = group is not None and group.Get_size() > 1
 

@@ -71,3 +71,12 @@ def test_trainer_is_made_only_when_there_is_work():
 def test_a_malformed_decision_is_refused(bad):
     with pytest.raises(ValueError, match="decision"):
         check_decision(bad)
+
+
+def test_the_serial_path_needs_no_mpi():
+    import subprocess
+    import sys
+    code = ("import sys, ensemble.orchestrate.dispatch, ensemble.runtime.executor, ensemble.sources;"
+            " print('mpi4py' in sys.modules, 'tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["False", "False"]
