@@ -48,10 +48,7 @@ def _local_ensemble(run: EnsembleRun, x: np.ndarray, rank: int, size: int) -> tu
                                f"{want} are expected for this {run.task} ensemble")
         outs.append(member_output(m, model, x, run.task))
     w = np.array([m.weight for m in mine])
-    variances = None
-    if any(o[1] is not None for o in outs):   # a member without a variance head adds no aleatoric part
-        variances = np.stack([o[1] if o[1] is not None else np.zeros_like(o[0]) for o in outs])
-    return float(w.sum()), task.combine(np.stack([o[0] for o in outs]), variances, w)
+    return float(w.sum()), task.combine_outputs(outs, w)
 
 
 def predict_arrays(run: EnsembleRun, x: np.ndarray, comm=None) -> dict[str, np.ndarray]:

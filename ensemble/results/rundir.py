@@ -78,9 +78,6 @@ class RunDirectory:
     def write_json(self, name: str, obj) -> Path:
         return self.write_text(name, json.dumps(obj, indent=2, allow_nan=True))
 
-    def read_json(self, name: str) -> dict:
-        return json.loads((self.path / name).read_text())
-
     def write_npz(self, name: str, **arrays: np.ndarray) -> Path:
         return atomic_write(self.path / name, lambda p: np.savez(p, **arrays))
 
@@ -136,7 +133,3 @@ class RunDirectory:
         folder = self.member_dir(member_id)
         folder.mkdir(parents=True, exist_ok=True)
         return atomic_write(folder / self.MODEL, lambda p: model.save(p))
-
-    def load_member_scaling(self, member_id: str) -> dict | None:
-        path = self.member_dir(member_id) / self.SCALING
-        return json.loads(path.read_text()) if path.is_file() else None

@@ -72,13 +72,7 @@ def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: 
            "n_finished": len(ranked), "n_failed": len({r["id"] for r in records} - {r["id"] for r in ranked})}
     preds["test"] = {i: load(i, "test") for i in ids}
     variances["test"] = {i: load(i, "test", "var") for i in ids}
-    stats = {}
-    for s in ("val", "test"):
-        var = None
-        if any(variances[s][i] is not None for i in ids):     # a member without a variance head
-            var = np.stack([variances[s][i] if variances[s][i] is not None      # adds no aleatoric part
-                            else np.zeros_like(preds[s][i]) for i in ids])
-        stats[s] = task.combine(np.stack([preds[s][i] for i in ids]), var, w)
+    stats = {s: task.combine_outputs([(preds[s][i], variances[s][i]) for i in ids], w) for s in ("val", "test")}
     out["ensemble"] = {s: task.ensemble_metrics(y, stats[s], gaussian)
                        for s, y in (("val", y_val), ("test", y_test))}
     out["best_member"] = {"id": best["id"], "val": best["val"], "test": best["test"]}

@@ -86,6 +86,15 @@ class Task:
         """The ensemble's per-sample statistics from stacked member outputs (m, n, ...)."""
         raise NotImplementedError
 
+    def combine_outputs(self, outputs: list[tuple[np.ndarray, np.ndarray | None]],
+                        weights: np.ndarray) -> dict:
+        """``combine`` over members' (prediction, variance or None) pairs: a member without a
+        variance head adds no aleatoric part (zeros), unless no member has one (None)."""
+        variances = None
+        if any(var is not None for _, var in outputs):
+            variances = np.stack([var if var is not None else np.zeros_like(pred) for pred, var in outputs])
+        return self.combine(np.stack([pred for pred, _ in outputs]), variances, weights)
+
     def first_moments(self, weight: float, part: dict | None, n: int, k: int) -> np.ndarray:
         """This process's share of the first sums (``part`` = ``combine`` of its members,
         ``weight`` their summed weight; None when it holds no member)."""
