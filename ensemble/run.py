@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 
 EXIT_CONFIG, EXIT_DATA = 2, 3
 log = logging.getLogger("ensemble.run")
@@ -29,6 +30,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    job_started = time.time()
     args = parse_args(argv)
     from ensemble.config import ConfigError, load_config
     from ensemble.runtime import mpi
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     from ensemble.orchestrate.session import run_master_side, run_worker_side
     group, leaders = mpi.split_groups(comm, group_size)
     if rank == 0:
-        code = run_master_side(comm, cfg, meta, data, run_dir, args.resume, leaders)
+        code = run_master_side(comm, cfg, meta, data, run_dir, args.resume, leaders, job_started)
     else:
         run_worker_side(comm, cfg, meta, data, run_dir, group)
         code = 0

@@ -138,6 +138,21 @@ SCHEMA = Table({
         "finish_reserve": Key(NUM, 30.0, _nonneg),
         "max_failed_share": Key(NUM, 0.5, lambda v: None if 0.0 < v <= 1.0 else "must be in (0, 1]"),
         "poll_max_sleep": Key(NUM, 0.05, _positive),
+        # "keras" trains; "rehearsal" sleeps instead (no TensorFlow): sizes and tests the control plane
+        "trainer": Key((str,), "keras", _one_of("keras", "rehearsal")),
+        "specs_in_hand": Key((int,), 2, _positive),
+        "journal_sync_seconds": Key(NUM, 1.0, _nonneg),
+        "progress_seconds": Key(NUM, 10.0, _positive),
+        "progress_lines": Key((int,), 100, _nonneg),
+    }),
+    # runtime.trainer = "rehearsal": how long each member "trains" and what it returns
+    "rehearsal": Table({
+        "seconds": Key(NUM, 1.0, _nonneg),
+        "spread": Key(NUM, 0.0, _nonneg),
+        "replay": Key((str,), ""),
+        "predictions": Key((bool,), True),
+        "failure_rate": Key(NUM, 0.0, lambda v: None if 0.0 <= v < 1.0 else "must be in [0, 1)"),
+        "accuracy": Key(NUM, 0.8, lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]"),
     }),
 })
 
@@ -311,6 +326,9 @@ def load_config(path: str | Path) -> dict:
         near_config = path.parent / src
         if near_config.exists() or not Path(src).exists():
             cfg["data"]["source"] = str(near_config.resolve())
+    replay = cfg["rehearsal"]["replay"]
+    if replay and not Path(replay).is_absolute() and (path.parent / replay).exists():
+        cfg["rehearsal"]["replay"] = str((path.parent / replay).resolve())
     return cfg
 
 

@@ -1,36 +1,58 @@
 """The master's loop: a spec source x an executor x a budget.
 
 Whenever the executor has a free slot the source is asked for the next spec, so a fast
-worker never waits for a slow one; every result goes to the source (``tell``) and to
-``on_result`` (journal, budget, progress) the moment it arrives. In-training reports
-are answered by ``decide``. The same loop drives the serial and the MPI executor.
+worker never waits for a slow one; results come back in batches (everything that
+arrived while the master was busy), each goes to the source (``tell``), and the batch to
+``on_results`` (journal, budget, progress). In-training reports are answered by
+``decide``. The same loop drives the serial, the MPI and the simulated executor; its
+cost per result does not depend on the number of workers.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from ensemble.runtime.executor import Decide, Executor, go_on
 from ensemble.sources import SpecSource
 
 
-def dispatch(executor: Executor, source: SpecSource, on_result: Callable[[dict], None], *,
+def dispatch(executor: Executor, source: SpecSource, on_results: Callable[[list[dict]], None], *,
              should_stop: Callable[[], bool] = lambda: False,
              adjust: Callable[[dict], dict] = lambda spec: spec,
-             decide: Decide = go_on) -> None:
+             decide: Decide = go_on, idle: Callable[[], None] | None = None,
+             clock: Callable[[], float] = time.time) -> dict:
     """Hand specs out until the source runs dry (or ``should_stop``) and every submitted
-    spec has come back; ``adjust`` may change a spec just before it is handed out."""
+    spec has come back; ``adjust`` may change a spec just before it is handed out.
+
+    Each result gets ``dispatched`` and ``received`` (``clock``, the master's). Returns the
+    master's own account: results, wall and CPU seconds of the loop, and the seconds it
+    spent waiting with nothing to do (when the executor measures that)."""
+    sent: dict[str, float] = {}
+    count = 0
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     try:
         while True:
             while executor.free() and not should_stop():
                 spec = source.next_spec()
                 if spec is None:
                     break
-                executor.submit(adjust(spec))
+                spec = adjust(spec)
+                sent[spec["id"]] = round(clock(), 4)
+                executor.submit(spec)
             if not executor.busy():
                 break
-            result = executor.wait(decide)
-            source.tell(result)
-            on_result(result)
+            results = executor.wait(decide, idle)
+            now = round(clock(), 4)
+            for result in results:
+                result["dispatched"], result["received"] = sent.pop(result["id"], None), now
+                source.tell(result)
+            on_results(results)
+            count += len(results)
     finally:
         executor.shutdown()
+    wall = time.perf_counter() - wall0
+    idle_seconds = getattr(executor, "idle_seconds", None)
+    return {"results": count, "master_wall_seconds": round(wall, 4),
+            "master_cpu_seconds": round(time.process_time() - cpu0, 4),
+            "master_busy_seconds": None if idle_seconds is None else round(wall - idle_seconds, 4)}

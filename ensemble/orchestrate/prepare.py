@@ -35,6 +35,12 @@ def prepare_run(cfg: dict, args) -> tuple[dict, dict, RunDirectory]:
                 load_builder(arch["model"])
             except ArchitectureError as exc:
                 raise ConfigError(f"`architectures[{i}].model`: {exc}") from None
+    if cfg["runtime"]["trainer"] == "rehearsal" and cfg["rehearsal"]["replay"]:
+        from ensemble.train.rehearsal import replay_durations
+        try:
+            replay_durations(cfg["rehearsal"]["replay"])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if cfg["mode"] == "evolve":
         from ensemble.sources.search import check_search
         check_search(cfg, meta)

@@ -6,13 +6,16 @@ thin sequence of steps and these pieces can be driven from tests without a comma
 from __future__ import annotations
 
 import logging
+import socket
 import time
 
 import numpy as np
 
 from ensemble.orchestrate.dispatch import dispatch
+from ensemble.orchestrate.progress import Progress
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.summary import finalize, format_comparison
+from ensemble.results.timeline import format_stats, run_stats
 from ensemble.runtime.budget import RunBudget, slurm_end_time
 from ensemble.runtime.executor import MpiExecutor, SerialExecutor, serve
 from ensemble.sources import SpecList, member_specs
@@ -22,24 +25,19 @@ log = logging.getLogger(__name__)
 
 
 def make_trainer(cfg: dict, meta: dict, data, run_dir: RunDirectory, rank: int, group=None):
-    """A function (spec, report) -> result that trains on this rank (imports TensorFlow once)."""
+    """A function (spec, report) -> journal record that trains on this rank: Keras (imports
+    TensorFlow once) or, with ``runtime.trainer = "rehearsal"``, a sleeping stand-in."""
+    from ensemble.train.member import guarded
+    if cfg["runtime"]["trainer"] == "rehearsal":
+        from ensemble.train.rehearsal import RehearsalTrainer
+        rehearse = RehearsalTrainer(cfg, meta, data, run_dir, leader=group is None or group.Get_rank() == 0)
+        return lambda spec, report: guarded(lambda: rehearse(spec, report), spec, rank)
     from ensemble.runtime.env import configure_tensorflow
     from ensemble.train.member import run_member
     configure_tensorflow(cfg["runtime"]["threads"])
     if group is not None and group.Get_size() == 1:
         group = None                                  # G = 1: no communication at all
     return lambda spec, report: run_member(spec, data, meta, run_dir, rank, group, report)
-
-
-def _progress(result: dict, done: int, total: int | None, metric: str, t0: float) -> str:
-    head = f"[{done:>4}/{total if total else '?'}] {result['id']:<24}"
-    if result["status"] == "ok":
-        val = result["val"].get(metric, float("nan"))
-        body = (f"val {metric} {val:.4f}  {result['epochs']:>3} epochs  {result['params']:>8} params  "
-                f"{result['train_seconds']:6.1f} s")
-    else:
-        body = f"FAILED {result['error']['kind']}: {result['error']['message'][:120]}"
-    return f"{head} {body}  rank {result.get('rank')}  +{time.monotonic() - t0:6.1f} s"
 
 
 def make_source(cfg: dict, meta: dict, run_dir: RunDirectory, previous: list[dict]):
@@ -52,33 +50,58 @@ def make_source(cfg: dict, meta: dict, run_dir: RunDirectory, previous: list[dic
     return SpecList(specs, {r["id"] for r in previous if r.get("status") == "ok"}), len(specs)
 
 
+def open_event(cfg: dict, executor, ranks: int, job_started: float) -> dict:
+    """The journal line that starts a segment: when, on how many workers (see results.timeline)."""
+    rt = cfg["runtime"]
+    return {"event": "open", "time": round(time.time(), 4), "job_started": round(job_started, 4),
+            "workers": executor.workers, "group_size": rt["group_size"], "ranks": ranks,
+            "host": socket.gethostname(), "trainer": rt["trainer"], "specs_in_hand": rt["specs_in_hand"]}
+
+
 def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, resume: bool,
-                    leaders: list[int]) -> int:
+                    leaders: list[int], job_started: float | None = None) -> int:
     """Rank 0: schedule members, journal results, build and report the ensemble."""
     t0 = time.monotonic()
-    previous = run_dir.read_journal() if resume else []
+    job_started = time.time() if job_started is None else job_started
+    previous, events = run_dir.read_journal(events=True) if resume else ([], [])
     done_ids = {r["id"] for r in previous if r.get("status") == "ok"}
     metric = get_task(meta["task"]).default_metric(cfg["ensemble"]["metric"])
     source, total = make_source(cfg, meta, run_dir, previous)
-    group_size = cfg["runtime"]["group_size"]
+    rt = cfg["runtime"]
+    group_size = rt["group_size"]
     log.info(f"run {run_dir.path}: {meta['task']} on {meta['sizes']} samples, {total or '?'} members, "
              f"{len(leaders) or 'no'} {'groups of ' + str(group_size) + ' ranks' if group_size > 1 else 'workers'}"
              f"{' (serial)' if not leaders else ''}"
-             + (f", resuming with {len(done_ids)} finished" if resume else ""))
+             + (f", resuming with {len(done_ids)} finished" if resume else "")
+             + (" [rehearsal: members sleep, nothing is trained]" if rt["trainer"] == "rehearsal" else ""))
     records = list(previous)
-    rt = cfg["runtime"]
     if leaders:
-        executor = MpiExecutor(comm, leaders, rt["poll_max_sleep"])
+        executor = MpiExecutor(comm, leaders, rt["poll_max_sleep"], rt["specs_in_hand"])
     else:
         executor = SerialExecutor(lambda: make_trainer(cfg, meta, data, run_dir, 0))
     budget = RunBudget(rt["time_limit"], rt["finish_reserve"], rt["max_failed_share"], end_time=slurm_end_time())
-    with run_dir.journal() as journal:
-        def on_result(result: dict) -> None:
-            journal.append(result)
-            records.append(result)
-            budget.observe(result)
-            log.info(_progress(result, len(records), total, metric, t0))
-        dispatch(executor, source, on_result, should_stop=budget.should_stop, adjust=budget.cap)
+    progress = Progress(total, metric, executor.workers, len(done_ids), rt["progress_lines"],
+                        rt["progress_seconds"])
+    with run_dir.journal(rt["journal_sync_seconds"]) as journal:
+        opened = open_event(cfg, executor, comm.Get_size(), job_started)
+        journal.event(opened)
+
+        def on_results(results: list[dict]) -> None:
+            journal.extend(results)
+            records.extend(results)
+            for result in results:
+                budget.observe(result)
+            progress.add(results)
+        account = dispatch(executor, source, on_results, should_stop=budget.should_stop, adjust=budget.cap,
+                           idle=journal.sync_if_due)
+        closed = {"event": "close", "time": round(time.time(), 4), **account,
+                  "journal_syncs": journal.syncs + 1, "journal_bytes": journal.bytes}
+        if account["master_busy_seconds"] is None:          # the serial master trains: no master share
+            closed["master_wall_seconds"] = None
+        journal.event(closed)
+    events += [opened, closed]
+    if not progress.per_result:
+        log.info(progress.summary())
     code = 0
     if budget.reason:
         failed = [r for r in records if r.get("status") != "ok"]
@@ -86,14 +109,22 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
         log.warning(f"stopped early: {budget.reason}" + (f"\nfailures: {len(failed)} ({', '.join(kinds)})"
                                                          if failed else ""))
         code = 4 if budget.n_failed and "failed" in budget.reason else 0
-    extra = {"search": source.finish(records)} if cfg["mode"] == "evolve" else {}
+    stats = run_stats(records, events)
+    log.info(format_stats(stats))
+    extra = {"run": stats}
+    if cfg["mode"] == "evolve":
+        extra["search"] = source.finish(records)
+    predictions = rt["trainer"] != "rehearsal" or cfg["rehearsal"]["predictions"]
     try:
         summary = finalize(run_dir, records, cfg, meta, np.asarray(data["y_val"]), np.asarray(data["y_test"]),
-                           extra)
+                           extra, ensemble=predictions)
     except RuntimeError as exc:
         log.error(f"error: {exc}")
         return code or 1
-    log.info(format_comparison(summary))
+    if predictions:
+        log.info(format_comparison(summary))
+    else:
+        log.info("rehearsal without predictions (`rehearsal.predictions = false`): no ensemble selected")
     log.info(f"wrote {run_dir.path}/ensemble.json, leaderboard.csv, journal.jsonl  "
              f"({time.monotonic() - t0:.1f} s)")
     return code

@@ -1,44 +1,99 @@
-"""The results journal: one JSON line per finished or failed member, append-only, fsynced.
+"""The results journal: one JSON line per finished or failed member, append-only.
 
-A line is the unit of durability: it is written whole, flushed and fsynced before the
-master moves on, so a result that reached the journal survives any later failure. A torn
-last line (the job killed mid-write) is skipped when the journal is read back.
+Durability (group commit): every line is written whole and handed to the operating system
+(``flush``) the moment its result arrives, so a crash of the master process loses nothing;
+``fsync`` (the disk, or the parallel file system's servers, have it) runs at most every
+``sync_seconds`` for all the lines since the last one, and at once when ``sync_seconds`` is
+0. A crash of the node or of the file system therefore loses at most the results of the
+last ``sync_seconds`` (plus one poll), and ``--resume`` trains those members again. A torn
+last line (the job killed mid-write) is cut when the journal is reopened and skipped when
+it is read.
+
+Besides member records (they have an ``id``), the journal holds a few event lines (they
+have an ``event``): when dispatch opened and closed, on how many workers. With the
+members' ``dispatched``/``started``/``ended`` times they make a run's utilisation
+computable from the journal alone (``ensemble.results.timeline``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 
 class Journal:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, sync_seconds: float = 0.0, clock: Callable[[], float] = time.monotonic):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.sync_seconds, self.clock = sync_seconds, clock
         self._repair_tail()
         self._fh = open(self.path, "a", encoding="utf-8")
+        self._dirty = False
+        self._last_sync = -float("inf")
+        self.syncs = 0
+        self.bytes = self.path.stat().st_size
 
     def _repair_tail(self) -> None:
         """Cut a torn last line so the next append starts on a fresh line."""
         if not self.path.exists() or self.path.stat().st_size == 0:
             return
-        data = self.path.read_bytes()
-        if data.endswith(b"\n"):
-            return
-        keep = data.rfind(b"\n") + 1
+        with open(self.path, "rb") as fh:               # only the tail: a big journal is not read whole
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - 1))
+            if fh.read(1) == b"\n":
+                return
+            step, pos = 1 << 16, size
+            while pos > 0:
+                pos = max(0, pos - step)
+                fh.seek(pos)
+                cut = fh.read(size - pos).rfind(b"\n")
+                if cut >= 0:
+                    keep = pos + cut + 1
+                    break
+            else:
+                keep = 0
         with open(self.path, "r+b") as fh:
             fh.truncate(keep)
             fh.flush()
             os.fsync(fh.fileno())
 
-    def append(self, record: dict) -> None:
-        self._fh.write(json.dumps(record, sort_keys=True, allow_nan=True) + "\n")
+    def extend(self, records: list[dict]) -> None:
+        """Append ``records`` in one write; fsync now if the last one is older than ``sync_seconds``."""
+        if not records:
+            return
+        text = "".join(json.dumps(r, sort_keys=True, allow_nan=True) + "\n" for r in records)
+        self._fh.write(text)
         self._fh.flush()
-        os.fsync(self._fh.fileno())
+        self.bytes += len(text.encode("utf-8"))
+        self._dirty = True
+        self.sync_if_due()
+
+    def append(self, record: dict) -> None:
+        self.extend([record])
+
+    def event(self, record: dict) -> None:
+        """A run event line (not a member; it has an ``event`` key), synced at once."""
+        self.extend([record])
+        self.sync()
+
+    def sync_if_due(self) -> None:
+        if self._dirty and self.clock() - self._last_sync >= self.sync_seconds:
+            self.sync()
+
+    def sync(self) -> None:
+        if self._dirty:
+            os.fsync(self._fh.fileno())
+            self.syncs += 1
+            self._dirty = False
+        self._last_sync = self.clock()
 
     def close(self) -> None:
-        self._fh.close()
+        if not self._fh.closed:
+            self.sync()
+            self._fh.close()
 
     def __enter__(self) -> "Journal":
         return self
@@ -47,17 +102,21 @@ class Journal:
         self.close()
 
 
-def read_journal(path: str | Path) -> list[dict]:
-    """All whole records in order; a torn or corrupt line is skipped, not fatal."""
+def read_journal(path: str | Path, events: bool = False) -> list[dict] | tuple[list[dict], list[dict]]:
+    """All whole member records in order (a torn or corrupt line is skipped, not fatal);
+    with ``events``, (records, event lines)."""
     path = Path(path)
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+    records, marks = [], []
+    if path.exists():
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if not isinstance(item, dict):
+                    continue
+                (marks if "event" in item else records).append(item)
+    return (records, marks) if events else records

@@ -95,12 +95,14 @@ class RunDirectory:
     def has_journal(self) -> bool:
         return (self.path / self.JOURNAL).exists()
 
-    def journal(self) -> Journal:
-        """The append-only results journal, opened for appending (torn tail repaired)."""
-        return Journal(self.path / self.JOURNAL)
+    def journal(self, sync_seconds: float = 0.0) -> Journal:
+        """The append-only results journal, opened for appending (torn tail repaired);
+        fsynced at most every ``sync_seconds`` (0: on every append)."""
+        return Journal(self.path / self.JOURNAL, sync_seconds)
 
-    def read_journal(self) -> list[dict]:
-        return read_journal(self.path / self.JOURNAL)
+    def read_journal(self, events: bool = False):
+        """The member records (and, with ``events``, the run's event lines)."""
+        return read_journal(self.path / self.JOURNAL, events)
 
     # -- members ----------------------------------------------------------------------
     def member_dir(self, member_id: str) -> Path:

@@ -81,12 +81,19 @@ def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: 
 
 
 def finalize(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: dict,
-             y_val: np.ndarray, y_test: np.ndarray, extra: dict | None = None) -> dict:
-    """Write leaderboard.csv and ensemble.json (with ``extra`` sections); return the summary."""
-    metric = get_task(meta["task"]).default_metric(cfg["ensemble"]["metric"])
+             y_val: np.ndarray, y_test: np.ndarray, extra: dict | None = None, ensemble: bool = True) -> dict:
+    """Write leaderboard.csv and ensemble.json (with ``extra`` sections); return the summary.
+    Without ``ensemble`` (a rehearsal that saved no predictions) no members are selected."""
+    task = get_task(meta["task"])
+    metric = task.default_metric(cfg["ensemble"]["metric"])
     board = leaderboard(records, metric)
     run_dir.write_text(run_dir.LEADERBOARD, board.to_csv(index=False))
-    summary = build_ensemble(run_dir, records, cfg, meta, y_val, y_test)
+    if ensemble:
+        summary = build_ensemble(run_dir, records, cfg, meta, y_val, y_test)
+    else:
+        ok = finished_records(records)
+        summary = {"task": task.name, "metric": metric, "method": None, "members": [], "n_finished": len(ok),
+                   "n_failed": len({r["id"] for r in records} - {r["id"] for r in ok}), "rehearsal": True}
     summary.update(extra or {})
     run_dir.write_json(run_dir.ENSEMBLE, summary)
     return summary

@@ -17,6 +17,7 @@ population-based training stand on this; a trainer that never reports pays nothi
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
@@ -53,19 +54,31 @@ class Executor(Protocol):
     """What the master's loop needs from wherever members are trained."""
 
     def free(self) -> int:
-        """How many more specs can start now."""
+        """How many more specs can be handed out now."""
 
     def submit(self, spec: dict) -> None:
-        """Start training ``spec`` (only when ``free() > 0``)."""
+        """Hand ``spec`` out for training (only when ``free() > 0``)."""
 
     def busy(self) -> int:
         """Specs submitted whose result has not been returned by ``wait``."""
 
-    def wait(self, decide: Decide) -> dict:
-        """Block until the next result and return it, answering reports with ``decide``."""
+    def wait(self, decide: Decide, idle: Callable[[], None] | None = None) -> list[dict]:
+        """Block until at least one result is in; return every result already waiting (a
+        bounded batch), answering reports with ``decide``. ``idle()`` is called now and then
+        while nothing arrives (the journal's group commit uses it)."""
 
     def shutdown(self) -> None:
         """No more specs: release the workers."""
+
+
+def timed(train: Trainer, spec: dict, report: Report) -> dict | None:
+    """``train(spec, report)`` with the worker's wall clock stamped on the record:
+    ``started`` and ``ended`` (UNIX seconds), from which a run's utilisation is computed."""
+    started = time.time()
+    result = train(spec, report)
+    if result is not None:
+        result["started"], result["ended"] = round(started, 4), round(time.time(), 4)
+    return result
 
 
 class SerialExecutor:
@@ -74,6 +87,7 @@ class SerialExecutor:
     def __init__(self, make_trainer: Callable[[], Trainer]):
         self._make_trainer, self._trainer = make_trainer, None
         self._queue: deque[dict] = deque()
+        self.workers = 1
 
     def free(self) -> int:
         return 0 if self._queue else 1
@@ -84,11 +98,13 @@ class SerialExecutor:
     def busy(self) -> int:
         return len(self._queue)
 
-    def wait(self, decide: Decide) -> dict:
+    def wait(self, decide: Decide, idle: Callable[[], None] | None = None) -> list[dict]:
         spec = self._queue.popleft()
         if self._trainer is None:                 # imports TensorFlow only when there is work
             self._trainer = self._make_trainer()
-        return self._trainer(spec, lambda payload: check_decision(decide(spec, payload)))
+        result = timed(self._trainer, spec, lambda payload: check_decision(decide(spec, payload)))
+        result["worker"] = 0
+        return [result]
 
     def shutdown(self) -> None:
         self._queue.clear()
@@ -96,60 +112,116 @@ class SerialExecutor:
 
 class MpiExecutor:
     """Hand specs to worker ranks (group leaders) that run ``serve``; results and reports
-    arrive as messages. Waiting probes and sleeps instead of spinning a core."""
+    arrive as messages.
 
-    def __init__(self, comm, workers: list[int], max_sleep: float = 0.05):
+    Each worker holds up to ``in_hand`` specs (the one it trains and the next ones), so it
+    starts its next member the moment it sends a result instead of waiting a round trip
+    for the master. Every operation is O(1) in the number of workers: free slots are a
+    queue (a worker appears once per free slot), each worker's specs a queue in the order
+    it trains them. Waiting probes and sleeps with a back-off instead of spinning a core;
+    once a message is in, everything else already waiting (up to ``batch``) is taken too.
+    """
+
+    def __init__(self, comm, workers: list[int], max_sleep: float = 0.05, in_hand: int = 1,
+                 batch: int = 256):
         from ensemble.runtime import mpi            # only here: the serial path needs no MPI
         self.mpi = mpi
-        self.comm, self.workers, self.max_sleep = comm, list(workers), max_sleep
-        self._free: deque[int] = deque(self.workers)
-        self._running: dict[int, dict] = {}
+        self.comm, self.max_sleep, self.batch = comm, max_sleep, batch
+        self.leaders = list(workers)
+        self.workers = len(self.leaders)
+        self.index = {rank: i for i, rank in enumerate(self.leaders)}
+        self._slots: deque[int] = deque(self.leaders * in_hand)   # round-robin: one spec each first
+        self._held: dict[int, deque[dict]] = {w: deque() for w in self.leaders}
+        self._busy = 0
+        self.idle_seconds = 0.0                     # time spent waiting with nothing to do
+        self._member_seconds: float | None = None   # running mean of members' durations
 
     def free(self) -> int:
-        return len(self._free)
+        return len(self._slots)
 
     def submit(self, spec: dict) -> None:
-        worker = self._free.popleft()
+        worker = self._slots.popleft()
         self.comm.send(spec, dest=worker, tag=self.mpi.TAG_SPEC)
-        self._running[worker] = spec
-        log.debug("spec %s to rank %d", spec.get("id"), worker)
+        self._held[worker].append(spec)
+        self._busy += 1
 
     def busy(self) -> int:
-        return len(self._running)
+        return self._busy
 
-    def wait(self, decide: Decide) -> dict:
-        while True:
-            mpi = self.mpi
-            message, worker, tag = mpi.poll_recv(self.comm, mpi.ANY_SOURCE, mpi.ANY_TAG, self.max_sleep)
-            if tag == mpi.TAG_REPORT:
-                decision = check_decision(decide(self._running[worker], message))
-                self.comm.send(decision, dest=worker, tag=mpi.TAG_DECISION)
-                log.debug("report from rank %d on %s: %s", worker, self._running[worker].get("id"),
-                          decision["action"])
+    def _handle(self, message, worker: int, tag: int, decide: Decide) -> dict | None:
+        mpi = self.mpi
+        if tag == mpi.TAG_REPORT:                   # about the spec the worker trains now: its first
+            spec = self._held[worker][0]
+            decision = check_decision(decide(spec, message))
+            self.comm.send(decision, dest=worker, tag=mpi.TAG_DECISION)
+            log.debug("report from rank %d on %s: %s", worker, spec.get("id"), decision["action"])
+            return None
+        if tag != mpi.TAG_RESULT:
+            raise RuntimeError(f"master got an unexpected message (tag {tag}) from rank {worker}")
+        self._held[worker].popleft()
+        self._slots.append(worker)
+        self._busy -= 1
+        message["worker"] = self.index[worker]
+        if "ended" in message:
+            took = message["ended"] - message["started"]
+            mean = self._member_seconds
+            self._member_seconds = took if mean is None else mean + 0.1 * (took - mean)
+        return message
+
+    def sleep_cap(self) -> float:
+        """The longest nap between probes: ``max_sleep``, or less when members are short, so
+        the master answers well within one member's time (what a worker's next spec covers)."""
+        if self._member_seconds is None:
+            return self.max_sleep
+        return min(self.max_sleep, max(5e-4, 0.1 * self._member_seconds))
+
+    def wait(self, decide: Decide, idle: Callable[[], None] | None = None) -> list[dict]:
+        mpi, results = self.mpi, []
+        sleep, waited_since, cap = 1e-4, None, self.sleep_cap()
+        while not results:
+            got = mpi.try_recv(self.comm)
+            if got is None:
+                if waited_since is None:
+                    waited_since = time.perf_counter()
+                if idle is not None:
+                    idle()
+                time.sleep(sleep)
+                sleep = min(sleep * 2, cap)
                 continue
-            if tag != mpi.TAG_RESULT:
-                raise RuntimeError(f"master got an unexpected message (tag {tag}) from rank {worker}")
-            spec = self._running.pop(worker)
-            self._free.append(worker)
-            log.debug("result of %s from rank %d", spec.get("id"), worker)
-            return message
+            if waited_since is not None:
+                self.idle_seconds += time.perf_counter() - waited_since
+                waited_since, sleep = None, 1e-4
+            result = self._handle(*got, decide)
+            if result is not None:
+                results.append(result)
+        while len(results) < self.batch:            # whatever else is already in: one batch
+            got = mpi.try_recv(self.comm)
+            if got is None:
+                break
+            result = self._handle(*got, decide)
+            if result is not None:
+                results.append(result)
+        return results
 
     def shutdown(self) -> None:
-        for worker in self.workers:
+        for worker in self.leaders:
             self.comm.send(None, dest=worker, tag=self.mpi.TAG_STOP)
 
 
 def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None) -> int:
     """A worker rank: train specs from the master until told to stop; returns how many.
 
-    With a member group, only its leader talks to the master; it broadcasts each spec
-    (or the stop), and each decision on a report, inside the group, so every rank of the
-    group trains the same spec and takes the same decision at the same step.
+    Specs the master sent ahead wait in a local queue; the worker waits (sleeping) only
+    when it holds none. With a member group, only its leader talks to the master; it
+    broadcasts each spec (or the stop), and each decision on a report, inside the group,
+    so every rank of the group trains the same spec and takes the same decision at the
+    same step.
     """
     from ensemble.runtime.mpi import (ANY_TAG, TAG_DECISION, TAG_REPORT, TAG_RESULT, TAG_STOP, poll_recv,
-                                      polite_bcast)
+                                      polite_bcast, try_recv)
     leader = group is None or group.Get_rank() == 0
     grouped = group is not None and group.Get_size() > 1
+    inbox: deque = deque()
 
     def report(payload: dict) -> dict:
         decision = None
@@ -158,19 +230,26 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None) -> int:
             decision, _, _ = poll_recv(comm, 0, TAG_DECISION, max_sleep)
         return polite_bcast(group, decision, 0, max_sleep) if grouped else decision
 
+    def take(got) -> None:
+        message, _, tag = got
+        inbox.append(None if tag == TAG_STOP else message)
+
     count = 0
     while True:
         spec = None
         if leader:
-            spec, _, tag = poll_recv(comm, 0, ANY_TAG, max_sleep)
-            spec = None if tag == TAG_STOP else spec
+            while (got := try_recv(comm, 0, ANY_TAG)) is not None:    # specs sent ahead (or the stop)
+                take(got)
+            if not inbox:
+                take(poll_recv(comm, 0, ANY_TAG, max_sleep))
+            spec = inbox.popleft()
         if grouped:
             spec = polite_bcast(group, spec, 0, max_sleep)
         if spec is None:
             log.debug("told to stop after %d specs", count)
             return count
         log.debug("training %s", spec.get("id"))
-        result = train(spec, report)
+        result = timed(train, spec, report)
         if leader:
             comm.send(result, dest=0, tag=TAG_RESULT)
         count += 1

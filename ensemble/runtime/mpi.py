@@ -43,15 +43,25 @@ def abort_on_exception() -> None:
     sys.excepthook = hook
 
 
+def try_recv(comm, source: int = ANY_SOURCE, tag: int = ANY_TAG):
+    """(message, source, tag) of a pickled message that has arrived, or None; never waits.
+    One matched probe-and-receive (MPI_Improbe/Mrecv): no second search of the queue."""
+    status = MPI.Status()
+    handle = comm.improbe(source=source, tag=tag, status=status)
+    if handle is None:
+        return None
+    return handle.recv(), status.Get_source(), status.Get_tag()
+
+
 def poll_recv(comm, source: int = ANY_SOURCE, tag: int = ANY_TAG, max_sleep: float = 0.05):
     """Receive a pickled message without spinning a core: probe, sleep, back off to max_sleep."""
-    status = MPI.Status()
     sleep = 1e-4
-    while not comm.Iprobe(source=source, tag=tag, status=status):
+    while True:
+        got = try_recv(comm, source, tag)
+        if got is not None:
+            return got
         time.sleep(sleep)
         sleep = min(sleep * 2, max_sleep)
-    src, got_tag = status.Get_source(), status.Get_tag()
-    return comm.recv(source=src, tag=got_tag), src, got_tag
 
 
 def polite_barrier(comm, max_sleep: float = 0.05) -> None:

@@ -24,6 +24,7 @@ from ensemble.runtime.executor import Report
 from ensemble.task import get_task
 
 log = logging.getLogger(__name__)
+HOST = socket.gethostname()
 
 
 class MemberFailed(RuntimeError):
@@ -205,9 +206,15 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
 def run_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: RunDirectory, rank: int,
                group=None, report: Report | None = None) -> dict | None:
     """``train_member`` that never raises: a failure becomes a journal record."""
+    return guarded(lambda: train_member(spec, data, meta, run_dir, group, report), spec, rank)
+
+
+def guarded(train, spec: dict, rank: int) -> dict | None:
+    """Run ``train()`` (one member, any trainer) and return its journal record: a failure
+    becomes a "failed" record; rank, host and the spec's genome are added either way."""
     t0 = time.monotonic()
     try:
-        result = train_member(spec, data, meta, run_dir, group, report)
+        result = train()
         if result is None:                      # a group member that is not the leader
             return None
     except Exception as exc:          # noqa: BLE001 - any member failure is recorded, the run goes on
@@ -218,6 +225,6 @@ def run_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: 
                   "error": {"kind": getattr(exc, "kind", type(exc).__name__), "message": str(exc),
                             "traceback": traceback.format_exc(limit=8)},
                   "train_seconds": round(time.monotonic() - t0, 3)}
-    result.update(rank=rank, host=socket.gethostname())
+    result.update(rank=rank, host=HOST)
     result.update({k: spec[k] for k in ("genome", "summary") if k in spec})
     return result

@@ -28,7 +28,7 @@ def fake_trainer(epochs: int = 4):
 def test_serial_dispatch_trains_every_spec_in_order():
     specs = [{"id": f"m{i}"} for i in range(4)]
     results = []
-    dispatch(SerialExecutor(lambda: fake_trainer(2)), SpecList(specs, {"m1"}), results.append)
+    dispatch(SerialExecutor(lambda: fake_trainer(2)), SpecList(specs, {"m1"}), results.extend)
     assert [r["id"] for r in results] == ["m0", "m2", "m3"]
     assert all(r["decisions"] == ["continue", "continue"] for r in results)
 
@@ -46,7 +46,7 @@ def test_master_decisions_stop_and_update_a_member_while_it_trains():
 
     results = []
     specs = [{"id": "stop-me"}, {"id": "tune-me"}]
-    dispatch(SerialExecutor(lambda: fake_trainer(4)), SpecList(specs), results.append, decide=decide)
+    dispatch(SerialExecutor(lambda: fake_trainer(4)), SpecList(specs), results.extend, decide=decide)
     by_id = {r["id"]: r for r in results}
     assert by_id["stop-me"]["epochs"] == 2 and by_id["stop-me"]["decisions"] == ["continue", "stop"]
     assert by_id["tune-me"]["epochs"] == 4 and by_id["tune-me"]["lr"] == 0.5
@@ -56,7 +56,7 @@ def test_master_decisions_stop_and_update_a_member_while_it_trains():
 def test_should_stop_and_adjust_are_applied_before_hand_out():
     results = []
     specs = [{"id": f"m{i}", "limit": 10} for i in range(5)]
-    dispatch(SerialExecutor(lambda: fake_trainer(1)), SpecList(specs), results.append,
+    dispatch(SerialExecutor(lambda: fake_trainer(1)), SpecList(specs), results.extend,
              should_stop=lambda: len(results) >= 2, adjust=lambda s: {**s, "id": s["id"] + "*"})
     assert [r["id"] for r in results] == ["m0*", "m1*"]
 

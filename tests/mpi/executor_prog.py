@@ -2,7 +2,7 @@
 
     mpiexec -n P python tests/mpi/executor_prog.py OUT.json [GROUP_SIZE]
 
-Rank 0 dispatches 6 specs over the workers (or groups); each trainer reports 4 epochs,
+Rank 0 dispatches 6 specs over the workers (or groups), two in hand per worker; each trainer reports 4 epochs,
 and the master stops "m1" at epoch 2 and sets a new learning rate for "m2" at epoch 1.
 Every rank of a group records the decisions it saw, so the test can check they agree.
 """
@@ -51,8 +51,8 @@ def main() -> None:
 
     if rank == 0:
         results = []
-        dispatch(MpiExecutor(comm, leaders, 0.01), SpecList([{"id": f"m{i}"} for i in range(6)]),
-                 results.append, decide=decide)
+        dispatch(MpiExecutor(comm, leaders, 0.01, in_hand=2), SpecList([{"id": f"m{i}"} for i in range(6)]),
+                 results.extend, decide=decide)
         payload = {"results": results}
     else:
         serve(comm, train, 0.01, group)

@@ -1,0 +1,72 @@
+"""What the master prints while members come back, readable at 10 and at 100,000 members.
+
+Up to ``runtime.progress_lines`` members: a line per result. More: a summary line every
+``runtime.progress_seconds`` (done, failed, members/s, utilisation so far, ETA), and the
+per-result lines at debug level. Everything is in the journal either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+
+def result_line(result: dict, done: int, total: int | None, metric: str, elapsed: float) -> str:
+    head = f"[{done:>4}/{total if total else '?'}] {result['id']:<24}"
+    if result["status"] == "ok":
+        val = result["val"].get(metric, float("nan"))
+        body = (f"val {metric} {val:.4f}  {result['epochs']:>3} epochs  {result['params']:>8} params  "
+                f"{result['train_seconds']:6.1f} s")
+    else:
+        body = f"FAILED {result['error']['kind']}: {result['error']['message'][:120]}"
+    return f"{head} {body}  rank {result.get('rank')}  +{elapsed:6.1f} s"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class Progress:
+    def __init__(self, total: int | None, metric: str, workers: int, done: int = 0, lines: int = 100,
+                 every: float = 10.0, clock: Callable[[], float] = time.time):
+        self.total, self.metric, self.workers = total, metric, max(1, workers)
+        self.done, self.failed, self.new = done, 0, 0
+        self.per_result = total is not None and total - done <= lines
+        self.every, self.clock = every, clock
+        self.t0 = self.last = clock()
+        self.first_start: float | None = None
+        self.trained = 0.0
+
+    def add(self, results: list[dict]) -> None:
+        now = self.clock()
+        for r in results:
+            self.done += 1
+            self.new += 1
+            self.failed += r.get("status") != "ok"
+            if "started" in r:
+                self.first_start = r["started"] if self.first_start is None else min(self.first_start, r["started"])
+                self.trained += r["ended"] - r["started"]
+            if self.per_result or log.isEnabledFor(logging.DEBUG):
+                line = result_line(r, self.done, self.total, self.metric, now - self.t0)
+                log.log(logging.INFO if self.per_result else logging.DEBUG, line)
+        if not self.per_result and now - self.last >= self.every:
+            self.last = now
+            log.info(self.summary(now))
+
+    def summary(self, now: float | None = None) -> str:
+        now = self.clock() if now is None else now
+        elapsed = max(now - self.t0, 1e-9)
+        rate = self.new / elapsed
+        text = f"[{self.done}/{self.total or '?'}] {self.failed} failed, {rate:.1f} members/s"
+        if self.first_start is not None and now > self.first_start:
+            text += f", utilisation {100 * self.trained / (self.workers * (now - self.first_start)):.0f}%"
+        if self.total and rate > 0:
+            text += f", ETA {_duration(max(0, self.total - self.done) / rate)}"
+        return text + f"  +{_duration(elapsed)}"

@@ -1,0 +1,87 @@
+"""How busy a run kept its workers, computed from the journal alone.
+
+Each member record carries ``dispatched`` and ``received`` (master clock), ``started``
+and ``ended`` (the worker's clock), ``worker`` (group index), ``rank`` and ``host``; the
+journal's ``open`` and ``close`` event lines give the number of workers and the master's
+own time. A resumed run has one segment per job, each from its ``open`` event to the next.
+
+Per segment: startup is the time from the job's start to the first member's start;
+the time available is workers x (last result - first start); utilisation is the time
+members trained (ended - started, failed ones included) over the time available, so a
+worker that waits for work, starts late, or idles at the end counts against it.
+"""
+
+from __future__ import annotations
+
+import math
+
+TIMED = ("started", "ended", "received")
+
+
+def _segments(records: list[dict], events: list[dict]) -> list[tuple[dict, dict | None, list[dict]]]:
+    opens = sorted((e for e in events if e.get("event") == "open"), key=lambda e: e["time"])
+    closes = sorted((e for e in events if e.get("event") == "close"), key=lambda e: e["time"])
+    timed = sorted((r for r in records if all(k in r for k in TIMED)), key=lambda r: r["received"])
+    out, i = [], 0
+    for n, seg in enumerate(opens):
+        until = opens[n + 1]["time"] if n + 1 < len(opens) else math.inf
+        mine = []
+        while i < len(timed) and timed[i]["received"] < until:
+            if timed[i]["received"] >= seg["time"]:
+                mine.append(timed[i])
+            i += 1
+        close = next((c for c in closes if seg["time"] <= c["time"] < until), None)
+        out.append((seg, close, mine))
+    return out
+
+
+def run_stats(records: list[dict], events: list[dict]) -> dict:
+    """The run's utilisation, startup, members/s and master load (see the module docstring)."""
+    n = failed = 0
+    training = available = working = startup = 0.0
+    master_busy = master_cpu = master_wall = 0.0
+    workers, syncs, segments = 0, 0, 0
+    for seg, close, mine in _segments(records, events):
+        if not mine:
+            continue
+        segments += 1
+        workers = seg["workers"]
+        first = min(r["started"] for r in mine)
+        last = max(r["received"] for r in mine)
+        span = max(last - first, 1e-9)
+        training += sum(r["ended"] - r["started"] for r in mine)
+        available += workers * span
+        working += span
+        startup += max(0.0, first - seg.get("job_started", seg["time"]))
+        n += len(mine)
+        failed += sum(r.get("status") != "ok" for r in mine)
+        if close is not None and close.get("master_wall_seconds"):
+            master_busy += close["master_busy_seconds"]
+            master_cpu += close["master_cpu_seconds"]
+            master_wall += close["master_wall_seconds"]
+            syncs += close.get("journal_syncs", 0)
+    if not n:
+        return {}
+    out = {"members": n, "failed": failed, "workers": workers, "segments": segments,
+           "utilisation": round(training / available, 4) if available else None,
+           "startup_seconds": round(startup, 3), "training_seconds": round(training, 3),
+           "dispatch_seconds": round(working, 3),
+           "members_per_second": round(n / working, 2) if working else None}
+    if master_wall:
+        out.update(master_busy_share=round(master_busy / master_wall, 4),
+                   master_cpu_share=round(master_cpu / master_wall, 4),
+                   master_cpu_us_per_result=round(1e6 * master_cpu / n, 1), journal_syncs=syncs)
+    return out
+
+
+def format_stats(stats: dict) -> str:
+    """One console line for ``run_stats``."""
+    if not stats:
+        return "run: no timed members"
+    text = (f"run: {stats['members']} members on {stats['workers']} workers, utilisation "
+            f"{100 * stats['utilisation']:.1f}%, startup {stats['startup_seconds']:.1f} s, "
+            f"{stats['members_per_second']:.2f} members/s")
+    if "master_busy_share" in stats:
+        text += (f", master busy {100 * stats['master_busy_share']:.1f}% "
+                 f"(CPU {100 * stats['master_cpu_share']:.1f}%, {stats['master_cpu_us_per_result']:.0f} us/result)")
+    return text

@@ -1,0 +1,153 @@
+"""``runtime.trainer = "rehearsal"``: members that sleep instead of training (no TensorFlow).
+
+A rehearsal runs the whole control plane of a real run (data broadcast, dispatch, reports,
+journal, budget, selection, ensemble.json) with members whose cost is only their duration,
+so a user can size an allocation, and the project can measure its master, before paying
+for GPUs. Each member:
+
+- sleeps a duration drawn from a log-normal distribution (median ``rehearsal.seconds``,
+  spread ``rehearsal.spread`` = sigma of the log; 0 gives every member the median), or the
+  ``train_seconds`` an earlier run journalled for the same member id (``rehearsal.replay``:
+  a journal.jsonl or its run directory; ids it lacks get durations drawn from its records);
+- splits the sleep over ``epochs`` and reports to the master every ``report_every`` epochs
+  as a Keras member does, obeying a stop;
+- returns a record of the real shape (metrics, params, epochs) and, unless
+  ``rehearsal.predictions = false``, writes validation and test predictions of the right
+  shape (a made-up member about ``rehearsal.accuracy`` good), so selection and the
+  ensemble run as after real training. No model file: ``ensemble.predict`` has nothing
+  to load in a rehearsal's run directory.
+- fails (kind "rehearsal") with probability ``rehearsal.failure_rate``.
+
+In a member group every rank sleeps and reports alike; the leader returns the record.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from ensemble.results.rundir import RunDirectory
+from ensemble.runtime.executor import Report
+from ensemble.task import get_task
+from ensemble.train.member import MemberFailed
+
+
+def replay_durations(path: str | Path) -> dict[str, float]:
+    """member id -> train_seconds from a journal (or a run directory holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RunDirectory.JOURNAL
+    if not path.is_file():
+        raise ValueError(f"`rehearsal.replay`: {str(path)!r} is not a journal.jsonl or a run directory "
+                         "holding one")
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "id" in record and record.get("train_seconds") is not None:
+            out[record["id"]] = float(record["train_seconds"])
+    if not out:
+        raise ValueError(f"`rehearsal.replay`: {str(path)!r} holds no member with `train_seconds`")
+    return out
+
+
+def member_seconds(spec: dict, settings: dict, replay: dict[str, float] | None = None) -> float:
+    """How long ``spec`` sleeps: replayed by id, else drawn (the same for the same seed)."""
+    if replay:
+        if spec["id"] in replay:
+            return replay[spec["id"]]
+        values = list(replay.values())
+        return values[zlib.crc32(spec["id"].encode()) % len(values)]
+    rng = np.random.default_rng([spec["seed"], 17])
+    return float(settings["seconds"] * np.exp(settings["spread"] * rng.standard_normal()))
+
+
+def _made_up(task, y: np.ndarray, n_outputs: int, quality: float, rng, gaussian: bool):
+    """(prediction, variance or None) shaped like a real member's on targets ``y``."""
+    n = len(y)
+    if task.name == "classification":
+        labels = np.asarray(y).astype(int).reshape(n)
+        right = rng.random(n) < quality
+        wrong = (labels + rng.integers(1, max(2, n_outputs), n)) % max(2, n_outputs)
+        top = np.where(right, labels, wrong)
+        logits = rng.normal(0.0, 1.0, (n, n_outputs))
+        logits[np.arange(n), top] = logits.max(axis=1) + rng.uniform(0.5, 3.0, n)
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return p / p.sum(axis=1, keepdims=True), None
+    y = np.asarray(y, dtype=np.float64)
+    sigma = (1.0 - quality) * (float(np.std(y)) or 1.0) + 1e-6
+    pred = y + rng.normal(0.0, sigma, y.shape)
+    return pred, (np.full(y.shape, sigma ** 2) if gaussian else None)
+
+
+class RehearsalTrainer:
+    """The trainer (spec, report) -> record of a rehearsal; see the module docstring."""
+
+    def __init__(self, cfg: dict, meta: dict, data: Mapping[str, np.ndarray], run_dir: RunDirectory,
+                 leader: bool = True):
+        self.settings, self.leader = cfg["rehearsal"], leader
+        self.meta, self.data, self.run_dir = meta, data, run_dir
+        self.task = get_task(meta["task"])
+        self.replay = replay_durations(self.settings["replay"]) if self.settings["replay"] else None
+        self._scores: dict[bool, list[dict]] = {}       # without predictions: a few members' metrics
+
+    def _score(self, rng, quality: float, gaussian: bool, spec_id: str) -> dict:
+        """Metrics of made-up predictions on both splits; the predictions are written when kept.
+        Without ``predictions`` a member reuses one of 8 made-up members' metrics: a null
+        member then costs the worker nothing but its sleep."""
+        keep = self.settings["predictions"]
+        if not keep and len(self._scores.get(gaussian, ())) >= 8:
+            return self._scores[gaussian][int(rng.integers(8))]
+        scores = {}
+        for split in ("val", "test"):
+            y = np.asarray(self.data[f"y_{split}"])
+            pred, var = _made_up(self.task, y, self.meta["n_outputs"], quality, rng, gaussian)
+            scores[split] = self.task.metrics(y, pred, var)
+            if keep:
+                self.run_dir.save_member_array(spec_id, split, "pred", pred)
+                if var is not None:
+                    self.run_dir.save_member_array(spec_id, split, "var", var)
+        if not keep:
+            self._scores.setdefault(gaussian, []).append(scores)
+        return scores
+
+    def __call__(self, spec: dict, report: Report | None = None) -> dict:
+        t0 = time.monotonic()
+        seconds = member_seconds(spec, self.settings, self.replay)
+        rng = np.random.default_rng([spec["seed"], 29])
+        epochs = max(1, int(spec.get("epochs", 1)))
+        every = int(spec.get("report_every") or 0)
+        done, stopped = epochs, "epochs"
+        for epoch in range(1, epochs + 1):
+            _sleep_until(t0 + seconds * epoch / epochs)
+            if report is not None and every and epoch % every == 0 and epoch < epochs:
+                decision = report({"epoch": epoch, "logs": {"loss": 1.0 / epoch, "val_loss": 1.0 / epoch}})
+                if decision["action"] == "stop":
+                    done, stopped = epoch, "master"
+                    break
+        if not self.leader:            # the other ranks of a group sleep and report alike, return nothing
+            return None
+        if rng.random() < self.settings["failure_rate"]:
+            raise MemberFailed("rehearsal", f"rehearsal failure drawn for {spec['id']} "
+                               f"(`rehearsal.failure_rate` = {self.settings['failure_rate']:g})")
+        quality = float(np.clip(self.settings["accuracy"] + rng.normal(0.0, 0.05), 0.0, 1.0))
+        scores = self._score(rng, quality, spec.get("loss") == "gaussian_nll", spec["id"])
+        return {"id": spec["id"], "status": "ok", "arch": spec.get("arch"), "seed": spec["seed"],
+                "val": scores["val"], "test": scores["test"],
+                "params": int(rng.integers(1_000, 1_000_000)), "epochs": done, "stopped": stopped,
+                "train_seconds": round(time.monotonic() - t0, 3),
+                "path": self.run_dir.member_ref(spec["id"]) if self.settings["predictions"] else None,
+                "predict_seconds_per_sample": 0.0, "rehearsal": True}
+
+
+def _sleep_until(deadline: float) -> None:
+    left = deadline - time.monotonic()
+    if left > 0:
+        time.sleep(left)
