@@ -2,7 +2,7 @@
 
 Layers, each importing only from layers below it (checked by tests/test_layering.py):
 
-    5  run, predict                 ``python -m ensemble.run`` / ``ensemble.predict``: entry points
+    5  run, predict, simulate       ``python -m ensemble.run`` / ``.predict`` / ``.simulate``: entry points
     4  orchestrate                  a run = spec source x executor x budget x run directory
     3  sources, train, inference    what to train next; training one member; using a run
     2  results                      run directory, journal, selection, leaderboard, summary

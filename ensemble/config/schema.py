@@ -140,7 +140,8 @@ SCHEMA = Table({
         "poll_max_sleep": Key(NUM, 0.05, _positive),
         # "keras" trains; "rehearsal" sleeps instead (no TensorFlow): sizes and tests the control plane
         "trainer": Key((str,), "keras", _one_of("keras", "rehearsal")),
-        "specs_in_hand": Key((int,), 2, _positive),
+        "specs_in_hand": Key((str, int), "auto", lambda v: None if v == "auto" or (
+            isinstance(v, int) and v > 0) else 'must be "auto" or a positive integer'),
         "journal_sync_seconds": Key(NUM, 1.0, _nonneg),
         "progress_seconds": Key(NUM, 10.0, _positive),
         "progress_lines": Key((int,), 100, _nonneg),

@@ -18,7 +18,7 @@ from ensemble.results.summary import finalize, format_comparison
 from ensemble.results.timeline import format_stats, run_stats
 from ensemble.runtime.budget import RunBudget, slurm_end_time
 from ensemble.runtime.executor import MpiExecutor, SerialExecutor, serve
-from ensemble.sources import SpecList, member_specs
+from ensemble.sources import SpecList, member_count, member_specs
 from ensemble.task import get_task
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,12 @@ def make_source(cfg: dict, meta: dict, run_dir: RunDirectory, previous: list[dic
         from ensemble.sources.search import SearchSource
         source = SearchSource(cfg, meta, run_dir, previous)
         return source, source.total
-    specs = member_specs(cfg)
-    return SpecList(specs, {r["id"] for r in previous if r.get("status") == "ok"}), len(specs)
+    return SpecList(member_specs(cfg), {r["id"] for r in previous if r.get("status") == "ok"}), member_count(cfg)
+
+
+def in_hand(runtime: dict) -> int | None:
+    """``runtime.specs_in_hand`` for the executor: None is auto."""
+    return None if runtime["specs_in_hand"] == "auto" else runtime["specs_in_hand"]
 
 
 def open_event(cfg: dict, executor, ranks: int, job_started: float) -> dict:
@@ -76,7 +80,7 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
              + (" [rehearsal: members sleep, nothing is trained]" if rt["trainer"] == "rehearsal" else ""))
     records = list(previous)
     if leaders:
-        executor = MpiExecutor(comm, leaders, rt["poll_max_sleep"], rt["specs_in_hand"])
+        executor = MpiExecutor(comm, leaders, rt["poll_max_sleep"], in_hand(rt))
     else:
         executor = SerialExecutor(lambda: make_trainer(cfg, meta, data, run_dir, 0))
     budget = RunBudget(rt["time_limit"], rt["finish_reserve"], rt["max_failed_share"], end_time=slurm_end_time())

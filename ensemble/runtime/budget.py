@@ -33,14 +33,14 @@ class RunBudget:
         ends = [t for t in (start + time_limit if time_limit else None, end_time) if t is not None]
         self.deadline = min(ends) - finish_reserve if ends else None
         self.max_failed_share = max_failed_share
-        self.durations: list[float] = []
+        self.slowest = 0.0
         self.n_ok = self.n_failed = 0
         self.reason: str | None = None
 
     def observe(self, result: dict) -> None:
         if result.get("status") == "ok":
             self.n_ok += 1
-            self.durations.append(float(result.get("train_seconds", 0.0)))
+            self.slowest = max(self.slowest, float(result.get("train_seconds", 0.0)))
         else:
             self.n_failed += 1
         total = self.n_ok + self.n_failed
@@ -51,7 +51,7 @@ class RunBudget:
 
     def expected_member_seconds(self) -> float:
         """A cautious estimate of one more member: the slowest seen so far."""
-        return max(self.durations, default=0.0)
+        return self.slowest
 
     def should_stop(self) -> bool:
         """True once no new member should start."""

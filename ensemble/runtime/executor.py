@@ -110,19 +110,68 @@ class SerialExecutor:
         self._queue.clear()
 
 
+#: with ``specs_in_hand = "auto"``: a second spec in hand while members are shorter than
+#: SHORT_MEMBER seconds (where a round trip to the master is a visible share of a member), one
+#: above LONG_MEMBER (where a queued spec would only make the end of the run less even)
+SHORT_MEMBER, LONG_MEMBER = 8.0, 12.0
+
+
+class Slots:
+    """Which worker gets the next spec: O(1) per operation at any number of workers.
+
+    Each worker holds up to ``target`` specs (the one it trains and the next ones) in
+    the order it trains them; ``ready`` lists a worker once per free place. With
+    ``in_hand = None`` (auto) the target is 2 while members are short and 1 when they
+    are long (see ``SHORT_MEMBER``); a change rebuilds ``ready`` once (O(workers)).
+    """
+
+    def __init__(self, workers: int, in_hand: int | None = 1):
+        self.auto = in_hand is None
+        self.target = 1 if self.auto else in_hand
+        self.held: list[deque[dict]] = [deque() for _ in range(workers)]
+        self.ready: deque[int] = deque(list(range(workers)) * self.target)   # round-robin: one each first
+        self.busy = 0
+        self.mean_seconds: float | None = None     # running mean of members' durations
+
+    def take(self, spec: dict) -> int:
+        worker = self.ready.popleft()
+        self.held[worker].append(spec)
+        self.busy += 1
+        return worker
+
+    def training(self, worker: int) -> dict:
+        """The spec ``worker`` trains now (a report is about it)."""
+        return self.held[worker][0]
+
+    def done(self, worker: int, seconds: float | None = None) -> dict:
+        """``worker`` finished its current spec (after ``seconds``): returns the spec."""
+        spec = self.held[worker].popleft()
+        if len(self.held[worker]) < self.target:     # a worker is in ready once per free place
+            self.ready.append(worker)
+        self.busy -= 1
+        if seconds is not None:
+            mean = self.mean_seconds
+            self.mean_seconds = seconds if mean is None else mean + 0.1 * (seconds - mean)
+            if self.auto:
+                want = 2 if self.mean_seconds < SHORT_MEMBER else 1 if self.mean_seconds > LONG_MEMBER else self.target
+                if want != self.target:
+                    self.target = want
+                    self.ready = deque(w for w, held in enumerate(self.held) for _ in range(want - len(held)))
+        return spec
+
+
 class MpiExecutor:
     """Hand specs to worker ranks (group leaders) that run ``serve``; results and reports
     arrive as messages.
 
-    Each worker holds up to ``in_hand`` specs (the one it trains and the next ones), so it
-    starts its next member the moment it sends a result instead of waiting a round trip
-    for the master. Every operation is O(1) in the number of workers: free slots are a
-    queue (a worker appears once per free slot), each worker's specs a queue in the order
-    it trains them. Waiting probes and sleeps with a back-off instead of spinning a core;
+    A worker holds up to ``in_hand`` specs (None: auto, see ``Slots``), so it starts its
+    next member the moment it sends a result instead of waiting a round trip for the
+    master. Every operation is O(1) in the number of workers. Waiting probes and sleeps
+    with a back-off instead of spinning a core, napping less when members are short;
     once a message is in, everything else already waiting (up to ``batch``) is taken too.
     """
 
-    def __init__(self, comm, workers: list[int], max_sleep: float = 0.05, in_hand: int = 1,
+    def __init__(self, comm, workers: list[int], max_sleep: float = 0.05, in_hand: int | None = 1,
                  batch: int = 256):
         from ensemble.runtime import mpi            # only here: the serial path needs no MPI
         self.mpi = mpi
@@ -130,50 +179,37 @@ class MpiExecutor:
         self.leaders = list(workers)
         self.workers = len(self.leaders)
         self.index = {rank: i for i, rank in enumerate(self.leaders)}
-        self._slots: deque[int] = deque(self.leaders * in_hand)   # round-robin: one spec each first
-        self._held: dict[int, deque[dict]] = {w: deque() for w in self.leaders}
-        self._busy = 0
+        self.slots = Slots(self.workers, in_hand)
         self.idle_seconds = 0.0                     # time spent waiting with nothing to do
-        self._member_seconds: float | None = None   # running mean of members' durations
 
     def free(self) -> int:
-        return len(self._slots)
+        return len(self.slots.ready)
 
     def submit(self, spec: dict) -> None:
-        worker = self._slots.popleft()
-        self.comm.send(spec, dest=worker, tag=self.mpi.TAG_SPEC)
-        self._held[worker].append(spec)
-        self._busy += 1
+        self.comm.send(spec, dest=self.leaders[self.slots.take(spec)], tag=self.mpi.TAG_SPEC)
 
     def busy(self) -> int:
-        return self._busy
+        return self.slots.busy
 
     def _handle(self, message, worker: int, tag: int, decide: Decide) -> dict | None:
         mpi = self.mpi
-        if tag == mpi.TAG_REPORT:                   # about the spec the worker trains now: its first
-            spec = self._held[worker][0]
+        if tag == mpi.TAG_REPORT:                   # about the spec the worker trains now
+            spec = self.slots.training(self.index[worker])
             decision = check_decision(decide(spec, message))
             self.comm.send(decision, dest=worker, tag=mpi.TAG_DECISION)
             log.debug("report from rank %d on %s: %s", worker, spec.get("id"), decision["action"])
             return None
         if tag != mpi.TAG_RESULT:
             raise RuntimeError(f"master got an unexpected message (tag {tag}) from rank {worker}")
-        self._held[worker].popleft()
-        self._slots.append(worker)
-        self._busy -= 1
         message["worker"] = self.index[worker]
-        if "ended" in message:
-            took = message["ended"] - message["started"]
-            mean = self._member_seconds
-            self._member_seconds = took if mean is None else mean + 0.1 * (took - mean)
+        self.slots.done(message["worker"], message["ended"] - message["started"] if "ended" in message else None)
         return message
 
     def sleep_cap(self) -> float:
         """The longest nap between probes: ``max_sleep``, or less when members are short, so
         the master answers well within one member's time (what a worker's next spec covers)."""
-        if self._member_seconds is None:
-            return self.max_sleep
-        return min(self.max_sleep, max(5e-4, 0.1 * self._member_seconds))
+        mean = self.slots.mean_seconds
+        return self.max_sleep if mean is None else min(self.max_sleep, max(5e-4, 0.1 * mean))
 
     def wait(self, decide: Decide, idle: Callable[[], None] | None = None) -> list[dict]:
         mpi, results = self.mpi, []

@@ -34,11 +34,12 @@ def setup_logging(rank: int, level: str = "info") -> logging.Logger:
     logger = logging.getLogger(ROOT)
     for handler in [h for h in logger.handlers if isinstance(h, ConsoleHandler)]:
         logger.removeHandler(handler)
-    logger.setLevel(logging.DEBUG)
     logger.propagate = False
     console = ConsoleHandler()
     console.setLevel(getattr(logging, level.upper()) if rank == 0 else logging.CRITICAL + 1)
     logger.addHandler(console)
+    # the logger passes only what some handler keeps: a debug call in a hot loop costs nothing
+    logger.setLevel(min(h.level for h in logger.handlers))
     return logger
 
 
@@ -49,5 +50,7 @@ def add_debug_file(run_dir: str | Path, rank: int) -> Path:
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setLevel(logging.DEBUG)
     handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} %(name)s %(levelname)s: %(message)s"))
-    logging.getLogger(ROOT).addHandler(handler)
+    logger = logging.getLogger(ROOT)
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
     return path

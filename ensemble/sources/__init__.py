@@ -8,6 +8,6 @@ A new source (population-based training, a replayed list, ...) is a class with t
 methods; see docs/architecture.md. No MPI and no TensorFlow here.
 """
 
-from ensemble.sources.members import SpecList, SpecSource, derive_seed, member_specs
+from ensemble.sources.members import SpecList, SpecSource, derive_seed, member_count, member_specs
 
-__all__ = ["SpecList", "SpecSource", "derive_seed", "member_specs"]
+__all__ = ["SpecList", "SpecSource", "derive_seed", "member_count", "member_specs"]

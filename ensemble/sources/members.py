@@ -3,7 +3,7 @@ spec source of an ensemble run: the fixed member list."""
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 import numpy as np
@@ -26,13 +26,17 @@ def derive_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def member_specs(cfg: dict) -> list[dict]:
-    """Every member of an ensemble run, in a fixed order: per architecture, ``members`` seeds."""
-    specs = []
+def member_count(cfg: dict) -> int:
+    return sum(arch["members"] for arch in cfg["architectures"])
+
+
+def member_specs(cfg: dict) -> Iterator[dict]:
+    """Every member of an ensemble run, in a fixed order: per architecture, ``members`` seeds.
+    Made one at a time, as they are handed out: a list of 100,000 members costs no memory."""
     for a, arch in enumerate(cfg["architectures"]):
         settings = member_train_settings(cfg, arch)
         for j in range(arch["members"]):
-            specs.append({
+            yield {
                 "id": f"{arch['name']}-{j:03d}",
                 "arch": arch["name"],
                 "layers": arch["layers"],
@@ -40,18 +44,17 @@ def member_specs(cfg: dict) -> list[dict]:
                 "params": arch["params"],
                 "seed": derive_seed(cfg["seed"], a, j),
                 **settings,
-            })
-    return specs
+            }
 
 
 class SpecList:
     """The fixed member list of an ensemble run, minus members already finished."""
 
-    def __init__(self, specs: list[dict], done_ids: set[str] = frozenset()):
-        self.pending = deque(s for s in specs if s["id"] not in done_ids)
+    def __init__(self, specs: Iterable[dict], done_ids: set[str] = frozenset()):
+        self.pending = (s for s in specs if s["id"] not in done_ids)
 
     def next_spec(self) -> dict | None:
-        return self.pending.popleft() if self.pending else None
+        return next(self.pending, None)
 
     def tell(self, result: dict) -> None:
         pass

@@ -118,10 +118,9 @@ class RehearsalTrainer:
             self._scores.setdefault(gaussian, []).append(scores)
         return scores
 
-    def __call__(self, spec: dict, report: Report | None = None) -> dict:
+    def __call__(self, spec: dict, report: Report | None = None) -> dict | None:
         t0 = time.monotonic()
         seconds = member_seconds(spec, self.settings, self.replay)
-        rng = np.random.default_rng([spec["seed"], 29])
         epochs = max(1, int(spec.get("epochs", 1)))
         every = int(spec.get("report_every") or 0)
         done, stopped = epochs, "epochs"
@@ -134,6 +133,11 @@ class RehearsalTrainer:
                     break
         if not self.leader:            # the other ranks of a group sleep and report alike, return nothing
             return None
+        return self.record(spec, time.monotonic() - t0, done, stopped)
+
+    def record(self, spec: dict, seconds: float, epochs: int | None = None, stopped: str = "epochs") -> dict:
+        """The member's journal record after ``seconds`` (raises MemberFailed for a drawn failure)."""
+        rng = np.random.default_rng([spec["seed"], 29])
         if rng.random() < self.settings["failure_rate"]:
             raise MemberFailed("rehearsal", f"rehearsal failure drawn for {spec['id']} "
                                f"(`rehearsal.failure_rate` = {self.settings['failure_rate']:g})")
@@ -141,8 +145,9 @@ class RehearsalTrainer:
         scores = self._score(rng, quality, spec.get("loss") == "gaussian_nll", spec["id"])
         return {"id": spec["id"], "status": "ok", "arch": spec.get("arch"), "seed": spec["seed"],
                 "val": scores["val"], "test": scores["test"],
-                "params": int(rng.integers(1_000, 1_000_000)), "epochs": done, "stopped": stopped,
-                "train_seconds": round(time.monotonic() - t0, 3),
+                "params": int(rng.integers(1_000, 1_000_000)),
+                "epochs": max(1, int(spec.get("epochs", 1))) if epochs is None else epochs, "stopped": stopped,
+                "train_seconds": round(seconds, 3),
                 "path": self.run_dir.member_ref(spec["id"]) if self.settings["predictions"] else None,
                 "predict_seconds_per_sample": 0.0, "rehearsal": True}
 

@@ -1,0 +1,117 @@
+"""How fast one master hands out members and journals results, against plain MPI.
+
+    python scripts/bench_dispatch.py [--ranks 4 8 16 32 64] [--members 20000] [--idle-seconds 10]
+
+For each rank count: a real ``python -m ensemble.run`` (all of it: data broadcast, dispatch,
+journal with group commit, leaderboard) with null members (``runtime.trainer =
+"rehearsal"``, 0 s, no predictions), then ``scripts/pingpong.py`` exchanging the same two
+messages (a real spec, a real journal record) the same number of times with nothing else
+done per message. Prints the run's members/s, the master's CPU share and CPU microseconds
+per result (from ensemble.json, i.e. from the journal's close event), the ping-pong's, and
+their ratio. Last, an idle master: members of ``--idle-seconds`` at -n 4, the master's CPU
+share while it waits. Both are ratios measured in one sitting, so a noisy machine shifts
+both sides alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CONFIG = """
+name = "bench"
+[[architectures]]
+name = "null"
+members = {members}
+layers = [{{type = "Dense", units = 8}}]
+[runtime]
+trainer = "rehearsal"
+journal_sync_seconds = {sync}
+progress_seconds = 1e9
+[rehearsal]
+seconds = {seconds}
+predictions = false
+"""
+
+
+def launcher() -> list[str]:
+    here = Path(sys.executable).parent
+    for name in ("mpiexec", "mpirun"):
+        if (here / name).exists():
+            return [str(here / name)]
+    return [shutil.which("mpiexec") or "mpiexec"]
+
+
+def run(ranks: int, members: int, seconds: float, sync: float, tmp: Path) -> dict:
+    cfg = tmp / f"bench_{ranks}_{seconds}_{sync}.toml"
+    cfg.write_text(CONFIG.format(members=members, seconds=seconds, sync=sync))
+    run_dir = tmp / f"run_{ranks}_{seconds}_{sync}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(launcher() + ["-n", str(ranks), sys.executable, "-m", "ensemble.run", str(cfg),
+                                       "--run-dir", str(run_dir), "--overwrite"],
+                         capture_output=True, text=True, env=env, timeout=1800)
+    if out.returncode:
+        raise SystemExit(f"ensemble.run -n {ranks} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    stats = json.loads((run_dir / "ensemble.json").read_text())["run"]
+    stats["run_dir"], stats["config"] = run_dir, cfg
+    return stats
+
+
+def pingpong(ranks: int, stats: dict, tmp: Path) -> dict:
+    from ensemble.config import load_config
+    from ensemble.results.journal import read_journal
+    from ensemble.sources import member_specs
+    spec = next(member_specs(load_config(stats["config"])))
+    record = read_journal(stats["run_dir"] / "journal.jsonl")[-1]
+    for key in ("dispatched", "received", "worker"):        # the master adds these, a worker does not send them
+        record.pop(key, None)
+    messages, out = tmp / "messages.pkl", tmp / f"pingpong_{ranks}.json"
+    messages.write_bytes(pickle.dumps((spec, record)))
+    proc = subprocess.run(launcher() + ["-n", str(ranks), sys.executable, str(ROOT / "scripts" / "pingpong.py"),
+                                        str(messages), str(stats["members"]), "2", str(out)],
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode:
+        raise SystemExit(f"pingpong -n {ranks} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, nargs="+", default=[4, 8, 16, 32, 64])
+    p.add_argument("--members", type=int, default=20000)
+    p.add_argument("--sync", type=float, nargs="+", default=[1.0],
+                   help="runtime.journal_sync_seconds to try (0: fsync every result)")
+    p.add_argument("--idle-seconds", type=float, default=10.0, help="member length of the idle-master run (0: skip)")
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench_dispatch_"))
+    print(f"{'ranks':>5} {'sync s':>6} {'members/s':>10} {'master CPU':>10} {'us/result':>10} "
+          f"{'pingpong/s':>10} {'pp us/msg':>10} {'master/pp':>9} {'utilisation':>11} {'fsyncs':>7}", flush=True)
+    for ranks in args.ranks:
+        for sync in args.sync:
+            stats = run(ranks, args.members, 0.0, sync, tmp)
+            ref = pingpong(ranks, stats, tmp)
+            print(f"{ranks:>5} {sync:>6g} {stats['members_per_second']:>10.0f} "
+                  f"{100 * stats['master_cpu_share']:>9.1f}% {stats['master_cpu_us_per_result']:>10.1f} "
+                  f"{ref['per_second']:>10.0f} {ref['cpu_us_per_result']:>10.1f} "
+                  f"{stats['master_cpu_us_per_result'] / ref['cpu_us_per_result']:>9.2f} "
+                  f"{100 * stats['utilisation']:>10.1f}% {stats['journal_syncs']:>7}", flush=True)
+    if args.idle_seconds:
+        stats = run(4, 6, args.idle_seconds, 1.0, tmp)
+        print(f"idle master: -n 4, 6 members of {args.idle_seconds:g} s: master CPU "
+              f"{100 * stats['master_cpu_share']:.2f}% of a core, busy {100 * stats['master_busy_share']:.2f}%, "
+              f"utilisation {100 * stats['utilisation']:.1f}%")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""The control plane without MPI: group commit, utilisation from the journal, worker slots,
+the rehearsal trainer, progress lines and the virtual-clock simulator."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from ensemble.config import resolve_config
+from ensemble.orchestrate.progress import Progress
+from ensemble.results.journal import Journal, read_journal
+from ensemble.results.rundir import RunDirectory
+from ensemble.results.timeline import format_stats, run_stats
+from ensemble.runtime.executor import Slots
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+# -- journal: group commit and events ---------------------------------------------------
+def test_group_commit_syncs_at_most_every_interval_and_flushes_every_line(tmp_path):
+    clock = FakeClock()
+    path = tmp_path / "journal.jsonl"
+    j = Journal(path, sync_seconds=1.0, clock=clock)
+    j.extend([{"id": "a"}])                    # first write after a long quiet: synced at once
+    assert j.syncs == 1
+    for i in range(5):
+        clock.t += 0.1
+        j.append({"id": f"b{i}"})
+        assert path.read_text().count("\n") == 2 + i      # on disk (the OS has it) at once
+    assert j.syncs == 1                                   # but not fsynced yet
+    clock.t += 0.6
+    j.sync_if_due()                                       # the master's idle tick
+    assert j.syncs == 2
+    j.sync_if_due()
+    assert j.syncs == 2                                   # nothing new: no fsync
+    j.close()
+
+
+def test_sync_zero_fsyncs_every_append(tmp_path):
+    j = Journal(tmp_path / "j.jsonl", sync_seconds=0.0, clock=FakeClock())
+    for i in range(4):
+        j.append({"id": str(i)})
+    assert j.syncs == 4
+    j.close()
+
+
+def test_event_lines_are_not_members(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    with Journal(path) as j:
+        j.event({"event": "open", "time": 1.0, "workers": 2})
+        j.append({"id": "a", "status": "ok"})
+    assert [r["id"] for r in read_journal(path)] == ["a"]
+    records, events = read_journal(path, events=True)
+    assert [e["event"] for e in events] == ["open"] and len(records) == 1
+
+
+def test_torn_tail_of_a_long_journal_is_cut_from_the_end(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    lines = [json.dumps({"id": f"m{i}", "pad": "x" * 200}) for i in range(2000)]   # > one 64 KiB read
+    path.write_text("\n".join(lines) + "\n" + '{"id": "torn", "pa')
+    with Journal(path) as j:
+        j.append({"id": "next"})
+    ids = [r["id"] for r in read_journal(path)]
+    assert len(ids) == 2001 and ids[-1] == "next" and "torn" not in ids
+
+
+# -- utilisation from the journal -------------------------------------------------------
+def rec(worker, started, ended, received=None, status="ok"):
+    return {"id": f"w{worker}-{started}", "worker": worker, "started": started, "ended": ended,
+            "received": ended if received is None else received, "status": status}
+
+
+def test_utilisation_is_training_time_over_workers_times_span():
+    events = [{"event": "open", "time": 100.0, "job_started": 95.0, "workers": 2},
+              {"event": "close", "time": 111.0, "master_wall_seconds": 11.0, "master_busy_seconds": 1.1,
+               "master_cpu_seconds": 0.55, "journal_syncs": 3}]
+    records = [rec(0, 101.0, 105.0), rec(0, 105.0, 111.0), rec(1, 101.0, 106.0, status="failed")]
+    stats = run_stats(records, events)
+    # trained 4 + 6 + 5 = 15 s of 2 workers x (111 - 101) s; startup 101 - 95
+    assert stats["utilisation"] == pytest.approx(0.75)
+    assert stats["startup_seconds"] == pytest.approx(6.0)
+    assert stats["members"] == 3 and stats["failed"] == 1
+    assert stats["members_per_second"] == pytest.approx(0.3)
+    assert stats["master_busy_share"] == pytest.approx(0.1)
+    assert stats["master_cpu_us_per_result"] == pytest.approx(1e6 * 0.55 / 3, rel=1e-3)
+    assert "utilisation 75.0%" in format_stats(stats)
+
+
+def test_a_resumed_run_adds_its_segments():
+    events = [{"event": "open", "time": 0.0, "job_started": 0.0, "workers": 1},
+              {"event": "open", "time": 100.0, "job_started": 98.0, "workers": 2}]
+    records = [rec(0, 1.0, 11.0),                          # job 1: killed after one member
+               rec(0, 101.0, 111.0), rec(1, 101.0, 106.0)]
+    stats = run_stats(records, events)
+    assert stats["segments"] == 2
+    assert stats["utilisation"] == pytest.approx((10 + 10 + 5) / (1 * 10 + 2 * 10), abs=1e-4)
+    assert stats["startup_seconds"] == pytest.approx(1.0 + 3.0)
+
+
+def test_records_without_timestamps_give_no_stats():
+    assert run_stats([{"id": "old", "status": "ok"}], []) == {}
+
+
+# -- which worker gets the next spec ---------------------------------------------------
+def test_slots_hand_out_round_robin_and_keep_order_per_worker():
+    slots = Slots(3, in_hand=2)
+    taken = [slots.take({"id": i}) for i in range(6)]
+    assert taken == [0, 1, 2, 0, 1, 2] and len(slots.ready) == 0 and slots.busy == 6
+    assert slots.training(1)["id"] == 1                  # a report from worker 1 is about its first spec
+    assert slots.done(1)["id"] == 1
+    assert slots.training(1)["id"] == 4 and list(slots.ready) == [1]
+
+
+def test_auto_holds_a_second_spec_only_while_members_are_short():
+    slots = Slots(4, in_hand=None)
+    assert slots.target == 1 and len(slots.ready) == 4
+    for w in range(4):
+        slots.take({"id": w})
+    slots.done(0, seconds=0.5)                            # short members: two in hand
+    assert slots.target == 2 and sorted(slots.ready) == [0, 0, 1, 2, 3]    # room for two each
+    for _ in range(4):
+        slots.take({"id": "x"})
+    for w in range(1, 4):
+        slots.done(w, seconds=1000.0)                     # long members: back to one
+    assert slots.target == 1
+    assert sorted(slots.ready) == [w for w in range(4) if not slots.held[w]] == [3]
+
+
+# -- the rehearsal trainer -----------------------------------------------------------
+CFG = {"architectures": [{"name": "m", "members": 3, "layers": [{"type": "Dense", "units": 4}]}],
+       "runtime": {"trainer": "rehearsal"}}
+
+
+def rehearsal(tmp_path, task="classification", **settings):
+    from ensemble.train.rehearsal import RehearsalTrainer
+    raw = {**CFG, "rehearsal": {"seconds": 0.0, **settings}}
+    cfg = resolve_config(raw)
+    rng = np.random.default_rng(0)
+    if task == "classification":
+        data = {"y_val": rng.integers(0, 4, 50), "y_test": rng.integers(0, 4, 40)}
+        meta = {"task": task, "n_outputs": 4}
+    else:
+        data = {"y_val": rng.normal(size=50), "y_test": rng.normal(size=40)}
+        meta = {"task": task, "n_outputs": 1}
+    return RehearsalTrainer(cfg, meta, data, RunDirectory(tmp_path))
+
+
+def test_rehearsal_member_has_the_real_record_and_prediction_shapes(tmp_path):
+    run_dir = RunDirectory(tmp_path)
+    trainer = rehearsal(tmp_path, accuracy=0.9)
+    record = trainer({"id": "m-000", "seed": 5, "epochs": 3}, None)
+    assert record["status"] == "ok" and record["epochs"] == 3 and record["rehearsal"]
+    assert set(record["val"]) >= {"accuracy", "log_loss", "brier", "ece"}
+    assert 0.6 < record["val"]["accuracy"] <= 1.0
+    pred = run_dir.load_member_array("m-000", "val")
+    assert pred.shape == (50, 4) and np.allclose(pred.sum(axis=1), 1.0)
+    reg = rehearsal(tmp_path / "r", "regression", predictions=False)({"id": "r", "seed": 1, "loss": "gaussian_nll"})
+    assert {"mse", "mae", "nll", "coverage90"} <= set(reg["val"])
+    assert not (tmp_path / "r" / "members").exists()
+
+
+def test_rehearsal_durations_are_log_normal_around_the_median_and_replayable(tmp_path):
+    from ensemble.train.rehearsal import member_seconds, replay_durations
+    settings = {"seconds": 60.0, "spread": 0.5}
+    draws = [member_seconds({"id": str(i), "seed": i}, settings) for i in range(4000)]
+    assert np.median(draws) == pytest.approx(60.0, rel=0.05)
+    assert np.std(np.log(draws)) == pytest.approx(0.5, rel=0.05)
+    assert member_seconds({"id": "x", "seed": 7}, settings) == member_seconds({"id": "y", "seed": 7}, settings)
+    journal = tmp_path / "journal.jsonl"
+    journal.write_text(json.dumps({"event": "open"}) + "\n" + json.dumps({"id": "a", "train_seconds": 2.5}) + "\n")
+    replay = replay_durations(tmp_path)
+    assert member_seconds({"id": "a", "seed": 0}, settings, replay) == 2.5
+    assert member_seconds({"id": "unknown", "seed": 0}, settings, replay) == 2.5
+    with pytest.raises(ValueError, match="rehearsal.replay"):
+        replay_durations(tmp_path / "nowhere")
+
+
+def test_rehearsal_reports_and_obeys_a_stop(tmp_path):
+    trainer = rehearsal(tmp_path, predictions=False)
+    seen = []
+
+    def report(payload):
+        seen.append(payload["epoch"])
+        return {"action": "stop"} if payload["epoch"] == 4 else {"action": "continue"}
+    record = trainer({"id": "m", "seed": 1, "epochs": 10, "report_every": 2}, report)
+    assert seen == [2, 4] and record["epochs"] == 4 and record["stopped"] == "master"
+
+
+def test_rehearsal_failures_are_drawn_at_the_configured_rate(tmp_path):
+    from ensemble.train.member import guarded
+    trainer = rehearsal(tmp_path, predictions=False, failure_rate=0.3)
+    results = [guarded(lambda i=i: trainer({"id": f"m{i}", "seed": i}), {"id": f"m{i}", "seed": i}, 0)
+               for i in range(300)]
+    failed = [r for r in results if r["status"] == "failed"]
+    assert 0.2 < len(failed) / 300 < 0.4
+    assert failed[0]["error"]["kind"] == "rehearsal"
+
+
+# -- progress lines --------------------------------------------------------------------
+def test_progress_prints_each_result_when_few_and_summaries_when_many(caplog):
+    caplog.set_level(logging.INFO, logger="ensemble")
+    ok = {"id": "m", "status": "ok", "val": {"accuracy": 0.5}, "epochs": 1, "params": 10, "train_seconds": 1.0,
+          "started": 0.0, "ended": 1.0}
+    clock = FakeClock()
+    few = Progress(3, "accuracy", 1, lines=10, clock=clock)
+    few.add([ok, ok])
+    assert sum("val accuracy" in r.message for r in caplog.records) == 2
+    caplog.clear()
+    many = Progress(1000, "accuracy", 2, lines=10, every=5.0, clock=clock)
+    for _ in range(20):
+        clock.t += 1.0
+        many.add([ok] * 10)
+    lines = [r.message for r in caplog.records]
+    assert len(lines) == 4 and all("members/s" in line and "ETA" in line for line in lines)
+    assert lines[-1].startswith("[200/1000]")
+
+
+# -- the simulator ---------------------------------------------------------------------
+def sim_config(members=12, **runtime):
+    return resolve_config({**CFG, "architectures": [{**CFG["architectures"][0], "members": members}],
+                           "runtime": {"trainer": "rehearsal", **runtime},
+                           "rehearsal": {"seconds": 10.0, "spread": 0.0}})
+
+
+def sim_data():
+    rng = np.random.default_rng(0)
+    return ({"y_val": rng.integers(0, 3, 30), "y_test": rng.integers(0, 3, 30)},
+            {"task": "classification", "n_outputs": 3, "input_shape": [4]})
+
+
+def test_simulated_run_of_equal_members_is_exact(tmp_path):
+    from ensemble.orchestrate.simulate import simulate
+    data, meta = sim_data()
+    stats = simulate(sim_config(12), meta, data, RunDirectory(tmp_path), 3, latency=0.01)
+    assert stats["members"] == 12
+    # 4 rounds of 10 s on each of 3 workers, the first spec and the last result one latency
+    # each way, plus the master's own (measured) time
+    assert stats["simulated_seconds"] == pytest.approx(40.02, abs=0.5)
+    assert stats["utilisation"] > 0.99
+    records, events = read_journal(tmp_path / "journal.jsonl", events=True)
+    assert len(records) == 12 and {e["event"] for e in events} == {"open", "close"}
+    assert run_stats(records, events)["utilisation"] == stats["utilisation"]
+
+
+def test_simulated_round_trip_shows_what_a_spec_in_hand_saves(tmp_path):
+    from ensemble.orchestrate.simulate import simulate
+    data, meta = sim_data()
+    one = simulate(sim_config(30, specs_in_hand=1), meta, data, RunDirectory(tmp_path / "a"), 3, latency=1.0)
+    two = simulate(sim_config(30, specs_in_hand=2), meta, data, RunDirectory(tmp_path / "b"), 3, latency=1.0)
+    # one in hand: each member waits a 2 s round trip (10 rounds of 12 s); two: only the first does
+    assert one["simulated_seconds"] == pytest.approx(10 * 12, abs=0.5)
+    assert two["simulated_seconds"] == pytest.approx(100 + 2, abs=0.5)
+    assert two["utilisation"] > one["utilisation"]
+
+
+def test_simulator_drives_every_evolution_strategy(tmp_path):
+    from ensemble.orchestrate.simulate import simulate
+    from evolve import STRATEGIES
+    data, meta = sim_data()
+    for name in STRATEGIES:
+        cfg = resolve_config({"mode": "evolve", "evolve": {"strategy": name, "evaluations": 30},
+                              "runtime": {"trainer": "rehearsal"}, "rehearsal": {"seconds": 5.0, "spread": 0.3}})
+        stats = simulate(cfg, meta, data, RunDirectory(tmp_path / name), 4)
+        assert stats["members"] == 30, name
