@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -34,8 +35,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--message-us", type=float, default=10.0,
                    help="the master's cost of one send or receive, microseconds (scripts/bench_dispatch.py "
                         "measures it as the ping-pong)")
+    p.add_argument("--master-slowdown", type=float, default=1.0,
+                   help="the master's measured time is multiplied by this (1: as fast as this machine; "
+                        "0: a master that costs nothing, to see what the rest costs; 2: twice as slow)")
     p.add_argument("--specs-in-hand", help='override runtime.specs_in_hand ("auto" or a number)')
     p.add_argument("--run-dir", help="keep the simulated journal here (default: a temporary directory)")
+    p.add_argument("--json", action="store_true", help="print each row's full statistics as a JSON line")
     return p.parse_args(argv)
 
 
@@ -77,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"data error: {exc}", file=sys.stderr)
         return 3
-    print(f"{'workers':>8} {'members':>9} {'utilisation':>12} {'master busy':>12} {'members/s':>10} "
-          f"{'simulated':>10} {'journal MB':>11} {'real s':>8}")
+    if not args.json:
+        print(f"{'workers':>8} {'members':>9} {'utilisation':>12} {'master busy':>12} {'members/s':>10} "
+              f"{'simulated':>10} {'journal MB':>11} {'real s':>8}")
     for workers in args.workers:
         run = cfg
         if args.members or args.per_worker:
@@ -88,10 +94,14 @@ def main(argv: list[str] | None = None) -> int:
             path.mkdir(parents=True, exist_ok=True)
             (path / RunDirectory.JOURNAL).unlink(missing_ok=True)
             stats = simulate(run, meta, data, RunDirectory(path), workers, latency=args.latency,
-                             message_seconds=args.message_us * 1e-6, replay=args.replay)
+                             message_seconds=args.message_us * 1e-6, replay=args.replay,
+                             speed=args.master_slowdown)
+        if args.json:
+            print(json.dumps(stats), flush=True)
+            continue
         print(f"{workers:>8} {stats['members']:>9} {100 * stats['utilisation']:>11.1f}% "
               f"{100 * stats['master_busy_share']:>11.2f}% {stats['members_per_second']:>10.1f} "
-              f"{stats['simulated_seconds']:>9.0f}s {stats['journal_bytes'] / 1e6:>11.1f} "
+              f"{stats['simulated_seconds']:>9.1f}s {stats['journal_bytes'] / 1e6:>11.1f} "
               f"{stats['real_seconds']:>8.1f}", flush=True)
     return 0
 

@@ -110,10 +110,10 @@ class SerialExecutor:
         self._queue.clear()
 
 
-#: with ``specs_in_hand = "auto"``: a second spec in hand while members are shorter than
-#: SHORT_MEMBER seconds (where a round trip to the master is a visible share of a member), one
-#: above LONG_MEMBER (where a queued spec would only make the end of the run less even)
-SHORT_MEMBER, LONG_MEMBER = 8.0, 12.0
+#: ``specs_in_hand = "auto"``: one spec in hand once members average over LONG_MEMBER seconds
+#: (a queued spec would only make the end of the run less even; back to more below
+#: SHORT_MEMBER), else enough to cover COVER_SECONDS of round trip to the master, 2 to MAX_IN_HAND
+SHORT_MEMBER, LONG_MEMBER, COVER_SECONDS, MAX_IN_HAND = 8.0, 12.0, 0.1, 4
 
 
 class Slots:
@@ -121,8 +121,9 @@ class Slots:
 
     Each worker holds up to ``target`` specs (the one it trains and the next ones) in
     the order it trains them; ``ready`` lists a worker once per free place. With
-    ``in_hand = None`` (auto) the target is 2 while members are short and 1 when they
-    are long (see ``SHORT_MEMBER``); a change rebuilds ``ready`` once (O(workers)).
+    ``in_hand = None`` (auto) the target follows the members' mean duration (see
+    ``LONG_MEMBER``), reconsidered once per ``max(64, workers)`` results, and a change
+    rebuilds ``ready`` (O(workers), so O(1) per result).
     """
 
     def __init__(self, workers: int, in_hand: int | None = 1):
@@ -132,6 +133,7 @@ class Slots:
         self.ready: deque[int] = deque(list(range(workers)) * self.target)   # round-robin: one each first
         self.busy = 0
         self.mean_seconds: float | None = None     # running mean of members' durations
+        self._every, self._count = max(64, workers), 0
 
     def take(self, spec: dict) -> int:
         worker = self.ready.popleft()
@@ -152,12 +154,22 @@ class Slots:
         if seconds is not None:
             mean = self.mean_seconds
             self.mean_seconds = seconds if mean is None else mean + 0.1 * (seconds - mean)
-            if self.auto:
-                want = 2 if self.mean_seconds < SHORT_MEMBER else 1 if self.mean_seconds > LONG_MEMBER else self.target
-                if want != self.target:
-                    self.target = want
-                    self.ready = deque(w for w, held in enumerate(self.held) for _ in range(want - len(held)))
+            if self.auto and self._count % self._every == 0:
+                self.retarget()
+            self._count += 1
         return spec
+
+    def wanted(self) -> int:
+        mean = max(self.mean_seconds or 0.0, 1e-6)
+        if mean > LONG_MEMBER or (self.target == 1 and mean > SHORT_MEMBER):
+            return 1
+        return min(MAX_IN_HAND, 2 + int(COVER_SECONDS / mean))
+
+    def retarget(self) -> None:
+        want = self.wanted()
+        if want != self.target:
+            self.target = want
+            self.ready = deque(w for w, held in enumerate(self.held) for _ in range(want - len(held)))
 
 
 class MpiExecutor:
@@ -181,12 +193,17 @@ class MpiExecutor:
         self.index = {rank: i for i, rank in enumerate(self.leaders)}
         self.slots = Slots(self.workers, in_hand)
         self.idle_seconds = 0.0                     # time spent waiting with nothing to do
+        self._sends: deque = deque()                # specs on their way (non-blocking sends)
 
     def free(self) -> int:
         return len(self.slots.ready)
 
     def submit(self, spec: dict) -> None:
-        self.comm.send(spec, dest=self.leaders[self.slots.take(spec)], tag=self.mpi.TAG_SPEC)
+        # non-blocking: a worker busy training takes the spec when it is done, the master
+        # never waits for it (a blocking send can, once a worker's receive queue is full)
+        self._sends.append(self.comm.isend(spec, dest=self.leaders[self.slots.take(spec)], tag=self.mpi.TAG_SPEC))
+        while self._sends and self._sends[0].Test():
+            self._sends.popleft()
 
     def busy(self) -> int:
         return self.slots.busy
@@ -240,6 +257,13 @@ class MpiExecutor:
         return results
 
     def shutdown(self) -> None:
+        sleep = 1e-4
+        while self._sends:                          # every spec delivered before the stops
+            if self._sends[0].Test():
+                self._sends.popleft()
+                continue
+            time.sleep(sleep)
+            sleep = min(sleep * 2, self.max_sleep)
         for worker in self.leaders:
             self.comm.send(None, dest=worker, tag=self.mpi.TAG_STOP)
 

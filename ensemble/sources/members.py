@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
-import numpy as np
-
 from ensemble.config import member_train_settings
 
 
@@ -21,9 +19,46 @@ class SpecSource(Protocol):
         """A result has arrived (finished or failed)."""
 
 
+_M32 = 0xFFFFFFFF
+
+
 def derive_seed(*parts: int) -> int:
-    """A well-mixed 31-bit seed from the run seed and a member's coordinates."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
+    """A well-mixed 31-bit seed from the run seed and a member's coordinates: the first word
+    of ``numpy.random.SeedSequence(parts).generate_state(1)``, masked to 31 bits, computed
+    in plain Python (3x cheaper: the master makes one per member it hands out; the test
+    checks it against numpy)."""
+    entropy = []
+    for part in parts:                     # numpy's coercion: each int as little-endian 32-bit words
+        part = int(part)
+        if part < 0:
+            raise ValueError(f"seed parts must be >= 0, but got {part}")
+        entropy.append(part & _M32)
+        while part > _M32:
+            part >>= 32
+            entropy.append(part & _M32)
+    const = 0x43B0D7E5
+
+    def hashmix(value: int) -> int:
+        nonlocal const
+        value ^= const
+        const = (const * 0x931E8875) & _M32
+        value = (value * const) & _M32
+        return value ^ (value >> 16)
+
+    def mix(x: int, y: int) -> int:
+        r = (0xCA01F9DD * x - 0x4973F715 * y) & _M32
+        return r ^ (r >> 16)
+
+    pool = [hashmix(entropy[i] if i < len(entropy) else 0) for i in range(4)]
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+    for word in entropy[4:]:
+        for dst in range(4):
+            pool[dst] = mix(pool[dst], hashmix(word))
+    value = ((pool[0] ^ 0x8B51F9DD) * ((0x8B51F9DD * 0x58F38DED) & _M32)) & _M32
+    return (value ^ (value >> 16)) & 0x7FFFFFFF
 
 
 def member_count(cfg: dict) -> int:

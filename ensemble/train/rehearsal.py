@@ -7,7 +7,7 @@ for GPUs. Each member:
 
 - sleeps a duration drawn from a log-normal distribution (median ``rehearsal.seconds``,
   spread ``rehearsal.spread`` = sigma of the log; 0 gives every member the median), or the
-  ``train_seconds`` an earlier run journalled for the same member id (``rehearsal.replay``:
+  time an earlier run journalled for the same member id (``rehearsal.replay``:
   a journal.jsonl or its run directory; ids it lacks get durations drawn from its records);
 - splits the sleep over ``epochs`` and reports to the master every ``report_every`` epochs
   as a Keras member does, obeying a stop;
@@ -38,7 +38,8 @@ from ensemble.train.member import MemberFailed
 
 
 def replay_durations(path: str | Path) -> dict[str, float]:
-    """member id -> train_seconds from a journal (or a run directory holding one)."""
+    """member id -> seconds on its worker (``ended - started``; ``train_seconds`` in journals
+    without timestamps) from a journal (or a run directory holding one)."""
     path = Path(path)
     if path.is_dir():
         path = path / RunDirectory.JOURNAL
@@ -51,7 +52,11 @@ def replay_durations(path: str | Path) -> dict[str, float]:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if "id" in record and record.get("train_seconds") is not None:
+        if "id" not in record:
+            continue
+        if "ended" in record and "started" in record:
+            out[record["id"]] = float(record["ended"]) - float(record["started"])
+        elif record.get("train_seconds") is not None:
             out[record["id"]] = float(record["train_seconds"])
     if not out:
         raise ValueError(f"`rehearsal.replay`: {str(path)!r} holds no member with `train_seconds`")
@@ -97,6 +102,12 @@ class RehearsalTrainer:
         self.task = get_task(meta["task"])
         self.replay = replay_durations(self.settings["replay"]) if self.settings["replay"] else None
         self._scores: dict[bool, list[dict]] = {}       # without predictions: a few members' metrics
+        if not self.settings["predictions"]:             # made now: start-up, not the first members
+            rng = np.random.default_rng(0)
+            for gaussian in ((False, True) if self.task.name == "regression" else (False,)):
+                for i in range(8):
+                    self._score(rng, float(np.clip(self.settings["accuracy"] + rng.normal(0.0, 0.05), 0, 1)),
+                                gaussian, f"template-{i}")
 
     def _score(self, rng, quality: float, gaussian: bool, spec_id: str) -> dict:
         """Metrics of made-up predictions on both splits; the predictions are written when kept.
@@ -133,7 +144,9 @@ class RehearsalTrainer:
                     break
         if not self.leader:            # the other ranks of a group sleep and report alike, return nothing
             return None
-        return self.record(spec, time.monotonic() - t0, done, stopped)
+        record = self.record(spec, time.monotonic() - t0, done, stopped)
+        record["train_seconds"] = round(time.monotonic() - t0, 3)      # scoring and writing included
+        return record
 
     def record(self, spec: dict, seconds: float, epochs: int | None = None, stopped: str = "epochs") -> dict:
         """The member's journal record after ``seconds`` (raises MemberFailed for a drawn failure)."""

@@ -120,19 +120,24 @@ def test_slots_hand_out_round_robin_and_keep_order_per_worker():
     assert slots.training(1)["id"] == 4 and list(slots.ready) == [1]
 
 
-def test_auto_holds_a_second_spec_only_while_members_are_short():
+def test_auto_holds_more_specs_the_shorter_the_members():
     slots = Slots(4, in_hand=None)
     assert slots.target == 1 and len(slots.ready) == 4
     for w in range(4):
         slots.take({"id": w})
-    slots.done(0, seconds=0.5)                            # short members: two in hand
+    slots.done(0, seconds=0.5)                  # the first result sets the target: 0.1 s / 0.5 s + 2
     assert slots.target == 2 and sorted(slots.ready) == [0, 0, 1, 2, 3]    # room for two each
     for _ in range(4):
         slots.take({"id": "x"})
     for w in range(1, 4):
-        slots.done(w, seconds=1000.0)                     # long members: back to one
-    assert slots.target == 1
+        slots.done(w, seconds=1000.0)
+    assert slots.target == 2                    # reconsidered once per max(64, workers) results only
+    slots.retarget()
+    assert slots.target == 1                    # long members: one in hand, an even end of the run
     assert sorted(slots.ready) == [w for w in range(4) if not slots.held[w]] == [3]
+    slots.mean_seconds = 1e-4                   # null members: as many as the cap
+    slots.retarget()
+    assert slots.target == 4 and sum(len(h) for h in slots.held) + len(slots.ready) == 4 * 4
 
 
 # -- the rehearsal trainer -----------------------------------------------------------
@@ -271,3 +276,13 @@ def test_simulator_drives_every_evolution_strategy(tmp_path):
                               "runtime": {"trainer": "rehearsal"}, "rehearsal": {"seconds": 5.0, "spread": 0.3}})
         stats = simulate(cfg, meta, data, RunDirectory(tmp_path / name), 4)
         assert stats["members"] == 30, name
+
+
+def test_derive_seed_is_numpys_seed_sequence():
+    from ensemble.sources import derive_seed
+    rng = np.random.default_rng(3)
+    cases = [(0,), (0, 0, 0), (11, 1_000_003, 40)] + [
+        tuple(int(v) for v in rng.integers(0, 2 ** 40, rng.integers(1, 7))) for _ in range(500)]
+    for parts in cases:
+        want = int(np.random.SeedSequence(list(parts)).generate_state(1)[0]) & 0x7FFFFFFF
+        assert derive_seed(*parts) == want, parts
