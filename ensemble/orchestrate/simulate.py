@@ -30,7 +30,7 @@ from ensemble.results.journal import Journal
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.timeline import run_stats
 from ensemble.runtime.budget import RunBudget
-from ensemble.runtime.executor import Decide, Slots
+from ensemble.runtime.executor import Decide, Slots, result_seconds
 from ensemble.train.member import guarded
 
 
@@ -85,10 +85,10 @@ class SimExecutor:
         self.messages += 1
 
     def _result(self, worker: int, spec: dict, start: float, end: float) -> dict:
-        self.slots.done(worker, end - start)
         result = self.record(spec, end - start)
         result.update(started=round(start, 4), ended=round(end, 4), worker=worker,
                       rank=1 + worker * self.group_size, host=f"sim{worker}")
+        self.slots.done(worker, result_seconds(result))
         return result
 
     def wait(self, decide: Decide, idle: Callable[[], None] | None = None) -> list[dict]:

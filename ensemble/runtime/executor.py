@@ -172,6 +172,14 @@ class Slots:
             self.ready = deque(w for w, held in enumerate(self.held) for _ in range(want - len(held)))
 
 
+def result_seconds(result: dict) -> float | None:
+    """How long a finished member kept its worker; None for a failure (failures are often
+    instant and must not make the master queue more specs per worker)."""
+    if result.get("status") != "ok" or "ended" not in result:
+        return None
+    return result["ended"] - result["started"]
+
+
 class MpiExecutor:
     """Hand specs to worker ranks (group leaders) that run ``serve``; results and reports
     arrive as messages.
@@ -201,7 +209,9 @@ class MpiExecutor:
     def submit(self, spec: dict) -> None:
         # non-blocking: a worker busy training takes the spec when it is done, the master
         # never waits for it (a blocking send can, once a worker's receive queue is full)
-        self._sends.append(self.comm.isend(spec, dest=self.leaders[self.slots.take(spec)], tag=self.mpi.TAG_SPEC))
+        worker = self.leaders[self.slots.take(spec)]
+        self._sends.append(self.comm.isend(spec, dest=worker, tag=self.mpi.TAG_SPEC))
+        log.debug("spec %s to rank %d", spec.get("id"), worker)
         while self._sends and self._sends[0].Test():
             self._sends.popleft()
 
@@ -219,7 +229,8 @@ class MpiExecutor:
         if tag != mpi.TAG_RESULT:
             raise RuntimeError(f"master got an unexpected message (tag {tag}) from rank {worker}")
         message["worker"] = self.index[worker]
-        self.slots.done(message["worker"], message["ended"] - message["started"] if "ended" in message else None)
+        self.slots.done(message["worker"], result_seconds(message))
+        log.debug("result of %s from rank %d", message.get("id"), worker)
         return message
 
     def sleep_cap(self) -> float:
