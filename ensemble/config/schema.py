@@ -123,6 +123,10 @@ SCHEMA = Table({
         "k": Key((int,), 5, _positive),
         "method": Key((str,), "auto", _one_of("auto", "top_k", "greedy")),
         "metric": Key((str,), "auto", _one_of("auto", *METRICS)),
+        # retention at scale: predictions kept for the best `candidates` (selection's pool),
+        # models for the best `keep_models` (+ the selected, + a multi-objective search's front)
+        "candidates": Key((int,), 500, _positive),
+        "keep_models": Key((int,), 100, _nonneg),
     }),
     # strategy, budget, and the settings the chosen strategy declares (evolve.strategies)
     "evolve": Key((dict,), {}),

@@ -96,17 +96,20 @@ def load_run(run_dir: str | Path) -> EnsembleRun:
         raise PredictError(f"{str(path / rd.ENSEMBLE)!r} lists no member with a positive weight")
     members = []
     for m in entries:
-        model_path = rd.model_path(m["id"])
+        model_path = path / m["model"] if m.get("model") else rd.model_path(m["id"])
+        if not model_path.is_file() and rd.legacy_model_path(m["id"]).is_file():
+            model_path = rd.legacy_model_path(m["id"])          # a run written before retention
         if not model_path.is_file():
             raise PredictError(f"ensemble member {m['id']!r} has no model file "
                                f"{str(model_path)!r}; the run directory is incomplete")
-        scaling = {}
-        scaling_path = rd.member_dir(m["id"]) / rd.SCALING
-        if scaling_path.is_file():
-            scaling = _read_json(scaling_path)
-        elif meta["task"] == "regression":
-            raise PredictError(f"regression member {m['id']!r} has no {str(scaling_path)!r}, "
-                               "so its outputs cannot be put back into the targets' units")
+        scaling = m if "y_shift" in m else {}
+        legacy_scaling = rd.legacy_model_path(m["id"]).parent / rd.LEGACY_SCALING
+        if not scaling and legacy_scaling.is_file():
+            scaling = _read_json(legacy_scaling)
+        elif not scaling and meta["task"] == "regression":
+            raise PredictError(f"regression member {m['id']!r} has no output scaling in "
+                               f"{str(path / rd.ENSEMBLE)!r}, so its outputs cannot be put back into "
+                               "the targets' units")
         members.append(Member(m["id"], float(m["weight"]) / total, str(model_path),
                               float(scaling.get("y_shift", 0.0)), float(scaling.get("y_scale", 1.0)),
                               bool(scaling.get("gaussian", False))))

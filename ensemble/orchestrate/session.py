@@ -13,6 +13,7 @@ import numpy as np
 
 from ensemble.orchestrate.dispatch import dispatch
 from ensemble.orchestrate.progress import Progress
+from ensemble.results.artifacts import Artifacts
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.summary import finalize, format_comparison
 from ensemble.results.timeline import format_stats, run_stats
@@ -40,13 +41,26 @@ def make_trainer(cfg: dict, meta: dict, data, run_dir: RunDirectory, rank: int, 
     return lambda spec, report: run_member(spec, data, meta, run_dir, rank, group, report)
 
 
-def make_source(cfg: dict, meta: dict, run_dir: RunDirectory, previous: list[dict]):
-    """(spec source, members expected or None) for the config's mode."""
+def make_source(cfg: dict, meta: dict, run_dir: RunDirectory, previous: list[dict], lost: set[str] = frozenset()):
+    """(spec source, members expected or None) for the config's mode; members in ``lost``
+    (finished, but their kept artifacts are gone) are trained again."""
     if cfg["mode"] == "evolve":
         from ensemble.sources.search import SearchSource
-        source = SearchSource(cfg, meta, run_dir, previous)
+        source = SearchSource(cfg, meta, run_dir, previous, lost)
         return source, source.total
-    return SpecList(member_specs(cfg), {r["id"] for r in previous if r.get("status") == "ok"}), member_count(cfg)
+    done = {r["id"] for r in previous if r.get("status") == "ok"} - set(lost)
+    return SpecList(member_specs(cfg), done), member_count(cfg)
+
+
+def make_artifacts(cfg: dict, meta: dict, run_dir: RunDirectory, metric: str) -> Artifacts:
+    """The run's retention (``ensemble.candidates``, ``ensemble.keep_models``); a
+    multi-objective search also keeps its Pareto front's models."""
+    objectives = None
+    if cfg["mode"] == "evolve":
+        from ensemble.sources.search import pareto_objectives
+        objectives = pareto_objectives(cfg, meta)
+    ens = cfg["ensemble"]
+    return Artifacts(run_dir, metric, ens["candidates"], ens["keep_models"], objectives)
 
 
 def in_hand(runtime: dict) -> int | None:
@@ -67,16 +81,24 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
     """Rank 0: schedule members, journal results, build and report the ensemble."""
     t0 = time.monotonic()
     job_started = time.time() if job_started is None else job_started
-    previous, events = run_dir.read_journal(events=True) if resume else ([], [])
-    done_ids = {r["id"] for r in previous if r.get("status") == "ok"}
+    t_resume = time.perf_counter()
+    lines = run_dir.read_lines() if resume else []
+    previous = [x for x in lines if "event" not in x]
+    events = [x for x in lines if "event" in x]
     metric = get_task(meta["task"]).default_metric(cfg["ensemble"]["metric"])
-    source, total = make_source(cfg, meta, run_dir, previous)
+    artifacts = make_artifacts(cfg, meta, run_dir, metric)
+    lost = artifacts.restore(lines) if resume else set()
+    done_ids = {r["id"] for r in previous if r.get("status") == "ok"} - lost
+    source, total = make_source(cfg, meta, run_dir, previous, lost)
+    del lines
+    resume_seconds = round(time.perf_counter() - t_resume, 3)
     rt = cfg["runtime"]
     group_size = rt["group_size"]
     log.info(f"run {run_dir.path}: {meta['task']} on {meta['sizes']} samples, {total or '?'} members, "
              f"{len(leaders) or 'no'} {'groups of ' + str(group_size) + ' ranks' if group_size > 1 else 'workers'}"
              f"{' (serial)' if not leaders else ''}"
-             + (f", resuming with {len(done_ids)} finished" if resume else "")
+             + (f", resuming with {len(done_ids)} finished (state read in {resume_seconds:.1f} s)"
+                if resume else "")
              + (" [rehearsal: members sleep, nothing is trained]" if rt["trainer"] == "rehearsal" else ""))
     records = list(previous)
     if leaders:
@@ -86,18 +108,22 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
     budget = RunBudget(rt["time_limit"], rt["finish_reserve"], rt["max_failed_share"], end_time=slurm_end_time())
     progress = Progress(total, metric, executor.workers, len(done_ids), rt["progress_lines"],
                         rt["progress_seconds"])
-    with run_dir.journal(rt["journal_sync_seconds"]) as journal:
+    with run_dir.journal(rt["journal_sync_seconds"], before_sync=artifacts.store.sync) as journal:
         opened = open_event(cfg, executor, comm.Get_size(), job_started)
+        if resume:
+            opened["resume_seconds"] = resume_seconds
         journal.event(opened)
 
         def on_results(results: list[dict]) -> None:
-            journal.extend(results)
+            released = artifacts.accept(results)          # candidates' arrays to the store
+            journal.extend(results + released)
+            artifacts.remove_released()                   # after the line that says so
             records.extend(results)
             for result in results:
                 budget.observe(result)
             progress.add(results)
-        account = dispatch(executor, source, on_results, should_stop=budget.should_stop, adjust=budget.cap,
-                           idle=journal.sync_if_due)
+        account = dispatch(executor, source, on_results, should_stop=budget.should_stop,
+                           adjust=lambda spec: artifacts.stamp(budget.cap(spec)), idle=journal.sync_if_due)
         closed = {"event": "close", "time": round(time.time(), 4), **account,
                   "journal_syncs": journal.syncs + 1, "journal_bytes": journal.bytes}
         if account["master_busy_seconds"] is None:          # the serial master trains: no master share
@@ -121,10 +147,12 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
     predictions = rt["trainer"] != "rehearsal" or cfg["rehearsal"]["predictions"]
     try:
         summary = finalize(run_dir, records, cfg, meta, np.asarray(data["y_val"]), np.asarray(data["y_test"]),
-                           extra, ensemble=predictions)
+                           extra, ensemble=predictions, artifacts=artifacts)
     except RuntimeError as exc:
         log.error(f"error: {exc}")
         return code or 1
+    finally:
+        artifacts.close()
     if predictions:
         log.info(format_comparison(summary))
     else:

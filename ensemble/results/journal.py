@@ -25,8 +25,10 @@ from pathlib import Path
 
 
 class Journal:
-    def __init__(self, path: str | Path, sync_seconds: float = 0.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, path: str | Path, sync_seconds: float = 0.0, clock: Callable[[], float] = time.monotonic,
+                 before_sync: Callable[[], None] | None = None):
         self.path = Path(path)
+        self.before_sync = before_sync         # e.g. the packed store's fsync: what a line names is on disk first
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.sync_seconds, self.clock = sync_seconds, clock
         self._repair_tail()
@@ -85,6 +87,8 @@ class Journal:
 
     def sync(self) -> None:
         if self._dirty:
+            if self.before_sync is not None:
+                self.before_sync()
             os.fsync(self._fh.fileno())
             self.syncs += 1
             self._dirty = False
@@ -102,21 +106,28 @@ class Journal:
         self.close()
 
 
+def read_lines(path: str | Path) -> list[dict]:
+    """Every whole line (member records and event lines) in order; a torn or corrupt line
+    is skipped, not fatal."""
+    path = Path(path)
+    out = []
+    if path.exists():
+        loads = json.loads
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    item = loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(item, dict):
+                    out.append(item)
+    return out
+
+
 def read_journal(path: str | Path, events: bool = False) -> list[dict] | tuple[list[dict], list[dict]]:
     """All whole member records in order (a torn or corrupt line is skipped, not fatal);
     with ``events``, (records, event lines)."""
-    path = Path(path)
     records, marks = [], []
-    if path.exists():
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if not isinstance(item, dict):
-                    continue
-                (marks if "event" in item else records).append(item)
+    for item in read_lines(path):
+        (marks if "event" in item else records).append(item)
     return (records, marks) if events else records

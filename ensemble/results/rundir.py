@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble.results.journal import Journal, read_journal
+from ensemble.results.journal import Journal, read_journal, read_lines
+from ensemble.results.store import PackStore
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
@@ -57,10 +58,12 @@ class RunDirectory:
     TEST_PREDICTIONS = "ensemble_test_predictions.npz"
     SEARCH_TABLE = "search.csv"
     SEARCH_PLOT = "search.png"
-    MEMBERS = "members"
-    MODEL = "model.keras"
-    SCALING = "scaling.json"
-    HISTORY = "history.json"
+    MODELS = "models"
+    MODEL_SUFFIX = ".keras"
+    STORE = "store"
+    LEGACY_MEMBERS = "members"
+    LEGACY_MODEL = "model.keras"
+    LEGACY_SCALING = "scaling.json"
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -95,43 +98,43 @@ class RunDirectory:
     def has_journal(self) -> bool:
         return (self.path / self.JOURNAL).exists()
 
-    def journal(self, sync_seconds: float = 0.0) -> Journal:
+    def journal(self, sync_seconds: float = 0.0, before_sync=None) -> Journal:
         """The append-only results journal, opened for appending (torn tail repaired);
-        fsynced at most every ``sync_seconds`` (0: on every append)."""
-        return Journal(self.path / self.JOURNAL, sync_seconds)
+        fsynced at most every ``sync_seconds`` (0: on every append), ``before_sync()`` first."""
+        return Journal(self.path / self.JOURNAL, sync_seconds, before_sync=before_sync)
 
     def read_journal(self, events: bool = False):
         """The member records (and, with ``events``, the run's event lines)."""
         return read_journal(self.path / self.JOURNAL, events)
 
-    # -- members ----------------------------------------------------------------------
-    def member_dir(self, member_id: str) -> Path:
-        return self.path / self.MEMBERS / member_id
+    def read_lines(self) -> list[dict]:
+        """Every whole journal line, records and events, in order."""
+        return read_lines(self.path / self.JOURNAL)
 
-    def member_ref(self, member_id: str) -> str:
-        """How the journal names a member's artifacts (relative to the run directory)."""
-        return f"{self.MEMBERS}/{member_id}"
+    # -- members ----------------------------------------------------------------------
+    def store(self) -> PackStore:
+        """The packed store of the candidates' predictions (opened: its torn tail cut)."""
+        return PackStore(self.path / self.STORE)
+
+    def model_ref(self, member_id: str) -> str:
+        """How the journal and ensemble.json name a member's model (relative to the run directory)."""
+        return f"{self.MODELS}/{member_id}{self.MODEL_SUFFIX}"
 
     def model_path(self, member_id: str) -> Path:
-        return self.member_dir(member_id) / self.MODEL
+        return self.path / self.model_ref(member_id)
 
-    def save_member_array(self, member_id: str, split: str, what: str, array: np.ndarray) -> Path:
-        """``{split}_{what}.npy``: a member's predictions (``pred``) or variances (``var``)."""
-        folder = self.member_dir(member_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        return atomic_write(folder / f"{split}_{what}.npy", lambda p: np.save(p, array))
+    def legacy_model_path(self, member_id: str) -> Path:
+        return self.path / self.LEGACY_MEMBERS / member_id / self.LEGACY_MODEL
 
-    def load_member_array(self, member_id: str, split: str, what: str = "pred") -> np.ndarray | None:
-        path = self.member_dir(member_id) / f"{split}_{what}.npy"
-        return np.load(path) if path.exists() else None
+    def model_files(self) -> list[Path]:
+        folder = self.path / self.MODELS
+        return sorted(folder.glob("*" + self.MODEL_SUFFIX)) if folder.is_dir() else []
 
-    def save_member_json(self, member_id: str, name: str, obj) -> Path:
-        folder = self.member_dir(member_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        return write_text_atomic(folder / name, json.dumps(obj))
+    def save_model(self, member_id: str, model) -> Path:
+        """A member's Keras model, written whole or not at all."""
+        path = self.model_path(member_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return atomic_write(path, lambda p: model.save(p))
 
-    def save_member_model(self, member_id: str, model) -> Path:
-        """Write last: a member whose model file exists is whole."""
-        folder = self.member_dir(member_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        return atomic_write(folder / self.MODEL, lambda p: model.save(p))
+    def remove_model(self, member_id: str) -> None:
+        self.model_path(member_id).unlink(missing_ok=True)

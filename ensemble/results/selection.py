@@ -21,7 +21,7 @@ import numpy as np
 
 from ensemble.task.metrics import higher_is_better, metric_task, score, score_unchecked
 
-__all__ = ["greedy_selection", "rank_members", "select", "top_k"]
+__all__ = ["greedy_selection", "rank_key", "rank_members", "select", "top_k"]
 
 # An addition must beat the current ensemble by more than this relative margin,
 # so float noise from re-averaging identical predictions never counts as a gain.
@@ -51,6 +51,13 @@ def _sort_key(value: float | None, member_id: Any, higher: bool) -> tuple:
     if value is None:
         return (1, 0.0, _id_key(member_id))
     return (0, -value if higher else value, _id_key(member_id))
+
+
+def rank_key(value: Any, member_id: Any, higher: bool) -> tuple:
+    """The sort key of one member in every ranking of the run (leaderboard, retention,
+    selection): best value first in the metric's direction, missing or non-finite last,
+    ties by id. Smaller is better."""
+    return _sort_key(_finite(value), member_id, higher)
 
 
 def _ranked_ids(scores: Mapping[Any, Any], metric: str) -> list[Any]:

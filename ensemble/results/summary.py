@@ -1,14 +1,18 @@
 """End of a run: leaderboard, ensemble selection and averaging, ensemble.json, console table.
 
-Works from the journal records and the predictions the members saved, so it needs no
-TensorFlow and can be re-run on a finished run directory.
+Works from the journal records and the candidates' predictions in the packed store, so it
+needs no TensorFlow; its cost depends on ``ensemble.candidates``, not on how many members
+were trained.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 
+from ensemble.results.artifacts import Artifacts
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.selection import rank_members, select
 from ensemble.task import get_task
@@ -46,33 +50,47 @@ def leaderboard(records: list[dict], metric: str) -> pd.DataFrame:
 
 
 def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: dict,
-                   y_val: np.ndarray, y_test: np.ndarray) -> dict:
-    """Select members on validation predictions, average them, score on the test split."""
+                   y_val: np.ndarray, y_test: np.ndarray, artifacts: Artifacts) -> dict:
+    """Select members among the kept candidates on their validation predictions, average
+    them, score on the test split. Reads at most ``ensemble.candidates`` members' arrays,
+    however many were trained."""
     task = get_task(meta["task"])
     metric = task.default_metric(cfg["ensemble"]["metric"])
-    ranked = rank_members(finished_records(records), metric)
+    finished = finished_records(records)
+    ranked = rank_members(finished, metric)
     if not ranked:
         raise RuntimeError(f"no member finished (of {len(records)} tried); see "
                            f"{run_dir / run_dir.JOURNAL} for each failure")
-    load = run_dir.load_member_array
-    preds = {"val": {r["id"]: load(r["id"], "val") for r in ranked}}
-    variances = {"val": {r["id"]: load(r["id"], "val", "var") for r in ranked}}
-    val_preds, val_vars = preds["val"], variances["val"]
+    by_id = {r["id"]: r for r in finished}
+    pool = artifacts.pool()
+    if not pool:
+        raise RuntimeError(f"none of the {len(ranked)} finished members has stored predictions to select "
+                           f"from (see {run_dir / run_dir.STORE}); resume the run to train them again")
+    arrays = {i: artifacts.load(i) for i in pool}
+    val_preds = {i: arrays[i]["val_pred"] for i in pool}
+    val_vars = {i: arrays[i].get("val_var") for i in pool}
     gaussian = all(v is not None for v in val_vars.values())
     method = cfg["ensemble"]["method"]
     if method == "auto":                   # Caruana's greedy when there is a choice to make
-        method = "greedy" if len(ranked) > cfg["ensemble"]["k"] else "top_k"
+        method = "greedy" if len(pool) > cfg["ensemble"]["k"] else "top_k"
     weights = select(val_preds, y_val, metric, method=method, k=cfg["ensemble"]["k"], task=task.name,
                      val_vars=val_vars if gaussian else None)
     ids = list(weights)
     w = np.array([weights[i] for i in ids])
     best = ranked[0]
-    out = {"task": task.name, "metric": metric, "method": method,
-           "members": [{"id": i, "weight": float(weights[i])} for i in ids],
-           "n_finished": len(ranked), "n_failed": len({r["id"] for r in records} - {r["id"] for r in ranked})}
-    preds["test"] = {i: load(i, "test") for i in ids}
-    variances["test"] = {i: load(i, "test", "var") for i in ids}
-    stats = {s: task.combine_outputs([(preds[s][i], variances[s][i]) for i in ids], w) for s in ("val", "test")}
+    members = []
+    for i in ids:
+        entry = {"id": i, "weight": float(weights[i])}
+        if by_id[i].get("model"):
+            entry["model"] = run_dir.model_ref(i)
+        if by_id[i].get("scaling"):
+            entry.update(by_id[i]["scaling"])
+        members.append(entry)
+    out = {"task": task.name, "metric": metric, "method": method, "members": members,
+           "n_finished": len(ranked), "n_failed": len({r["id"] for r in records} - set(by_id)),
+           "n_candidates": len(pool)}
+    stats = {s: task.combine_outputs([(arrays[i][f"{s}_pred"], arrays[i].get(f"{s}_var")) for i in ids], w)
+             for s in ("val", "test")}
     out["ensemble"] = {s: task.ensemble_metrics(y, stats[s], gaussian)
                        for s, y in (("val", y_val), ("test", y_test))}
     out["best_member"] = {"id": best["id"], "val": best["val"], "test": best["test"]}
@@ -81,20 +99,34 @@ def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: 
 
 
 def finalize(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: dict,
-             y_val: np.ndarray, y_test: np.ndarray, extra: dict | None = None, ensemble: bool = True) -> dict:
+             y_val: np.ndarray, y_test: np.ndarray, extra: dict | None = None, ensemble: bool = True,
+             artifacts: Artifacts | None = None) -> dict:
     """Write leaderboard.csv and ensemble.json (with ``extra`` sections); return the summary.
-    Without ``ensemble`` (a rehearsal that saved no predictions) no members are selected."""
+    Without ``ensemble`` (a rehearsal that saved no predictions) no members are selected.
+    With ``artifacts``, what the ensemble does not need is then removed (``Artifacts.prune``)."""
+    t0 = time.perf_counter()
     task = get_task(meta["task"])
     metric = task.default_metric(cfg["ensemble"]["metric"])
     board = leaderboard(records, metric)
     run_dir.write_text(run_dir.LEADERBOARD, board.to_csv(index=False))
     if ensemble:
-        summary = build_ensemble(run_dir, records, cfg, meta, y_val, y_test)
+        summary = build_ensemble(run_dir, records, cfg, meta, y_val, y_test, artifacts)
     else:
         ok = finished_records(records)
         summary = {"task": task.name, "metric": metric, "method": None, "members": [], "n_finished": len(ok),
                    "n_failed": len({r["id"] for r in records} - {r["id"] for r in ok}), "rehearsal": True}
     summary.update(extra or {})
+    if artifacts is not None:
+        pruned = artifacts.prune(m["id"] for m in summary["members"])
+        if pruned["line"] is not None:              # journalled before any file goes
+            with run_dir.journal() as journal:
+                journal.event(pruned["line"])
+        artifacts.remove_released()
+        freed = artifacts.compact()
+        summary["kept"] = {"models": len(run_dir.model_files()), "candidates": len(artifacts.store),
+                           "store_bytes": artifacts.store.bytes, "pruned_models": pruned["models"],
+                           "store_bytes_freed": freed}
+    summary.setdefault("run", {})["finalize_seconds"] = round(time.perf_counter() - t0, 3)
     run_dir.write_json(run_dir.ENSEMBLE, summary)
     return summary
 

@@ -54,10 +54,33 @@ def _fitness(record: dict, metric: str) -> float | None:
     return float(value) if higher_is_better(metric) else -float(value)
 
 
+def _objectives(record: dict, metric: str, second: str) -> tuple[float, float] | None:
+    """A result's objectives, all maximised: (fitness, -parameters or -inference time)."""
+    fit = _fitness(record, metric)
+    if fit is None:
+        return None
+    value = record.get("params", 0) if second == "metric_params" else record.get("predict_seconds_per_sample", 0.0)
+    return (fit, -float(value or 0))
+
+
+def pareto_objectives(cfg: dict, meta: dict):
+    """record -> objectives for a multi-objective strategy (whose Pareto front keeps its
+    models), else None."""
+    from evolve import STRATEGIES
+    ev = cfg["evolve"]
+    cls = STRATEGIES[ev["strategy"]]
+    if "objectives" not in cls.SETTINGS:
+        return None
+    metric = get_task(meta["task"]).default_metric(cfg["ensemble"]["metric"])
+    second = ev.get("objectives", cls.SETTINGS["objectives"].default)
+    return lambda record: _objectives(record, metric, second)
+
+
 class SearchSource:
     """Spec source for the scheduler: strategy.ask() -> spec, result -> strategy.tell()."""
 
-    def __init__(self, cfg: dict, meta: dict, run_dir: RunDirectory, previous: list[dict]):
+    def __init__(self, cfg: dict, meta: dict, run_dir: RunDirectory, previous: list[dict],
+                 lost: set[str] = frozenset()):
         from evolve import STRATEGIES, make_strategy
         ev = cfg["evolve"]
         self.cfg, self.meta, self.run_dir = cfg, meta, run_dir
@@ -79,16 +102,20 @@ class SearchSource:
         self.wall0 = time.monotonic() - max([r["search"]["wall"] for r in done if "search" in r], default=0.0)
         self.genomes: dict[str, object] = {}
         self.exhausted = False
+        # finished candidates whose kept artifacts were lost: the same genome, id and seed again
+        latest = {r["id"]: r for r in done}
+        self.retrain = [latest[i] for i in sorted(lost) if i in latest]
+        self.retraining: set[str] = set()
 
     def _objectives(self, r: dict) -> tuple[float, float] | None:
-        fit = _fitness(r, self.metric)
-        if fit is None:
-            return None
-        second = r.get("params", 0) if self.objectives == "metric_params" \
-            else r.get("predict_seconds_per_sample", 0.0)
-        return (fit, -float(second))
+        return _objectives(r, self.metric, self.objectives)
 
     def next_spec(self) -> dict | None:
+        if self.retrain:
+            from evolve import Genome
+            record = self.retrain.pop()
+            self.retraining.add(record["id"])
+            return self._spec(record["id"], Genome.from_dict(record["genome"]), int(record["id"][1:]))
         if self.exhausted:
             return None
         try:
@@ -99,18 +126,26 @@ class SearchSource:
             return None
         if genome is None:
             return None
-        from evolve import decode
         self.count += 1
         spec_id = f"e{self.count:04d}"
         self.genomes[spec_id] = genome
+        return self._spec(spec_id, genome, self.count)
+
+    def _spec(self, spec_id: str, genome, count: int) -> dict:
+        from evolve import decode
         return {"id": spec_id, "arch": "evolved", "model": None, "params": {},
                 "layers": decode(genome, self.input_shape, self.space, self.meta["n_outputs"]),
-                "seed": derive_seed(self.cfg["seed"], 1_000_003, self.count),
+                "seed": derive_seed(self.cfg["seed"], 1_000_003, count),
                 **self.cfg["train"],                     # the genome evolves the three below
                 "optimizer": genome.optimizer, "learning_rate": genome.learning_rate,
                 "batch_size": genome.batch_size, "genome": genome.to_dict(), "summary": genome.summary()}
 
     def tell(self, result: dict) -> None:
+        if result["id"] in self.retraining:             # the strategy was told when it first finished
+            self.retraining.discard(result["id"])
+            result["search"] = {"evaluation": int(result["id"][1:]),
+                                "wall": round(time.monotonic() - self.wall0, 3), "fitness": _fitness(result, self.metric)}
+            return
         genome = self.genomes.pop(result["id"])
         fitness = _fitness(result, self.metric)
         self.strategy.tell(genome, fitness, self._objectives(result))

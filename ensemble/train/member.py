@@ -1,8 +1,11 @@
 """Train one ensemble member and write its artifacts; the only module that runs Keras fit.
 
 A member spec is a small plain dict (see ``ensemble.sources.members``). Training returns
-a result dict for the journal; the model, predictions and history go to the run
-directory (``RunDirectory``), written atomically, so a killed write never looks whole.
+a result dict for the journal. What is kept follows the bars the spec carries
+(``spec["retain"]``, ``results.retention``): the model goes to the run directory (written
+atomically, so a killed write never looks whole) only when the member can be among the
+kept models, and the predictions (with the history) ride in the result (``payload``) only
+when it can be a selection candidate; the master packs them.
 A spec with ``report_every = N`` reports its epoch logs to the master every N epochs and
 obeys the decision (go on, stop, new learning rate).
 """
@@ -19,6 +22,7 @@ from typing import Mapping
 import numpy as np
 
 from datafeed.pipeline import make_dataset, member_indices
+from ensemble.results.retention import passes
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import Report
 from ensemble.task import get_task
@@ -180,27 +184,37 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
             predict_seconds = time.perf_counter() - t_pred
         if not np.isfinite(preds[split]).all():
             raise MemberFailed("nan_prediction", f"the trained model predicts NaN/inf on the {split} split")
-        run_dir.save_member_array(member, split, "pred", preds[split])
-        if gaussian:
-            run_dir.save_member_array(member, split, "var", variances[split])
-    run_dir.save_member_json(member, run_dir.HISTORY,
-                             {k: [float(v) for v in vals] for k, vals in hist.items()})
-    run_dir.save_member_json(member, run_dir.SCALING,
-                             {"y_shift": y_shift, "y_scale": y_scale, "gaussian": gaussian})
-    run_dir.save_member_model(member, model)            # last: its presence means whole
+    val = task.metrics(np.asarray(data["y_val"]), preds["val"], variances["val"])
+    history = {k: [float(v) for v in vals] for k, vals in hist.items()}
+    keep_model = passes(spec.get("retain"), "models", val, member)
+    if keep_model:                                       # only a member that can still matter
+        run_dir.save_model(member, model)
     stopped = "early_stopping" if len(losses) < spec["epochs"] else "epochs"
     result = {
         "id": member, "status": "ok", "arch": spec.get("arch"), "seed": spec["seed"],
-        "val": task.metrics(np.asarray(data["y_val"]), preds["val"], variances["val"]),
-        "test": task.metrics(np.asarray(data["y_test"]), preds["test"], variances["test"]),
+        "val": val, "test": task.metrics(np.asarray(data["y_test"]), preds["test"], variances["test"]),
         "params": count_params(model), "epochs": len(losses),
         "stopped": "master" if reporter is not None and reporter.stopped_by_master else stopped,
-        "train_seconds": round(time.monotonic() - t0, 3), "path": run_dir.member_ref(member),
+        "train_seconds": round(time.monotonic() - t0, 3),
+        "model": keep_model, "path": run_dir.model_ref(member) if keep_model else None,
+        "scaling": {"y_shift": y_shift, "y_scale": y_scale, "gaussian": gaussian},
         "predict_seconds_per_sample": predict_seconds / max(1, len(preds["val"])),
     }
+    result.update(candidate_payload(spec, val, preds, variances, history))
     if reporter is not None:
         result["decisions"] = [d["action"] for d in reporter.decisions]
     return result
+
+
+def candidate_payload(spec: dict, val: dict, preds: dict, variances: dict, history: dict | None = None) -> dict:
+    """``{"payload": ...}`` with the member's predictions when it can enter the candidate set
+    (the master stores them, packed), else ``{}``: the predictions of a member that cannot
+    be selected go nowhere."""
+    if not passes(spec.get("retain"), "predictions", val, spec["id"]):
+        return {}
+    arrays = {f"{split}_pred": preds[split] for split in ("val", "test")}
+    arrays.update({f"{split}_var": variances[split] for split in ("val", "test") if variances[split] is not None})
+    return {"payload": {"arrays": arrays, "meta": {"history": history} if history else {}}}
 
 
 def run_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: RunDirectory, rank: int,

@@ -12,8 +12,9 @@ for GPUs. Each member:
 - splits the sleep over ``epochs`` and reports to the master every ``report_every`` epochs
   as a Keras member does, obeying a stop;
 - returns a record of the real shape (metrics, params, epochs) and, unless
-  ``rehearsal.predictions = false``, writes validation and test predictions of the right
-  shape (a made-up member about ``rehearsal.accuracy`` good), so selection and the
+  ``rehearsal.predictions = false``, validation and test predictions of the right shape
+  (a made-up member about ``rehearsal.accuracy`` good) when it can be a selection
+  candidate, as a Keras member does, so retention, the packed store, selection and the
   ensemble run as after real training. No model file: ``ensemble.predict`` has nothing
   to load in a rehearsal's run directory.
 - fails (kind "rehearsal") with probability ``rehearsal.failure_rate``.
@@ -34,7 +35,7 @@ import numpy as np
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import Report
 from ensemble.task import get_task
-from ensemble.train.member import MemberFailed
+from ensemble.train.member import MemberFailed, candidate_payload
 
 
 def replay_durations(path: str | Path) -> dict[str, float]:
@@ -107,27 +108,24 @@ class RehearsalTrainer:
             for gaussian in ((False, True) if self.task.name == "regression" else (False,)):
                 for i in range(8):
                     self._score(rng, float(np.clip(self.settings["accuracy"] + rng.normal(0.0, 0.05), 0, 1)),
-                                gaussian, f"template-{i}")
+                                gaussian)
 
-    def _score(self, rng, quality: float, gaussian: bool, spec_id: str) -> dict:
-        """Metrics of made-up predictions on both splits; the predictions are written when kept.
-        Without ``predictions`` a member reuses one of 8 made-up members' metrics: a null
-        member then costs the worker nothing but its sleep."""
+    def _score(self, rng, quality: float, gaussian: bool) -> tuple[dict, dict | None]:
+        """(metrics, arrays or None) of made-up predictions on both splits. Without
+        ``predictions`` a member reuses one of 8 made-up members' metrics: a null member
+        then costs the worker nothing but its sleep."""
         keep = self.settings["predictions"]
         if not keep and len(self._scores.get(gaussian, ())) >= 8:
-            return self._scores[gaussian][int(rng.integers(8))]
-        scores = {}
+            return self._scores[gaussian][int(rng.integers(8))], None
+        scores, preds, variances = {}, {}, {}
         for split in ("val", "test"):
             y = np.asarray(self.data[f"y_{split}"])
-            pred, var = _made_up(self.task, y, self.meta["n_outputs"], quality, rng, gaussian)
-            scores[split] = self.task.metrics(y, pred, var)
-            if keep:
-                self.run_dir.save_member_array(spec_id, split, "pred", pred)
-                if var is not None:
-                    self.run_dir.save_member_array(spec_id, split, "var", var)
+            preds[split], variances[split] = _made_up(self.task, y, self.meta["n_outputs"], quality, rng, gaussian)
+            scores[split] = self.task.metrics(y, preds[split], variances[split])
         if not keep:
             self._scores.setdefault(gaussian, []).append(scores)
-        return scores
+            return scores, None
+        return scores, (preds, variances)
 
     def __call__(self, spec: dict, report: Report | None = None) -> dict | None:
         t0 = time.monotonic()
@@ -155,14 +153,16 @@ class RehearsalTrainer:
             raise MemberFailed("rehearsal", f"rehearsal failure drawn for {spec['id']} "
                                f"(`rehearsal.failure_rate` = {self.settings['failure_rate']:g})")
         quality = float(np.clip(self.settings["accuracy"] + rng.normal(0.0, 0.05), 0.0, 1.0))
-        scores = self._score(rng, quality, spec.get("loss") == "gaussian_nll", spec["id"])
-        return {"id": spec["id"], "status": "ok", "arch": spec.get("arch"), "seed": spec["seed"],
-                "val": scores["val"], "test": scores["test"],
-                "params": int(rng.integers(1_000, 1_000_000)),
-                "epochs": max(1, int(spec.get("epochs", 1))) if epochs is None else epochs, "stopped": stopped,
-                "train_seconds": round(seconds, 3),
-                "path": self.run_dir.member_ref(spec["id"]) if self.settings["predictions"] else None,
-                "predict_seconds_per_sample": 0.0, "rehearsal": True}
+        scores, arrays = self._score(rng, quality, spec.get("loss") == "gaussian_nll")
+        record = {"id": spec["id"], "status": "ok", "arch": spec.get("arch"), "seed": spec["seed"],
+                  "val": scores["val"], "test": scores["test"],
+                  "params": int(rng.integers(1_000, 1_000_000)),
+                  "epochs": max(1, int(spec.get("epochs", 1))) if epochs is None else epochs, "stopped": stopped,
+                  "train_seconds": round(seconds, 3), "model": False, "path": None,
+                  "predict_seconds_per_sample": 0.0, "rehearsal": True}
+        if arrays is not None:
+            record.update(candidate_payload(spec, scores["val"], *arrays))
+        return record
 
 
 def _sleep_until(deadline: float) -> None:

@@ -160,17 +160,20 @@ def rehearsal(tmp_path, task="classification", **settings):
 
 
 def test_rehearsal_member_has_the_real_record_and_prediction_shapes(tmp_path):
-    run_dir = RunDirectory(tmp_path)
     trainer = rehearsal(tmp_path, accuracy=0.9)
     record = trainer({"id": "m-000", "seed": 5, "epochs": 3}, None)
     assert record["status"] == "ok" and record["epochs"] == 3 and record["rehearsal"]
     assert set(record["val"]) >= {"accuracy", "log_loss", "brier", "ece"}
     assert 0.6 < record["val"]["accuracy"] <= 1.0
-    pred = run_dir.load_member_array("m-000", "val")
+    pred = record["payload"]["arrays"]["val_pred"]             # no bars in the spec: a candidate
     assert pred.shape == (50, 4) and np.allclose(pred.sum(axis=1), 1.0)
+    assert record["payload"]["arrays"]["test_pred"].shape == (40, 4) and not record["model"]
+    # a bar it cannot pass: no predictions travel
+    bar = {"metric": "accuracy", "higher": True, "predictions": [1.0, "a"], "models": None}
+    assert "payload" not in trainer({"id": "m-001", "seed": 6, "epochs": 1, "retain": bar}, None)
     reg = rehearsal(tmp_path / "r", "regression", predictions=False)({"id": "r", "seed": 1, "loss": "gaussian_nll"})
     assert {"mse", "mae", "nll", "coverage90"} <= set(reg["val"])
-    assert not (tmp_path / "r" / "members").exists()
+    assert "payload" not in reg and not list((tmp_path / "r").glob("*"))
 
 
 def test_rehearsal_durations_are_log_normal_around_the_median_and_replayable(tmp_path):

@@ -45,7 +45,7 @@ def test_master_stops_a_member_mid_training(tmp_path, data):
     assert result["epochs"] == 2 and result["stopped"] == "master"
     assert [r["epoch"] for r in reports] == [1, 2]
     assert {"loss", "val_loss", "accuracy"} <= set(reports[0]["logs"])
-    assert (tmp_path / "members" / "m0" / "model.keras").is_file()
+    assert (tmp_path / "models" / "m0.keras").is_file() and result["model"] and "payload" in result
 
 
 def test_update_sets_the_learning_rate_and_silence_costs_nothing(tmp_path, data):

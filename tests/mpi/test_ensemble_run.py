@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from ensemble.task import metrics as M
+from ensemble.results.store import PackStore
 from ensemble.results.journal import read_journal
 from tests.conftest import run_mpi
 
@@ -72,9 +73,11 @@ def check_run_dir(run_dir):
     ids = [r["id"] for r in journal]
     assert sorted(ids) == ["cnn-000", "mlp-000", "mlp-001", "mlp-002", "user-000"]
     assert all(r["status"] == "ok" for r in journal), journal
+    store = PackStore(run_dir / "store")                      # every member is a candidate here
     for r in journal:
-        for f in ("model.keras", "val_pred.npy", "test_pred.npy", "history.json"):
-            assert (run_dir / r["path"] / f).is_file()
+        assert r["model"] and r["stored"] and (run_dir / r["path"]).is_file()
+        arrays, meta = store.get(r["id"])
+        assert {"val_pred", "test_pred"} <= set(arrays) and meta["history"]["loss"]
     board = pd.read_csv(run_dir / "leaderboard.csv")
     assert list(board["rank"]) == [1, 2, 3, 4, 5]
     acc = list(board["val_accuracy"])
@@ -87,13 +90,13 @@ def check_run_dir(run_dir):
     weights = {m["id"]: m["weight"] for m in ens["members"]}
     assert len(weights) == 3 and abs(sum(weights.values()) - 1) < 1e-9
     assert set(weights) == set(board["id"][:3])                      # top-k by validation accuracy
-    probs = sum(w * np.load(run_dir / "members" / i / "test_pred.npy") for i, w in weights.items())
+    probs = sum(w * store.get(i)[0]["test_pred"] for i, w in weights.items())
     recomputed = M.classification_metrics(y_test, probs)
     for key in ("accuracy", "log_loss", "brier", "ece"):
         assert ens["ensemble"]["test"][key] == pytest.approx(recomputed[key], rel=1e-9)
     best = ens["best_member"]
     assert best["id"] == board["id"][0]
-    best_pred = np.load(run_dir / "members" / best["id"] / "test_pred.npy")
+    best_pred = store.get(best["id"])[0]["test_pred"]
     assert best["test"]["accuracy"] == pytest.approx(M.classification_metrics(y_test, best_pred)["accuracy"])
     assert (run_dir / "config.toml").is_file() and (run_dir / "normalization.npz").is_file()
     return journal

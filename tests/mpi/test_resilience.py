@@ -109,7 +109,7 @@ def kill_mid_run(tmp_path: Path, rank: int, text: str = CONFIG, total: int = 6) 
 @pytest.mark.parametrize("rank", [1, 0], ids=["worker", "master"])
 def test_kill_then_resume_equals_uninterrupted(tmp_path, reference, rank):
     run_dir = kill_mid_run(tmp_path, rank)
-    before = {r["id"]: (run_dir / r["path"] / "model.keras").stat().st_mtime_ns for r in ok_lines(run_dir)}
+    before = {r["id"]: (run_dir / r["path"]).stat().st_mtime_ns for r in ok_lines(run_dir)}
     proc = run_mpi(3, ["-m", "ensemble.run", str(write_config(tmp_path)), "--run-dir", str(run_dir), "--resume"])
     assert proc.returncode == 0, proc.stderr
     assert f"resuming with {len(before)} finished" in proc.stdout
@@ -118,7 +118,7 @@ def test_kill_then_resume_equals_uninterrupted(tmp_path, reference, rank):
     ids = [r["id"] for r in lines]
     assert len(ids) == len(set(ids)) == 6                        # no member finished twice
     for member_id, mtime in before.items():                       # and none was retrained
-        assert (run_dir / "members" / member_id / "model.keras").stat().st_mtime_ns == mtime
+        assert (run_dir / "models" / f"{member_id}.keras").stat().st_mtime_ns == mtime
 
     ref = {r["id"]: r for r in ok_lines(reference)}
     for r in lines:
@@ -151,7 +151,7 @@ units = [16, 64]
 
 def test_evolve_kill_then_resume_finishes_the_budget_without_retraining(tmp_path):
     run_dir = kill_mid_run(tmp_path, 1, EVOLVE, total=8)
-    before = {r["id"]: (run_dir / r["path"] / "model.keras").stat().st_mtime_ns for r in ok_lines(run_dir)}
+    before = {r["id"]: (run_dir / r["path"]).stat().st_mtime_ns for r in ok_lines(run_dir)}
     genomes = {r["id"]: r["genome"] for r in ok_lines(run_dir)}
     proc = run_mpi(3, ["-m", "ensemble.run", str(write_config(tmp_path, EVOLVE)), "--run-dir", str(run_dir),
                        "--resume"])
@@ -160,7 +160,7 @@ def test_evolve_kill_then_resume_finishes_the_budget_without_retraining(tmp_path
     finished = [r["id"] for r in journal if r["status"] == "ok"]
     assert len(finished) == len(set(finished))                       # no member finished twice
     for member_id, mtime in before.items():                           # none retrained, same genome
-        assert (run_dir / "members" / member_id / "model.keras").stat().st_mtime_ns == mtime
+        assert (run_dir / "models" / f"{member_id}.keras").stat().st_mtime_ns == mtime
         assert next(r for r in journal if r["id"] == member_id)["genome"] == genomes[member_id]
     keys = [json.dumps(r["genome"], sort_keys=True) for r in journal if r["status"] == "ok"]
     assert len(keys) == len(set(keys))                                # no genome trained twice

@@ -1,0 +1,167 @@
+"""The master's side of retention: what a run keeps on disk, and getting it back on resume.
+
+Workers send the predictions of a member that can enter the candidate set inside its
+result (``payload``), and write its model (``models/<id>.keras``) only when it can enter
+the kept models (the bars ``Retention.wire`` put in its spec). The master:
+
+- ``accept``: offers every finished member to the ``Retention``; appends a candidate's
+  arrays to the packed store (``store/``); sets the record's ``stored`` and ``model``
+  (what is kept once it is journalled); returns a ``released`` journal line naming the
+  members pushed out, whose model files ``remove_released`` deletes *after* that line is
+  written (so a crash in between leaves a stray file, cleaned on resume, never a kept
+  member without its model);
+- ``restore`` (``--resume``): replays the journal's records and ``released`` lines in
+  order, checks that every member still kept has its entry in the store and its model
+  file, and returns those that lost them (the store's torn tail after a node crash):
+  the run trains exactly those again;
+- ``pool``: the members selection may choose (their predictions are stored, and their
+  model kept when they wrote one); ``prune``: after selection, removes the models and
+  predictions no longer needed and compacts the store.
+
+Every member's metrics, spec and timings stay in the journal whatever is removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from ensemble.results.retention import Retention
+from ensemble.results.rundir import RunDirectory
+
+log = logging.getLogger(__name__)
+
+
+class Artifacts:
+    def __init__(self, run_dir: RunDirectory, metric: str, candidates: int, keep_models: int,
+                 objectives: Callable[[dict], tuple | None] | None = None):
+        self.run_dir = run_dir
+        self.metric = metric
+        self.objectives = objectives
+        self.retention = Retention(metric, candidates, keep_models, pareto=objectives is not None)
+        self.store = run_dir.store()
+        self.has_model: dict[str, bool] = {}       # kept member -> whether it has a model file
+        self._to_remove: list[str] = []
+
+    # -- during the run -------------------------------------------------------------------
+    def stamp(self, spec: dict) -> dict:
+        """Put the current bars into a spec about to be handed out."""
+        spec["retain"] = self.retention.wire()
+        return spec
+
+    def accept(self, results: list[dict]) -> list[dict]:
+        """Keep what enters (see the module docstring); returns the journal lines to add."""
+        released_p, released_m = [], []
+        for r in results:
+            payload = r.pop("payload", None)
+            wrote_model = bool(r.get("model"))
+            if r.get("status") != "ok":
+                r["stored"] = r["model"] = False
+                continue
+            objectives = self.objectives(r) if self.objectives else None
+            d = self.retention.offer(r["id"], (r.get("val") or {}).get(self.metric), objectives)
+            if d.predictions and payload is None:          # a worker without bars that sent nothing
+                self.retention.discard(r["id"])
+                d.predictions = d.model = False
+            if d.predictions:
+                self.store.put(r["id"], payload["arrays"], payload.get("meta"))
+            r["stored"] = d.predictions
+            r["model"] = d.model and wrote_model
+            if wrote_model and not r["model"]:
+                self._to_remove.append(r["id"])                # written under a stale bar: never kept
+            if d.model:
+                self.has_model[r["id"]] = wrote_model
+            released_p += d.released_predictions
+            released_m += d.released_models
+        for i in released_m:
+            if self.has_model.pop(i, False):
+                self._to_remove.append(i)
+        if not (released_p or released_m):
+            return []
+        return [{"event": "released", "predictions": released_p, "models": released_m}]
+
+    def remove_released(self) -> None:
+        """Delete the model files of members no longer kept (call once their line is journalled)."""
+        for member_id in self._to_remove:
+            self.run_dir.remove_model(member_id)
+        self._to_remove.clear()
+
+    # -- resume ---------------------------------------------------------------------------
+    def restore(self, lines: Iterable[dict]) -> set[str]:
+        """Rebuild the kept sets from the journal's lines (in order); returns the ids of
+        members that were kept but lost their stored predictions or model file."""
+        kept_p: dict[str, dict] = {}
+        kept_m: dict[str, dict] = {}
+        for item in lines:
+            if "event" in item:
+                if item["event"] == "released":
+                    for i in item.get("predictions", ()):
+                        kept_p.pop(i, None)
+                    for i in item.get("models", ()):
+                        kept_m.pop(i, None)
+                continue
+            if item.get("status") != "ok":
+                continue
+            kept_p.pop(item["id"], None)
+            kept_m.pop(item["id"], None)
+            if item.get("stored"):
+                kept_p[item["id"]] = item
+            if item.get("model"):
+                kept_m[item["id"]] = item
+        lost = {i for i in kept_p if i not in self.store}
+        lost |= {i for i, r in kept_m.items() if r.get("model") and not self.run_dir.model_path(i).is_file()}
+        for i, r in {**kept_m, **kept_p}.items():
+            if i in lost:
+                continue
+            self.retention.restore(i, (r.get("val") or {}).get(self.metric),
+                                   self.objectives(r) if self.objectives else None)
+            if i in self.retention:
+                self.has_model[i] = bool(r.get("model"))
+        models = self.retention.models()
+        for path in self.run_dir.model_files():             # stray files: released, or never kept
+            member_id = path.name[: -len(RunDirectory.MODEL_SUFFIX)]
+            if member_id not in models or not self.has_model.get(member_id, False):
+                path.unlink(missing_ok=True)
+        if lost:
+            log.warning("resume: %d kept member(s) lost their stored predictions or model file "
+                        "(a crash before the disk had them); they are trained again: %s",
+                        len(lost), ", ".join(sorted(lost)[:10]) + (" ..." if len(lost) > 10 else ""))
+        return lost
+
+    # -- the end ----------------------------------------------------------------------------
+    def pool(self) -> list[str]:
+        """Ids selection may choose, best first: the kept candidates the store holds (a kept
+        candidate that wrote a model keeps it: models are kept for at least as many)."""
+        return [i for i in self.retention.predictions() if i in self.store]
+
+    def load(self, member_id: str) -> dict[str, np.ndarray]:
+        arrays, _ = self.store.get(member_id)
+        return arrays
+
+    def prune(self, selected: Iterable[str]) -> dict:
+        """Keep models of the selected, the best ``keep_models`` and the Pareto front, and
+        predictions of the selected and the best ``keep_models``; remove the rest. Returns
+        the journal line that says so (None when nothing goes) and the counts."""
+        keep = self.retention.final_models(selected)
+        models = [i for i in self.retention.models() if i not in keep]
+        predictions = [i for i in self.retention.predictions() if i not in keep]
+        for i in set(models) | set(predictions):
+            self.retention.discard(i)
+        for i in models:
+            if self.has_model.pop(i, False):
+                self._to_remove.append(i)
+        line = {"event": "released", "predictions": predictions, "models": models, "reason": "final"} \
+            if models or predictions else None
+        return {"line": line, "models": len(models), "predictions": len(predictions)}
+
+    def compact(self) -> int:
+        """Rewrite the store with the kept predictions only (after ``prune``); bytes freed."""
+        live = set(self.retention.predictions())
+        if self.store.bytes - self.store.live_bytes() == 0 and live >= set(self.store.index):
+            return 0
+        return self.store.compact(live)
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,220 @@
+"""Packed, append-only store of member arrays: a few files for any number of members.
+
+A run keeps the validation and test predictions (and variances, and training history) of
+its candidate members, the ones ensemble selection may pick (``results.retention``). A
+file per member and array would put millions of files on a parallel file system at
+100,000 members; the store appends them instead to ``store/predictions-NNN.pack``, one
+writer (the master), a new file every ``roll_bytes``.
+
+Each entry is self-describing and checked::
+
+    b"EPK1" | header length (u32) | payload length (u64) | crc32 of header + payload (u32)
+    | header (JSON: member id, meta, [name, dtype, shape, offset, nbytes] per array) | payload
+
+An entry is written with one ``write`` and flushed; ``sync`` fsyncs it (the run calls it
+just before the journal's fsync, so a journal line that is on disk never names an entry
+that is not). Opening the store reads every entry's header and checks every checksum: a
+torn or zero-filled tail (a crash mid-append, a node that lost its page cache) is cut off
+and what was before it stays whole; an entry whose checksum fails in the middle of a file
+is skipped. The index (member id -> file, offset) lives in memory and is rebuilt on open,
+so the journal never has to name offsets, and ``compact`` can rewrite the live entries
+into a fresh file (written and fsynced before the old ones are removed: a crash in
+between leaves duplicates, and the later copy wins).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"EPK1"
+PREFIX = struct.Struct("<4sIQI")          # magic, header length, payload length, crc32
+ROLL_BYTES = 1 << 30                       # a new pack file after 1 GiB
+_NAME = "predictions-{:03d}.pack"
+
+
+class PackStore:
+    """Member id -> (arrays, meta) in append-only pack files under ``folder``."""
+
+    def __init__(self, folder: str | Path, roll_bytes: int = ROLL_BYTES):
+        self.folder = Path(folder)
+        self.roll_bytes = roll_bytes
+        self.index: dict[str, tuple[int, int, int]] = {}     # id -> (file number, offset, length)
+        self.lost_bytes = 0                                    # torn tails cut, bad entries skipped
+        self._sizes: dict[int, int] = {}
+        self._fh = None
+        self._current = -1
+        self._dirty = False
+        if self.folder.is_dir():
+            for path in sorted(self.folder.glob("predictions-*.pack")):
+                try:
+                    number = int(path.stem.rsplit("-", 1)[1])
+                except ValueError:
+                    continue
+                self._scan(number, path)
+
+    # -- paths ----------------------------------------------------------------------
+    def path(self, number: int) -> Path:
+        return self.folder / _NAME.format(number)
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.path(n) for n in sorted(self._sizes)]
+
+    @property
+    def bytes(self) -> int:
+        return sum(self._sizes.values())
+
+    def live_bytes(self) -> int:
+        return sum(length for _, _, length in self.index.values())
+
+    def __contains__(self, member_id: str) -> bool:
+        return member_id in self.index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    # -- reading --------------------------------------------------------------------
+    def _scan(self, number: int, path: Path) -> None:
+        """Index one pack file; cut a torn tail (and anything after it)."""
+        size = path.stat().st_size
+        keep = good_bytes = 0
+        with open(path, "rb") as fh:
+            pos = 0
+            while pos < size:
+                head = fh.read(PREFIX.size)
+                if len(head) < PREFIX.size:
+                    break
+                magic, hlen, plen, crc = PREFIX.unpack(head)
+                end = pos + PREFIX.size + hlen + plen
+                if magic != MAGIC or end > size:
+                    break                                  # torn tail: nothing after it can be trusted
+                body = fh.read(hlen + plen)
+                good = len(body) == hlen + plen and zlib.crc32(body) == crc
+                if good:
+                    try:
+                        header = json.loads(body[:hlen])
+                        self.index[str(header["id"])] = (number, pos, end - pos)   # a later copy wins
+                    except (ValueError, KeyError, TypeError):
+                        good = False
+                if good:
+                    keep, good_bytes = end, good_bytes + end - pos
+                else:
+                    log.warning("%s: entry at byte %d fails its checksum; skipped", path, pos)
+                pos = end
+        self.lost_bytes += size - good_bytes
+        if keep < size:                           # bad entries at the end (a torn or zero-filled tail)
+            log.warning("%s: cut %d bytes of torn tail (a crash mid-append); entries before it are whole",
+                        path, size - keep)
+            with open(path, "r+b") as fh:
+                fh.truncate(keep)
+                fh.flush()
+                os.fsync(fh.fileno())
+        self._sizes[number] = keep
+
+    def get(self, member_id: str) -> tuple[dict[str, np.ndarray], dict]:
+        """(arrays, meta) of ``member_id``; KeyError if the store does not hold it."""
+        number, offset, length = self.index[member_id]
+        if self._fh is not None and number == self._current and self._dirty:
+            self._fh.flush()
+        with open(self.path(number), "rb") as fh:
+            fh.seek(offset)
+            blob = fh.read(length)
+        magic, hlen, plen, crc = PREFIX.unpack_from(blob)
+        body = memoryview(blob)[PREFIX.size:]
+        if magic != MAGIC or len(body) != hlen + plen or zlib.crc32(body) != crc:
+            raise ValueError(f"{self.path(number)}: entry of {member_id!r} at byte {offset} is damaged")
+        header = json.loads(bytes(body[:hlen]))
+        payload = body[hlen:]
+        arrays = {}
+        for name, dtype, shape, start, nbytes in header["arrays"]:
+            arrays[name] = np.frombuffer(payload[start:start + nbytes], dtype=np.dtype(dtype)).reshape(shape).copy()
+        return arrays, header.get("meta", {})
+
+    # -- writing --------------------------------------------------------------------
+    def _open_for_append(self, length: int) -> None:
+        if self._fh is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._current = max(self._sizes, default=0)
+            if self._sizes.get(self._current, 0) + length > self.roll_bytes and self._sizes.get(self._current):
+                self._current += 1
+            self._fh = open(self.path(self._current), "ab")
+            self._sizes.setdefault(self._current, 0)
+        elif self._sizes[self._current] + length > self.roll_bytes and self._sizes[self._current]:
+            self.sync()
+            self._fh.close()
+            self._current += 1
+            self._fh = open(self.path(self._current), "ab")
+            self._sizes[self._current] = 0
+
+    def put(self, member_id: str, arrays: dict[str, np.ndarray], meta: dict | None = None) -> None:
+        """Append ``member_id``'s arrays in one write (flushed, not yet fsynced)."""
+        blob = encode(member_id, arrays, meta)
+        self._open_for_append(len(blob))
+        offset = self._sizes[self._current]
+        self._fh.write(blob)
+        self._fh.flush()
+        self._sizes[self._current] = offset + len(blob)
+        self.index[member_id] = (self._current, offset, len(blob))
+        self._dirty = True
+
+    def sync(self) -> None:
+        if self._fh is not None and self._dirty:
+            os.fsync(self._fh.fileno())
+            self._dirty = False
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self.sync()
+            self._fh.close()
+            self._fh = None
+
+    def compact(self, live: set[str]) -> int:
+        """Keep only the entries of ``live`` ids: copy them into a new pack file (fsynced)
+        and remove the old files. Returns the bytes freed."""
+        before = self.bytes
+        keep = sorted(i for i in live if i in self.index)
+        old = sorted(self._sizes)
+        self.close()
+        number = max(old, default=-1) + 1
+        path = self.path(number)
+        index, offset = {}, 0
+        if keep:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as out:
+                for member_id in keep:
+                    n, start, length = self.index[member_id]
+                    with open(self.path(n), "rb") as fh:
+                        fh.seek(start)
+                        out.write(fh.read(length))
+                    index[member_id] = (number, offset, length)
+                    offset += length
+                out.flush()
+                os.fsync(out.fileno())
+        for n in old:
+            self.path(n).unlink(missing_ok=True)
+        self.index = index
+        self._sizes = {number: offset} if keep else {}
+        return before - offset
+
+
+def encode(member_id: str, arrays: dict[str, np.ndarray], meta: dict | None = None) -> bytes:
+    """One entry: prefix, JSON header, the arrays' bytes back to back."""
+    specs, chunks, offset = [], [], 0
+    for name, array in arrays.items():
+        array = np.ascontiguousarray(array)
+        data = array.tobytes()
+        specs.append([name, array.dtype.str, list(array.shape), offset, len(data)])
+        chunks.append(data)
+        offset += len(data)
+    header = json.dumps({"id": member_id, "meta": meta or {}, "arrays": specs}, allow_nan=True).encode("utf-8")
+    body = header + b"".join(chunks)
+    return PREFIX.pack(MAGIC, len(header), offset, zlib.crc32(body)) + body
