@@ -35,11 +35,13 @@ batch_size = 64
 learning_rate = 0.005
 [[architectures]]
 name = "mlp"
-members = 3
+members = 4
 layers = [{type = "Dense", units = 16, activation = "relu"}]
 [ensemble]
-k = 3
+k = 2
 method = "top_k"
+candidates = 3
+keep_models = 1
 """
 
 REGRESSION = """
@@ -60,6 +62,7 @@ layers = [{type = "Dense", units = 8, activation = "relu"}]
 [ensemble]
 k = 2
 method = "top_k"
+keep_models = 0
 """
 
 
@@ -128,6 +131,24 @@ def test_test_split_reproduces_ensemble_json_classification(cls_run, cls_cli):
     saved = np.load(cls_run / "ensemble_test_predictions.npz")      # what the run itself wrote
     np.testing.assert_allclose(proba, saved["proba"], rtol=1e-9, atol=1e-15)
     np.testing.assert_allclose(frame["epistemic"], saved["epistemic"], rtol=1e-6, atol=1e-12)
+
+
+def test_a_pruned_run_keeps_only_what_the_ensemble_needs(cls_run, reg_run):
+    """4 members, 3 candidates, keep_models 1, an ensemble of 2: the other models are gone,
+    ensemble.json names only files that exist (the predict test above runs on this run)."""
+    from ensemble.results.journal import read_lines
+    for run_dir, n_members in ((cls_run, 4), (reg_run, 2)):
+        ens = json.loads((run_dir / "ensemble.json").read_text())
+        selected = {m["id"] for m in ens["members"]}
+        assert len(selected) == 2 and ens["n_finished"] == n_members
+        assert {p.stem for p in (run_dir / "models").glob("*.keras")} == selected
+        assert all((run_dir / m["model"]).is_file() for m in ens["members"])
+        assert not (run_dir / "members").exists()
+    ens = json.loads((cls_run / "ensemble.json").read_text())
+    lines = read_lines(cls_run / "journal.jsonl")
+    final = [x for x in lines if x.get("event") == "released" and x.get("reason") == "final"]
+    assert len(final) == 1 and set(final[0]["models"]).isdisjoint(m["id"] for m in ens["members"])
+    assert ens["kept"]["models"] == 2 and ens["n_candidates"] == 3
 
 
 def test_test_split_reproduces_ensemble_json_regression(reg_run):
