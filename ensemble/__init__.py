@@ -5,7 +5,7 @@ Layers, each importing only from layers below it (checked by tests/test_layering
     5  run, predict, simulate       ``python -m ensemble.run`` / ``.predict`` / ``.simulate``: entry points
     4  orchestrate                  a run = spec source x executor x budget x run directory
     3  sources, train, inference    what to train next; training one member; using a run
-    2  results                      run directory, journal, selection, leaderboard, summary
+    2  results                      run directory, journal, packed store, retention, selection, summary
     1  runtime, task                MPI, executors, budget, env, logging; classification/regression
     0  config                       one schema, one vocabulary
 

@@ -49,7 +49,7 @@ def make_source(cfg: dict, meta: dict, run_dir: RunDirectory, previous: list[dic
         source = SearchSource(cfg, meta, run_dir, previous, lost)
         return source, source.total
     done = {r["id"] for r in previous if r.get("status") == "ok"} - set(lost)
-    return SpecList(member_specs(cfg), done), member_count(cfg)
+    return SpecList(member_specs(cfg, done), done), member_count(cfg)
 
 
 def make_artifacts(cfg: dict, meta: dict, run_dir: RunDirectory, metric: str) -> Artifacts:

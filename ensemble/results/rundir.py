@@ -1,14 +1,20 @@
 """The run directory: its layout, atomic writes and the journal, in one object.
 
 Every file a run writes is named here and written through ``atomic_write`` (temporary
-name, fsync, rename), so a killed job never leaves half a file that looks whole. This
-is the one place a storage backend changes: packed member stores for 100,000 members
-would replace the ``*_member_*`` methods, and nothing above would notice.
+name, fsync, rename) or appended to a checked pack (``results.store``), so a killed job
+never leaves half a file that looks whole. The number of files does not grow with the
+number of members: only kept members have a model file (``results.retention``), and the
+candidates' predictions are packed.
 
     runs/<name>/
       config.toml  data.json  normalization.npz  journal.jsonl
-      members/<id>/  model.keras  {val,test}_pred.npy  {val,test}_var.npy  history.json  scaling.json
+      store/predictions-000.pack   candidates' {val,test}_{pred,var} and history (a new file per GiB)
+      models/<id>.keras            kept members only
       leaderboard.csv  ensemble.json  ensemble_test_predictions.npz  [search.csv search.png]
+
+Runs written before retention had ``members/<id>/model.keras`` and ``scaling.json``;
+``legacy_model_path`` finds them so ``ensemble.predict`` still reads such a run (a resume
+of such a run is not supported: it finds no stored predictions).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ spec source of an ensemble run: the fixed member list."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Protocol
 
 from ensemble.config import member_train_settings
@@ -65,14 +65,18 @@ def member_count(cfg: dict) -> int:
     return sum(arch["members"] for arch in cfg["architectures"])
 
 
-def member_specs(cfg: dict) -> Iterator[dict]:
-    """Every member of an ensemble run, in a fixed order: per architecture, ``members`` seeds.
-    Made one at a time, as they are handed out: a list of 100,000 members costs no memory."""
+def member_specs(cfg: dict, skip: Collection[str] = frozenset()) -> Iterator[dict]:
+    """Every member of an ensemble run, in a fixed order: per architecture, ``members`` seeds,
+    less the ids in ``skip``. Made one at a time, as they are handed out: a list of 100,000
+    members costs no memory, and skipping 100,000 finished ones costs no seeds."""
     for a, arch in enumerate(cfg["architectures"]):
         settings = member_train_settings(cfg, arch)
         for j in range(arch["members"]):
+            member_id = f"{arch['name']}-{j:03d}"
+            if member_id in skip:
+                continue
             yield {
-                "id": f"{arch['name']}-{j:03d}",
+                "id": member_id,
                 "arch": arch["name"],
                 "layers": arch["layers"],
                 "model": arch["model"],
