@@ -147,7 +147,7 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
     predictions = rt["trainer"] != "rehearsal" or cfg["rehearsal"]["predictions"]
     try:
         summary = finalize(run_dir, records, cfg, meta, np.asarray(data["y_val"]), np.asarray(data["y_test"]),
-                           extra, ensemble=predictions, artifacts=artifacts)
+                           extra, ensemble=predictions, artifacts=artifacts, prune=not budget.reason)
     except RuntimeError as exc:
         log.error(f"error: {exc}")
         return code or 1

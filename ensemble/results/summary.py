@@ -14,7 +14,7 @@ import pandas as pd
 
 from ensemble.results.artifacts import Artifacts
 from ensemble.results.rundir import RunDirectory
-from ensemble.results.selection import rank_members, select
+from ensemble.results.selection import rank_key, rank_members, select
 from ensemble.task import get_task
 from ensemble.task.metrics import higher_is_better
 
@@ -57,14 +57,15 @@ def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: 
     task = get_task(meta["task"])
     metric = task.default_metric(cfg["ensemble"]["metric"])
     finished = finished_records(records)
-    ranked = rank_members(finished, metric)
-    if not ranked:
+    if not finished:
         raise RuntimeError(f"no member finished (of {len(records)} tried); see "
                            f"{run_dir / run_dir.JOURNAL} for each failure")
     by_id = {r["id"]: r for r in finished}
+    higher = higher_is_better(metric)
+    best = min(finished, key=lambda r: rank_key((r.get("val") or {}).get(metric), r["id"], higher))
     pool = artifacts.pool()
     if not pool:
-        raise RuntimeError(f"none of the {len(ranked)} finished members has stored predictions to select "
+        raise RuntimeError(f"none of the {len(finished)} finished members has stored predictions to select "
                            f"from (see {run_dir / run_dir.STORE}); resume the run to train them again")
     arrays = {i: artifacts.load(i) for i in pool}
     val_preds = {i: arrays[i]["val_pred"] for i in pool}
@@ -77,7 +78,6 @@ def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: 
                      val_vars=val_vars if gaussian else None)
     ids = list(weights)
     w = np.array([weights[i] for i in ids])
-    best = ranked[0]
     members = []
     for i in ids:
         entry = {"id": i, "weight": float(weights[i])}
@@ -87,7 +87,7 @@ def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: 
             entry.update(by_id[i]["scaling"])
         members.append(entry)
     out = {"task": task.name, "metric": metric, "method": method, "members": members,
-           "n_finished": len(ranked), "n_failed": len({r["id"] for r in records} - set(by_id)),
+           "n_finished": len(finished), "n_failed": len({r["id"] for r in records} - set(by_id)),
            "n_candidates": len(pool)}
     stats = {s: task.combine_outputs([(arrays[i][f"{s}_pred"], arrays[i].get(f"{s}_var")) for i in ids], w)
              for s in ("val", "test")}
@@ -100,33 +100,42 @@ def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: 
 
 def finalize(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: dict,
              y_val: np.ndarray, y_test: np.ndarray, extra: dict | None = None, ensemble: bool = True,
-             artifacts: Artifacts | None = None) -> dict:
+             artifacts: Artifacts | None = None, prune: bool = True) -> dict:
     """Write leaderboard.csv and ensemble.json (with ``extra`` sections); return the summary.
     Without ``ensemble`` (a rehearsal that saved no predictions) no members are selected.
-    With ``artifacts``, what the ensemble does not need is then removed (``Artifacts.prune``)."""
+    With ``artifacts`` and ``prune`` (the run is complete), what the ensemble does not need
+    is then removed (``Artifacts.prune``); a run that stopped early keeps every candidate,
+    so that its resume selects as an uninterrupted run would."""
     t0 = time.perf_counter()
     task = get_task(meta["task"])
     metric = task.default_metric(cfg["ensemble"]["metric"])
     board = leaderboard(records, metric)
     run_dir.write_text(run_dir.LEADERBOARD, board.to_csv(index=False))
+    t_select = time.perf_counter()
     if ensemble:
         summary = build_ensemble(run_dir, records, cfg, meta, y_val, y_test, artifacts)
     else:
         ok = finished_records(records)
         summary = {"task": task.name, "metric": metric, "method": None, "members": [], "n_finished": len(ok),
                    "n_failed": len({r["id"] for r in records} - {r["id"] for r in ok}), "rehearsal": True}
+    select_seconds = time.perf_counter() - t_select
     summary.update(extra or {})
-    if artifacts is not None:
+    if artifacts is not None and not prune:
+        summary["kept"] = {"models": len(run_dir.model_files()), "candidates": len(artifacts.pool()),
+                           "store_bytes": artifacts.store.bytes, "pruned_models": 0,
+                           "not_pruned": "the run stopped early: every candidate is kept for --resume"}
+    elif artifacts is not None:
         pruned = artifacts.prune(m["id"] for m in summary["members"])
         if pruned["line"] is not None:              # journalled before any file goes
             with run_dir.journal() as journal:
                 journal.event(pruned["line"])
         artifacts.remove_released()
         freed = artifacts.compact()
-        summary["kept"] = {"models": len(run_dir.model_files()), "candidates": len(artifacts.store),
+        summary["kept"] = {"models": len(run_dir.model_files()), "candidates": len(artifacts.pool()),
                            "store_bytes": artifacts.store.bytes, "pruned_models": pruned["models"],
                            "store_bytes_freed": freed}
-    summary.setdefault("run", {})["finalize_seconds"] = round(time.perf_counter() - t0, 3)
+    summary.setdefault("run", {}).update(finalize_seconds=round(time.perf_counter() - t0, 3),
+                                         selection_seconds=round(select_seconds, 3))
     run_dir.write_json(run_dir.ENSEMBLE, summary)
     return summary
 

@@ -243,3 +243,25 @@ def test_released_models_are_removed_after_their_line_and_strays_on_resume(tmp_p
     pruned = again.prune(["m2"])                                       # keep_models 2: nothing to prune
     assert pruned["line"] is None
     json.dumps(lines, default=str)
+
+
+def test_a_run_stopped_early_keeps_every_candidate_and_a_finished_one_prunes(tmp_path):
+    from ensemble.results.summary import finalize
+    rng = np.random.default_rng(6)
+    y, specs = members(20, rng)
+    cfg = {"ensemble": {"metric": "log_loss", "method": "top_k", "k": 2}}
+    meta = {"task": "classification"}
+    run_dir = RunDirectory(tmp_path)
+    art, lines = run_master(run_dir, y, specs, candidates=8, keep_models=3)
+    records = [x for x in lines if "id" in x]
+    art = Artifacts(run_dir, "log_loss", 8, 3)
+    assert art.restore(lines) == set()
+    early = finalize(run_dir, records, cfg, meta, y, y, artifacts=art, prune=False)
+    assert "not_pruned" in early["kept"] and art.pool() == art.retention.predictions() and len(art.pool()) == 8
+    done = finalize(run_dir, records, cfg, meta, y, y, artifacts=art, prune=True)
+    assert done["members"] == early["members"]
+    best3 = art.retention.predictions()
+    assert len(best3) == 3 and set(m["id"] for m in done["members"]) <= set(best3)    # top_k 2 within the best 3
+    assert set(PackStore(tmp_path / "store").index) == set(best3) and done["kept"]["store_bytes_freed"] > 0
+    released = [x for x in run_dir.read_lines() if x.get("reason") == "final"]
+    assert len(released) == 1 and len(released[0]["predictions"]) == 5

@@ -67,3 +67,44 @@ def test_bounded_run_directory_then_torn_store_resume_retrains_only_the_lost(tmp
     assert again["ensemble"]["test"] == pytest.approx(first["ensemble"]["test"], rel=1e-12)
     opened = [x for x in read_lines(run_dir / "journal.jsonl") if x.get("event") == "open"]
     assert opened[-1]["resume_seconds"] < 10
+
+
+SEARCH = """
+name = "retain-search"
+mode = "evolve"
+[evolve]
+strategy = "regularized"
+evaluations = 80
+population_size = 10
+sample_size = 3
+[ensemble]
+candidates = 6
+keep_models = 2
+[runtime]
+trainer = "rehearsal"
+[rehearsal]
+seconds = 0.0
+"""
+
+
+def test_search_resume_retrains_lost_candidates_with_their_own_genome(tmp_path):
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(textwrap.dedent(SEARCH))
+    run_dir = tmp_path / "run"
+    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    first = json.loads((run_dir / "ensemble.json").read_text())
+    store = PackStore(run_dir / "store")
+    entries = sorted(store.index.items(), key=lambda kv: kv[1][1])
+    lost = entries[-1][0]
+    with open(store.files[0], "r+b") as fh:
+        fh.truncate(entries[-1][1][1] + 3)
+    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    records = [r for r in read_journal(run_dir / "journal.jsonl") if r["status"] == "ok"]
+    counts = Counter(r["id"] for r in records)
+    assert {i for i, n in counts.items() if n == 2} == {lost} and len(counts) == 80   # no new evaluation
+    twice = [r for r in records if r["id"] == lost]
+    assert twice[0]["genome"] == twice[1]["genome"] and twice[0]["seed"] == twice[1]["seed"]
+    assert twice[0]["val"] == twice[1]["val"]
+    assert json.loads((run_dir / "ensemble.json").read_text())["members"] == first["members"]
