@@ -4,11 +4,14 @@ metrics take them. ``test`` regenerates the run's own test split."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 
 from ensemble.inference.load import EnsembleRun, PredictError
+
+log = logging.getLogger(__name__)
 
 TEST_KEYWORD = "test"
 _CLI_NAMES = {"`data.source`": "--data", "`data.x`": "--x", "`data.y`": "--y", "`data.label`": "--label",
@@ -28,9 +31,23 @@ def input_settings(run: EnsembleRun, source: str, fmt: str | None = None, x: str
     names = run.meta.get("feature_names") or []
     if not data.get("features") and names and Path(source).is_file():
         columns = _table_columns(Path(source), data["format"])
-        if columns is not None and set(names) <= set(columns):
-            data["features"] = list(names)        # a table's columns, picked by name in training order
+        if columns is not None:                 # a table: its columns are matched by name, never by position
+            missing = [n for n in names if n not in columns]
+            extra = [c for c in columns if c not in names and c != data.get("label")]
+            if missing:
+                raise PredictError(
+                    f"{source!r} lacks {len(missing)} of the {len(names)} columns the ensemble was trained "
+                    f"on: {_some(missing)}" + (f"; it has other columns ({_some(extra)}), which are not "
+                                               "used" if extra else "")
+                    + "; give the training columns by their names")
+            if extra:
+                log.info("%s: columns not used by the ensemble, ignored: %s", source, _some(extra))
+            data["features"] = list(names)        # picked by name, in training order
     return data
+
+
+def _some(names: list[str], n: int = 8) -> str:
+    return ", ".join(repr(x) for x in names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 def _table_columns(path: Path, fmt: str) -> list[str] | None:

@@ -193,6 +193,18 @@ def test_csv_with_labels_by_column_name(cls_run, tmp_path):
     assert P.score(run, result, targets) == pytest.approx(expected, rel=1e-9)
 
 
+def test_csv_columns_are_matched_by_name_never_by_position(cls_run, tmp_path):
+    """One training column missing and an extra ID column make the count right: an error
+    that names the missing column, not predictions from the wrong features."""
+    x, y, names = raw_test_rows(cls_run)
+    frame = pd.DataFrame(x, columns=names).drop(columns=[names[5]])
+    frame.insert(0, "sample_id", np.arange(len(frame)))
+    assert frame.shape[1] == len(names)
+    frame.to_csv(tmp_path / "rows.csv", index=False)
+    with pytest.raises(P.PredictError, match=rf"lacks 1 of the {len(names)} columns.*'{names[5]}'.*'sample_id'"):
+        P.predict_file(cls_run, str(tmp_path / "rows.csv"))
+
+
 # --------------------------------------------------------------------------------- export
 @pytest.fixture(scope="module")
 def reg_export(reg_run, tmp_path_factory):
