@@ -31,7 +31,7 @@ def make_trainer(cfg: dict, meta: dict, data, run_dir: RunDirectory, rank: int, 
     from ensemble.train.member import guarded
     if cfg["runtime"]["trainer"] == "rehearsal":
         from ensemble.train.rehearsal import RehearsalTrainer
-        rehearse = RehearsalTrainer(cfg, meta, data, run_dir, leader=group is None or group.Get_rank() == 0)
+        rehearse = RehearsalTrainer(cfg, meta, data, leader=group is None or group.Get_rank() == 0)
         return lambda spec, report: guarded(lambda: rehearse(spec, report), spec, rank)
     from ensemble.runtime.env import configure_tensorflow
     from ensemble.train.member import run_member

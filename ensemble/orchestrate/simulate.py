@@ -121,7 +121,7 @@ def simulate(cfg: dict, meta: dict, data, run_dir: RunDirectory, workers: int, *
 
     rt = cfg["runtime"]
     settings = {**cfg["rehearsal"], "predictions": False}      # no member files
-    trainer = RehearsalTrainer({**cfg, "rehearsal": settings}, meta, data, run_dir)
+    trainer = RehearsalTrainer({**cfg, "rehearsal": settings}, meta, data)
     durations = replay_durations(replay) if replay else None
     source, total = make_source(cfg, meta, run_dir, [])
     clock = VirtualClock(0.0, speed)

@@ -111,7 +111,7 @@ class Artifacts:
             if item.get("model"):
                 kept_m[item["id"]] = item
         lost = {i for i in kept_p if i not in self.store}
-        lost |= {i for i, r in kept_m.items() if r.get("model") and not self.run_dir.model_path(i).is_file()}
+        lost |= {i for i in kept_m if not self.run_dir.model_path(i).is_file()}
         for i, r in {**kept_m, **kept_p}.items():
             if i in lost:
                 continue

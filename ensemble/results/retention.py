@@ -87,11 +87,8 @@ class Retention:
 
     def key(self, value: Any, member_id: str) -> tuple | None:
         """The member's rank key; None when its value is missing or not finite (never kept)."""
-        try:
-            ok = math.isfinite(float(value))
-        except (TypeError, ValueError):
-            ok = False
-        return rank_key(value, member_id, self.higher) if ok else None
+        key = rank_key(value, member_id, self.higher)
+        return None if key[0] else key              # rank_key puts non-finite values last: (1, ...)
 
     def __contains__(self, member_id: str) -> bool:
         return member_id in self._values
@@ -180,14 +177,9 @@ def passes(retain: dict | None, which: str, val: dict, member_id: str) -> bool:
     ("predictions" or "models") under the bars a spec carried? No bars: yes."""
     if not retain:
         return True
-    value = val.get(retain["metric"])
-    try:
-        if not math.isfinite(float(value)):
-            return False
-    except (TypeError, ValueError):
+    higher = retain["higher"]
+    key = rank_key(val.get(retain["metric"]), member_id, higher)
+    if key[0]:                                      # missing or not finite: never kept
         return False
     bar = retain.get(which)
-    if bar is None:
-        return True
-    higher = retain["higher"]
-    return rank_key(value, member_id, higher) < rank_key(bar[0], bar[1], higher)
+    return bar is None or key < rank_key(bar[0], bar[1], higher)

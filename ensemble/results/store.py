@@ -141,19 +141,18 @@ class PackStore:
 
     # -- writing --------------------------------------------------------------------
     def _open_for_append(self, length: int) -> None:
+        """The file to append ``length`` bytes to: the last one, or a new one past ``roll_bytes``."""
         if self._fh is None:
             self.folder.mkdir(parents=True, exist_ok=True)
             self._current = max(self._sizes, default=0)
-            if self._sizes.get(self._current, 0) + length > self.roll_bytes and self._sizes.get(self._current):
-                self._current += 1
-            self._fh = open(self.path(self._current), "ab")
             self._sizes.setdefault(self._current, 0)
-        elif self._sizes[self._current] + length > self.roll_bytes and self._sizes[self._current]:
+            self._fh = open(self.path(self._current), "ab")
+        if self._sizes[self._current] and self._sizes[self._current] + length > self.roll_bytes:
             self.sync()
             self._fh.close()
             self._current += 1
-            self._fh = open(self.path(self._current), "ab")
             self._sizes[self._current] = 0
+            self._fh = open(self.path(self._current), "ab")
 
     def put(self, member_id: str, arrays: dict[str, np.ndarray], meta: dict | None = None) -> None:
         """Append ``member_id``'s arrays in one write (flushed, not yet fsynced)."""

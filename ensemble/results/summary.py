@@ -120,20 +120,18 @@ def finalize(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: dict,
                    "n_failed": len({r["id"] for r in records} - {r["id"] for r in ok}), "rehearsal": True}
     select_seconds = time.perf_counter() - t_select
     summary.update(extra or {})
-    if artifacts is not None and not prune:
+    if artifacts is not None:
+        note = {"not_pruned": "the run stopped early: every candidate is kept for --resume"}
+        pruned = {"models": 0}
+        if prune:
+            pruned = artifacts.prune(m["id"] for m in summary["members"])
+            if pruned["line"] is not None:              # journalled before any file goes
+                with run_dir.journal() as journal:
+                    journal.event(pruned["line"])
+            artifacts.remove_released()
+            note = {"store_bytes_freed": artifacts.compact()}
         summary["kept"] = {"models": len(run_dir.model_files()), "candidates": len(artifacts.pool()),
-                           "store_bytes": artifacts.store.bytes, "pruned_models": 0,
-                           "not_pruned": "the run stopped early: every candidate is kept for --resume"}
-    elif artifacts is not None:
-        pruned = artifacts.prune(m["id"] for m in summary["members"])
-        if pruned["line"] is not None:              # journalled before any file goes
-            with run_dir.journal() as journal:
-                journal.event(pruned["line"])
-        artifacts.remove_released()
-        freed = artifacts.compact()
-        summary["kept"] = {"models": len(run_dir.model_files()), "candidates": len(artifacts.pool()),
-                           "store_bytes": artifacts.store.bytes, "pruned_models": pruned["models"],
-                           "store_bytes_freed": freed}
+                           "store_bytes": artifacts.store.bytes, "pruned_models": pruned["models"], **note}
     summary.setdefault("run", {}).update(finalize_seconds=round(time.perf_counter() - t0, 3),
                                          selection_seconds=round(select_seconds, 3))
     run_dir.write_json(run_dir.ENSEMBLE, summary)

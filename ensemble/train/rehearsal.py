@@ -24,7 +24,6 @@ In a member group every rank sleeps and reports alike; the leader returns the re
 
 from __future__ import annotations
 
-import json
 import time
 import zlib
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Mapping
 
 import numpy as np
 
+from ensemble.results.journal import read_journal
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import Report
 from ensemble.task import get_task
@@ -48,11 +48,7 @@ def replay_durations(path: str | Path) -> dict[str, float]:
         raise ValueError(f"`rehearsal.replay`: {str(path)!r} is not a journal.jsonl or a run directory "
                          "holding one")
     out = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for record in read_journal(path):
         if "id" not in record:
             continue
         if "ended" in record and "started" in record:
@@ -96,10 +92,9 @@ def _made_up(task, y: np.ndarray, n_outputs: int, quality: float, rng, gaussian:
 class RehearsalTrainer:
     """The trainer (spec, report) -> record of a rehearsal; see the module docstring."""
 
-    def __init__(self, cfg: dict, meta: dict, data: Mapping[str, np.ndarray], run_dir: RunDirectory,
-                 leader: bool = True):
+    def __init__(self, cfg: dict, meta: dict, data: Mapping[str, np.ndarray], leader: bool = True):
         self.settings, self.leader = cfg["rehearsal"], leader
-        self.meta, self.data, self.run_dir = meta, data, run_dir
+        self.meta, self.data = meta, data
         self.task = get_task(meta["task"])
         self.replay = replay_durations(self.settings["replay"]) if self.settings["replay"] else None
         self._scores: dict[bool, list[dict]] = {}       # without predictions: a few members' metrics

@@ -156,7 +156,7 @@ def rehearsal(tmp_path, task="classification", **settings):
     else:
         data = {"y_val": rng.normal(size=50), "y_test": rng.normal(size=40)}
         meta = {"task": task, "n_outputs": 1}
-    return RehearsalTrainer(cfg, meta, data, RunDirectory(tmp_path))
+    return RehearsalTrainer(cfg, meta, data)
 
 
 def test_rehearsal_member_has_the_real_record_and_prediction_shapes(tmp_path):
