@@ -103,6 +103,15 @@ def reshape_features(x: np.ndarray, shape: list[int] | None) -> np.ndarray:
 
 def prepare(x: np.ndarray, y: np.ndarray, info: dict, data: dict, seed: int) -> tuple[dict, dict]:
     """Check, encode, split and normalise. Returns (arrays to broadcast, small metadata)."""
+    arrays, meta, _ = prepare_with_rows(x, y, info, data, seed)
+    return arrays, meta
+
+
+def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: dict,
+                      seed: int) -> tuple[dict, dict, dict[str, np.ndarray]]:
+    """``prepare``, plus the split itself: ``{"train", "val", "test"}`` -> sorted int64 row
+    indices into ``x``/``y`` as given (the file's rows as read), what the run saves as
+    ``splits.npz`` so a baseline can use the same rows."""
     x = np.asarray(x)
     y = np.asarray(y)
     check_arrays(x, y)
@@ -130,4 +139,4 @@ def prepare(x: np.ndarray, y: np.ndarray, info: dict, data: dict, seed: int) -> 
         arrays[f"y_{split}"] = np.ascontiguousarray(y[idx[split]])
     meta["input_shape"] = list(x.shape[1:])
     meta["sizes"] = {s: int(len(idx[s])) for s in SPLITS}
-    return arrays, meta
+    return arrays, meta, {s: idx[s].astype(np.int64) for s in SPLITS}

@@ -10,9 +10,23 @@ split, so the numbers in ``ensemble.json`` can be reproduced.
 Under ``mpirun -n P`` member i runs on rank i % P. Rank 0 reads the file and broadcasts
 the normalised features as numpy buffers; every rank loads only its members and sums
 its weighted share; a Reduce to rank 0 gives the ensemble, and rank 0 alone writes.
-``--export`` writes the whole ensemble as one Keras model instead. This module is the
-command line only; the work is in ``ensemble.inference`` (whose public names are
-re-exported here for notebooks: ``load_run``, ``predict_file``, ``predict_arrays``, ...).
+``--export`` writes the whole ensemble as one Keras model instead.
+
+Inputs with names are matched by name, never by position (CSV, Parquet, an HDF5 compound
+dataset or pandas table, a DataFrame): a missing training column is an error that names
+it, other columns are ignored and listed. ``--keep COL`` (repeatable or comma-separated)
+carries input columns, IDs of any type, to the output's first columns in the input's row
+order. Arrays without names are checked for dtype and width (flat or the training shape).
+
+In a notebook, one process, no MPI::
+
+    from ensemble.predict import predict_frame
+    out = predict_frame("runs/digits", frame, keep=["sample_id"])   # DataFrame or array
+
+returns a DataFrame with the columns the CSV would have (kept ones first, the frame's
+index kept). This module is otherwise the command line; the work is in
+``ensemble.inference``, whose public names are re-exported here (``load_run``,
+``load_input``, ``predict_file``, ``predict_arrays``, ...).
 """
 
 from __future__ import annotations
@@ -29,15 +43,16 @@ from pathlib import Path
 import numpy as np
 
 from ensemble.inference.combine import BATCH, member_output, predict_arrays, predict_file, score
-from ensemble.inference.inputs import (TEST_KEYWORD, encode_targets, input_settings, prepare_features,
-                                       read_input)
+from ensemble.inference.inputs import (TEST_KEYWORD, PredictInput, data_input, encode_targets, input_settings,
+                                       load_input, match_columns, parse_keep, prepare_features, read_input)
 from ensemble.inference.load import EnsembleRun, Member, PredictError, load_run
-from ensemble.inference.outputs import (OUT_SUFFIXES, format_metrics, prediction_arrays, prediction_columns,
-                                        write_predictions)
+from ensemble.inference.outputs import (OUT_SUFFIXES, check_kept_names, format_metrics, prediction_arrays,
+                                        prediction_columns, prediction_frame, write_predictions)
 
-__all__ = ["BATCH", "EnsembleRun", "Member", "OUT_SUFFIXES", "PredictError", "TEST_KEYWORD", "encode_targets",
-           "format_metrics", "input_settings", "load_run", "main", "member_output", "predict_arrays",
-           "predict_file", "prediction_arrays", "prediction_columns", "prepare_features", "read_input",
+__all__ = ["BATCH", "EnsembleRun", "Member", "OUT_SUFFIXES", "PredictError", "PredictInput", "TEST_KEYWORD",
+           "data_input", "encode_targets", "format_metrics", "input_settings", "load_input", "load_run", "main",
+           "match_columns", "member_output", "predict_arrays", "predict_file", "predict_frame",
+           "prediction_arrays", "prediction_columns", "prediction_frame", "prepare_features", "read_input",
            "score", "write_predictions"]
 
 EXIT_INPUT, EXIT_PREDICT = 3, 4
@@ -57,17 +72,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="format of --data when its suffix does not say")
     p.add_argument("--x", help="features array (npz) or dataset (HDF5); default: the run's data.x")
     p.add_argument("--y", help="targets array/dataset/.npy file, if any; default: the run's data.y")
-    p.add_argument("--label", help="CSV/Parquet targets column, if any; default: the run's data.label")
+    p.add_argument("--label", help="targets column of a table, if any; default: the run's data.label")
+    p.add_argument("--keep", action="append", metavar="COL",
+                   help="input column to carry to the output (IDs, any type), first in the output, in the "
+                        "input's row order; repeatable or comma-separated: --keep id,site")
     p.add_argument("--export", metavar="FILE.keras", help="write the ensemble as one Keras model")
     args = p.parse_args(argv)
     if not args.data and not args.export:
         p.error("give --data FILE (predict) and/or --export FILE.keras")
+    args.keep = parse_keep(args.keep)
+    if args.keep and not args.data:
+        p.error("--keep carries columns of --data to its predictions; give --data FILE")
     return args
 
 
 def _prepare_on_root(args: argparse.Namespace):
-    """Rank 0: load the run, check the output path, export, read the input -> (run, x, y, out)."""
+    """Rank 0: load the run, check the output path, export, read the input -> (run, input, out)."""
     run = load_run(args.run_dir)
+    check_kept_names(run, args.keep)
     out = Path(args.out or f"{Path(args.data).stem}_predictions.csv") if args.data else None
     if out is not None and out.suffix not in OUT_SUFFIXES:
         raise PredictError(f"--out must end in {', '.join(OUT_SUFFIXES)}, but got {str(out)!r}")
@@ -79,9 +101,9 @@ def _prepare_on_root(args: argparse.Namespace):
         log.info(f"wrote {args.export}: {len(run.members)} members -> "
                  + ("averaged probabilities" if run.task == "classification" else "[mean, variance]"))
     if not args.data:
-        return run, None, None, None
-    x, y = read_input(run, args.data, args.format, args.x, args.y, args.label)
-    return run, x, y, out
+        return run, None, None
+    got = load_input(run, args.data, args.format, args.x, args.y, args.label, args.keep)
+    return run, got, out
 
 
 def _broadcast_features(comm, x: np.ndarray | None, shape: tuple, dtype: str) -> np.ndarray:
@@ -92,6 +114,21 @@ def _broadcast_features(comm, x: np.ndarray | None, shape: tuple, dtype: str) ->
     for lo in range(0, flat.size, _BCAST_BYTES):
         comm.Bcast(flat[lo:lo + _BCAST_BYTES], root=0)
     return x
+
+
+def predict_frame(run: str | Path | EnsembleRun, data, keep: str | list[str] = (), label: str | None = None):
+    """In this process: the ensemble's predictions for ``data`` as a DataFrame, the CSV's columns.
+
+    ``data`` is a DataFrame (columns matched by name, as for a CSV; other columns ignored and
+    listed), a structured array (fields by name) or a plain array (checked for width and
+    dtype). ``keep`` columns come first; ``target`` is added when the frame holds the targets
+    column (``label``, default the run's ``data.label``). The frame's index is kept.
+    """
+    run = run if isinstance(run, EnsembleRun) else load_run(run)
+    check_kept_names(run, parse_keep(keep))
+    got = data_input(run, data, label, keep)
+    result = predict_arrays(run, got.x)
+    return prediction_frame(run, result, got.y, got.kept, index=getattr(data, "index", None))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(rank)
     bind_gpu(mpi.node_local_rank(comm))
 
-    run = x = y = out = status = None
+    run = got = x = out = status = None
     if rank == 0:                                  # decide on rank 0, then tell every rank
         try:
-            run, x, y, out = _prepare_on_root(args)
+            run, got, out = _prepare_on_root(args)
+            x = None if got is None else got.x
             status = ("ok", run, None if x is None else (x.shape, x.dtype.str))
         except Exception as exc:                   # noqa: BLE001 - every rank must learn of it
             kind = "" if isinstance(exc, ValueError) else f"{type(exc).__name__}: "
@@ -130,8 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_PREDICT
     if rank != 0:
         return 0
-    write_predictions(out, run, result, y)
-    log.info(f"wrote {out}: {len(x)} predictions from {len(run.members)} members on {size} rank(s)")
+    y = got.y
+    write_predictions(out, run, result, y, got.kept)
+    log.info(f"wrote {out}: {len(x)} predictions from {len(run.members)} members on {size} rank(s)"
+             + (f", with input column(s) {', '.join(got.kept)}" if got.kept else ""))
     if y is not None:
         log.info(format_metrics(f"{args.data} ({len(y)} samples)", score(run, result, y)))
         recorded = run.summary.get("ensemble", {}).get("test")

@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     from ensemble.runtime.env import bind_gpu, set_thread_env
     from ensemble.runtime.logs import add_debug_file, setup_logging
 
-    mpi.abort_on_exception()
+    made: list[str] = []                                 # the run directory, once rank 0 has made it
+    mpi.abort_on_exception(lambda: interrupted_line(made[0] if made else None))
     comm = mpi.world
     rank, size = comm.Get_rank(), comm.Get_size()
     setup_logging(rank)
@@ -53,7 +54,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"ranks (mpirun -n P gives P-1 workers besides the master), but got {group_size}")
         return EXIT_CONFIG
     set_thread_env(cfg["runtime"]["threads"])
-    bind_gpu(mpi.node_local_rank(comm))
+    from ensemble.train.architecture import use_builder_folders
+    use_builder_folders(cfg["architectures"])           # every rank imports the user's builder from there
+    local_rank = mpi.node_local_rank(comm)              # collective: every rank calls it
+    if rank == 0 and size > 1:
+        os.environ["CUDA_VISIBLE_DEVICES"] = "-1"       # the master trains nothing: its build check
+    else:                                               # runs on the CPU, taking no worker's GPU memory
+        bind_gpu(local_rank)
     max_sleep = cfg["runtime"]["poll_max_sleep"]
 
     # Rank 0 reads, checks and prepares; everyone learns the outcome before going on.
@@ -70,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error(status[1])
         return EXIT_DATA
     _, meta, run_dir = status
+    made.append(run_dir)
     from ensemble.results.rundir import RunDirectory
     run_dir = RunDirectory(run_dir)
     if cfg["runtime"]["debug_log"]:
@@ -91,6 +99,17 @@ def main(argv: list[str] | None = None) -> int:
     mpi.polite_barrier(comm, max_sleep)
     data.free()
     return code
+
+
+def interrupted_line(run_dir: str | None) -> str:
+    """What rank 0 prints on Ctrl-C, instead of a traceback per rank (``runtime.mpi``)."""
+    if run_dir is None:
+        return "interrupted before the run directory was made; nothing to resume"
+    from ensemble.results.rundir import RunDirectory
+    if not RunDirectory(run_dir).has_journal():
+        return f"interrupted before training began in {run_dir}; nothing to resume, start again"
+    return (f"interrupted; `--resume` continues: the same command with `--run-dir {run_dir} --resume` "
+            "(finished members are kept)")
 
 
 if __name__ == "__main__":

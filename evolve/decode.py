@@ -211,7 +211,7 @@ def decode(genome: Genome, input_shape: tuple[int, ...], space: SearchSpace | No
         reason = check(genome, input_shape, n_outputs, space)
     if reason:
         try:
-            name = genome.summary()
+            name = genome.summary(input_shape)
         except Exception:
             name = repr(genome)
         raise ValueError(f"cannot decode genome {name}: {reason}")

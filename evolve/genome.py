@@ -54,14 +54,19 @@ class LayerGene:
         return cls.make(d["type"], **params)
 
     def summary(self) -> str:
+        """This layer in the genome notation (docs/search.md): ``C32k3s2(relu)`` conv with 32
+        filters, kernel 3, stride 2 (left out when 1) and its activation; ``MP2``/``AP2`` max/
+        average pooling over 2; ``D128(gelu)`` dense; ``do0.2`` dropout; ``BN`` batch
+        normalisation; a ``+r`` suffix marks a residual (skip) connection."""
         k = self.kind
+        act = f"({self.get('activation')})" if self.get("activation") is not None else ""
         if k == "conv":
             s = f"C{self.get('filters')}k{self.get('kernel_size')}"
-            s += f"s{self.get('strides')}" if self.get("strides", 1) != 1 else ""
+            s += (f"s{self.get('strides')}" if self.get("strides", 1) != 1 else "") + act
         elif k in ("maxpool", "avgpool"):
-            s = ("P" if k == "maxpool" else "A") + str(self.get("pool_size"))
+            s = ("MP" if k == "maxpool" else "AP") + str(self.get("pool_size"))
         elif k == "dense":
-            s = f"D{self.get('units')}"
+            s = f"D{self.get('units')}{act}"
         elif k == "dropout":
             s = f"do{self.get('rate'):g}"
         elif k == "batchnorm":
@@ -133,10 +138,29 @@ class Genome:
         """Stable content hash (same in every process and run)."""
         return hashlib.sha1(self.canonical_json().encode()).hexdigest()[:16]
 
-    def summary(self) -> str:
-        """Short human string, e.g. 'C32k3-P2-D128-do0.2 | adam lr=1e-3 bs=64'."""
-        body = "-".join(g.summary() for g in self.layers) or "(no hidden layers)"
-        red = " flat" if self.reduction == "flatten" and any(
-            g.kind == "conv" for g in self.layers) else ""
-        return (f"{body} | {self.optimizer} lr={format_sci(self.learning_rate)} "
-                f"bs={self.batch_size}{red}")
+    def summary(self, input_shape: tuple[int, ...] | list[int] | None = None) -> str:
+        """One line: how the input is treated, the layers in order, the hyperparameters,
+        e.g. ``in 8x8x1: C32k3(relu)-MP2-GAP-D128(elu)-do0.2 | adam lr=1e-3 bs=64``.
+
+        ``GAP`` (global average pooling) or ``Flatten`` marks where spatial maps become one
+        vector (``reduction``): before the first dense layer after spatial input, or at the
+        end. ``in 8x8x1:`` / ``in 64:`` is the shape of one sample the network sees (after
+        ``data.reshape``); only with ``input_shape`` can a genome without conv/pooling layers
+        show whether its input is a flat vector or an image reduced first (``GAP-D128``).
+        The notation is documented in docs/search.md."""
+        shape = tuple(int(n) for n in input_shape) if input_shape is not None else None
+        spatial = shape is not None and len(shape) > 1
+        reduce_ = "Flatten" if self.reduction == "flatten" else "GAP"
+        tokens = []
+        for gene in self.layers:
+            if gene.kind == "dense" and spatial:
+                tokens.append(reduce_)
+                spatial = False
+            elif gene.kind in ("conv", "maxpool", "avgpool"):
+                spatial = True
+            tokens.append(gene.summary())
+        if spatial:
+            tokens.append(reduce_)
+        body = "-".join(tokens) or "(no hidden layers)"
+        head = f"in {'x'.join(map(str, shape))}: " if shape is not None else ""
+        return f"{head}{body} | {self.optimizer} lr={format_sci(self.learning_rate)} bs={self.batch_size}"

@@ -3,6 +3,13 @@
 Built from the ``[search]`` table of the config with ``SearchSpace.from_config``;
 every key has a default, so ``[search]`` may be empty. Errors name the key as
 ``search.<key>`` and say what is allowed.
+
+Two kinds of list: a *range* ``[min, max]`` (``units`` and ``filters``: the powers of two
+in between; ``dropout``: uniform; ``learning_rate``: log-uniform) and a *choice* list
+(``layer_types``, ``kernel_sizes``, ``strides``, ``pool_sizes``, ``activations``,
+``batch_size``, ``optimizers``, ``reductions``: one of the values given, nothing in
+between). ``min_depth``/``max_depth`` bound the number of layers; ``max_params`` caps
+the size. docs/search.md has the table, with the defaults.
 """
 
 from __future__ import annotations
@@ -90,21 +97,21 @@ class SearchSpace:
     """Ranges and choices for genomes; frozen so it can be shared and pickled."""
 
     input_rank: int
-    layer_types: tuple[str, ...]
-    min_depth: int = 1
+    layer_types: tuple[str, ...]                      # choice
+    min_depth: int = 1                                # number of layer genes, with max_depth
     max_depth: int = 6
-    units: tuple[int, int] = (16, 512)
-    filters: tuple[int, int] = (8, 128)
-    kernel_sizes: tuple[int, ...] = (1, 3, 5)
-    strides: tuple[int, ...] = (1, 2)
-    pool_sizes: tuple[int, ...] = (2,)
-    activations: tuple[str, ...] = ("relu", "elu", "gelu", "tanh", "swish")
-    dropout: tuple[float, float] = (0.0, 0.5)
+    units: tuple[int, int] = (16, 512)                # range [min, max]: the powers of two in it
+    filters: tuple[int, int] = (8, 128)               # range [min, max]: the powers of two in it
+    kernel_sizes: tuple[int, ...] = (1, 3, 5)         # choice
+    strides: tuple[int, ...] = (1, 2)                 # choice
+    pool_sizes: tuple[int, ...] = (2,)                # choice
+    activations: tuple[str, ...] = ("relu", "elu", "gelu", "tanh", "swish")   # choice
+    dropout: tuple[float, float] = (0.0, 0.5)         # range [min, max], uniform (steps of 0.05)
     skip_connections: bool = True
-    learning_rate: tuple[float, float] = (1e-4, 1e-2)
-    batch_size: tuple[int, ...] = (16, 32, 64, 128)
-    optimizers: tuple[str, ...] = ("adam", "sgd", "rmsprop", "adamw")
-    reductions: tuple[str, ...] = REDUCTIONS
+    learning_rate: tuple[float, float] = (1e-4, 1e-2)  # range [min, max], log-uniform
+    batch_size: tuple[int, ...] = (16, 32, 64, 128)   # choice
+    optimizers: tuple[str, ...] = ("adam", "sgd", "rmsprop", "adamw")         # choice
+    reductions: tuple[str, ...] = REDUCTIONS          # choice: spatial maps -> vector (GAP, Flatten)
     max_params: int = 2_000_000
 
     KEYS: ClassVar[frozenset[str]] = frozenset({

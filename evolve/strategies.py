@@ -5,14 +5,15 @@ The master calls ``ask()`` for a genome to train and ``tell()`` with its result.
 while the current generation is still out. ``done()`` is True once the budget is
 spent and every asked genome has been told.
 
-Determinism and resume: the strategy's random Generator is re-derived from
-``(rng_seed, number of tells)`` after every tell. Its state is therefore a pure
-function of the sequence of tells, and ``replay(journal_records)`` rebuilds it
-exactly (population, ages, generation, counters, cache and RNG) by registering
-and telling each record in journal order, without re-running any ask. A strategy
-resumed with ``replay`` continues exactly as the original would have if no asks
-were in flight when it stopped; asks that were in flight are simply lost and
-new ones are issued in their place.
+Determinism and resume: the strategy's random Generator is derived afresh from
+``(rng_seed, tells, asks)`` at every ask, so nothing random carries over from one
+ask to the next. The whole state (population, ages, generation, counters, cache,
+and with them the next genome) is therefore a pure function of the sequence of
+asks (the genomes they gave) and tells, and ``replay(events)`` rebuilds it exactly
+from that sequence as a journal holds it, without re-running any ask. Genomes that
+were asked but not told when the original stopped stay pending after ``replay``:
+the caller hands them out again and tells their results, and the strategy goes on
+exactly as the original would have with the same results in the same order.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ class Strategy:
         """Next genome to evaluate; None if the budget is spent or results must come first."""
         if self.budget_spent():
             return None
+        self.rng = self._derive_rng()
         g = self._propose()
         if g is not None:
             self._register(g)
@@ -148,16 +150,26 @@ class Strategy:
         elif self.best is None or fitness > self.best[1]:
             self.best = (genome, fitness)
         self._observe(genome, fitness, None if objectives is None else tuple(objectives))
-        self.rng = self._derive_rng()
 
-    def replay(self, records: list[dict]) -> None:
-        """Rebuild state from journal records {"genome", "fitness", "objectives"} in order."""
-        for n, rec in enumerate(records):
+    def replay(self, events: list[dict]) -> None:
+        """Rebuild the state from the journal's asks and tells, in their order, without
+        re-running any ask.
+
+        ``{"event": "ask", "genome"}``: a genome that was handed out. ``{"genome",
+        "fitness", "objectives"}``: its result; ``"asked": True`` says its ask is among the
+        events before, else (journals that kept no asks) it is registered as asked first.
+        Asks without a result stay pending: hand them out again and ``tell`` their results.
+        """
+        for n, rec in enumerate(events):
             try:
                 g = Genome.from_dict(rec["genome"])
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"journal record {n}: cannot read its genome ({e})") from e
-            self._register(g)
+            if rec.get("event") == "ask":
+                self._register(g)
+                continue
+            if not rec.get("asked"):
+                self._register(g)
             self.tell(g, rec.get("fitness"), rec.get("objectives"))
 
     def elapsed(self) -> float:
@@ -169,14 +181,14 @@ class Strategy:
                "failed": self.failed, "pending": len(self._pending),
                "elapsed_s": round(self.elapsed(), 3), "budget_spent": self.budget_spent(),
                "best_fitness": self.best[1] if self.best else None,
-               "best": self.best[0].summary() if self.best else None,
+               "best": self.best[0].summary(self.input_shape) if self.best else None,
                "best_key": self.best[0].key() if self.best else None}
         out.update(self._extra_state())
         return out
 
     # -- helpers and hooks --------------------------------------------------
     def _derive_rng(self) -> np.random.Generator:
-        return np.random.default_rng([self.seed, self.told])
+        return np.random.default_rng([self.seed, self.told, self.asked])
 
     def _register(self, g: Genome) -> None:
         self.asked += 1

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ensemble.config.vocabulary import LOSSES, METRICS, OPTIMIZERS, TASKS, check_layer, suggest
+from ensemble.config.vocabulary import (CALIBRATIONS, LOSSES, METRICS, OPTIMIZERS, TASKS, calibration_problem,
+                                        check_layer, gaussian_head, suggest)
 
 
 class ConfigError(ValueError):
@@ -116,13 +117,22 @@ SCHEMA = Table({
         "members": Key((int,), 1, _positive),
         "layers": Key((list,), None, _layers, nullable=True),
         "model": Key((str,), None, _model_ref, nullable=True),
+        # folder put first on sys.path to import `model`'s module; load_config fills in the
+        # config file's folder when the module lies there (as data paths resolve against it)
+        "model_dir": Key((str,), None, nullable=True),
         "params": Key((dict,), {}),
         **{k: Key(v.types, None, v.check, nullable=True) for k, v in TRAIN_KEYS.items()},
     }, array=True),
     "ensemble": Table({
         "k": Key((int,), 5, _positive),
-        "method": Key((str,), "auto", _one_of("auto", "top_k", "greedy")),
+        # auto: Caruana's greedy or its bagged variant, whichever scores better on held-out
+        # validation folds; both on `selection_metric`; top_k: the k best by `metric`
+        "method": Key((str,), "auto", _one_of("auto", "greedy", "bagged", "top_k")),
         "metric": Key((str,), "auto", _one_of("auto", *METRICS)),
+        # the score selection minimises: auto = a proper scoring rule (log loss, Gaussian NLL)
+        "selection_metric": Key((str,), "auto", _one_of("auto", *METRICS)),
+        # auto = regression intervals recalibrated on validation, classification left as is
+        "calibration": Key((str,), "auto", _one_of(*CALIBRATIONS)),
         # retention at scale: predictions kept for the best `candidates` (selection's pool),
         # models for the best `keep_models` (+ the selected, + a multi-objective search's front)
         "candidates": Key((int,), 500, _positive),
@@ -241,6 +251,9 @@ def resolve_config(raw: dict, *, source: str = "config", saved: bool = False) ->
         if (arch["layers"] is None) == (arch["model"] is None):
             raise ConfigError(f"`{where}` needs exactly one of `layers` (a list of layer tables) "
                               f"or `model` (\"package.module:function\")")
+        if arch["model_dir"] is not None and arch["model"] is None:
+            raise ConfigError(f"`{where}.model_dir` is where a user builder's module is imported from, "
+                              "but the architecture has no `model`; remove it")
         if arch["name"] is None:
             arch["name"] = f"arch{i}"
         if arch["name"] in names:
@@ -259,20 +272,36 @@ def resolve_config(raw: dict, *, source: str = "config", saved: bool = False) ->
                               "and/or `evolve.time_limit` (seconds)")
     metric = cfg["ensemble"]["metric"]
     task = data["task"]
-    gaussian = [a["name"] for a in cfg["architectures"] if (a["loss"] or cfg["train"]["loss"]) == "gaussian_nll"]
-    if gaussian and task == "classification":
-        raise ConfigError("`train.loss` \"gaussian_nll\" is for regression, but `data.task` is "
+    losses = {a["name"]: a["loss"] or cfg["train"]["loss"] for a in cfg["architectures"]}
+    if task == "classification" and {"gaussian_nll", "mse"} & {*losses.values(), cfg["train"]["loss"]}:
+        raise ConfigError("`train.loss` \"gaussian_nll\" / \"mse\" is for regression, but `data.task` is "
                           "\"classification\"; remove it or set `data.task = \"regression\"`")
-    all_gaussian = (cfg["train"]["loss"] == "gaussian_nll" if cfg["mode"] == "evolve"
+    gaussian = [a["name"] for a in cfg["architectures"]
+                if gaussian_head(losses[a["name"]], "regression", bool(a["model"]))]
+    all_gaussian = (gaussian_head(cfg["train"]["loss"], "regression") if cfg["mode"] == "evolve"
                     else len(gaussian) == len(cfg["architectures"]))
-    if metric == "nll" and not all_gaussian:
-        raise ConfigError("`ensemble.metric` \"nll\" needs every member to predict a variance: set "
-                          "`train.loss = \"gaussian_nll\"` (and no architecture overriding it)")
-    if metric != "auto" and task != "auto" and METRICS[metric][0] != task:
-        fits = [m for m, (t, _) in METRICS.items() if t == task]
-        raise ConfigError(f"`ensemble.metric` {metric!r} is a {METRICS[metric][0]} metric, but "
-                          f"`data.task` is \"{task}\"; use one of {', '.join(repr(m) for m in fits)}")
+    for key in ("metric", "selection_metric"):
+        if cfg["ensemble"][key] == "nll" and not all_gaussian:
+            raise ConfigError(f"`ensemble.{key}` \"nll\" needs every member to predict a variance: leave "
+                              "`train.loss` at \"auto\" (or \"gaussian_nll\"; a user builder needs "
+                              "\"gaussian_nll\") and no architecture overriding it with \"mse\"")
+    if task != "auto":
+        check_task_settings(cfg, task, "`data.task` is")
     return cfg
+
+
+def check_task_settings(cfg: dict, task: str, why: str) -> None:
+    """The [ensemble] settings that depend on the task, once it is known (from `data.task`,
+    or on rank 0 from the labels: ``why`` says which)."""
+    for key in ("metric", "selection_metric"):
+        metric = cfg["ensemble"][key]
+        if metric != "auto" and METRICS[metric][0] != task:
+            fits = [m for m, (t, _) in METRICS.items() if t == task]
+            raise ConfigError(f"`ensemble.{key}` {metric!r} is a {METRICS[metric][0]} metric, but "
+                              f"{why} \"{task}\"; use one of {', '.join(repr(m) for m in fits)}")
+    problem = calibration_problem(cfg["ensemble"]["calibration"], task)
+    if problem:
+        raise ConfigError(f"{problem} ({why} \"{task}\")")
 
 
 EVOLVE_KEYS = {
@@ -331,10 +360,31 @@ def load_config(path: str | Path) -> dict:
         near_config = path.parent / src
         if near_config.exists() or not Path(src).exists():
             cfg["data"]["source"] = str(near_config.resolve())
+    for i, arch in enumerate(cfg["architectures"]):
+        arch["model_dir"] = builder_folder(arch, path.parent, f"architectures[{i}].model_dir")
     replay = cfg["rehearsal"]["replay"]
     if replay and not Path(replay).is_absolute() and (path.parent / replay).exists():
         cfg["rehearsal"]["replay"] = str((path.parent / replay).resolve())
     return cfg
+
+
+def builder_folder(arch: dict, base: Path, where: str) -> str | None:
+    """The absolute folder a user builder's module is imported from: ``model_dir`` (relative
+    to ``base``, the config file's folder), else ``base`` itself when the module
+    (``pkg/`` or ``mod.py``) lies there, else None (the module comes from ``sys.path``)."""
+    if not arch["model"]:
+        return None
+    if arch["model_dir"] is not None:
+        folder = Path(arch["model_dir"])
+        folder = folder if folder.is_absolute() else base / folder
+        if not folder.is_dir():
+            raise ConfigError(f"`{where}` {arch['model_dir']!r} is not a folder (looked for "
+                              f"{str(folder)!r}, relative paths start at the config file's folder)")
+        return str(folder.resolve())
+    top = arch["model"].partition(":")[0].split(".")[0]
+    if (base / top).is_dir() or (base / f"{top}.py").is_file():
+        return str(base.resolve())
+    return None
 
 
 def member_train_settings(cfg: dict, arch: dict) -> dict:

@@ -26,9 +26,17 @@ OPTIMIZERS: dict[str, str] = {
 ACTIVATIONS = ("relu", "elu", "gelu", "tanh", "sigmoid", "swish", "silu", "selu",
                "softplus", "leaky_relu", "mish", "linear")
 
-#: ``train.loss``: "auto" is the task's own loss (cross-entropy or MSE); "gaussian_nll"
-#: gives regression members a mean and a variance head
-LOSSES = ("auto", "gaussian_nll")
+#: ``train.loss``: "auto" is cross-entropy for classification and, for regression, the
+#: Gaussian NLL of a mean and a variance head (a user builder's model keeps MSE unless
+#: it sets "gaussian_nll": the builder decides its outputs); "mse" is a mean head only
+LOSSES = ("auto", "gaussian_nll", "mse")
+
+
+def gaussian_head(loss: str | None, task: str, user_builder: bool = False) -> bool:
+    """Whether a member with ``loss`` predicts a mean and a variance (Gaussian NLL)."""
+    if loss == "gaussian_nll":
+        return True
+    return loss in (None, "auto") and task == "regression" and not user_builder
 
 #: metric name -> (task it scores, True when higher is better)
 METRICS: dict[str, tuple[str, bool]] = {
@@ -39,7 +47,36 @@ METRICS: dict[str, tuple[str, bool]] = {
     "mse": ("regression", False),
     "mae": ("regression", False),
     "nll": ("regression", False),
+    "r2": ("regression", True),
 }
+
+
+#: the proper scoring rule ensembles are selected on (``ensemble.selection_metric = "auto"``)
+#: and ties between members are broken by: log loss, or the Gaussian NLL when regression
+#: members predict a variance (the MSE when they do not)
+PROPER_SCORES = {"classification": "log_loss", "regression": "nll"}
+
+
+def proper_score(task: str, gaussian: bool = True) -> str:
+    """The proper scoring rule of ``task``'s predictions (``PROPER_SCORES``)."""
+    return "mse" if task == "regression" and not gaussian else PROPER_SCORES[task]
+
+
+#: ``ensemble.calibration`` -> the tasks it applies to ("auto": regression intervals
+#: recalibrated, classification probabilities left as they are; see ensemble.task.calibration)
+CALIBRATIONS = {"auto": TASKS, "none": TASKS, "temperature": ("classification",),
+                "variance_scaling": ("regression",), "conformal": ("regression",)}
+
+
+def calibration_problem(setting: str, task: str) -> str | None:
+    """Why ``ensemble.calibration = setting`` cannot apply to ``task`` (None: it can)."""
+    if setting not in CALIBRATIONS:
+        return f"`ensemble.calibration` must be one of {', '.join(CALIBRATIONS)}, but got {setting!r}"
+    if task in CALIBRATIONS[setting]:
+        return None
+    fits = ", ".join(f'"{c}"' for c, tasks in CALIBRATIONS.items() if task in tasks)
+    what = "rescales class probabilities" if setting == "temperature" else "recalibrates regression intervals"
+    return f"`ensemble.calibration = \"{setting}\"` {what}, but this is a {task} task; use {fits}"
 
 
 def task_metrics(task: str) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ import numpy as np
 from ensemble.inference.inputs import read_input
 from ensemble.inference.load import EnsembleRun, Member, PredictError, load_run
 from ensemble.task import get_task
+from ensemble.task.calibration import apply as apply_calibration
 
 BATCH = 512                           # rows per model call, as in training (same float32 results)
 
@@ -55,7 +56,9 @@ def predict_arrays(run: EnsembleRun, x: np.ndarray, comm=None) -> dict[str, np.n
     """The ensemble on normalised ``x``, spread over ``comm``'s ranks (None: this process only).
 
     Classification: "proba" (n, C), "total", "aleatoric", "epistemic" (n,) in nats.
-    Regression: "mean", "var", "std", "aleatoric", "epistemic", each (n,) or (n, k).
+    Regression: "mean", "var", "std", "aleatoric", "epistemic", each (n,) or (n, k), and
+    "intervals" (half-widths of the central 50/90/95% intervals). Both recalibrated as the
+    run's ``ensemble.json`` says.
     Collective over ``comm``; the result is complete on rank 0 only (empty elsewhere).
     """
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
@@ -70,7 +73,7 @@ def predict_arrays(run: EnsembleRun, x: np.ndarray, comm=None) -> dict[str, np.n
             raise PredictError(error) from exc
         error = f"rank {rank}: {error}"
     if size == 1:                                  # the weights sum to one: nothing to combine
-        return _squeeze(dict(part), run)
+        return _calibrated(_squeeze(dict(part), run), run)
     from ensemble.runtime.mpi import polite_barrier
     polite_barrier(comm)                           # idle ranks sleep while the others predict
     errors = [e for e in comm.allgather(error) if e]
@@ -82,7 +85,14 @@ def predict_arrays(run: EnsembleRun, x: np.ndarray, comm=None) -> dict[str, np.n
     second = np.empty_like(local_second) if rank == 0 else None
     if local_second.size:
         comm.Reduce(local_second, second, root=0)
-    return _squeeze(task.finish(first, second, k), run) if rank == 0 else {}
+    return _calibrated(_squeeze(task.finish(first, second, k), run), run) if rank == 0 else {}
+
+
+def _calibrated(result: dict, run: EnsembleRun) -> dict:
+    """The run's recalibration applied (``ensemble.task.calibration``): a regression result
+    gains "intervals" ({"50", "90", "95"} -> half-widths), its spread rescaled; a
+    classification result's probabilities are temperature-scaled if the run chose it."""
+    return apply_calibration(run.task, result, run.calibration)
 
 
 def _squeeze(result: dict, run: EnsembleRun) -> dict[str, np.ndarray]:

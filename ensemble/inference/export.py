@@ -7,7 +7,10 @@ models) and combines their outputs with their weights:
 
 - classification: one output, the averaged probabilities (n, C);
 - regression: two outputs, [mean (n, k), total variance (n, k)], the variance being the
-  mixture's aleatoric (members' own variances) plus epistemic (spread of their means) part.
+  mixture's aleatoric (members' own variances) plus epistemic (spread of their means) part,
+  recalibrated by the run's variance scale (``ensemble.json`` "calibration": "std_scale").
+  Conformal interval widths and a classification temperature are not in the exported
+  model: ``python -m ensemble.predict`` applies them.
 
 The combination is the task's (``Task.combine_in_keras``, built in ``ensemble.task.graph``
 from stock layers in float64, the formulas of ``Task.combine``), so the numbers match
@@ -57,7 +60,8 @@ def build_ensemble_model(run: EnsembleRun):
         model.name = f"member_{tag}"               # nested models need unique names
         outputs.append(MemberOutput(model(z), member.weight, tag, member.y_shift, member.y_scale,
                                     member.gaussian))
-    return keras.Model(inputs, get_task(run.task).combine_in_keras(outputs, run.n_outputs), name="ensemble")
+    return keras.Model(inputs, get_task(run.task).combine_in_keras(outputs, run.n_outputs, run.calibration),
+                       name="ensemble")
 
 
 def export_ensemble(run: EnsembleRun | str | Path, path: str | Path) -> Path:

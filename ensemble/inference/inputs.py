@@ -1,11 +1,24 @@
-"""Prediction inputs: a file read with the training readers and the run's ``[data]``
-settings, checked, reshaped and normalised as in training; targets encoded as the
-metrics take them. ``test`` regenerates the run's own test split."""
+"""Prediction inputs: a file (or, in the API, a DataFrame or array) read as in training,
+checked, reshaped and normalised as in training; targets encoded as the metrics take them.
+
+Inputs with names are matched by name, never by position: CSV and Parquet columns, the
+fields of a compound (structured) array in HDF5, npz or npy, a pandas HDF5 table (needs
+the ``tables`` package) and a DataFrame. The training columns (``feature_names`` in the
+run's data.json) are picked in training order; a missing one is an error that names it;
+other columns are ignored and listed in a warning; ``keep`` columns (IDs, any type) are
+carried through, in the input's row order, and may also be features. A run trained on
+arrays has no names: then a table's columns other than the label and the kept ones are
+its features, in file order. Arrays without names (npy, npz, a plain HDF5 dataset) are
+checked for dtype and width against the training input shape (flat or reshaped).
+``test`` regenerates the run's own test split.
+"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
@@ -18,6 +31,132 @@ _CLI_NAMES = {"`data.source`": "--data", "`data.x`": "--x", "`data.y`": "--y", "
               "set `data.format`": "pass --format"}
 
 
+@dataclass(frozen=True)
+class PredictInput:
+    """An input ready for the members: normalised features, encoded targets (None without),
+    the kept columns' values in the input's row order, and the columns that were ignored."""
+    x: np.ndarray
+    y: np.ndarray | None = None
+    kept: dict[str, np.ndarray] = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """How an input's named columns are used: features (training order), the targets column
+    (None if the input has none), the kept columns and the ignored rest."""
+    features: list[str]
+    label: str | None
+    keep: list[str]
+    ignored: list[str]
+
+    def wanted(self) -> list[str]:
+        return list(dict.fromkeys(self.features + ([self.label] if self.label else []) + self.keep))
+
+
+def parse_keep(keep: str | Iterable[str] | None) -> list[str]:
+    """``--keep id --keep site,day`` -> ['id', 'site', 'day'] (comma-separated, repeatable, once each)."""
+    if keep is None:
+        return []
+    items = [keep] if isinstance(keep, str) else list(keep)
+    return list(dict.fromkeys(n.strip() for item in items for n in str(item).split(",") if n.strip()))
+
+
+def _some(names: list[str], n: int = 8) -> str:
+    return ", ".join(repr(x) for x in names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def match_columns(run: EnsembleRun, columns: Iterable, source: str, label: str | None = None,
+                  keep: Iterable[str] = ()) -> Columns:
+    """Match an input's column names to the training columns; errors name what is missing."""
+    columns = [str(c) for c in columns]
+    keep = parse_keep(keep)
+    absent = [k for k in keep if k not in columns]
+    if absent:
+        raise PredictError(f"--keep names {_some(absent)}, but {source} has no such column; its columns "
+                           f"are {_some(columns, 20)}")
+    label = label if label in columns else None
+    names = [str(n) for n in run.meta.get("feature_names") or []]
+    if names:
+        missing = [n for n in names if n not in columns]
+        if missing:
+            extra = [c for c in columns if c not in names and c != label and c not in keep]
+            raise PredictError(
+                f"{source} lacks {len(missing)} of the {len(names)} columns the ensemble was trained on: "
+                f"{_some(missing)}" + (f"; it has other columns ({_some(extra)}), which are not used"
+                                       if extra else "") + "; give the training columns by their names")
+        features = names                         # picked by name, in training order
+    else:
+        features = [c for c in columns if c != label and c not in keep]
+        log.info("%s: the ensemble was trained on arrays without column names, so the input's %d columns "
+                 "other than the targets and --keep ones are its features, in file order", source, len(features))
+    used = set(features) | set(keep) | {label}
+    ignored = [c for c in columns if c not in used]
+    if ignored:
+        log.warning("%s: %d column(s) not used by the ensemble, ignored: %s", source, len(ignored),
+                    _some(ignored))
+    return Columns(features, label, keep, ignored)
+
+
+def frame_input(run: EnsembleRun, frame, source: str = "the DataFrame", label: str | None = None,
+                keep: Iterable[str] = (), y: np.ndarray | None = None,
+                columns: Columns | None = None) -> PredictInput:
+    """A pandas DataFrame -> PredictInput, columns matched by name (``match_columns``).
+
+    ``label`` defaults to the run's ``data.label``; without that column, ``y`` (targets read
+    beside the table, e.g. an HDF5 ``data.y`` dataset) is used if given.
+    """
+    import pandas as pd
+    label = run.config["data"]["label"] if label is None else label
+    cols = columns or match_columns(run, frame.columns, source, label, keep)
+    by_name = {str(c): c for c in frame.columns}
+    bad = [f"{f!r} ({frame[by_name[f]].dtype})" for f in cols.features
+           if not pd.api.types.is_numeric_dtype(frame[by_name[f]])]
+    if bad:
+        raise PredictError(f"{source}: column(s) {', '.join(bad[:8])} are not numeric, but the ensemble takes "
+                           "them as features" + ("" if run.meta.get("feature_names") else
+                                                 " (it was trained on arrays without column names, so every "
+                                                 "column but the targets and --keep ones is a feature)"))
+    x_raw = frame[[by_name[f] for f in cols.features]].to_numpy(dtype=np.float32, na_value=np.nan)
+    x = prepare_features(run, x_raw, source)
+    if cols.label is not None:
+        y = frame[by_name[cols.label]].to_numpy()
+    kept = {k: frame[by_name[k]].to_numpy() for k in cols.keep}
+    return PredictInput(x, None if y is None else encode_targets(run, y, len(x), source), kept, cols.ignored)
+
+
+def structured_frame(a: np.ndarray, source: str):
+    """A structured (compound) array's fields as DataFrame columns; byte strings decoded."""
+    import pandas as pd
+    out = {}
+    for name in a.dtype.names:
+        values = np.asarray(a[name])
+        if values.ndim != 1:
+            raise PredictError(f"{source}: field {name!r} holds {list(values.shape[1:])} values per sample; "
+                               "the fields of a compound dataset must be columns (one value per sample)")
+        if values.dtype.kind == "S":
+            values = np.char.decode(values, "utf-8")
+        elif values.dtype.kind == "O":
+            values = np.array([v.decode() if isinstance(v, bytes) else v for v in values], dtype=object)
+        out[name] = values
+    return pd.DataFrame(out)
+
+
+def data_input(run: EnsembleRun, data, label: str | None = None, keep: Iterable[str] = (),
+               source: str | None = None) -> PredictInput:
+    """The API's input: a DataFrame or structured array (matched by name) or a plain array."""
+    if hasattr(data, "columns"):
+        return frame_input(run, data, source or "the DataFrame", label, keep)
+    data = np.asarray(data)
+    source = source or "the array"
+    if data.dtype.names:
+        return frame_input(run, structured_frame(data, source), source, label, keep)
+    if parse_keep(keep):
+        raise PredictError(f"keep={parse_keep(keep)}: {source} is a plain array without column names, so "
+                           "there is no column to keep; pass a DataFrame")
+    return PredictInput(prepare_features(run, data, source))
+
+
 def input_settings(run: EnsembleRun, source: str, fmt: str | None = None, x: str | None = None,
                    y: str | None = None, label: str | None = None) -> dict:
     """The run's ``[data]`` table with ``source`` (and any overrides) for a file to predict on."""
@@ -28,55 +167,34 @@ def input_settings(run: EnsembleRun, source: str, fmt: str | None = None, x: str
     for key, value in (("x", x), ("y", y), ("label", label)):
         if value is not None:
             data[key] = value
-    names = run.meta.get("feature_names") or []
-    if not data.get("features") and names and Path(source).is_file():
-        columns = _table_columns(Path(source), data["format"])
-        if columns is not None:                 # a table: its columns are matched by name, never by position
-            missing = [n for n in names if n not in columns]
-            extra = [c for c in columns if c not in names and c != data.get("label")]
-            if missing:
-                raise PredictError(
-                    f"{source!r} lacks {len(missing)} of the {len(names)} columns the ensemble was trained "
-                    f"on: {_some(missing)}" + (f"; it has other columns ({_some(extra)}), which are not "
-                                               "used" if extra else "")
-                    + "; give the training columns by their names")
-            if extra:
-                log.info("%s: columns not used by the ensemble, ignored: %s", source, _some(extra))
-            data["features"] = list(names)        # picked by name, in training order
     return data
 
 
-def _some(names: list[str], n: int = 8) -> str:
-    return ", ".join(repr(x) for x in names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
-
-
-def _table_columns(path: Path, fmt: str) -> list[str] | None:
-    """Column names of a CSV/Parquet file without reading its rows; None for other formats."""
-    kind = fmt if fmt != "auto" else {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}.get(
-        path.suffix.lower())
-    if kind == "csv":
-        import pandas as pd
-        return [str(c) for c in pd.read_csv(path, nrows=0).columns]
-    if kind == "parquet":
-        import pyarrow.parquet as pq
-        return [str(c) for c in pq.read_schema(path).names]
-    return None
-
-
 def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input") -> np.ndarray:
-    """Raw features -> the members' input: checked, reshaped to the training shape, normalised."""
+    """Raw features -> the members' input: checked, reshaped to the training shape, normalised.
+
+    A sample may be flat or have the training input shape (size-1 axes aside); any shape of
+    the same size when the run reshaped its data (``data.reshape``), whose raw form is not kept.
+    """
     from datafeed.prepare import apply_normalizer
     x = np.asarray(x)
     shape = run.input_shape
     if x.ndim == 0 or len(x) == 0:
         raise PredictError(f"{source} holds no samples (features of shape {list(x.shape)})")
-    per_sample = int(np.prod(x.shape[1:]))
-    if per_sample != int(np.prod(shape)):
-        raise PredictError(f"{source} has {per_sample} features per sample (shape {list(x.shape[1:])}), "
-                           f"but the ensemble was trained on {int(np.prod(shape))} (input shape "
-                           f"{list(shape)}); give the same features as in training")
     if x.dtype.kind not in "iufb":
-        raise PredictError(f"{source}: features must be numeric, but have dtype {x.dtype}")
+        raise PredictError(f"{source}: features must be numbers, but have dtype {x.dtype}"
+                           + ("; a table's columns go in a CSV/Parquet file or a DataFrame, matched by name"
+                              if x.dtype.kind in "SUO" else ""))
+    sample, width = tuple(x.shape[1:]), int(np.prod(shape))
+    if int(np.prod(sample)) != width:
+        raise PredictError(f"{source} has {int(np.prod(sample))} features per sample (shape {list(sample)}), "
+                           f"but the ensemble was trained on {width} (input shape {list(shape)}); give the "
+                           "same features as in training")
+    squeeze = tuple(d for d in shape if d != 1)
+    if sample not in ((width,), shape) and tuple(d for d in sample if d != 1) != squeeze \
+            and not run.config["data"].get("reshape"):
+        raise PredictError(f"{source} has samples of shape {list(sample)}, but the ensemble was trained on "
+                           f"input shape {list(shape)}; give samples of that shape or flat ({width} values)")
     bad = ~np.isfinite(x.reshape(len(x), -1).astype(np.float64))
     if bad.any():
         rows = np.unique(np.nonzero(bad)[0])
@@ -116,25 +234,97 @@ def encode_targets(run: EnsembleRun, y: np.ndarray, n: int, source: str = "the i
     return np.asarray(codes, dtype=np.int64)[inverse.reshape(-1)]
 
 
-def read_input(run: EnsembleRun, source: str, fmt: str | None = None, x: str | None = None,
-               y: str | None = None, label: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Normalised features and encoded targets (None if the file has none) of ``source``.
+def _cli_error(exc: Exception) -> PredictError:
+    """A reader's message in the command line's words (--data, --x, ... for data.source, data.x, ...)."""
+    msg = str(exc)
+    for setting, option in _CLI_NAMES.items():
+        msg = msg.replace(setting, option)
+    return PredictError(msg)
+
+
+def load_input(run: EnsembleRun, source: str, fmt: str | None = None, x: str | None = None,
+               y: str | None = None, label: str | None = None, keep: Iterable[str] = ()) -> PredictInput:
+    """Read ``source`` for prediction: names matched, ``keep`` columns carried (see the module doc).
 
     ``source == "test"`` regenerates the run's own test split from its config and seed.
     """
-    from datafeed.readers import DataError, read_dataset
+    from datafeed.readers import DataError, detect_format, read_dataset
+    keep = parse_keep(keep)
     if source == TEST_KEYWORD:
-        return _test_split(run)
+        if keep:
+            raise PredictError(f"--keep {', '.join(keep)}: --data test regenerates the run's test split as "
+                               "arrays, without the file's columns; predict on the data file to keep columns")
+        return PredictInput(*_test_split(run))
     data = input_settings(run, source, fmt, x, y, label)
+    name = repr(source)
     try:
+        kind = detect_format(data)
+        if kind != "builtin" and not Path(source).exists():
+            raise DataError(f"`data.source` file {source!r} does not exist")
+        if kind in ("csv", "parquet"):
+            return _read_table(run, data, kind, keep, name)
+        frame = _pandas_hdf5(data, name) if kind == "hdf5" else None
+        if frame is not None:
+            return frame_input(run, frame, name, data["label"], keep)
         x_raw, y_raw, _ = read_dataset(data, require_y=False)
     except DataError as exc:
-        msg = str(exc)
-        for setting, option in _CLI_NAMES.items():
-            msg = msg.replace(setting, option)
-        raise PredictError(msg) from None
-    x_norm = prepare_features(run, x_raw, repr(source))
-    return x_norm, None if y_raw is None else encode_targets(run, y_raw, len(x_norm), repr(source))
+        raise _cli_error(exc) from None
+    if x_raw.dtype.names:                        # a compound dataset / structured array: named fields
+        return frame_input(run, structured_frame(x_raw, name), name, data["label"], keep, y_raw)
+    if keep:
+        raise PredictError(f"--keep {', '.join(keep)}: {name} holds a plain array ({kind}) without column "
+                           "names, so there is no column to keep; use a CSV/Parquet file or a compound "
+                           "HDF5 dataset with the ID columns, or join the IDs by row order")
+    x_norm = prepare_features(run, x_raw, name)
+    return PredictInput(x_norm, None if y_raw is None else encode_targets(run, y_raw, len(x_norm), name))
+
+
+def read_input(run: EnsembleRun, source: str, fmt: str | None = None, x: str | None = None,
+               y: str | None = None, label: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Normalised features and encoded targets (None if the file has none) of ``source``."""
+    got = load_input(run, source, fmt, x, y, label)
+    return got.x, got.y
+
+
+def _read_table(run: EnsembleRun, data: dict, kind: str, keep: list[str], source: str) -> PredictInput:
+    """CSV/Parquet: names from the header, then only the columns used; kept CSV columns that are
+    not features are read as text, exactly as written (leading zeros stay)."""
+    import pandas as pd
+    path = data["source"]
+    if kind == "csv":
+        header = pd.read_csv(path, nrows=0).columns
+    else:
+        import pyarrow.parquet as pq
+        header = pq.read_schema(path).names
+    cols = match_columns(run, header, source, data["label"], keep)
+    if kind == "csv":
+        text = {k: str for k in cols.keep if k not in cols.features and k != cols.label}
+        frame = pd.read_csv(path, usecols=cols.wanted(), dtype=text)
+    else:
+        frame = pd.read_parquet(path, columns=cols.wanted())
+    return frame_input(run, frame, source, data["label"], columns=cols)
+
+
+def _pandas_hdf5(data: dict, source: str):
+    """The DataFrame of a pandas HDF5 table (``df.to_hdf``) at ``data.x``, or None for a dataset."""
+    import h5py
+    try:
+        with h5py.File(data["source"], "r") as f:
+            node = f.get(data["x"])
+            is_pandas = isinstance(node, h5py.Group) and "pandas_type" in node.attrs
+    except OSError:
+        return None                              # not HDF5: the reader says so
+    if not is_pandas:
+        return None
+    try:
+        import tables  # noqa: F401 - pandas reads its HDF5 tables through PyTables
+    except ImportError:
+        raise PredictError(f"{source}: {data['x']!r} is a pandas HDF5 table (written by DataFrame.to_hdf), "
+                           "which needs the `tables` package to read, and it is not installed; install it "
+                           "(pip install tables), or give the table as Parquet/CSV or as an HDF5 compound "
+                           "dataset (h5py)") from None
+    import pandas as pd
+    return pd.read_hdf(data["source"], key=data["x"])
 
 
 def _test_split(run: EnsembleRun) -> tuple[np.ndarray, np.ndarray]:

@@ -60,6 +60,13 @@ class EnsembleRun:
         return tuple(int(d) for d in self.meta["input_shape"])
 
     @property
+    def calibration(self) -> dict | None:
+        """The recalibration fitted at the end of the run (``ensemble.task.calibration``);
+        None for a run without one (or written before there was calibration)."""
+        cal = self.summary.get("calibration")
+        return cal if cal and cal.get("method", "none") != "none" else None
+
+    @property
     def gaussian(self) -> bool:
         """Every member predicts a variance (then metrics include nll, as in ensemble.json)."""
         return all(m.gaussian for m in self.members)

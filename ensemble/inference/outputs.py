@@ -1,4 +1,5 @@
-"""What ``ensemble.predict`` writes: per-sample arrays (.npz) or columns (.csv/.parquet)."""
+"""What ``ensemble.predict`` writes: per-sample arrays (.npz) or columns (.csv/.parquet), or
+returns (a DataFrame); the input's kept columns (``--keep``) come first, in its row order."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble.inference.load import EnsembleRun
+from ensemble.inference.load import EnsembleRun, PredictError
 
 OUT_SUFFIXES = (".csv", ".npz", ".parquet")
 
@@ -23,6 +24,9 @@ def prediction_arrays(run: EnsembleRun, result: dict, y: np.ndarray | None = Non
         return out
     out = {"mean": result["mean"], "std": result["std"], "aleatoric_var": result["aleatoric"],
            "epistemic_var": result["epistemic"]}
+    for level, half in (result.get("intervals") or {}).items():     # recalibrated on validation
+        out[f"lower_{level}"] = result["mean"] - half
+        out[f"upper_{level}"] = result["mean"] + half
     if y is not None:
         out["target"] = y
     return out
@@ -43,14 +47,45 @@ def prediction_columns(run: EnsembleRun, result: dict, y: np.ndarray | None = No
     return columns
 
 
-def write_predictions(path: str | Path, run: EnsembleRun, result: dict, y: np.ndarray | None = None) -> Path:
-    """Write .csv, .parquet (columns) or .npz (arrays); returns the path."""
+def output_names(run: EnsembleRun) -> set[str]:
+    """Every name ``prediction_arrays``/``prediction_columns`` may write for this run."""
+    if run.task == "classification":
+        return {"prediction", "proba", "class_names", "total_entropy", "aleatoric", "epistemic", "target",
+                *(f"p_{c}" for c in run.class_names)}
+    base = ("mean", "std", "aleatoric_var", "epistemic_var", "target",
+            *(f"{side}_{level}" for side in ("lower", "upper") for level in ("50", "90", "95")))
+    return {*base, *(f"{b}_{i}" for b in base for i in range(run.n_outputs))}
+
+
+def check_kept_names(run: EnsembleRun, keep: list[str], taken: set[str] | None = None) -> None:
+    """Kept columns must not share a name with a prediction column (checked before predicting)."""
+    clash = [k for k in keep if k in (output_names(run) if taken is None else taken)]
+    if clash:
+        raise PredictError(f"--keep {', '.join(map(repr, clash))}: the output has a prediction column of "
+                           "that name (or, in .npz, a name np.savez takes); rename the input column")
+
+
+def prediction_frame(run: EnsembleRun, result: dict, y: np.ndarray | None = None,
+                     kept: dict[str, np.ndarray] | None = None, index=None):
+    """The .csv/.parquet columns as a DataFrame: kept columns first, then the predictions."""
+    import pandas as pd
+    columns = prediction_columns(run, result, y)
+    check_kept_names(run, list(kept or {}), set(columns))
+    return pd.DataFrame({**(kept or {}), **columns}, index=index)
+
+
+def write_predictions(path: str | Path, run: EnsembleRun, result: dict, y: np.ndarray | None = None,
+                      kept: dict[str, np.ndarray] | None = None) -> Path:
+    """Write .csv, .parquet (columns) or .npz (arrays; text kept as str arrays); returns the path."""
     path = Path(path)
     if path.suffix == ".npz":
-        np.savez(path, **prediction_arrays(run, result, y))
+        arrays = prediction_arrays(run, result, y)
+        check_kept_names(run, list(kept or {}), set(arrays) | {"file", "allow_pickle"})   # np.savez's own
+        text = {k: np.asarray(v).astype(str) if np.asarray(v).dtype.kind == "O" else np.asarray(v)
+                for k, v in (kept or {}).items()}           # no pickled object arrays in the .npz
+        np.savez(path, **text, **arrays)
         return path
-    import pandas as pd
-    frame = pd.DataFrame(prediction_columns(run, result, y))
+    frame = prediction_frame(run, result, y, kept)
     frame.to_csv(path, index=False) if path.suffix == ".csv" else frame.to_parquet(path, index=False)
     return path
 

@@ -21,7 +21,7 @@ def result_line(result: dict, done: int, total: int | None, metric: str, elapsed
         body = (f"val {metric} {val:.4f}  {result['epochs']:>3} epochs  {result['params']:>8} params  "
                 f"{result['train_seconds']:6.1f} s")
     else:
-        body = f"FAILED {result['error']['kind']}: {result['error']['message'][:120]}"
+        body = f"FAILED {result['error']['kind']}: {result['error']['message']}"     # whole: it says what to fix
     return f"{head} {body}  rank {result.get('rank')}  +{elapsed:6.1f} s"
 
 

@@ -41,14 +41,15 @@ def make_trainer(cfg: dict, meta: dict, data, run_dir: RunDirectory, rank: int, 
     return lambda spec, report: run_member(spec, data, meta, run_dir, rank, group, report)
 
 
-def make_source(cfg: dict, meta: dict, run_dir: RunDirectory, previous: list[dict], lost: set[str] = frozenset()):
-    """(spec source, members expected or None) for the config's mode; members in ``lost``
-    (finished, but their kept artifacts are gone) are trained again."""
+def make_source(cfg: dict, meta: dict, run_dir: RunDirectory, lines: list[dict], lost: set[str] = frozenset()):
+    """(spec source, members expected or None) for the config's mode, from the journal's
+    ``lines`` so far (records and events, in order); members in ``lost`` (finished, but
+    their kept artifacts are gone) are trained again."""
     if cfg["mode"] == "evolve":
         from ensemble.sources.search import SearchSource
-        source = SearchSource(cfg, meta, run_dir, previous, lost)
+        source = SearchSource(cfg, meta, run_dir, lines, lost)
         return source, source.total
-    done = {r["id"] for r in previous if r.get("status") == "ok"} - set(lost)
+    done = {r["id"] for r in lines if "event" not in r and r.get("status") == "ok"} - set(lost)
     return SpecList(member_specs(cfg, done), done), member_count(cfg)
 
 
@@ -89,7 +90,7 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
     artifacts = make_artifacts(cfg, meta, run_dir, metric)
     lost = artifacts.restore(lines) if resume else set()
     done_ids = {r["id"] for r in previous if r.get("status") == "ok"} - lost
-    source, total = make_source(cfg, meta, run_dir, previous, lost)
+    source, total = make_source(cfg, meta, run_dir, lines, lost)
     del lines
     resume_seconds = round(time.perf_counter() - t_resume, 3)
     rt = cfg["runtime"]
@@ -113,6 +114,8 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
         if resume:
             opened["resume_seconds"] = resume_seconds
         journal.event(opened)
+        if cfg["mode"] == "evolve":
+            source.on_issue = journal.append      # each candidate's genome as it goes out: resume re-issues it
 
         def on_results(results: list[dict]) -> None:
             released = artifacts.accept(results)          # candidates' arrays to the store

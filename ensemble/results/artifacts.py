@@ -61,7 +61,8 @@ class Artifacts:
                 r["stored"] = r["model"] = False
                 continue
             objectives = self.objectives(r) if self.objectives else None
-            d = self.retention.offer(r["id"], (r.get("val") or {}).get(self.metric), objectives)
+            val = r.get("val") or {}
+            d = self.retention.offer(r["id"], val.get(self.metric), objectives, val.get(self.retention.tie))
             if d.predictions and payload is None:          # a worker without bars that sent nothing
                 self.retention.discard(r["id"])
                 d.predictions = d.model = False
@@ -89,9 +90,11 @@ class Artifacts:
         self._to_remove.clear()
 
     # -- resume ---------------------------------------------------------------------------
-    def restore(self, lines: Iterable[dict]) -> set[str]:
+    def restore(self, lines: Iterable[dict], tidy: bool = True) -> set[str]:
         """Rebuild the kept sets from the journal's lines (in order); returns the ids of
-        members that were kept but lost their stored predictions or model file."""
+        members that were kept but lost their stored predictions or model file. With
+        ``tidy``, model files of members no longer kept are deleted (a resume); without,
+        nothing on disk changes (a re-selection reads only)."""
         kept_p: dict[str, dict] = {}
         kept_m: dict[str, dict] = {}
         for item in lines:
@@ -115,12 +118,13 @@ class Artifacts:
         for i, r in {**kept_m, **kept_p}.items():
             if i in lost:
                 continue
-            self.retention.restore(i, (r.get("val") or {}).get(self.metric),
-                                   self.objectives(r) if self.objectives else None)
+            val = r.get("val") or {}
+            self.retention.restore(i, val.get(self.metric), self.objectives(r) if self.objectives else None,
+                                   val.get(self.retention.tie))
             if i in self.retention:
                 self.has_model[i] = bool(r.get("model"))
         models = self.retention.models()
-        for path in self.run_dir.model_files():             # stray files: released, or never kept
+        for path in self.run_dir.model_files() if tidy else ():   # stray files: released, or never kept
             member_id = path.name[: -len(RunDirectory.MODEL_SUFFIX)]
             if member_id not in models or not self.has_model.get(member_id, False):
                 path.unlink(missing_ok=True)

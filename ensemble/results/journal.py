@@ -10,7 +10,9 @@ last line (the job killed mid-write) is cut when the journal is reopened and ski
 it is read.
 
 Besides member records (they have an ``id``), the journal holds a few event lines (they
-have an ``event``): when dispatch opened and closed, on how many workers. With the
+have an ``event``): when dispatch opened and closed, on how many workers; which members'
+files were released (``released``, retention); in a search, each candidate's genome when
+it is handed out (``issued``, so a resume re-issues the ones in flight). With the
 members' ``dispatched``/``started``/``ended`` times they make a run's utilisation
 computable from the journal alone (``ensemble.results.timeline``).
 """

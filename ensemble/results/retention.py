@@ -10,7 +10,8 @@ At 100,000 members a run cannot keep a model and predictions for each. It keeps:
   that were neither selected nor among the best ``keep_models`` nor on the front are
   removed (``prune``).
 
-Ranking is the run's one order (``selection.rank_key``): best value first, ties by id,
+Ranking is the run's one order (``selection.rank_key``): best value first, ties by the
+proper score (log loss or NLL; ``Retention.tie``), then by id,
 so the kept sets depend on the results only, not on the order they arrive in. The master
 sends the current bars with every spec (``wire``); a worker whose member cannot enter
 (``passes``) writes no model and sends no predictions. Bars only get stricter, so a bar
@@ -27,8 +28,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ensemble.config.vocabulary import PROPER_SCORES
 from ensemble.results.selection import rank_key
-from ensemble.task.metrics import higher_is_better
+from ensemble.task.metrics import higher_is_better, metric_task
 
 
 @dataclass
@@ -78,16 +80,17 @@ class Retention:
         if candidates < 1:
             raise ValueError(f"`candidates` must be at least 1, but got {candidates}")
         self.metric, self.higher = metric, higher_is_better(metric)
+        self.tie = PROPER_SCORES[metric_task(metric)]          # the validation score ties go by
         self.n_predictions = candidates
         self.n_models = max(keep_models, candidates)
         self.keep_models = keep_models
         self._ranked: list[tuple[tuple, str]] = []           # (rank key, id), best first, <= n_models
-        self._values: dict[str, float] = {}
+        self._values: dict[str, tuple[float, Any]] = {}        # id -> (value, tie)
         self.front = ParetoFront() if pareto else None
 
-    def key(self, value: Any, member_id: str) -> tuple | None:
+    def key(self, value: Any, member_id: str, tie: Any = None) -> tuple | None:
         """The member's rank key; None when its value is missing or not finite (never kept)."""
-        key = rank_key(value, member_id, self.higher)
+        key = rank_key(value, member_id, self.higher, tie)
         return None if key[0] else key              # rank_key puts non-finite values last: (1, ...)
 
     def __contains__(self, member_id: str) -> bool:
@@ -106,21 +109,22 @@ class Retention:
 
     def discard(self, member_id: str) -> None:
         """Forget ``member_id`` (lost, or retrained): it keeps nothing."""
-        value = self._values.pop(member_id, None)
-        if value is not None:
-            entry = (rank_key(value, member_id, self.higher), member_id)
+        kept = self._values.pop(member_id, None)
+        if kept is not None:
+            entry = (rank_key(kept[0], member_id, self.higher, kept[1]), member_id)
             pos = bisect.bisect_left(self._ranked, entry)
             if pos < len(self._ranked) and self._ranked[pos] == entry:
                 del self._ranked[pos]
         if self.front is not None:
             self.front.discard(member_id)
 
-    def offer(self, member_id: str, value: Any, objectives=None) -> Decision:
-        """Member ``member_id`` finished with validation ``value`` (and, in a multi-objective
-        search, ``objectives``): what it keeps, and whom it pushes out."""
+    def offer(self, member_id: str, value: Any, objectives=None, tie: Any = None) -> Decision:
+        """Member ``member_id`` finished with validation ``value`` (its ``tie`` score too,
+        and, in a multi-objective search, ``objectives``): what it keeps, and whom it
+        pushes out."""
         self.discard(member_id)
         decision = Decision()
-        key = self.key(value, member_id)
+        key = self.key(value, member_id, tie)
         on_front, off_front = False, []
         if self.front is not None and objectives is not None and key is not None:
             on_front, off_front = self.front.add(member_id, objectives)
@@ -129,7 +133,7 @@ class Retention:
             pos = bisect.bisect_left(self._ranked, entry)
             if pos < self.n_models:
                 self._ranked.insert(pos, entry)
-                self._values[member_id] = float(value)
+                self._values[member_id] = (float(value), key[2] if math.isfinite(key[2]) else None)
                 decision.model = True
                 if pos < self.n_predictions:
                     decision.predictions = True
@@ -145,23 +149,25 @@ class Retention:
         decision.released_models += [i for i in off_front if i not in ranked]
         return decision
 
-    def restore(self, member_id: str, value: Any, objectives=None) -> None:
+    def restore(self, member_id: str, value: Any, objectives=None, tie: Any = None) -> None:
         """Put back a member kept before a resume (no decision: it keeps what it kept)."""
-        self.offer(member_id, value, objectives)
+        self.offer(member_id, value, objectives, tie)
 
     def bars(self) -> dict[str, list | None]:
-        """The worst kept member of each full set as [value, id] (None: not full, all enter)."""
+        """The worst kept member of each full set as [value, id, tie] (None: not full, all enter)."""
         def bar(n: int):
             if len(self._ranked) < n:
                 return None
             member_id = self._ranked[n - 1][1]
-            return [self._values[member_id], member_id]
+            value, tie = self._values[member_id]
+            return [value, member_id, tie]
         return {"predictions": bar(self.n_predictions),
                 "models": None if self.front is not None else bar(self.n_models)}
 
     def wire(self) -> dict:
-        """What a spec carries to its worker (``retain``): the metric, its direction, the bars."""
-        return {"metric": self.metric, "higher": self.higher, **self.bars()}
+        """What a spec carries to its worker (``retain``): the metric, its direction, the
+        score ties go by, the bars."""
+        return {"metric": self.metric, "higher": self.higher, "tie": self.tie, **self.bars()}
 
     def final_models(self, selected) -> set[str]:
         """Models to keep once the ensemble is chosen: the selected members, the best
@@ -177,9 +183,9 @@ def passes(retain: dict | None, which: str, val: dict, member_id: str) -> bool:
     ("predictions" or "models") under the bars a spec carried? No bars: yes."""
     if not retain:
         return True
-    higher = retain["higher"]
-    key = rank_key(val.get(retain["metric"]), member_id, higher)
+    higher, tie = retain["higher"], retain.get("tie")
+    key = rank_key(val.get(retain["metric"]), member_id, higher, val.get(tie) if tie else None)
     if key[0]:                                      # missing or not finite: never kept
         return False
     bar = retain.get(which)
-    return bar is None or key < rank_key(bar[0], bar[1], higher)
+    return bar is None or key < rank_key(bar[0], bar[1], higher, bar[2] if len(bar) > 2 else None)

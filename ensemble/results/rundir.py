@@ -7,7 +7,7 @@ number of members: only kept members have a model file (``results.retention``), 
 candidates' predictions are packed.
 
     runs/<name>/
-      config.toml  data.json  normalization.npz  journal.jsonl
+      config.toml  data.json  normalization.npz  splits.npz  journal.jsonl
       store/predictions-000.pack   candidates' {val,test}_{pred,var} and history (a new file per GiB)
       models/<id>.keras            kept members only
       leaderboard.csv  ensemble.json  ensemble_test_predictions.npz  [search.csv search.png]
@@ -58,6 +58,7 @@ class RunDirectory:
     CONFIG = "config.toml"
     DATA = "data.json"
     NORMALIZATION = "normalization.npz"
+    SPLITS = "splits.npz"
     JOURNAL = "journal.jsonl"
     LEADERBOARD = "leaderboard.csv"
     ENSEMBLE = "ensemble.json"
@@ -99,6 +100,13 @@ class RunDirectory:
     def load_normalization(self) -> tuple[np.ndarray, np.ndarray]:
         with np.load(self.path / self.NORMALIZATION) as norm:
             return norm["shift"], norm["scale"]
+
+    def load_splits(self) -> dict[str, np.ndarray]:
+        """The run's split: int64 row indices ``train``, ``val``, ``test`` into the data file as
+        read (before reshape and normalisation), sorted and disjoint; e.g. ``y[splits["test"]]``
+        are the test targets the ensemble was scored on."""
+        with np.load(self.path / self.SPLITS) as f:
+            return {name: f[name] for name in ("train", "val", "test")}
 
     # -- the journal ----------------------------------------------------------------
     def has_journal(self) -> bool:

@@ -1,10 +1,15 @@
 """Choosing ensemble members from their validation results.
 
-Three ways, all deterministic (ties go to the smaller id):
+All deterministic (ties go to a better proper score, then to the smaller id):
 - `rank_members`: finished member records, best validation score first;
 - `top_k`: the k best members, equal weights;
 - `greedy_selection`: Caruana et al. (2004) forward selection with replacement
-  on the members' stored validation predictions, weights = selection counts.
+  on the members' stored validation predictions, weights = selection counts;
+- `bagged_selection`: Caruana's bagged variant, greedy selection on random halves
+  of the candidates, weights averaged over the bags;
+- `choose_ensemble`: what a run does: greedy or bagged on a proper scoring rule,
+  whichever scores better on held-out folds of the validation split, never worse
+  on validation than the best single member.
 
 Weights come back as a dict id -> weight ordered best first (highest weight, then
 best single score), holding only nonzero weights, summing to 1.
@@ -21,12 +26,16 @@ import numpy as np
 
 from ensemble.task.metrics import higher_is_better, metric_task, score, score_unchecked
 
-__all__ = ["greedy_selection", "rank_key", "rank_members", "select", "top_k"]
+__all__ = ["bagged_selection", "choose_ensemble", "effective_size", "ensemble_score",
+           "greedy_selection", "rank_key", "rank_members", "select", "top_k"]
 
 # An addition must beat the current ensemble by more than this relative margin,
 # so float noise from re-averaging identical predictions never counts as a gain.
 MIN_GAIN = 1e-12
 METHODS = ("greedy", "top_k")
+#: ``ensemble.method``: "auto" compares greedy and bagged by cross-validation
+CHOICES = ("auto", "greedy", "bagged", "top_k")
+BAGS, BAG_FRACTION, CV_FOLDS, MIN_CV_ROWS = 20, 0.5, 2, 20
 
 
 # ------------------------------------------------------------------------ ordering
@@ -46,18 +55,21 @@ def _finite(value: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _sort_key(value: float | None, member_id: Any, higher: bool) -> tuple:
-    """Best first in the metric's direction, None last, ties by id."""
+def _sort_key(value: float | None, member_id: Any, higher: bool, tie: float | None = None) -> tuple:
+    """Best first in the metric's direction, None last; ties by `tie` (lower is
+    better, missing last), then by id."""
     if value is None:
-        return (1, 0.0, _id_key(member_id))
-    return (0, -value if higher else value, _id_key(member_id))
+        return (1, 0.0, math.inf, _id_key(member_id))
+    return (0, -value if higher else value, math.inf if tie is None else tie, _id_key(member_id))
 
 
-def rank_key(value: Any, member_id: Any, higher: bool) -> tuple:
+def rank_key(value: Any, member_id: Any, higher: bool, tie: Any = None) -> tuple:
     """The sort key of one member in every ranking of the run (leaderboard, retention,
-    selection): best value first in the metric's direction, missing or non-finite last,
-    ties by id. Smaller is better."""
-    return _sort_key(_finite(value), member_id, higher)
+    selection): best value first in the metric's direction, missing or non-finite last;
+    equal values by `tie`, the member's proper score (log loss, NLL: lower is better,
+    so eight members at validation accuracy 1.0 are told apart by how confident they
+    are), then by id. Smaller is better."""
+    return _sort_key(_finite(value), member_id, higher, _finite(tie))
 
 
 def _ranked_ids(scores: Mapping[Any, Any], metric: str) -> list[Any]:
@@ -68,11 +80,12 @@ def _ranked_ids(scores: Mapping[Any, Any], metric: str) -> list[Any]:
     return sorted(kept, key=lambda i: _sort_key(finite[i], i, higher))
 
 
-def rank_members(records: Iterable[Mapping[str, Any]], metric: str) -> list[Mapping[str, Any]]:
+def rank_members(records: Iterable[Mapping[str, Any]], metric: str,
+                 tie: str | None = None) -> list[Mapping[str, Any]]:
     """Member records (each with "id" and "val": {metric: value}) sorted best first
-    by validation `metric`; ties by id; a record whose value is missing or not
-    finite (NaN, inf, a failed member with no "val") goes last. Returns a new list
-    of the same record objects."""
+    by validation `metric`; ties by validation `tie` (a proper score, lower is better),
+    then by id; a record whose value is missing or not finite (NaN, inf, a failed
+    member with no "val") goes last. Returns a new list of the same record objects."""
     higher = higher_is_better(metric)
     records = list(records)
     for i, rec in enumerate(records):
@@ -80,7 +93,8 @@ def rank_members(records: Iterable[Mapping[str, Any]], metric: str) -> list[Mapp
             raise ValueError(f"member record {i} has no 'id': {dict(rec)!r}")
 
     def key(rec: Mapping[str, Any]) -> tuple:
-        return _sort_key(_finite((rec.get("val") or {}).get(metric)), rec["id"], higher)
+        val = rec.get("val") or {}
+        return rank_key(val.get(metric), rec["id"], higher, val.get(tie) if tie else None)
 
     return sorted(records, key=key)
 
@@ -197,7 +211,9 @@ def greedy_selection(
 ) -> dict[Any, float]:
     """Caruana et al. (2004) ensemble selection on validation predictions.
 
-    Start from the `n_init` best single members (sorted initialisation), then add,
+    Start from the best single member and add the next best ones, up to `n_init`,
+    while each improves the ensemble (Caruana's sorted initialisation, its size chosen
+    on validation: a poor member is never forced in), then add,
     with replacement, the member whose addition gives the best ensemble `metric`
     on (`y_val`), until no addition improves it strictly or the ensemble holds
     `max_size` picks (initial ones included). The ensemble is the average of
@@ -228,11 +244,16 @@ def greedy_selection(
     y = y.reshape(-1).astype(np.int64) if expected == "classification" else y.astype(np.float64)
 
     ensemble = _Ensemble(metric, y, preds, variances)
-    counts: dict[Any, int] = {}
-    for i in ranked[: min(n_init, max_size)]:
-        ensemble.add(i)
-        counts[i] = counts.get(i, 0) + 1
+    ensemble.add(ranked[0])
+    counts: dict[Any, int] = {ranked[0]: 1}
     current = ensemble.score_with(None)
+    for i in ranked[1: min(n_init, max_size)]:      # sorted initialisation, while it helps
+        value = ensemble.score_with(i)
+        if not _better(value, current, higher):
+            break
+        ensemble.add(i)
+        counts[i] = 1
+        current = value
 
     while ensemble.size < max_size:
         best_id, best = None, math.nan
@@ -283,3 +304,199 @@ def select(
         raise ValueError("metric 'nll' needs the members' variances `val_vars`, but got None")
     preds, variances = _stack(val_preds, val_vars if metric == "nll" else None)
     return top_k(_single_scores(metric, np.asarray(y_val), preds, variances), k, metric)
+
+
+# ----------------------------------------------------------- the run's selection
+def effective_size(weights: Mapping[Any, float]) -> float:
+    """Kish's effective number of members, 1 / sum(w^2): 1.0 for one member, n for
+    n equal weights; an ensemble of 4 at (0.93, 0.03, 0.02, 0.02) is about 1.15."""
+    w = np.asarray(list(weights.values()), dtype=np.float64)
+    return float(1.0 / np.sum((w / w.sum()) ** 2))
+
+
+def ensemble_score(
+    weights: Mapping[Any, float],
+    val_preds: Mapping[Any, np.ndarray],
+    y_val: np.ndarray,
+    metric: str,
+    val_vars: Mapping[Any, np.ndarray] | None = None,
+) -> float:
+    """`metric` of the weighted average of members (for "nll": of their mixture, as
+    greedy selection scores it); NaN when it is not finite."""
+    ids = list(weights)
+    w = np.array([weights[i] for i in ids], dtype=np.float64)
+    w = w / w.sum()
+    preds = np.stack([np.asarray(val_preds[i], dtype=np.float64) for i in ids])
+    mean = np.tensordot(w, preds, axes=1)
+    var = None
+    if metric == "nll":
+        if val_vars is None:
+            raise ValueError("metric 'nll' needs the members' variances `val_vars`, but got None")
+        second = np.stack([np.asarray(val_vars[i], dtype=np.float64) for i in ids]) + preds**2
+        var = np.maximum(np.tensordot(w, second, axes=1) - mean**2, 0.0)
+    try:
+        value = score(metric, y_val, mean, var)
+    except ValueError:
+        return math.nan
+    return value if math.isfinite(value) else math.nan
+
+
+def bagged_selection(
+    val_preds: Mapping[Any, np.ndarray],
+    y_val: np.ndarray,
+    metric: str,
+    *,
+    bags: int = BAGS,
+    fraction: float = BAG_FRACTION,
+    max_size: int = 50,
+    n_init: int = 3,
+    val_vars: Mapping[Any, np.ndarray] | None = None,
+    seed: int = 0,
+) -> dict[Any, float]:
+    """Caruana et al. (2004, section 4.3) bagged ensemble selection: greedy selection
+    on `bags` random subsets holding `fraction` of the candidates, weights averaged
+    over the bags. A poor member that looks good by chance on validation is in only
+    some bags, and no single member can take the whole ensemble. Seeded: the same
+    inputs and `seed` give the same weights."""
+    if isinstance(bags, bool) or not isinstance(bags, (int, np.integer)) or bags < 1:
+        raise ValueError(f"`bags` must be a positive integer, but got {bags!r}")
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"`fraction` must be in (0, 1], but got {fraction!r}")
+    ids = sorted(val_preds, key=_id_key)
+    rng = np.random.default_rng(seed)
+    size = max(1, int(round(fraction * len(ids))))
+    total: dict[Any, float] = {}
+    used = 0
+    for _ in range(bags):
+        subset = [ids[j] for j in sorted(rng.choice(len(ids), size, replace=False))]
+        try:
+            weights = greedy_selection(
+                {i: val_preds[i] for i in subset}, y_val, metric, max_size=max_size, n_init=n_init,
+                val_vars=None if val_vars is None else {i: val_vars[i] for i in subset},
+            )
+        except ValueError:              # a bag of members that all failed: it chooses nothing
+            continue
+        used += 1
+        for i, w in weights.items():
+            total[i] = total.get(i, 0.0) + w
+    if not used:
+        raise ValueError(f"no candidate has a finite validation {metric!r} among {len(ids)} members")
+    order = sorted(total, key=lambda i: (-total[i], _id_key(i)))
+    return {i: total[i] / used for i in order}
+
+
+def _fit(method: str, preds: dict, y: np.ndarray, metric: str, rank_metric: str, k: int,
+         variances: dict | None, seed: int, max_size: int, n_init: int) -> dict[Any, float]:
+    """Weights of one method fitted on (a part of) the validation rows."""
+    if method == "greedy":
+        return greedy_selection(preds, y, metric, max_size=max_size, n_init=n_init, val_vars=variances)
+    if method == "bagged":
+        return bagged_selection(preds, y, metric, max_size=max_size, n_init=n_init,
+                                val_vars=variances, seed=seed)
+    if method != "top_k":
+        raise ValueError(f"`method` must be one of {', '.join(CHOICES)}, but got {method!r}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"`k` must be a positive integer, but got {k!r}")
+    # the k best as the leaderboard ranks them: `rank_metric`, ties by the selection score
+    primary = _single_scores(rank_metric, y, preds, variances if rank_metric == "nll" else None)
+    tie = _single_scores(metric, y, preds, variances if metric == "nll" else None)
+    sign = -1.0 if higher_is_better(metric) else 1.0
+    higher = higher_is_better(rank_metric)
+    ranked = sorted((i for i in preds if not math.isnan(primary[i])),
+                    key=lambda i: rank_key(primary[i], i, higher, sign * tie[i]))
+    if not ranked:
+        raise ValueError(f"no candidate has a finite validation {rank_metric!r} among {len(preds)} members")
+    return _equal_weights(ranked[:k])
+
+
+def _rows(arrays: dict | None, idx: np.ndarray) -> dict | None:
+    return None if arrays is None else {i: a[idx] for i, a in arrays.items()}
+
+
+def _cross_validate(methods: tuple[str, ...], preds: dict, y: np.ndarray, metric: str,
+                    variances: dict | None, seed: int, **fit: Any) -> dict[str, float]:
+    """Each method's `metric` on held-out rows: fitted on CV_FOLDS - 1 folds of the
+    validation rows and scored on the remaining fold, averaged over rows."""
+    rows = np.random.default_rng(seed).permutation(len(y))
+    folds = np.array_split(rows, CV_FOLDS)
+    out = {}
+    for method in methods:
+        total = 0.0
+        for f, held in enumerate(folds):
+            part = np.sort(np.concatenate([folds[g] for g in range(CV_FOLDS) if g != f]))
+            try:
+                weights = _fit(method, _rows(preds, part), y[part], metric, metric, 1,
+                               _rows(variances, part), seed, **fit)
+                value = ensemble_score(weights, _rows(preds, held), y[held], metric, _rows(variances, held))
+            except ValueError:
+                value = math.nan
+            total += len(held) * value
+        out[method] = total / len(y)
+    return out
+
+
+def choose_ensemble(
+    val_preds: Mapping[Any, np.ndarray],
+    y_val: np.ndarray,
+    metric: str,
+    *,
+    method: str = "auto",
+    rank_metric: str | None = None,
+    k: int = 5,
+    val_vars: Mapping[Any, np.ndarray] | None = None,
+    seed: int = 0,
+    max_size: int = 50,
+    n_init: int = 3,
+) -> dict[str, Any]:
+    """The run's ensemble selection, minimising (or maximising) `metric` on validation,
+    normally a proper scoring rule (log loss, Gaussian NLL).
+
+    `method`: "greedy" (Caruana's forward selection with replacement from the
+    `n_init` best), "bagged" (the same on random halves of the candidates, averaged),
+    "top_k" (the `k` best by `rank_metric`, equal weights: a user's explicit choice,
+    returned as asked), or "auto": greedy and bagged are each fitted on one half of
+    the validation rows and scored on the other (2-fold), and the better one is then
+    fitted on all rows (ties: greedy). Then, unless the method is top_k, the
+    ensemble's validation `metric` is compared with the best single member's: a
+    bagged ensemble that is worse is replaced by greedy's (which starts from the best
+    member and adds only what helps), and any ensemble still worse by the best member
+    alone, so the result is never worse than the best member on the selection score
+    on validation.
+
+    Returns {"weights", "method", "metric", "val_score", "best_member": {"id",
+    "val_score"}, "effective_size", "cv" (method -> held-out score, or None),
+    "fallback" (True when the best member replaced a worse ensemble)}."""
+    if method not in CHOICES:
+        raise ValueError(f"`method` must be one of {', '.join(CHOICES)}, but got {method!r}")
+    if metric == "nll" and val_vars is None:
+        raise ValueError("metric 'nll' needs the members' variances `val_vars`, but got None")
+    preds, variances = _stack(val_preds, val_vars if val_vars is not None else None)
+    y = np.asarray(y_val)
+    fit = {"max_size": max_size, "n_init": n_init}
+    single = _single_scores(metric, y, preds, variances if metric == "nll" else None)
+    ranked = _ranked_ids(single, metric)
+    if not ranked:
+        raise ValueError(f"no candidate has a finite validation {metric!r} among {len(preds)} members")
+    cv = None
+    chosen = method
+    if method == "auto":
+        chosen = "greedy"
+        if len(ranked) > 1 and len(y) >= MIN_CV_ROWS:
+            cv = _cross_validate(("greedy", "bagged"), preds, y, metric, variances, seed, **fit)
+            if _better(cv["bagged"], cv["greedy"], higher_is_better(metric)):
+                chosen = "bagged"
+    weights = _fit(chosen, preds, y, metric, rank_metric or metric, k, variances, seed, **fit)
+    value = ensemble_score(weights, preds, y, metric, variances)
+    best = ranked[0]
+    fallback = False
+    higher = higher_is_better(metric)
+    if chosen == "bagged" and _better(single[best], value, higher):
+        # the bags' average lost to the best member on all of validation: greedy, which
+        # starts from the best member and adds only what helps, cannot lose to it
+        greedy = _fit("greedy", preds, y, metric, metric, k, variances, seed, **fit)
+        weights, value, chosen = greedy, ensemble_score(greedy, preds, y, metric, variances), "greedy"
+    if chosen != "top_k" and _better(single[best], value, higher):
+        weights, value, fallback = {best: 1.0}, single[best], True
+    return {"weights": weights, "method": chosen, "metric": metric, "val_score": value,
+            "best_member": {"id": best, "val_score": single[best]},
+            "effective_size": effective_size(weights), "cv": cv, "fallback": fallback}

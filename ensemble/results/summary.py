@@ -14,9 +14,12 @@ import pandas as pd
 
 from ensemble.results.artifacts import Artifacts
 from ensemble.results.rundir import RunDirectory
-from ensemble.results.selection import rank_key, rank_members, select
+from ensemble.config.vocabulary import PROPER_SCORES, proper_score
+from ensemble.results.selection import choose_ensemble, rank_members
 from ensemble.task import get_task
-from ensemble.task.metrics import higher_is_better
+from ensemble.task.calibration import apply as apply_calibration
+from ensemble.task.calibration import fit as fit_calibration
+from ensemble.task.metrics import higher_is_better, metric_task
 
 
 def finished_records(records: list[dict]) -> list[dict]:
@@ -31,7 +34,7 @@ def finished_records(records: list[dict]) -> list[dict]:
 def leaderboard(records: list[dict], metric: str) -> pd.DataFrame:
     """Finished members ranked by the validation metric, then failed ones."""
     rows = []
-    ranked = rank_members(finished_records(records), metric)
+    ranked = rank_members(finished_records(records), metric, PROPER_SCORES[metric_task(metric)])
     for pos, r in enumerate(ranked, 1):
         row = {"rank": pos, "id": r["id"], "arch": r.get("arch"), "status": "ok"}
         row.update({f"val_{k}": v for k, v in r["val"].items()})
@@ -49,21 +52,43 @@ def leaderboard(records: list[dict], metric: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def selection_metric(cfg: dict, task: str, gaussian: bool) -> str:
+    """The score selection minimises: ``ensemble.selection_metric``, or with "auto" the
+    task's proper scoring rule (log loss; Gaussian NLL when the candidates predict a
+    variance, else MSE)."""
+    setting = cfg["ensemble"].get("selection_metric", "auto")
+    if setting == "nll" and not gaussian:
+        raise RuntimeError("`ensemble.selection_metric = \"nll\"` needs every candidate to predict a variance, "
+                           "but some do not; set it to \"auto\" or \"mse\"")
+    return proper_score(task, gaussian) if setting == "auto" else setting
+
+
+def _selection_table(ids: list, choice: dict) -> dict:
+    """What ensemble.json says about the selection."""
+    return {"method": choice["method"], "metric": choice["metric"], "val_score": choice["val_score"],
+            "best_member": choice["best_member"], "effective_size": round(choice["effective_size"], 3),
+            "picks": len(ids), "cv": choice["cv"], "fallback_to_best_member": choice["fallback"]}
+
+
 def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: dict,
-                   y_val: np.ndarray, y_test: np.ndarray, artifacts: Artifacts) -> dict:
-    """Select members among the kept candidates on their validation predictions, average
-    them, score on the test split. Reads at most ``ensemble.candidates`` members' arrays,
-    however many were trained."""
+                   y_val: np.ndarray, y_test: np.ndarray, artifacts: Artifacts,
+                   ens: dict | None = None, pool: list[str] | None = None) -> dict:
+    """Select members among the kept candidates on their validation predictions (a proper
+    score by default, see ``selection.choose_ensemble``), average them, recalibrate the
+    uncertainty on validation (``task.calibration``), score on the test split. Reads at
+    most ``ensemble.candidates`` members' arrays, however many were trained. ``ens``
+    overrides ``cfg["ensemble"]`` and ``pool`` the candidates (re-selection of a finished run)."""
+    ens = {**cfg["ensemble"], **(ens or {})}
     task = get_task(meta["task"])
-    metric = task.default_metric(cfg["ensemble"]["metric"])
+    metric = task.default_metric(ens["metric"])
     finished = finished_records(records)
     if not finished:
         raise RuntimeError(f"no member finished (of {len(records)} tried); see "
                            f"{run_dir / run_dir.JOURNAL} for each failure")
     by_id = {r["id"]: r for r in finished}
-    higher = higher_is_better(metric)
-    best = min(finished, key=lambda r: rank_key((r.get("val") or {}).get(metric), r["id"], higher))
-    pool = artifacts.pool()
+    tie = PROPER_SCORES[task.name]
+    best = rank_members(finished, metric, tie)[0]
+    pool = artifacts.pool() if pool is None else pool
     if not pool:
         raise RuntimeError(f"none of the {len(finished)} finished members has stored predictions to select "
                            f"from (see {run_dir / run_dir.STORE}); resume the run to train them again")
@@ -71,11 +96,10 @@ def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: 
     val_preds = {i: arrays[i]["val_pred"] for i in pool}
     val_vars = {i: arrays[i].get("val_var") for i in pool}
     gaussian = all(v is not None for v in val_vars.values())
-    method = cfg["ensemble"]["method"]
-    if method == "auto":                   # Caruana's greedy when there is a choice to make
-        method = "greedy" if len(pool) > cfg["ensemble"]["k"] else "top_k"
-    weights = select(val_preds, y_val, metric, method=method, k=cfg["ensemble"]["k"], task=task.name,
-                     val_vars=val_vars if gaussian else None)
+    choice = choose_ensemble(val_preds, y_val, selection_metric({"ensemble": ens}, task.name, gaussian),
+                             method=ens["method"], rank_metric=metric, k=ens["k"],
+                             val_vars=val_vars if gaussian else None, seed=cfg.get("seed", 0))
+    weights = choice["weights"]
     ids = list(weights)
     w = np.array([weights[i] for i in ids])
     members = []
@@ -86,13 +110,19 @@ def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: 
         if by_id[i].get("scaling"):
             entry.update(by_id[i]["scaling"])
         members.append(entry)
-    out = {"task": task.name, "metric": metric, "method": method, "members": members,
+    out = {"task": task.name, "metric": metric, "method": choice["method"], "members": members,
            "n_finished": len(finished), "n_failed": len({r["id"] for r in records} - set(by_id)),
-           "n_candidates": len(pool)}
-    stats = {s: task.combine_outputs([(arrays[i][f"{s}_pred"], arrays[i].get(f"{s}_var")) for i in ids], w)
-             for s in ("val", "test")}
-    out["ensemble"] = {s: task.ensemble_metrics(y, stats[s], gaussian)
-                       for s, y in (("val", y_val), ("test", y_test))}
+           "n_candidates": len(pool), "selection": _selection_table(ids, choice)}
+    raw = {s: task.combine_outputs([(arrays[i][f"{s}_pred"], arrays[i].get(f"{s}_var")) for i in ids], w)
+           for s in ("val", "test")}
+    targets = {"val": y_val, "test": y_test}
+    calibration = fit_calibration(task.name, y_val, raw["val"], ens.get("calibration", "auto"), cfg.get("seed", 0))
+    stats = {s: apply_calibration(task.name, raw[s], calibration) for s in raw}
+    out["ensemble"] = {s: task.ensemble_metrics(targets[s], stats[s], gaussian) for s in stats}
+    out["calibration"] = {"method": "none"} if calibration is None else dict(calibration)
+    out["calibration"]["before"] = {
+        s: task.ensemble_metrics(targets[s], apply_calibration(task.name, raw[s], None), gaussian)
+        for s in raw}
     out["best_member"] = {"id": best["id"], "val": best["val"], "test": best["test"]}
     run_dir.write_npz(run_dir.TEST_PREDICTIONS, y=y_test, **task.per_sample(stats["test"]))
     return out
@@ -139,13 +169,15 @@ def finalize(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: dict,
 
 
 def format_comparison(summary: dict) -> str:
-    """The console table: ensemble against the best single member on the test split."""
+    """The console table: ensemble against the best single member on the test split, then
+    how the ensemble was chosen (effective size) and what its uncertainty is worth
+    (coverage of the recalibrated intervals, or ECE before and after temperature scaling)."""
     ens, best = summary["ensemble"]["test"], summary["best_member"]["test"]
     keys = [k for k in ens if k in best]
     lines = [f"{'test split':<28}" + "".join(f"{k:>12}" for k in keys)]
     n = len(summary["members"])
     lines.append(f"{f'ensemble ({n} members)':<28}" + "".join(f"{ens[k]:>12.4f}" for k in keys))
-    lines.append(f"{'best member ' + summary['best_member']['id']:<28}"
+    lines.append(f"{'best member ' + str(summary['best_member']['id']):<28}"
                  + "".join(f"{best[k]:>12.4f}" for k in keys))
     metric = summary["metric"]
     if metric in ens:
@@ -153,4 +185,24 @@ def format_comparison(summary: dict) -> str:
         diff = ens[metric] - best[metric]
         lines.append(f"ensemble vs best member on test {metric}: {diff:+.4f} "
                      f"({'ensemble at least as good' if better else 'best member better'})")
+    sel = summary.get("selection")
+    if sel:
+        how = "best member alone (every ensemble scored worse)" if sel["fallback_to_best_member"] else sel["method"]
+        lines.append(f"selection: {how} on validation {sel['metric']} {sel['val_score']:.4f} "
+                     f"(best member {sel['best_member']['val_score']:.4f}); effective size "
+                     f"{sel['effective_size']:.2f} of {n} members")
+    cal = summary.get("calibration") or {}
+    before = (cal.get("before") or {}).get("test", {})
+    if "coverage90" in ens:
+        raw = "  ".join(f"{k[8:]}% {before[k]:.2f}" for k in ("coverage50", "coverage90", "coverage95")
+                        if k in before)
+        lines.append(f"test coverage of the {cal.get('method', 'none')} intervals: "
+                     + "  ".join(f"{k[8:]}% {ens[k]:.2f}" for k in ("coverage50", "coverage90", "coverage95"))
+                     + (f"   (uncalibrated: {raw})" if raw and cal.get("method") != "none" else ""))
+    if cal.get("method") == "temperature" and cal["temperature"] == 1.0:
+        lines.append("temperature scaling: kept T = 1 (a fitted temperature did not lower the log loss of "
+                     "held-out validation rows)")
+    elif cal.get("method") == "temperature" and "ece" in before:
+        lines.append(f"temperature {cal['temperature']:.3f}: test ECE {before['ece']:.4f} -> {ens['ece']:.4f}, "
+                     f"log loss {before['log_loss']:.4f} -> {ens['log_loss']:.4f}")
     return "\n".join(lines)

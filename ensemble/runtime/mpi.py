@@ -12,6 +12,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 
 from mpi4py import MPI
 
@@ -27,12 +28,31 @@ def where() -> str:
     return f"rank {world.Get_rank()} on {socket.gethostname()}"
 
 
-def abort_on_exception() -> None:
+EXIT_INTERRUPTED = 130          # 128 + SIGINT: what a shell reports for Ctrl-C
+
+
+def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
     """An uncaught exception on any rank prints with its rank and host, then aborts the job.
 
     Without this, one rank dies and the others wait forever in a collective.
+    Ctrl-C is not an error: MPICH's mpiexec (hydra) forwards SIGINT to every rank (each in
+    its own process group, so the terminal signals mpiexec only), each raises KeyboardInterrupt, the ``with`` blocks on the way up close
+    (the journal is flushed), and then, instead of a traceback per rank, rank 0 prints
+    the one line ``interrupted()`` returns and every rank exits with 130 (a rank that is
+    still running when another leaves is stopped by mpiexec, as after any exit without
+    MPI_Finalize).
     """
     def hook(kind, value, tb):
+        if issubclass(kind, KeyboardInterrupt):
+            if world.Get_rank() == 0:
+                try:
+                    line = interrupted() if interrupted else "interrupted"
+                except Exception:       # noqa: BLE001 - never a traceback on the way out
+                    line = "interrupted"
+                sys.stderr.write(line + "\n")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
         text = "".join(traceback.format_exception(kind, value, tb))
         sys.stderr.write(f"[{where()}] fatal error, aborting the job:\n{text}")
         sys.stderr.flush()

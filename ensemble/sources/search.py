@@ -5,6 +5,14 @@ worker is free the strategy breeds the next genome (steady-state, asynchronous),
 genome becomes a member spec, and its validation metric goes back as fitness. At the
 end it writes ``search.csv`` and ``search.png``; the ensemble is then selected from
 everything the search trained, with no extra training.
+
+Resume: each candidate's genome is journalled as it is handed out (an ``issued`` line:
+id, evaluation, seed, genome, and how many results the strategy had been told). On
+``--resume`` those lines and the finished records, replayed in journal order, rebuild the
+strategy exactly as it was (``Strategy.replay``), and the candidates that were out when the
+job stopped go out again first, with the same id, genome and seed, before anything new is
+bred. With the same results told in the same order (one worker), the resumed search is
+the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -12,6 +20,8 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -77,9 +87,13 @@ def pareto_objectives(cfg: dict, meta: dict):
 
 
 class SearchSource:
-    """Spec source for the scheduler: strategy.ask() -> spec, result -> strategy.tell()."""
+    """Spec source for the scheduler: strategy.ask() -> spec, result -> strategy.tell().
 
-    def __init__(self, cfg: dict, meta: dict, run_dir: RunDirectory, previous: list[dict],
+    ``lines`` are the journal's lines of the run so far, in order (member records and event
+    lines; empty for a new run). Set ``on_issue`` to receive each new candidate's ``issued``
+    line as it is handed out (the master journals it)."""
+
+    def __init__(self, cfg: dict, meta: dict, run_dir: RunDirectory, lines: list[dict],
                  lost: set[str] = frozenset()):
         from evolve import STRATEGIES, make_strategy
         ev = cfg["evolve"]
@@ -95,22 +109,57 @@ class SearchSource:
                                       budget_seconds=ev["time_limit"], **params)
         self.total = ev["evaluations"]
         self.population_size = cls.initial_size(self.strategy.params)
-        done = [r for r in previous if "genome" in r]
-        self.strategy.replay([{"genome": r["genome"], "fitness": _fitness(r, self.metric),
-                               "objectives": self._objectives(r)} for r in done])
-        self.count = max([r["search"]["evaluation"] for r in done if "search" in r], default=0)
-        self.wall0 = time.monotonic() - max([r["search"]["wall"] for r in done if "search" in r], default=0.0)
+        self.on_issue: Callable[[dict], None] | None = None
         self.genomes: dict[str, object] = {}
+        self.reissue: deque[dict] = deque()       # issued lines of candidates out when the run stopped
+        done = self._replay(lines)
+        self.count = max([r["search"]["evaluation"] for r in done if "search" in r]
+                         + [x["evaluation"] for x in self.reissue], default=0)
+        self.wall0 = time.monotonic() - max([r["search"]["wall"] for r in done if "search" in r], default=0.0)
         self.exhausted = False
         # finished candidates whose kept artifacts were lost: the same genome, id and seed again
         latest = {r["id"]: r for r in done}
         self.retrain = [latest[i] for i in sorted(lost) if i in latest]
         self.retraining: set[str] = set()
 
+    def _replay(self, lines: list[dict]) -> list[dict]:
+        """Tell the strategy the journal's asks and results in their order; queue the
+        candidates issued but not finished for ``next_spec``. Returns the finished records."""
+        from evolve import Genome
+        events, done, issued, told = [], [], {}, set()
+        for x in lines:
+            kind = x.get("event")
+            if kind == "issued" and x["id"] not in issued and x["id"] not in told:
+                if x.get("told", len(told)) != len(told):
+                    log.warning(f"resume: {x['id']} was bred after {x['told']} results, but the journal "
+                                f"before it has {len(told)}; the search may take another path than it did")
+                issued[x["id"]] = x
+                events.append({"event": "ask", "genome": x["genome"]})
+            elif kind is None and "genome" in x:
+                done.append(x)
+                if x["id"] in told:          # a member trained again (lost artifacts): told once, as it was
+                    continue
+                told.add(x["id"])
+                events.append({"genome": x["genome"], "fitness": _fitness(x, self.metric),
+                               "objectives": self._objectives(x), "asked": x["id"] in issued})
+        self.strategy.replay(events)
+        for spec_id, line in issued.items():
+            if spec_id not in told:
+                self.genomes[spec_id] = Genome.from_dict(line["genome"])
+                self.reissue.append(line)
+        if self.reissue:
+            log.info(f"resume: {len(self.reissue)} candidate(s) out when the run stopped go out again as they "
+                     f"were: {', '.join(x['id'] for x in list(self.reissue)[:10])}"
+                     + (" ..." if len(self.reissue) > 10 else ""))
+        return done
+
     def _objectives(self, r: dict) -> tuple[float, float] | None:
         return _objectives(r, self.metric, self.objectives)
 
     def next_spec(self) -> dict | None:
+        if self.reissue:                    # out when the last run stopped: again, as it was
+            line = self.reissue.popleft()
+            return self._spec(line["id"], self.genomes[line["id"]], line["evaluation"], line.get("seed"))
         if self.retrain:
             from evolve import Genome
             record = self.retrain.pop()
@@ -129,16 +178,21 @@ class SearchSource:
         self.count += 1
         spec_id = f"e{self.count:04d}"
         self.genomes[spec_id] = genome
-        return self._spec(spec_id, genome, self.count)
+        spec = self._spec(spec_id, genome, self.count)
+        if self.on_issue is not None:
+            self.on_issue({"event": "issued", "id": spec_id, "evaluation": self.count, "seed": spec["seed"],
+                           "told": self.strategy.told, "genome": spec["genome"], "time": round(time.time(), 4)})
+        return spec
 
-    def _spec(self, spec_id: str, genome, count: int) -> dict:
+    def _spec(self, spec_id: str, genome, count: int, seed: int | None = None) -> dict:
         from evolve import decode
         return {"id": spec_id, "arch": "evolved", "model": None, "params": {},
                 "layers": decode(genome, self.input_shape, self.space, self.meta["n_outputs"]),
-                "seed": derive_seed(self.cfg["seed"], 1_000_003, count),
+                "seed": derive_seed(self.cfg["seed"], 1_000_003, count) if seed is None else seed,
                 **self.cfg["train"],                     # the genome evolves the three below
                 "optimizer": genome.optimizer, "learning_rate": genome.learning_rate,
-                "batch_size": genome.batch_size, "genome": genome.to_dict(), "summary": genome.summary()}
+                "batch_size": genome.batch_size, "genome": genome.to_dict(),
+                "summary": genome.summary(self.input_shape)}
 
     def tell(self, result: dict) -> None:
         if result["id"] in self.retraining:             # the strategy was told when it first finished

@@ -56,8 +56,9 @@ def classification_graph(members: list[MemberOutput], k: int):
                               "probabilities")
 
 
-def regression_graph(members: list[MemberOutput], k: int, var_floor: float):
-    """[mean (n, k), variance (n, k)]: the mixture's mean and aleatoric + epistemic variance."""
+def regression_graph(members: list[MemberOutput], k: int, var_floor: float, var_scale=None):
+    """[mean (n, k), variance (n, k)]: the mixture's mean and aleatoric + epistemic variance,
+    times ``var_scale`` (per output; the recalibration's squared std scale) when given."""
     import keras
     means, variances = [], []
     for m in members:
@@ -76,4 +77,9 @@ def regression_graph(members: list[MemberOutput], k: int, var_floor: float):
         d = keras.layers.Subtract(dtype=F64, name=f"dev_{m.tag}")([x, mean])
         variances.append(_weighted(keras.layers.Multiply(dtype=F64, name=f"dev2_{m.tag}")([d, d]), m.weight,
                                    f"dev2_w_{m.tag}"))
-    return [mean, _sum(variances, "variance")]
+    if var_scale is None:
+        return [mean, _sum(variances, "variance")]
+    total = _sum(variances, "variance_uncalibrated")
+    scale = np.asarray(var_scale, dtype=np.float64)
+    return [mean, keras.layers.Rescaling(scale.tolist() if scale.size > 1 else float(scale.reshape(-1)[0]),
+                                         dtype=F64, name="variance")(total)]

@@ -28,6 +28,8 @@ __all__ = [
     "average_predictions",
     "classification_metrics",
     "classification_uncertainty",
+    "coverage",
+    "coverage_name",
     "higher_is_better",
     "metric_task",
     "regression_metrics",
@@ -42,7 +44,10 @@ CLASSIFICATION_METRICS = frozenset(task_metrics("classification"))
 REGRESSION_METRICS = frozenset(task_metrics("regression"))
 
 ECE_BINS = 15
-Z_90 = 1.6448536269514722  # two-sided 90% interval of a standard normal
+#: central interval levels whose coverage is reported, and the standard normal's
+#: two-sided quantile of each (interval = mean +- z * std)
+COVERAGE_LEVELS = (0.5, 0.9, 0.95)
+Z = {0.5: 0.6744897501960817, 0.9: 1.6448536269514722, 0.95: 1.959963984540054}
 PROBA_EPS = 1e-15  # floor of a probability before the log
 PROBA_TOL = 1e-3  # how far rows may stray from a distribution (float32 softmax)
 VAR_EPS = 1e-12  # floor of a predicted variance before the log and the division
@@ -200,8 +205,26 @@ def _nll(y: np.ndarray, mean: np.ndarray, var: np.ndarray) -> float:
     return float(np.mean(0.5 * np.log(2 * np.pi * var) + (y - mean) ** 2 / (2 * var)))
 
 
-def _coverage90(y: np.ndarray, mean: np.ndarray, var: np.ndarray) -> float:
-    return float(np.mean(np.abs(y - mean) <= Z_90 * np.sqrt(var)))
+def coverage_name(level: float) -> str:
+    """The metric key of a central interval's coverage: 0.9 -> "coverage90"."""
+    return f"coverage{round(level * 100):d}"
+
+
+def coverage(y: np.ndarray, mean: np.ndarray, half_width: np.ndarray) -> float:
+    """Fraction of targets inside [mean - half_width, mean + half_width]."""
+    return float(np.mean(np.abs(y - mean) <= half_width))
+
+
+def _r2(y: np.ndarray, mean: np.ndarray) -> float:
+    """Coefficient of determination, averaged over outputs (scikit-learn's
+    "uniform_average"); an output with constant targets scores 1 if predicted
+    exactly, else 0, as scikit-learn does."""
+    y2, m2 = y.reshape(len(y), -1), mean.reshape(len(y), -1)
+    sse = np.sum((y2 - m2) ** 2, axis=0)
+    sst = np.sum((y2 - y2.mean(axis=0)) ** 2, axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2 = np.where(sst > 0, 1.0 - sse / np.where(sst > 0, sst, 1.0), np.where(sse > 0, 0.0, 1.0))
+    return float(np.mean(r2))
 
 
 def _mse(y: np.ndarray, mean: np.ndarray) -> float:
@@ -215,14 +238,17 @@ def _mae(y: np.ndarray, mean: np.ndarray) -> float:
 def regression_metrics(
     y: np.ndarray, mean: np.ndarray, var: np.ndarray | None = None
 ) -> dict[str, float]:
-    """mse and mae of `mean` against `y` ((n,) or (n, d), averaged over all entries);
-    with a predicted `var` also nll (mean Gaussian negative log likelihood) and
-    coverage90 (fraction of y inside the central 90% Gaussian interval)."""
+    """mse, mae and r2 of `mean` against `y` ((n,) or (n, d), averaged over all
+    entries; r2 over outputs); with a predicted `var` also nll (mean Gaussian negative
+    log likelihood) and coverage50/90/95 (fraction of y inside the central Gaussian
+    interval mean +- z * sqrt(var) of that level)."""
     y, mean, var = _regression_arrays(y, mean, var)
-    out = {"mse": _mse(y, mean), "mae": _mae(y, mean)}
+    out = {"mse": _mse(y, mean), "mae": _mae(y, mean), "r2": _r2(y, mean)}
     if var is not None:
         out["nll"] = _nll(y, mean, var)
-        out["coverage90"] = _coverage90(y, mean, var)
+        std = np.sqrt(var)
+        for level in COVERAGE_LEVELS:
+            out[coverage_name(level)] = coverage(y, mean, Z[level] * std)
     return out
 
 
@@ -241,6 +267,8 @@ def score(
         return _mse(y, mean)
     if name == "mae":
         return _mae(y, mean)
+    if name == "r2":
+        return _r2(y, mean)
     return _nll(y, mean, var)
 
 
@@ -267,6 +295,8 @@ def score_unchecked(
         return float(np.mean((y - pred) ** 2))
     if name == "mae":
         return float(np.mean(np.abs(y - pred)))
+    if name == "r2":
+        return _r2(y, pred)
     _check_metric(name)
     return _nll(y, pred, np.maximum(var.reshape(pred.shape), VAR_EPS))
 

@@ -114,9 +114,11 @@ class Task:
         second = sum(self.second_moments(w, p, first, k) for w, p in parts)
         return self.finish(first, second, k)
 
-    def combine_in_keras(self, members: list, n_outputs: int):
+    def combine_in_keras(self, members: list, n_outputs: int, calibration: dict | None = None):
         """The same combination as a Keras graph of stock layers (``ensemble.task.graph``),
-        from ``MemberOutput``s; the exported model's output(s)."""
+        from ``MemberOutput``s; the exported model's output(s). Of a ``calibration``, the
+        graph applies a regression's variance scale (stock layers have no log for a
+        temperature, and interval widths are not a model output)."""
         raise NotImplementedError
 
     def ensemble_metrics(self, y: np.ndarray, stats: dict, gaussian: bool = False) -> dict[str, float]:
@@ -158,7 +160,7 @@ class Classification(Task):
         return {"proba": proba, "total": total, "aleatoric": aleatoric,
                 "epistemic": np.maximum(total - aleatoric, 0.0)}
 
-    def combine_in_keras(self, members, n_outputs):
+    def combine_in_keras(self, members, n_outputs, calibration=None):
         from ensemble.task.graph import classification_graph
         return classification_graph(members, n_outputs)
 
@@ -228,16 +230,32 @@ class Regression(Task):
         return {"mean": first, "var": var, "std": np.sqrt(var), "aleatoric": aleatoric,
                 "epistemic": epistemic}
 
-    def combine_in_keras(self, members, n_outputs):
+    def combine_in_keras(self, members, n_outputs, calibration=None):
         from ensemble.task.graph import regression_graph
-        return regression_graph(members, n_outputs, VAR_FLOOR)
+        scale = None
+        if calibration and calibration.get("std_scale") is not None:
+            scale = np.asarray(calibration["std_scale"], dtype=np.float64) ** 2
+        return regression_graph(members, n_outputs, VAR_FLOOR, scale)
 
     def ensemble_metrics(self, y, stats, gaussian=False):
-        return M.regression_metrics(y, stats["mean"], stats["var"] if gaussian else None)
+        """mse, mae, r2 and, when the ensemble has a spread (members' variances or their
+        disagreement), nll and the coverage of its 50/90/95% intervals (the recalibrated
+        ones when ``stats`` has "intervals", see ``ensemble.task.calibration``)."""
+        var = np.asarray(stats["var"])
+        spread = gaussian or bool(np.any(var > 0))
+        out = M.regression_metrics(y, stats["mean"], var if spread else None)
+        if spread and "intervals" in stats:
+            from ensemble.task.calibration import interval_metrics
+            out.update(interval_metrics(y, stats))
+        return out
 
     def per_sample(self, stats):
-        return {"mean": stats["mean"], "std": stats["std"], "aleatoric_var": stats["aleatoric"],
-                "epistemic_var": stats["epistemic"]}
+        out = {"mean": stats["mean"], "std": stats["std"], "aleatoric_var": stats["aleatoric"],
+               "epistemic_var": stats["epistemic"]}
+        if "intervals" in stats:
+            out["lower_90"] = stats["mean"] - stats["intervals"]["90"]
+            out["upper_90"] = stats["mean"] + stats["intervals"]["90"]
+        return out
 
 
 _TASKS: dict[str, Task] = {t.name: t for t in (Classification(), Regression())}

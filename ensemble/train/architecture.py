@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
+import traceback
+from pathlib import Path
 from typing import Any
 
-from ensemble.config.vocabulary import INPUT_RANK, OPTIMIZERS
+import numpy as np
+
+from ensemble.config.vocabulary import INPUT_RANK, OPTIMIZERS, gaussian_head
 from ensemble.task import get_task
+from ensemble.task.metrics import PROBA_TOL
 
 
 class ArchitectureError(ValueError):
@@ -80,6 +86,20 @@ def build_layers(layers: list[dict], input_shape: tuple[int, ...], n_outputs: in
     return keras.Model(inputs, get_task(task).head(x, n_outputs, gaussian))
 
 
+def use_builder_folders(architectures: list[dict]) -> list[str]:
+    """Put each user builder's ``model_dir`` first on ``sys.path`` (the config file's folder when
+    the builder's module lies there, as data paths resolve against it; ``ensemble.config``
+    records it), so ``model = "mymodels:build"`` beside the config imports on every rank.
+    Returns the folders added."""
+    added = []
+    for arch in architectures:
+        folder = arch.get("model_dir")
+        if arch.get("model") and folder and folder not in sys.path:
+            sys.path.insert(0, folder)
+            added.append(folder)
+    return added
+
+
 def load_builder(ref: str):
     """Import ``package.module:function`` and return the function."""
     mod_name, _, fn_name = ref.partition(":")
@@ -87,7 +107,7 @@ def load_builder(ref: str):
         module = importlib.import_module(mod_name)
     except ImportError as exc:
         raise ArchitectureError(f"`model` {ref!r}: cannot import module {mod_name!r} ({exc}); "
-                                "is it on PYTHONPATH?") from None
+                                "put it beside the config file (or set `model_dir`) or on PYTHONPATH") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise ArchitectureError(f"`model` {ref!r}: module {mod_name!r} has no function {fn_name!r}")
@@ -96,7 +116,7 @@ def load_builder(ref: str):
 
 def build_model(spec: dict, input_shape: tuple[int, ...], n_outputs: int, task: str):
     """The uncompiled Keras model a member spec describes."""
-    gaussian = spec.get("loss") == "gaussian_nll"
+    gaussian = gaussian_head(spec.get("loss"), task, bool(spec.get("model")))
     if spec.get("model"):
         model = load_builder(spec["model"])(tuple(input_shape), n_outputs, **spec.get("params", {}))
         want = get_task(task).output_width(n_outputs, gaussian)
@@ -107,6 +127,60 @@ def build_model(spec: dict, input_shape: tuple[int, ...], n_outputs: int, task: 
                                     f"but its output shape is {getattr(model, 'output_shape', None)}")
         return model
     return build_layers(spec["layers"], tuple(input_shape), n_outputs, task, gaussian)
+
+
+def _where(exc: BaseException) -> str:
+    """`` (at file:line in fn)`` of the innermost frame outside Keras/TensorFlow and this package:
+    where in a user's builder it went wrong."""
+    ours = str(Path(__file__).resolve().parents[1])
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "site-packages" not in f.filename and not f.filename.startswith(ours)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" (at {f.filename}:{f.lineno} in {f.name})"
+
+
+def check_architecture(spec: dict, x: np.ndarray, n_outputs: int, task: str) -> None:
+    """Build the model ``spec`` describes and run it on ``x`` (a batch of training data), as a
+    member would but before any member trains. Raises ``ArchitectureError`` with the whole
+    reason when it cannot be built or run, when its output is not ``(batch, width)``, when it
+    is not finite, or (classification) when its rows are not probabilities: a user builder
+    that forgot the softmax fails here, not after every member has trained."""
+    ref = spec.get("model")
+    what = f"`model` {ref!r}" if ref else "the layer list"
+    shape = tuple(x.shape[1:])
+    try:
+        model = build_model(spec, shape, n_outputs, task)
+    except ArchitectureError:
+        raise
+    except Exception as exc:                 # noqa: BLE001 - the user's code: any error, reported whole
+        call = f"{ref.partition(':')[2]}({shape}, {n_outputs}" + "".join(
+            f", {k}={v!r}" for k, v in spec.get("params", {}).items()) + ")" if ref else "building it"
+        raise ArchitectureError(f"{what} failed in {call}: {type(exc).__name__}: {exc}{_where(exc)}") from None
+    try:
+        out = np.asarray(model(x, training=False), dtype=np.float64)
+    except Exception as exc:                 # noqa: BLE001
+        raise ArchitectureError(f"{what} fails on a batch of {len(x)} training samples of shape {shape}: "
+                                f"{type(exc).__name__}: {exc}{_where(exc)}") from None
+    t = get_task(task)
+    want = (len(x), t.output_width(n_outputs, gaussian_head(spec.get("loss"), task, bool(ref))))
+    if out.shape != want:
+        raise ArchitectureError(f"{what} returns shape {out.shape} for a batch of {len(x)} samples, but a "
+                                f"{task} member must return {want} (one row of {want[1]} values per sample)")
+    if not np.isfinite(out).all():
+        raise ArchitectureError(f"{what} returns NaN/inf on a batch of {len(x)} training samples "
+                                "before any training; check its layers and initialisers")
+    if task == "classification":
+        sums = out.sum(axis=1)
+        if out.min() < -PROBA_TOL or out.max() > 1 + PROBA_TOL or np.abs(sums - 1).max() > PROBA_TOL:
+            end = (f'end the model with a softmax, e.g. keras.layers.Dense({n_outputs}, activation="softmax")'
+                   if ref else "the layer list's head should give them; report this as a bug")
+            raise ArchitectureError(
+                f"{what} must output class probabilities for classification (each row non-negative, "
+                f"summing to 1), but on a batch of {len(x)} training samples its outputs lie in "
+                f"[{out.min():.4g}, {out.max():.4g}] and its rows sum to {sums.min():.4g} .. {sums.max():.4g}: "
+                f"logits, not probabilities? {end}")
 
 
 def count_params(model) -> int:

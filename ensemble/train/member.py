@@ -22,6 +22,7 @@ from typing import Mapping
 import numpy as np
 
 from datafeed.pipeline import make_dataset, member_indices
+from ensemble.config.vocabulary import gaussian_head
 from ensemble.results.retention import passes
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import Report
@@ -120,7 +121,7 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
 
     t0 = time.monotonic()
     task = get_task(meta["task"])
-    gaussian = spec.get("loss") == "gaussian_nll"
+    gaussian = gaussian_head(spec.get("loss"), task.name, bool(spec.get("model")))
     fault = injected_failure(spec["id"])
     if fault == "exit":
         os._exit(9)
@@ -237,7 +238,7 @@ def guarded(train, spec: dict, rank: int) -> dict | None:
         log.debug("%s failed: %s", spec["id"], exc)
         result = {"id": spec["id"], "status": "failed", "arch": spec.get("arch"), "seed": spec["seed"],
                   "error": {"kind": getattr(exc, "kind", type(exc).__name__), "message": str(exc),
-                            "traceback": traceback.format_exc(limit=8)},
+                            "traceback": traceback.format_exc(limit=-8)},   # the 8 innermost frames: where it broke
                   "train_seconds": round(time.monotonic() - t0, 3)}
     result.update(rank=rank, host=HOST)
     result.update({k: spec[k] for k in ("genome", "summary") if k in spec})

@@ -31,6 +31,7 @@ from typing import Mapping
 
 import numpy as np
 
+from ensemble.config.vocabulary import gaussian_head
 from ensemble.results.journal import read_journal
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import Report
@@ -148,7 +149,8 @@ class RehearsalTrainer:
             raise MemberFailed("rehearsal", f"rehearsal failure drawn for {spec['id']} "
                                f"(`rehearsal.failure_rate` = {self.settings['failure_rate']:g})")
         quality = float(np.clip(self.settings["accuracy"] + rng.normal(0.0, 0.05), 0.0, 1.0))
-        scores, arrays = self._score(rng, quality, spec.get("loss") == "gaussian_nll")
+        scores, arrays = self._score(rng, quality, gaussian_head(spec.get("loss"), self.task.name,
+                                                                  bool(spec.get("model"))))
         record = {"id": spec["id"], "status": "ok", "arch": spec.get("arch"), "seed": spec["seed"],
                   "val": scores["val"], "test": scores["test"],
                   "params": int(rng.integers(1_000, 1_000_000)),

@@ -130,3 +130,22 @@ def test_string_labels_are_encoded():
     arrays, meta = prepare(x, y, {}, data_cfg(source="digits"), seed=0)
     assert meta["task"] == "classification" and meta["class_names"] == ["cat", "dog", "eel"]
     assert set(np.unique(arrays["y_train"])) <= {0, 1, 2}
+
+
+def test_prepare_with_rows_gives_the_split_as_row_indices():
+    """The rows a run saves as splits.npz: disjoint, covering every row, and the very rows
+    each split's arrays were made from (before normalisation)."""
+    from datafeed.prepare import apply_normalizer, prepare_with_rows
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(203, 5)).astype(np.float32)
+    y = rng.integers(0, 3, size=203)
+    arrays, meta, rows = prepare_with_rows(x, y, {}, data_cfg(source="digits", val_fraction=0.2), seed=7)
+    assert set(rows) == {"train", "val", "test"}
+    assert all(r.dtype == np.int64 and np.all(np.diff(r) > 0) for r in rows.values())
+    np.testing.assert_array_equal(np.sort(np.concatenate(list(rows.values()))), np.arange(203))
+    for split, r in rows.items():
+        assert len(r) == meta["sizes"][split]
+        np.testing.assert_array_equal(arrays[f"y_{split}"], y[r])
+        np.testing.assert_array_equal(arrays[f"x_{split}"], apply_normalizer(x[r], arrays["x_mean"], arrays["x_scale"]))
+    again, _ = prepare(x, y, {}, data_cfg(source="digits", val_fraction=0.2), seed=7)
+    assert set(again) == set(arrays)                       # prepare: the same arrays, no rows to broadcast

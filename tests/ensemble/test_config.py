@@ -132,3 +132,52 @@ def test_resume_refuses_a_changed_config(tmp_path):
     changed = resolve_config(bad(train__epochs=3))
     with pytest.raises(ConfigError, match="`train` differs from the run's saved config.toml"):
         check_same_run(changed, tmp_path)
+
+
+def test_builder_module_beside_the_config_is_found_from_any_folder(tmp_path, monkeypatch):
+    """`model = "mod:fn"` imports like data paths resolve: from the config file's folder first."""
+    import sys
+    from ensemble.train.architecture import load_builder, use_builder_folders
+    folder = tmp_path / "project"
+    (folder / "nets").mkdir(parents=True)
+    (folder / "beside_cfg_builders.py").write_text("def build(input_shape, n_outputs):\n    return 'built'\n")
+    (folder / "nets" / "beside_cfg_pkg").mkdir()
+    (folder / "nets" / "beside_cfg_pkg" / "__init__.py").write_text("def build(s, n):\n    return 'pkg'\n")
+    path = folder / "c.toml"
+    path.write_text(textwrap.dedent("""
+        [[architectures]]
+        model = "beside_cfg_builders:build"
+        [[architectures]]
+        model = "beside_cfg_pkg:build"
+        model_dir = "nets"
+        [[architectures]]
+        model = "tests.mpi.user_models:small_mlp"
+    """))
+    monkeypatch.chdir(tmp_path)                                 # not the config's folder
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    cfg = load_config(path)
+    dirs = [a["model_dir"] for a in cfg["architectures"]]
+    assert dirs == [str(folder.resolve()), str((folder / "nets").resolve()), None]   # None: from sys.path
+    assert use_builder_folders(cfg["architectures"]) == dirs[:2] and sys.path[:2] == dirs[1::-1]
+    assert load_builder("beside_cfg_builders:build")((4,), 2) == "built"
+    assert load_builder("beside_cfg_pkg:build")((4,), 2) == "pkg"
+    saved = tmp_path / "saved.toml"                             # the run directory's config.toml reads back
+    saved.write_text(dump_toml(cfg))
+    assert resolve_config(__import__("tomllib").loads(saved.read_text()), saved=True)["architectures"] == cfg["architectures"]
+
+
+def test_model_dir_must_be_a_folder_and_needs_a_model(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[[architectures]]\nmodel = "m:f"\nmodel_dir = "nowhere"\n')
+    with pytest.raises(ConfigError, match=r"`architectures\[0\].model_dir` 'nowhere' is not a folder"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"`architectures\[0\].model_dir` is where a user builder's module"):
+        resolve_config({"architectures": [{"layers": [{"type": "Dense", "units": 4}], "model_dir": "x"}]})
+
+
+def test_resume_ignores_where_the_builder_is_imported_from(tmp_path):
+    from ensemble.orchestrate.prepare import check_same_run
+    cfg = resolve_config({"architectures": [{"model": "m:f", "model_dir": "/old/place"}]})
+    (tmp_path / "config.toml").write_text(dump_toml(cfg))
+    moved = resolve_config({"architectures": [{"model": "m:f", "model_dir": "/new/place"}]})
+    check_same_run(moved, tmp_path)

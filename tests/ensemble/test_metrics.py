@@ -90,7 +90,18 @@ def test_regression_metrics_by_hand():
            + 0.5 * math.log(8 * math.pi)) / 3
     assert m["nll"] == pytest.approx(nll)
     assert m["coverage90"] == pytest.approx(2 / 3)  # |3 - 1| > 1.645
-    assert set(regression_metrics(y, mean)) == {"mse", "mae"}
+    assert m["coverage50"] == pytest.approx(2 / 3) and m["coverage95"] == pytest.approx(2 / 3)
+    assert set(regression_metrics(y, mean)) == {"mse", "mae", "r2"}
+
+
+def test_r2_matches_scikit_learn_for_one_and_several_outputs():
+    from sklearn.metrics import r2_score
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(50, 3))
+    pred = y + rng.normal(scale=0.5, size=y.shape)
+    assert regression_metrics(y, pred)["r2"] == pytest.approx(r2_score(y, pred))
+    assert regression_metrics(y[:, 0], pred[:, 0])["r2"] == pytest.approx(r2_score(y[:, 0], pred[:, 0]))
+    assert score("r2", y[:, 0], pred[:, 0]) == pytest.approx(r2_score(y[:, 0], pred[:, 0]))
 
 
 def test_regression_shapes():

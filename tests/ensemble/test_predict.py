@@ -160,7 +160,13 @@ def test_test_split_reproduces_ensemble_json_regression(reg_run):
     np.testing.assert_allclose(result["mean"], saved["mean"], rtol=1e-12)
     np.testing.assert_allclose(result["std"], saved["std"], rtol=1e-9)
     np.testing.assert_allclose(result["var"], result["aleatoric"] + result["epistemic"], rtol=1e-12)
-    assert (result["aleatoric"] == 0).all() and (result["epistemic"] > 0).all()   # no variance heads
+    assert (result["aleatoric"] > 0).all() and (result["epistemic"] > 0).all()   # variance heads by default
+    assert ens_calibration(reg_run) in ("variance_scaling", "conformal")
+    np.testing.assert_allclose(result["mean"] + result["intervals"]["90"], saved["upper_90"], rtol=1e-9)
+
+
+def ens_calibration(run_dir) -> str:
+    return json.loads((run_dir / "ensemble.json").read_text())["calibration"]["method"]
 
 
 # -------------------------------------------------------------- files written here, same rows
@@ -222,7 +228,9 @@ def test_regression_csv_without_targets_equals_library(reg_run, tmp_path):
     for key in ("mean", "std", "var", "aleatoric", "epistemic"):
         np.testing.assert_allclose(result[key], expected[key], rtol=1e-12, err_msg=key)
     P.write_predictions(tmp_path / "p.csv", P.load_run(reg_run), result)
-    assert list(pd.read_csv(tmp_path / "p.csv").columns) == ["mean", "std", "aleatoric_var", "epistemic_var"]
+    intervals = [f"{side}_{level}" for level in ("50", "90", "95") for side in ("lower", "upper")]
+    assert list(pd.read_csv(tmp_path / "p.csv").columns) == ["mean", "std", "aleatoric_var", "epistemic_var",
+                                                             *intervals]
 
 
 def test_exported_models_load_in_a_fresh_process(cls_run, reg_run, cls_cli, reg_export, tmp_path):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from ensemble.task.metrics import average_predictions, score
-from ensemble.results.selection import greedy_selection, rank_members, select, top_k
+from ensemble.results.selection import (bagged_selection, choose_ensemble, effective_size, ensemble_score,
+                                       greedy_selection, rank_members, select, top_k)
 
 
 def ensemble_score(weights: dict, preds: dict, y: np.ndarray, metric: str) -> float:
@@ -197,3 +198,87 @@ def test_select_defaults_to_greedy_when_more_candidates_than_k(regression_case):
     assert len(everyone) == 10 and all(w == pytest.approx(0.1) for w in everyone.values())
     with pytest.raises(ValueError, match="`method` must be one of greedy, top_k"):
         select(preds, y, "mse", method="stacking")
+
+
+# ------------------------------------------------------- the run's default selection
+def planted_pool(n: int = 600, c: int = 3, seed: int = 0):
+    """Five honest members (about 85% right, calibrated-ish) and one poor member that is
+    61% right and 98% sure of every answer."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, c, n)
+    pool = {}
+    for m in range(5):
+        logits = 2.0 * np.eye(c)[y] + rng.normal(0.0, 1.0, (n, c))
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        pool[f"good-{m}"] = e / e.sum(axis=1, keepdims=True)
+    guess = np.where(rng.random(n) < 0.61, y, (y + rng.integers(1, c, n)) % c)
+    poor = np.full((n, c), 0.01)
+    poor[np.arange(n), guess] = 0.98
+    pool["poor"] = poor
+    return pool, y
+
+
+@pytest.mark.parametrize("method", ["auto", "greedy", "bagged"])
+def test_proper_score_selection_leaves_a_poor_confident_member_out(method):
+    pool, y = planted_pool()
+    choice = choose_ensemble(pool, y, "log_loss", method=method, seed=1)
+    assert "poor" not in choice["weights"]
+    best = min(score("log_loss", y, p) for p in pool.values())
+    assert choice["val_score"] <= best and choice["best_member"]["val_score"] == pytest.approx(best)
+    assert choice["val_score"] == pytest.approx(ensemble_score(choice["weights"], pool, y, "log_loss"))
+    assert 1.0 <= choice["effective_size"] <= len(choice["weights"]) + 1e-9
+    assert sum(choice["weights"].values()) == pytest.approx(1.0)
+    if method == "auto":
+        assert set(choice["cv"]) == {"greedy", "bagged"} and choice["method"] in choice["cv"]
+
+
+def test_selection_is_never_worse_than_the_best_member_on_validation():
+    # bags that lack the one good member pick bad ones; their average is worse than the
+    # good member alone, which is then what the run gets
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 200)
+    sure = np.eye(2)[y] * 0.9 + 0.05
+    wrong = np.eye(2)[1 - y] * 0.8 + 0.1
+    pool = {"a": sure, "b": wrong, "c": wrong.copy()}
+    assert "b" in bagged_selection(pool, y, "log_loss") or "c" in bagged_selection(pool, y, "log_loss")
+    choice = choose_ensemble(pool, y, "log_loss", method="bagged")
+    assert choice["weights"] == {"a": 1.0} and choice["method"] == "greedy"     # greedy took over
+    assert not choice["fallback"]                                  # greedy never loses to the best member
+    greedy = choose_ensemble(pool, y, "log_loss", method="greedy", n_init=3)
+    assert greedy["weights"] == {"a": 1.0} and not greedy["fallback"]     # initialisation stops at "a"
+    # a top_k ensemble is the user's explicit choice: returned as asked, even when worse
+    top = choose_ensemble(pool, y, "log_loss", method="top_k", k=3)
+    assert len(top["weights"]) == 3 and top["val_score"] > top["best_member"]["val_score"]
+    assert choice["val_score"] == pytest.approx(score("log_loss", y, sure))
+
+
+def test_bagged_selection_is_seeded_and_spreads_weight():
+    pool, y = planted_pool()
+    a = bagged_selection(pool, y, "log_loss", seed=3)
+    assert a == bagged_selection(dict(reversed(list(pool.items()))), y, "log_loss", seed=3)
+    assert sum(a.values()) == pytest.approx(1.0)
+    assert effective_size(a) >= effective_size(greedy_selection(pool, y, "log_loss")) - 1e-9
+
+
+def test_effective_size():
+    assert effective_size({"a": 1.0}) == pytest.approx(1.0)
+    assert effective_size({i: 0.25 for i in "abcd"}) == pytest.approx(4.0)
+    assert effective_size({"a": 0.93, "b": 0.03, "c": 0.02, "d": 0.02}) == pytest.approx(1.154, abs=1e-3)
+
+
+def test_top_k_through_choose_ranks_by_the_metric_and_breaks_ties_by_the_proper_score():
+    y = np.array([0, 1, 0, 1])
+    timid = np.array([[0.6, 0.4], [0.4, 0.6], [0.6, 0.4], [0.4, 0.6]])
+    sure = np.array([[0.9, 0.1], [0.1, 0.9], [0.9, 0.1], [0.1, 0.9]])
+    pool = {"a": timid, "b": sure, "c": timid.copy()}           # all at accuracy 1.0
+    choice = choose_ensemble(pool, y, "log_loss", method="top_k", rank_metric="accuracy", k=1)
+    assert choice["weights"] == {"b": 1.0}
+
+
+def test_ranking_ties_go_to_the_better_proper_score_then_the_id():
+    records = [{"id": "m1", "val": {"accuracy": 1.0, "log_loss": 0.3}},
+               {"id": "m0", "val": {"accuracy": 1.0, "log_loss": 0.3}},
+               {"id": "m2", "val": {"accuracy": 1.0, "log_loss": 0.1}},
+               {"id": "m3", "val": {"accuracy": 0.9, "log_loss": 0.01}}]
+    assert [r["id"] for r in rank_members(records, "accuracy", "log_loss")] == ["m2", "m0", "m1", "m3"]
+    assert [r["id"] for r in rank_members(records, "accuracy")] == ["m0", "m1", "m2", "m3"]

@@ -24,9 +24,30 @@ def example() -> Genome:
 
 
 def test_summary():
-    assert example().summary() == "C32k3-P2-D128-do0.2 | adam lr=1e-3 bs=64"
+    assert example().summary() == "C32k3(relu)-MP2-GAP-D128(elu)-do0.2 | adam lr=1e-3 bs=64"
     g = example().replace(learning_rate=2.5e-4, reduction="flatten")
-    assert g.summary() == "C32k3-P2-D128-do0.2 | adam lr=2.5e-4 bs=64 flat"
+    assert g.summary((8, 8, 1)) == "in 8x8x1: C32k3(relu)-MP2-Flatten-D128(elu)-do0.2 | adam lr=2.5e-4 bs=64"
+
+
+def test_summary_shows_how_the_input_is_treated():
+    """The same dense genome is an MLP on flat vectors but averages an image first: the
+    summary says which (with the input shape), and the reduction sits where decode puts it."""
+    from evolve import decode
+    mlp = Genome(layers=(LayerGene.make("dense", units=64, activation="gelu"), LayerGene.make("dropout", rate=0.1)))
+    assert mlp.summary((64,)) == "in 64: D64(gelu)-do0.1 | adam lr=1e-3 bs=64"
+    assert mlp.summary([8, 8, 1]) == "in 8x8x1: GAP-D64(gelu)-do0.1 | adam lr=1e-3 bs=64"
+    assert mlp.replace(reduction="flatten").summary((8, 8, 1)).startswith("in 8x8x1: Flatten-D64(gelu)")
+    conv = Genome(layers=(LayerGene.make("conv", filters=8, kernel_size=5, strides=2, activation="tanh", residual=True),
+                          LayerGene.make("avgpool", pool_size=2), LayerGene.make("batchnorm")))
+    assert conv.summary((28, 28, 1)).startswith("in 28x28x1: C8k5s2(tanh)+r-AP2-BN-GAP |")
+    assert Genome(layers=()).summary((8, 8, 1)).startswith("in 8x8x1: GAP |")
+    # one token per decoded layer, and GAP/Flatten exactly where decode puts the reduction layer
+    for g, shape in ((example(), (8, 8, 1)), (example().replace(reduction="flatten"), (8, 8, 1)),
+                     (mlp, (8, 8, 1)), (conv, (28, 28, 1)), (mlp, (64,))):
+        tokens = g.summary(shape).split(": ", 1)[1].split(" | ")[0].split("-")
+        kinds = [layer["type"] for layer in decode(g, shape)]
+        assert [{"GAP": "GlobalAveragePooling", "Flatten": "Flatten"}.get(t) for t in tokens] == [
+            k.rstrip("123D") if k.startswith(("GlobalAverage", "Flatten")) else None for k in kinds]
 
 
 def test_gene_params_are_order_independent():

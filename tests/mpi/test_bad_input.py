@@ -84,6 +84,8 @@ CASES = [
      "needs 3 axes per sample"),
     ("user model not importable", '[[architectures]]\nmodel = "no_such_package.models:build"\n',
      "cannot import module 'no_such_package.models'"),
+    ("user builder without softmax", '[[architectures]]\nmodel = "tests.mpi.user_models:logits_mlp"\n',
+     "`model` 'tests.mpi.user_models:logits_mlp' must output class probabilities"),
     ("gaussian loss on labels", '[train]\nloss = "gaussian_nll"\n' + DENSE, "is for regression"),
     ("search space too small for the data", 'mode = "evolve"\n[data]\nreshape = [8, 8, 1]\n[search]\nmax_params = 50\n',
      "max_params"),

@@ -77,7 +77,8 @@ def test_three_ranks_equal_one_rank_regression(runs):
     proc1 = predict(1, runs / "reg", runs / "reg1.npz")
     assert proc1.returncode == 0, proc1.stdout + proc1.stderr
     one, three = np.load(runs / "reg1.npz"), np.load(runs / "reg3.npz")
-    assert set(one.files) == {"mean", "std", "aleatoric_var", "epistemic_var", "target"}
+    intervals = {f"{side}_{level}" for level in ("50", "90", "95") for side in ("lower", "upper")}
+    assert set(one.files) == {"mean", "std", "aleatoric_var", "epistemic_var", "target", *intervals}
     for key in one.files:
         assert one[key].shape == (18, 2)
         np.testing.assert_allclose(three[key], one[key], rtol=1e-9, atol=1e-12, err_msg=key)
@@ -93,6 +94,51 @@ def test_two_ranks_equal_the_library_classification(runs):
     np.testing.assert_allclose(got["proba"], result["proba"], rtol=1e-12)
     for key, name in (("total", "total_entropy"), ("aleatoric", "aleatoric"), ("epistemic", "epistemic")):
         np.testing.assert_allclose(got[name], result[key], rtol=1e-9, atol=1e-12, err_msg=key)
+
+
+def iris_rows(runs, n: int = 30):
+    """Iris rows as a user's table: columns out of training order, text IDs, labels, a note."""
+    import pandas as pd
+    from sklearn.datasets import load_iris
+    iris = load_iris()
+    frame = pd.DataFrame(iris.data[:: 150 // n], columns=iris.feature_names)[iris.feature_names[::-1]]
+    frame.insert(0, "sample_id", [f"s-{i:04d}" for i in range(len(frame))])
+    frame.insert(2, "label", iris.target_names[iris.target[:: 150 // n]])
+    frame["note"] = "field"
+    return frame, iris.data[:: 150 // n].astype(np.float32), list(iris.feature_names)
+
+
+def test_keep_passes_ids_through_on_two_ranks(runs):
+    """--keep (repeated and comma-separated) puts the IDs and a kept feature first, in row order;
+    the other columns are matched by name, the unused one is listed; the numbers are the library's."""
+    import pandas as pd
+    frame, x, names = iris_rows(runs)
+    frame.to_csv(runs / "iris_rows.csv", index=False)
+    proc = run_mpi(2, ["-m", "ensemble.predict", str(runs / "cls"), "--data", str(runs / "iris_rows.csv"),
+                       "--out", str(runs / "iris_rows.csv.out.csv"), "--keep", f"sample_id,{names[0]}",
+                       "--keep", "sample_id"], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ignored: 'note'" in proc.stderr and "error:" not in proc.stderr
+    assert f"with input column(s) sample_id, {names[0]}" in proc.stdout and "accuracy" in proc.stdout
+    got = pd.read_csv(runs / "iris_rows.csv.out.csv")
+    assert list(got.columns[:3]) == ["sample_id", names[0], "prediction"]
+    assert got["sample_id"].tolist() == frame["sample_id"].tolist()
+    np.testing.assert_allclose(got[names[0]], frame[names[0]])
+    run = P.load_run(runs / "cls")
+    expected = P.predict_arrays(run, P.prepare_features(run, x))
+    proba = got[[f"p_{c}" for c in run.class_names]].to_numpy()
+    np.testing.assert_allclose(proba, expected["proba"], rtol=1e-6)
+    assert got["target"].tolist() == frame["label"].tolist()
+
+
+def test_a_missing_column_fails_by_name_on_every_rank(runs):
+    frame, _, names = iris_rows(runs)
+    frame.drop(columns=[names[2], "note"]).to_csv(runs / "iris_short.csv", index=False)
+    proc = run_mpi(2, ["-m", "ensemble.predict", str(runs / "cls"), "--data", str(runs / "iris_short.csv"),
+                       "--keep", "sample_id"], timeout=60)
+    assert proc.returncode == P.EXIT_INPUT, proc.stdout + proc.stderr
+    assert f"lacks 1 of the 4 columns the ensemble was trained on: '{names[2]}'" in proc.stderr
+    assert proc.stderr.count("error:") == 1
 
 
 def test_errors_stop_every_rank(runs):

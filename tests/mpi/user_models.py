@@ -6,3 +6,24 @@ def small_mlp(input_shape, n_outputs, units=16):
     inputs = keras.Input(shape=input_shape)
     hidden = keras.layers.Dense(units, activation="relu")(inputs)
     return keras.Model(inputs, keras.layers.Dense(n_outputs, activation="softmax")(hidden))
+
+
+def logits_mlp(input_shape, n_outputs, units=16):
+    """A builder that forgets the softmax: its outputs are logits, not probabilities."""
+    import keras
+    inputs = keras.Input(shape=input_shape)
+    hidden = keras.layers.Dense(units, activation="relu")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(n_outputs)(hidden))
+
+
+def per_step(input_shape, n_outputs):
+    """Softmax over the last axis of a (batch, steps, classes) output: one row per step, not per sample."""
+    import keras
+    inputs = keras.Input(shape=input_shape)
+    steps = keras.layers.Reshape((input_shape[0] // 8, 8))(inputs)
+    return keras.Model(inputs, keras.layers.Dense(n_outputs, activation="softmax")(steps))
+
+
+def broken(input_shape, n_outputs, width=8):
+    """A builder with a bug of its own, whose message is long."""
+    raise TypeError(f"width {width} does not fit: " + "this builder explains at length. " * 12 + "(end)")

@@ -1,0 +1,145 @@
+"""``python -m ensemble.reselect RUN_DIR [--method M] [--k K] [--metric M] ...``: choose a
+finished run's ensemble again, another way, without training anything.
+
+Selection works on the validation predictions the run kept (``store/``): after a complete
+run these are the selected members and the best ``ensemble.keep_models`` (see README,
+"what a run keeps"), so a re-selection chooses among those. The data file is read again
+for the validation and test targets (the same split: the seed and fractions are in the
+saved config.toml). The new selection is written as ``ensemble.json`` (and
+``ensemble_test_predictions.npz``); the previous ones are kept as ``ensemble-N.json`` and
+``ensemble_test_predictions-N.npz`` (N = 1, 2, ...: the oldest has the smallest N), so
+``python -m ensemble.predict`` uses the new one and nothing is lost. No MPI, no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+log = logging.getLogger("ensemble.reselect")
+
+EXIT_USAGE = 2
+
+
+class ReselectError(RuntimeError):
+    """The run directory cannot be re-selected; the message says why and what to do."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from ensemble.config.vocabulary import CALIBRATIONS, METRICS
+    from ensemble.results.selection import CHOICES
+    p = argparse.ArgumentParser(prog="python -m ensemble.reselect",
+                                description="Choose a finished run's ensemble again without training; "
+                                            "the old ensemble.json is kept as ensemble-N.json.")
+    p.add_argument("run_dir", help="a finished run directory (with ensemble.json)")
+    p.add_argument("--method", choices=CHOICES, help="ensemble.method (default: the run's)")
+    p.add_argument("--k", type=int, help="ensemble.k, for --method top_k (default: the run's)")
+    p.add_argument("--metric", choices=sorted(METRICS), help="ensemble.metric: what is reported and ranked")
+    p.add_argument("--selection-metric", choices=["auto", *sorted(METRICS)],
+                   help="ensemble.selection_metric: the score selection optimises (auto: log loss / NLL)")
+    p.add_argument("--calibration", choices=list(CALIBRATIONS), help="ensemble.calibration")
+    return p.parse_args(argv)
+
+
+def _next_free(run_dir: Path) -> int:
+    """The first N with no ensemble-N.json."""
+    n = 1
+    while (run_dir / f"ensemble-{n}.json").exists():
+        n += 1
+    return n
+
+
+def reselect(run_dir: str | Path, overrides: dict) -> dict:
+    """Re-select the ensemble of the finished run in ``run_dir`` with ``overrides`` of its
+    ``[ensemble]`` settings; returns the new summary (also written as ensemble.json)."""
+    from datafeed.prepare import prepare
+    from datafeed.readers import read_dataset
+    from ensemble.config import ConfigError, resolve_config
+    from ensemble.config.schema import check_task_settings
+    from ensemble.results.artifacts import Artifacts
+    from ensemble.results.rundir import RunDirectory, atomic_write
+    from ensemble.results.summary import build_ensemble, finished_records
+
+    t0 = time.perf_counter()
+    rd = RunDirectory(Path(run_dir))
+    for name in (rd.CONFIG, rd.DATA, rd.ENSEMBLE, rd.JOURNAL):
+        if not (rd.path / name).is_file():
+            why = ("the run has not chosen an ensemble yet; finish it with `python -m ensemble.run CONFIG "
+                   "--resume`" if name == rd.ENSEMBLE else "it is not a run directory of ensemble.run")
+            raise ReselectError(f"{str(rd.path / name)!r} does not exist: {why}")
+    cfg = resolve_config(tomllib.loads((rd.path / rd.CONFIG).read_text()), saved=True)
+    meta = json.loads((rd.path / rd.DATA).read_text())
+    old = json.loads((rd.path / rd.ENSEMBLE).read_text())
+    ens = {**cfg["ensemble"], **{k: v for k, v in overrides.items() if v is not None}}
+    if ens["k"] < 1:
+        raise ReselectError(f"--k must be a positive integer, but got {ens['k']}")
+    try:
+        check_task_settings({"ensemble": ens}, meta["task"], "the run's task is")
+    except ConfigError as exc:
+        raise ReselectError(str(exc).replace("`ensemble.", "`--").replace("_metric`", "-metric`")) from None
+
+    try:
+        x, y, info = read_dataset(cfg["data"])
+        arrays, fresh = prepare(x, y, info, cfg["data"], cfg["seed"])
+    except (OSError, ValueError) as exc:
+        raise ReselectError(f"cannot read the run's data {cfg['data']['source']!r} again for the targets: "
+                            f"{exc}") from None
+    if fresh.get("sizes") != meta.get("sizes") or fresh.get("task") != meta.get("task"):
+        raise ReselectError(f"the data {cfg['data']['source']!r} is not what the run trained on (split sizes "
+                            f"{fresh.get('sizes')} vs {meta.get('sizes')}); re-selection needs the same file")
+
+    lines = rd.read_lines()
+    records = [r for r in lines if "event" not in r]
+    artifacts = Artifacts(rd, old.get("metric") or cfg["ensemble"]["metric"], cfg["ensemble"]["candidates"],
+                          cfg["ensemble"]["keep_models"])
+    artifacts.restore(lines, tidy=False)
+    try:
+        with_models = [i for i in artifacts.pool()                  # the ensemble must be loadable
+                       if rd.model_path(i).is_file() or cfg["runtime"]["trainer"] == "rehearsal"]
+        if not with_models:
+            raise ReselectError(f"no member of {str(rd.path)!r} has both stored predictions and a model file")
+        n = _next_free(rd.path)
+        backup_json = rd.path / f"ensemble-{n}.json"
+        atomic_write(backup_json, lambda p: p.write_text(json.dumps(old, indent=2, default=str)))
+        predictions = rd.path / rd.TEST_PREDICTIONS
+        if predictions.is_file():
+            atomic_write(rd.path / f"ensemble_test_predictions-{n}.npz",
+                         lambda p: p.write_bytes(predictions.read_bytes()))
+        summary = build_ensemble(rd, records, cfg, meta, arrays["y_val"], arrays["y_test"], artifacts, ens,
+                                 pool=with_models)
+    finally:
+        artifacts.close()
+    kept = {k: old[k] for k in ("run", "search", "kept", "rehearsal") if k in old}
+    summary.update(kept)
+    summary["reselected"] = {"previous": backup_json.name, "settings": {k: ens[k] for k in (
+        "method", "k", "metric", "selection_metric", "calibration")}, "pool": len(with_models),
+        "n_finished": len(finished_records(records)), "seconds": round(time.perf_counter() - t0, 3)}
+    rd.write_json(rd.ENSEMBLE, summary)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from ensemble.results.summary import format_comparison
+    from ensemble.runtime.logs import setup_logging
+    setup_logging(0)
+    overrides = {"method": args.method, "k": args.k, "metric": args.metric,
+                 "selection_metric": args.selection_metric, "calibration": args.calibration}
+    try:
+        summary = reselect(args.run_dir, overrides)
+    except ReselectError as exc:
+        log.error(f"reselect: {exc}")
+        return EXIT_USAGE
+    log.info(format_comparison(summary))
+    log.info(f"wrote {Path(args.run_dir) / 'ensemble.json'} (the previous one: "
+             f"{summary['reselected']['previous']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Recalibration of an ensemble's uncertainty (ensemble.task.calibration): pure numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ensemble.task import calibration as C
+from ensemble.task import get_task
+from ensemble.task.metrics import classification_metrics, regression_mixture
+
+
+def heteroscedastic(n: int, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x, the true noise std at x, and y = sin(x) + noise whose std grows with |x|."""
+    x = rng.uniform(-3, 3, n)
+    sd = 0.1 + 0.3 * np.abs(x)
+    return x, sd, np.sin(x) + rng.normal(0.0, sd)
+
+
+def members(x: np.ndarray, sd: np.ndarray, rng, m: int = 5):
+    """Overconfident members: means off by a member bias, variances a tenth of the truth."""
+    bias = rng.normal(0.0, 0.05, m)
+    means = np.stack([np.sin(x) + b for b in bias])
+    variances = np.stack([0.1 * sd**2 for _ in bias])
+    return means, variances
+
+
+@pytest.mark.parametrize("method", ["auto", "variance_scaling", "conformal"])
+def test_recalibrated_90_interval_covers_85_to_95_percent_of_test_points(method):
+    rng = np.random.default_rng(3)
+    (xv, sv, yv), (xt, st, yt) = heteroscedastic(600, rng), heteroscedastic(2000, rng)
+    task = get_task("regression")
+    bias_rng = np.random.default_rng(4)
+    val = regression_mixture(*members(xv, sv, bias_rng))
+    test = regression_mixture(*members(xt, st, np.random.default_rng(4)))
+    before = task.ensemble_metrics(yt, C.apply("regression", test, None), True)
+    assert before["coverage90"] < 0.6                       # overconfident as trained
+    cal = C.fit("regression", yv, val, method, seed=0)
+    after = task.ensemble_metrics(yt, C.apply("regression", test, cal), True)
+    assert 0.85 <= after["coverage90"] <= 0.95, (cal, after)
+    assert 0.45 <= after["coverage50"] <= 0.55 and 0.90 <= after["coverage95"] <= 0.98
+    assert after["nll"] < before["nll"]
+    if method == "auto":
+        assert cal["method"] in C.REGRESSION_METHODS and set(cal["held_out_error"]) == set(C.REGRESSION_METHODS)
+
+
+def test_variance_scaling_is_the_likelihood_factor_and_scales_the_parts_alike():
+    y = np.array([0.0, 2.0, -2.0, 0.0])
+    stats = regression_mixture(np.zeros((1, 4)), np.ones((1, 4)))
+    cal = C.fit_regression(y, stats["mean"], stats["std"], "variance_scaling")
+    assert cal["std_scale"] == [pytest.approx(np.sqrt(2.0))]         # s^2 = mean(r^2 / var) = 8 / 4
+    out = C.apply_regression(stats, cal)
+    assert np.allclose(out["var"], 2.0) and np.allclose(out["aleatoric"] + out["epistemic"], out["var"])
+    assert np.allclose(out["intervals"]["90"], 1.6448536269514722 * np.sqrt(2.0))
+
+
+def test_conformal_quantile_is_the_finite_sample_one():
+    y = np.arange(1.0, 20.0)                     # scores 1..19 with mean 0 and std 1
+    cal = C.fit_regression(y, np.zeros(19), np.ones(19), "conformal")
+    # ceil((n + 1) * 0.9) = 18th smallest of 19 scores
+    assert cal["half_width"]["90"] == [18.0] and cal["half_width"]["50"] == [10.0]
+
+
+def test_a_spreadless_ensemble_gets_constant_width_intervals():
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=200)
+    stats = regression_mixture(np.zeros((1, 200)))                  # one member, no variance head
+    cal = C.fit("regression", y, stats, "conformal")
+    out = C.apply("regression", stats, cal)
+    width = out["intervals"]["90"]
+    assert np.allclose(width, width[0]) and 1.4 < width[0] < 2.0     # about the 90% quantile of |N(0,1)|
+
+
+def test_multi_output_regression_is_calibrated_per_output():
+    rng = np.random.default_rng(1)
+    y = np.stack([rng.normal(0, 1, 300), rng.normal(0, 5, 300)], axis=1)
+    stats = regression_mixture(np.zeros((1, 300, 2)), np.ones((1, 300, 2)))
+    cal = C.fit("regression", y, stats, "variance_scaling")
+    assert cal["std_scale"][0] == pytest.approx(1.0, abs=0.15) and cal["std_scale"][1] == pytest.approx(5.0, rel=0.15)
+    assert C.apply("regression", stats, cal)["intervals"]["90"].shape == (300, 2)
+
+
+def test_temperature_scaling_lowers_log_loss_and_ece_of_an_overconfident_ensemble():
+    rng = np.random.default_rng(2)
+    n, c = 2000, 4
+    y = rng.integers(0, c, n)
+    guess = np.where(rng.random(n) < 0.7, y, rng.integers(0, c, n))          # about 77% right
+    proba = np.full((n, c), 0.01 / (c - 1))
+    proba[np.arange(n), guess] = 0.99                                        # but 99% sure
+    stats = get_task("classification").combine(proba[None], None, np.ones(1))
+    cal = C.fit("classification", y[:1000], {k: v[:1000] for k, v in stats.items()}, "temperature")
+    assert cal["temperature"] > 1.5
+    test = {k: v[1000:] for k, v in stats.items()}
+    before = classification_metrics(y[1000:], test["proba"])
+    after = classification_metrics(y[1000:], C.apply("classification", test, cal)["proba"])
+    assert after["log_loss"] < before["log_loss"] and after["ece"] < before["ece"] / 3
+    assert after["accuracy"] == before["accuracy"]                             # never changes the class
+
+
+def test_settings_that_do_not_fit_the_task_are_refused_naming_the_key():
+    with pytest.raises(ValueError, match="ensemble.calibration"):
+        C.resolve("temperature", "regression")
+    with pytest.raises(ValueError, match="ensemble.calibration"):
+        C.resolve("conformal", "classification")
+    assert C.fit("classification", np.zeros(3), {}, "auto") is None     # auto leaves probabilities alone

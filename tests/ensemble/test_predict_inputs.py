@@ -1,0 +1,252 @@
+"""Prediction inputs (issue 17): columns matched by name in every input that has names, --keep
+carried through, arrays without names checked for width and dtype; the in-process API.
+
+The runs are made without training (members with seeded random weights, saved as a run
+saves them, by ``make_run`` of the MPI predict tests), so each test pays for reading and
+prediction only; nothing here starts mpiexec.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+from numpy.lib.recfunctions import repack_fields
+
+from ensemble import predict as P
+from ensemble.inference.load import EnsembleRun
+from tests.mpi.test_predict_mpi import make_run
+
+NAMES = ["a", "b", "c", "d"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A classification run trained on a CSV (feature names a..d, string labels) and a
+    regression run trained on an npz (no names)."""
+    base = tmp_path_factory.mktemp("predict_inputs")
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(100, 4)) * [1, 10, 0.1, 5] + 2).astype(np.float32)
+    train = pd.DataFrame(x, columns=NAMES)
+    train["label"] = np.where(x[:, 0] + x[:, 2] > 2, "pos", "neg")
+    train.to_csv(base / "train.csv", index=False)
+    make_run(base / "cls", {"source": str(base / "train.csv")},
+             [{"id": "m-000", "weight": 0.6}, {"id": "m-001", "weight": 0.4}])
+    np.savez(base / "train.npz", x=x, y=x[:, 0] * 2 + x[:, 3])
+    make_run(base / "reg", {"source": str(base / "train.npz"), "task": "regression"},
+             [{"id": "r-000", "weight": 1.0}])
+    return base
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """12 new rows in training order, their labels and string IDs with leading zeros."""
+    rng = np.random.default_rng(1)
+    x = (rng.normal(size=(12, 4)) * [1, 10, 0.1, 5] + 2).astype(np.float32)
+    return x, np.where(x[:, 0] + x[:, 2] > 2, "pos", "neg"), [f"{i:03d}" for i in range(12)]
+
+
+def shuffled_table(rows) -> pd.DataFrame:
+    """The rows as a table: columns out of training order, an ID, the labels and an unused column."""
+    x, y, ids = rows
+    frame = pd.DataFrame(x, columns=NAMES)[["d", "b", "a", "c"]]
+    frame.insert(0, "sample_id", ids)
+    frame.insert(3, "label", y)
+    frame["notes"] = "seen"
+    return frame
+
+
+def compound(frame: pd.DataFrame, text: bool = False) -> np.ndarray:
+    """The table as a structured array: as h5py writes it (fixed bytes IDs, variable-length
+    labels), or with unicode text (``text``, as an npz can hold it without pickling)."""
+    dtype = [("sample_id", "U8" if text else "S8"), ("d", "f4"), ("b", "f8"),
+             ("label", "U8" if text else h5py.string_dtype()), ("a", "f4"), ("c", "f4"),
+             ("notes", "U8" if text else "S4")]
+    out = np.zeros(len(frame), dtype=dtype)
+    for name, kind in dtype:
+        out[name] = [v.encode() for v in frame[name]] if kind in ("S8", "S4") else frame[name]
+    return out
+
+
+# ------------------------------------------------------------------ names, in every named input
+def test_every_named_input_gives_the_training_order(base, rows, tmp_path, caplog):
+    """CSV, Parquet, HDF5 compound, npz structured and a DataFrame: the same features (picked by
+    name, in training order), targets, kept IDs, and the unused column listed in a warning."""
+    run = P.load_run(base / "cls")
+    x, y, ids = rows
+    expected_x = P.prepare_features(run, x)
+    frame = shuffled_table(rows)
+    frame.to_csv(tmp_path / "rows.csv", index=False)
+    frame.to_parquet(tmp_path / "rows.parquet", index=False)
+    with h5py.File(tmp_path / "rows.h5", "w") as f:
+        f["table"] = compound(frame)
+    np.savez(tmp_path / "rows.npz", x=compound(frame, text=True))
+    got = {"csv": P.load_input(run, str(tmp_path / "rows.csv"), keep=["sample_id"]),
+           "parquet": P.load_input(run, str(tmp_path / "rows.parquet"), keep="sample_id"),
+           "hdf5": P.load_input(run, str(tmp_path / "rows.h5"), x="table", keep=["sample_id"]),
+           "npz": P.load_input(run, str(tmp_path / "rows.npz"), keep=["sample_id"]),
+           "frame": P.data_input(run, frame, keep=["sample_id"])}
+    for kind, inp in got.items():
+        np.testing.assert_array_equal(inp.x, expected_x, err_msg=kind)
+        assert np.asarray(run.class_names)[inp.y].tolist() == y.tolist(), kind
+        assert inp.kept["sample_id"].tolist() == ids, kind                  # text, leading zeros kept
+        assert inp.ignored == ["notes"], kind
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 5 and all("1 column(s) not used by the ensemble, ignored: 'notes'" in w
+                                      for w in warnings)
+
+
+def test_a_missing_column_and_an_extra_one_fail_naming_the_missing(base, rows, tmp_path):
+    """The acceptance case: the count is right, the names are not."""
+    run = P.load_run(base / "cls")
+    frame = shuffled_table(rows).drop(columns=["c", "notes", "label"])
+    assert frame.shape[1] == len(NAMES)
+    frame.to_csv(tmp_path / "rows.csv", index=False)
+    with h5py.File(tmp_path / "rows.h5", "w") as f:
+        f["x"] = repack_fields(compound(shuffled_table(rows))[["sample_id", "d", "b", "label", "a", "notes"]])
+    message = r"lacks 1 of the 4 columns the ensemble was trained on: 'c'; it has other columns \('sample_id'"
+    with pytest.raises(P.PredictError, match=message):
+        P.load_input(run, str(tmp_path / "rows.csv"))
+    with pytest.raises(P.PredictError, match=message):
+        P.predict_frame(run, frame)
+    with pytest.raises(P.PredictError, match=r"rows.h5'.*lacks 1 of the 4 columns .*: 'c'"):
+        P.load_input(run, str(tmp_path / "rows.h5"))
+
+
+def test_non_numeric_training_column_is_named(base, rows, tmp_path):
+    run = P.load_run(base / "cls")
+    frame = shuffled_table(rows)
+    frame["b"] = "n/a"
+    with pytest.raises(P.PredictError, match=r"the DataFrame: column\(s\) 'b' \((object|str)\) are not numeric, "
+                                             "but the ensemble takes them as features$"):
+        P.data_input(run, frame)
+
+
+# ----------------------------------------------------------------------------------- --keep
+def test_keep_carries_columns_first_in_row_order(base, rows, tmp_path):
+    """Text IDs exactly as written, a feature that is also kept (raw values), first in every output."""
+    run = P.load_run(base / "cls")
+    x, y, ids = rows
+    shuffled_table(rows).to_csv(tmp_path / "rows.csv", index=False)
+    inp = P.load_input(run, str(tmp_path / "rows.csv"), keep=["sample_id,a"])
+    assert list(inp.kept) == ["sample_id", "a"]
+    np.testing.assert_allclose(inp.kept["a"], x[:, 0], rtol=1e-7)                 # as the CSV writes it
+    result = P.predict_arrays(run, inp.x)
+    for suffix in (".csv", ".parquet", ".npz"):
+        P.write_predictions(tmp_path / f"p{suffix}", run, result, inp.y, inp.kept)
+    csv = pd.read_csv(tmp_path / "p.csv", dtype={"sample_id": str})
+    parquet = pd.read_parquet(tmp_path / "p.parquet")
+    npz = np.load(tmp_path / "p.npz")                                     # no pickle needed
+    assert list(csv.columns[:3]) == list(parquet.columns[:3]) == ["sample_id", "a", "prediction"]
+    assert list(npz.files[:2]) == ["sample_id", "a"]
+    for got in (csv["sample_id"], parquet["sample_id"], npz["sample_id"]):
+        assert list(got) == ids
+    np.testing.assert_allclose(csv[["p_neg", "p_pos"]].to_numpy(), result["proba"], rtol=1e-6)
+    assert csv["target"].tolist() == y.tolist()
+
+
+def test_keep_errors_say_why(base, rows, tmp_path):
+    run = P.load_run(base / "cls")
+    shuffled_table(rows).to_csv(tmp_path / "rows.csv", index=False)
+    with pytest.raises(P.PredictError, match=r"--keep names 'site', but .*rows.csv' has no such column; its "
+                                             r"columns are 'sample_id', 'd', 'b', 'label', 'a', 'c', 'notes'"):
+        P.load_input(run, str(tmp_path / "rows.csv"), keep=["sample_id", "site"])
+    np.savez(tmp_path / "plain.npz", x=rows[0])
+    with pytest.raises(P.PredictError, match=r"--keep sample_id: .*plain.npz' holds a plain array \(npz\) "
+                                             "without column names"):
+        P.load_input(run, str(tmp_path / "plain.npz"), keep=["sample_id"])
+    with pytest.raises(P.PredictError, match="--data test regenerates the run's test split as arrays"):
+        P.load_input(run, "test", keep=["sample_id"])
+    with pytest.raises(P.PredictError, match="--keep 'p_pos': the output has a prediction column"):
+        P.predict_frame(run, shuffled_table(rows).rename(columns={"sample_id": "p_pos"}), keep=["p_pos"])
+    with pytest.raises(P.PredictError, match="plain array without column names"):
+        P.predict_frame(run, rows[0], keep=["sample_id"])
+
+
+# ------------------------------------------------------------------------- the Python API
+def test_predict_frame_equals_the_library_and_keeps_the_index(base, rows):
+    run = P.load_run(base / "cls")
+    x, y, ids = rows
+    frame = shuffled_table(rows).set_index(pd.Index(range(100, 112), name="row"))
+    out = P.predict_frame(base / "cls", frame, keep=["sample_id"])
+    expected = P.predict_arrays(run, P.prepare_features(run, x))
+    assert list(out.columns) == ["sample_id", "prediction", "p_neg", "p_pos", "total_entropy", "aleatoric",
+                                 "epistemic", "target"]
+    assert out.index.equals(frame.index) and out["sample_id"].tolist() == ids
+    np.testing.assert_allclose(out[["p_neg", "p_pos"]].to_numpy(), expected["proba"], rtol=1e-12)
+    assert out["target"].tolist() == y.tolist()
+    plain = P.predict_frame(run, x)                                  # an array: width/dtype checked
+    np.testing.assert_allclose(plain[["p_neg", "p_pos"]].to_numpy(), expected["proba"], rtol=1e-12)
+    assert "target" not in plain
+
+
+def test_a_run_without_names_takes_table_columns_in_order_but_not_kept_ones(base, rows, tmp_path):
+    """Trained on an npz: no names to match; the table's columns other than the kept ones are
+    its features, in file order (regression, kept columns first in the output)."""
+    run = P.load_run(base / "reg")
+    assert not run.meta["feature_names"]
+    x = rows[0]
+    frame = pd.DataFrame(x, columns=["w", "x", "y", "z"])
+    frame.insert(2, "sample_id", rows[2])
+    out = P.predict_frame(run, frame, keep=["sample_id"])
+    expected = P.predict_arrays(run, P.prepare_features(run, x))
+    assert list(out.columns) == ["sample_id", "mean", "std", "aleatoric_var", "epistemic_var",
+                                 *(f"{side}_{level}" for level in ("50", "90", "95") for side in ("lower", "upper"))]
+    np.testing.assert_allclose(out["upper_90"] - out["mean"], 1.6448536269514722 * out["std"], rtol=1e-9)
+    np.testing.assert_allclose(out["mean"], expected["mean"], rtol=1e-12)
+    with pytest.raises(P.PredictError, match=r"column\(s\) 'sample_id' \((object|str)\) are not numeric, .* "
+                                             "trained on arrays without column names"):
+        P.predict_frame(run, frame)                                   # the ID is a feature unless kept
+
+
+# ----------------------------------------------------------------------- arrays without names
+def bare_run(shape: list[int], reshape: list[int] | None = None) -> EnsembleRun:
+    size = int(np.prod(shape))
+    return EnsembleRun("r", {"data": {"reshape": reshape}}, {"task": "regression", "n_outputs": 1,
+                                                            "input_shape": shape}, (),
+                       np.zeros(shape, np.float32), np.ones(shape, np.float32), {})
+
+
+def test_plain_arrays_are_checked_for_width_shape_and_dtype(base, tmp_path):
+    run = bare_run([8, 8, 1])
+    x = np.arange(3 * 64, dtype=np.float64).reshape(3, 64)
+    for form in (x, x.reshape(3, 8, 8, 1), x.reshape(3, 8, 8)):       # flat, the training shape, squeezed
+        np.testing.assert_array_equal(P.prepare_features(run, form, "'x.npz'"), x.reshape(3, 8, 8, 1))
+    with pytest.raises(P.PredictError, match=r"'x.npz' has samples of shape \[4, 16\], but the ensemble was "
+                                             r"trained on input shape \[8, 8, 1\]; .* flat \(64 values\)"):
+        P.prepare_features(run, x.reshape(3, 4, 16), "'x.npz'")
+    reshaped = bare_run([8, 8, 1], reshape=[8, 8, 1])             # the raw training shape is not kept
+    assert P.prepare_features(reshaped, x.reshape(3, 4, 16)).shape == (3, 8, 8, 1)
+    with pytest.raises(P.PredictError, match=r"'x.npz' has 10 features per sample \(shape \[10\]\), but the "
+                                             r"ensemble was trained on 64 \(input shape \[8, 8, 1\]\)"):
+        P.prepare_features(run, np.zeros((3, 10)), "'x.npz'")
+    with pytest.raises(P.PredictError, match=r"'x.npz': features must be numbers, but have dtype <U1"):
+        P.prepare_features(run, np.full((3, 64), "a"), "'x.npz'")
+    cls = P.load_run(base / "cls")
+    with h5py.File(tmp_path / "plain.h5", "w") as f:
+        f["x"] = np.zeros((5, 3), np.float32)
+        f["s"] = np.array([[b"a"] * 4] * 5)
+    with pytest.raises(P.PredictError, match=r"plain.h5' has 3 features per sample .* trained on 4"):
+        P.load_input(cls, str(tmp_path / "plain.h5"))
+    with pytest.raises(P.PredictError, match=r"plain.h5': features must be numbers, but have dtype \|S1"):
+        P.load_input(cls, str(tmp_path / "plain.h5"), x="s")
+
+
+def test_pandas_hdf5_tables(base, rows, tmp_path):
+    """Read by name through PyTables when it is installed; otherwise an error that says so."""
+    run = P.load_run(base / "cls")
+    try:
+        import tables  # noqa: F401
+    except ImportError:
+        with h5py.File(tmp_path / "pandas.h5", "w") as f:            # the layout DataFrame.to_hdf leaves
+            f.create_group("frame").attrs["pandas_type"] = "frame"
+        with pytest.raises(P.PredictError, match="'frame' is a pandas HDF5 table .* needs the `tables` package"):
+            P.load_input(run, str(tmp_path / "pandas.h5"), x="frame")
+        return
+    shuffled_table(rows).to_hdf(tmp_path / "pandas.h5", key="frame", format="table")
+    inp = P.load_input(run, str(tmp_path / "pandas.h5"), x="frame", keep=["sample_id"])
+    np.testing.assert_array_equal(inp.x, P.prepare_features(run, rows[0]))
+    assert inp.kept["sample_id"].tolist() == rows[2]

@@ -1,0 +1,97 @@
+"""An evolve run killed mid-search (the whole job, kill -9) and resumed equals the
+uninterrupted run: search.csv has the same ids, genomes and metrics in the same order."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pandas as pd
+import pytest
+
+from ensemble.results.journal import read_lines
+from tests.conftest import ROOT, mpiexec, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+CONFIG = """
+name = "evr"
+mode = "evolve"
+seed = 3
+[data]
+source = "digits"
+[train]
+epochs = 2
+patience = 1
+[evolve]
+strategy = "regularized"
+evaluations = 7
+population_size = 3
+sample_size = 2
+[search]
+max_depth = 2
+units = [8, 32]
+[ensemble]
+k = 2
+"""
+
+
+def start(cfg, run_dir) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([mpiexec(), "-n", "2", sys.executable, "-m", "ensemble.run", str(cfg),
+                             "--run-dir", str(run_dir)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def kill_after(cfg, run_dir, finished: int) -> list[dict]:
+    """Run until ``finished`` members are journalled and the candidates bred after them have
+    gone out, then kill -9 the whole job (every rank at once, as a scheduler does)."""
+    proc = start(cfg, run_dir)
+    try:
+        end = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < end, "no member finished in time"
+            lines = read_lines(run_dir / "journal.jsonl")
+            if sum("event" not in x for x in lines) >= finished and lines[-1].get("event") == "issued":
+                break
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return read_lines(run_dir / "journal.jsonl")
+
+
+def test_evolve_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
+    cfg = tmp_path / "evr.toml"
+    cfg.write_text(textwrap.dedent(CONFIG))
+    full = tmp_path / "full"
+    proc = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(full)], timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    run_dir = tmp_path / "resumed"
+    lines = kill_after(cfg, run_dir, finished=3)
+    done = {x["id"] for x in lines if "event" not in x}
+    issued = {x["id"]: x for x in lines if x.get("event") == "issued"}
+    out = [i for i in issued if i not in done]
+    assert 3 <= len(done) < 7 and out, "the kill must leave candidates in flight"
+    proc = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    after = read_lines(run_dir / "journal.jsonl")
+    records = {x["id"]: x for x in after if "event" not in x}
+    for i in out:                                       # re-issued as they were, not bred anew
+        assert records[i]["genome"] == issued[i]["genome"] and records[i]["seed"] == issued[i]["seed"]
+    assert sorted(x["id"] for x in after if x.get("event") == "issued") == [f"e{i:04d}" for i in range(1, 8)]
+    a, b = (pd.read_csv(d / "search.csv").drop(columns="wall_seconds") for d in (full, run_dir))
+    assert len(a) == 7
+    metrics = ["val_accuracy", "best_val_accuracy"]
+    pd.testing.assert_frame_equal(a.drop(columns=metrics), b.drop(columns=metrics))
+    pd.testing.assert_frame_equal(a[metrics], b[metrics], rtol=1e-6)

@@ -1,0 +1,64 @@
+"""Ctrl-C on a real run: mpiexec forwards SIGINT to every rank; rank 0 prints one line (no
+traceback per rank), every rank exits, the job's status is 130, and `--resume` continues."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.conftest import ROOT, mpiexec, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+def test_ctrl_c_prints_one_line_and_resume_continues(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(textwrap.dedent("""
+        [data]
+        source = "iris"
+        [[architectures]]
+        members = 8
+        layers = [{type = "Dense", units = 4}]
+        [runtime]
+        trainer = "rehearsal"        # members sleep: no TensorFlow, seconds per member known
+        journal_sync_seconds = 0
+        [rehearsal]
+        seconds = 1.5
+    """))
+    run_dir = tmp_path / "run"
+    journal = run_dir / "journal.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([mpiexec(), "-n", "3", sys.executable, "-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (journal.exists() and '"status"' in journal.read_text()):   # a member has finished
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)                  # what Ctrl-C does to mpiexec in a terminal
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert time.monotonic() - t0 < 10
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "fatal error" not in err, err
+    lines = [x for x in err.splitlines() if x.startswith("interrupted")]
+    assert lines == [f"interrupted; `--resume` continues: the same command with `--run-dir {run_dir} --resume` "
+                     "(finished members are kept)"], err
+    done = {r["id"] for r in map(json.loads, journal.read_text().splitlines()) if r.get("status") == "ok"}
+    assert 0 < len(done) < 8
+
+    again = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=120)
+    assert again.returncode == 0, again.stderr
+    records = [r for r in map(json.loads, journal.read_text().splitlines()) if r.get("status") == "ok"]
+    assert len(records) == 8 and len({r["id"] for r in records}) == 8            # none trained twice
+    assert f"resuming with {len(done)} finished" in again.stdout

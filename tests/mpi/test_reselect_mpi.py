@@ -1,0 +1,70 @@
+"""`python -m ensemble.reselect` on a finished run (rehearsal members, no TensorFlow): a
+new ensemble.json from the kept predictions, the old one kept, no member retrained."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import ROOT, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+CONFIG = """
+name = "resel"
+seed = 2
+[[architectures]]
+name = "a"
+members = 40
+layers = [{type = "Dense", units = 8}]
+[ensemble]
+candidates = 20
+keep_models = 12
+[runtime]
+trainer = "rehearsal"
+[rehearsal]
+seconds = 0.0
+accuracy = 0.7
+"""
+
+
+def reselect(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ensemble.reselect", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_reselect_writes_a_new_ensemble_and_keeps_the_old(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(textwrap.dedent(CONFIG))
+    run_dir = tmp_path / "run"
+    proc = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    first = json.loads((run_dir / "ensemble.json").read_text())
+    assert first["selection"]["metric"] == "log_loss" and first["method"] in ("greedy", "bagged")
+    assert first["ensemble"]["val"]["log_loss"] <= first["selection"]["best_member"]["val_score"] + 1e-12
+    journal = (run_dir / "journal.jsonl").read_text()
+
+    proc = reselect(str(run_dir), "--method", "top_k", "--k", "3")
+    assert proc.returncode == 0, proc.stderr
+    second = json.loads((run_dir / "ensemble.json").read_text())
+    assert json.loads((run_dir / "ensemble-1.json").read_text()) == first
+    assert (run_dir / "ensemble_test_predictions-1.npz").is_file()
+    assert second["method"] == "top_k" and len(second["members"]) == 3
+    assert second["reselected"]["previous"] == "ensemble-1.json" and second["reselected"]["pool"] >= 3
+    assert second["run"] == first["run"] and second["n_finished"] == first["n_finished"] == 40
+    assert (run_dir / "journal.jsonl").read_text() == journal                  # nothing trained
+    assert "ensemble (3 members)" in proc.stderr + proc.stdout
+
+    proc = reselect(str(run_dir), "--method", "greedy", "--selection-metric", "accuracy")
+    assert proc.returncode == 0, proc.stderr
+    third = json.loads((run_dir / "ensemble.json").read_text())
+    assert third["selection"]["metric"] == "accuracy" and third["reselected"]["previous"] == "ensemble-2.json"
+
+    proc = reselect(str(run_dir), "--calibration", "conformal")
+    assert proc.returncode == 2 and "--calibration" in proc.stderr and "classification" in proc.stderr
+    proc = reselect(str(tmp_path))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
