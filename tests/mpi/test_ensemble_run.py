@@ -129,7 +129,7 @@ def test_serial_run_matches_parallel_run(run1, run3):
         assert r["test"] == pytest.approx(j3[member_id]["test"], rel=1e-6), member_id
 
 
-@pytest.mark.parametrize("loss, metric", [("auto", "mse"), ("gaussian_nll", "nll")])
+@pytest.mark.parametrize("loss, metric", [("mse", "mse"), ("auto", "nll")])     # auto: a variance head
 def test_regression_run_reports_spread(tmp_path_factory, loss, metric):
     run_dir, proc = start(tmp_path_factory, 2, f"""
         name = "reg"
@@ -155,7 +155,7 @@ def test_regression_run_reports_spread(tmp_path_factory, loss, metric):
     assert (data["epistemic_var"] > 0).all()                          # members disagree somewhere
     np.testing.assert_allclose(data["std"] ** 2, data["aleatoric_var"] + data["epistemic_var"], rtol=1e-9)
     assert ens["ensemble"]["test"]["mse"] == pytest.approx(float(np.mean((data["mean"] - data["y"]) ** 2)))
-    if loss == "gaussian_nll":
+    if loss == "auto":
         assert (data["aleatoric_var"] > 0).all()
         test = ens["ensemble"]["test"]
         recomputed = M.regression_metrics(data["y"], data["mean"], data["std"] ** 2)
