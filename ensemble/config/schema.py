@@ -273,9 +273,6 @@ def resolve_config(raw: dict, *, source: str = "config", saved: bool = False) ->
     metric = cfg["ensemble"]["metric"]
     task = data["task"]
     losses = {a["name"]: a["loss"] or cfg["train"]["loss"] for a in cfg["architectures"]}
-    if task == "classification" and {"gaussian_nll", "mse"} & {*losses.values(), cfg["train"]["loss"]}:
-        raise ConfigError("`train.loss` \"gaussian_nll\" / \"mse\" is for regression, but `data.task` is "
-                          "\"classification\"; remove it or set `data.task = \"regression\"`")
     gaussian = [a["name"] for a in cfg["architectures"]
                 if gaussian_head(losses[a["name"]], "regression", bool(a["model"]))]
     all_gaussian = (gaussian_head(cfg["train"]["loss"], "regression") if cfg["mode"] == "evolve"
@@ -291,8 +288,13 @@ def resolve_config(raw: dict, *, source: str = "config", saved: bool = False) ->
 
 
 def check_task_settings(cfg: dict, task: str, why: str) -> None:
-    """The [ensemble] settings that depend on the task, once it is known (from `data.task`,
-    or on rank 0 from the labels: ``why`` says which)."""
+    """The settings that depend on the task, once it is known (from `data.task`, or on
+    rank 0 from the labels: ``why`` says which): a regression loss, the [ensemble] metrics
+    and calibration."""
+    if task == "classification" and {"gaussian_nll", "mse"} & {
+            cfg["train"]["loss"], *(a["loss"] for a in cfg["architectures"])}:
+        raise ConfigError(f"`train.loss` \"gaussian_nll\" / \"mse\" is for regression, but {why} "
+                          "\"classification\"; remove it or set `data.task = \"regression\"`")
     for key in ("metric", "selection_metric"):
         metric = cfg["ensemble"][key]
         if metric != "auto" and METRICS[metric][0] != task:

@@ -21,10 +21,6 @@ def prepare_run(cfg: dict, args) -> tuple[dict, dict, RunDirectory]:
 
     x, y, info = read_dataset(cfg["data"])
     arrays, meta, rows = prepare_with_rows(x, y, info, cfg["data"], cfg["seed"])
-    if meta["task"] == "classification" and {"gaussian_nll", "mse"} & {
-            cfg["train"]["loss"], *(a["loss"] for a in cfg["architectures"])}:
-        raise ConfigError("`train.loss` \"gaussian_nll\" / \"mse\" is for regression, but the labels make this "
-                          "a classification task; remove it or set `data.task = \"regression\"`")
     if cfg["data"]["task"] == "auto":                 # the task is known now: settings that depend on it
         check_task_settings(cfg, meta["task"], "the labels make this task")
     for i, arch in enumerate(cfg["architectures"]):
