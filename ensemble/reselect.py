@@ -79,7 +79,7 @@ def reselect(run_dir: str | Path, overrides: dict) -> dict:
     if ens["k"] < 1:
         raise ReselectError(f"--k must be a positive integer, but got {ens['k']}")
     try:
-        check_task_settings({"ensemble": ens}, meta["task"], "the run's task is")
+        check_task_settings({**cfg, "ensemble": ens}, meta["task"], "the run's task is")
     except ConfigError as exc:
         raise ReselectError(str(exc).replace("`ensemble.", "`--").replace("_metric`", "-metric`")) from None
 
