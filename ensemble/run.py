@@ -26,24 +26,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true",
                    help="continue the run in its directory: finished members are not retrained")
     p.add_argument("--overwrite", action="store_true", help="delete an existing run directory first")
+    p.add_argument("--check", action="store_true",
+                   help="check the config, the data and every architecture without training (no mpirun "
+                        "needed): run it before submitting a job")
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, config: dict | None = None) -> int:
+    """The run, on every rank. ``config``: an already loaded config (``ensemble.run_config``,
+    in-process on one rank); ``argv``'s config path then only names it in messages."""
     job_started = time.time()
     args = parse_args(argv)
+    if args.check:
+        from ensemble.orchestrate.check import check_main
+        return check_main(args.config)
     from ensemble.config import ConfigError, load_config
     from ensemble.runtime import mpi
     from ensemble.runtime.env import bind_gpu, set_thread_env
     from ensemble.runtime.logs import add_debug_file, setup_logging
 
     made: list[str] = []                                 # the run directory, once rank 0 has made it
-    mpi.abort_on_exception(lambda: interrupted_line(made[0] if made else None))
     comm = mpi.world
     rank, size = comm.Get_rank(), comm.Get_size()
+    if config is None:                                   # in-process (a notebook): keep its own hook
+        mpi.abort_on_exception(lambda: interrupted_line(made[0] if made else None))
     setup_logging(rank)
     try:
-        cfg = load_config(args.config)
+        cfg = config if config is not None else load_config(args.config)
     except ConfigError as exc:
         log.error(f"config error in {args.config}: {exc}")
         return EXIT_CONFIG

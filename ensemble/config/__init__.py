@@ -6,7 +6,7 @@ activations, losses, metrics, layer types); ``reference`` renders the strategy s
 the README documents. Imports nothing from the rest of ``ensemble``.
 """
 
-from ensemble.config.schema import (ConfigError, dump_toml, load_config, member_train_settings,
-                                    resolve_config)
+from ensemble.config.schema import (ConfigError, dump_toml, load_config, locate,
+                                    member_train_settings, resolve_config)
 
-__all__ = ["ConfigError", "dump_toml", "load_config", "member_train_settings", "resolve_config"]
+__all__ = ["ConfigError", "dump_toml", "load_config", "locate", "member_train_settings", "resolve_config"]

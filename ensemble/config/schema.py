@@ -356,7 +356,14 @@ def load_config(path: str | Path) -> dict:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
-    cfg = resolve_config(raw, source=str(path))
+    return locate(resolve_config(raw, source=str(path)), path.parent)
+
+
+def locate(cfg: dict, base: Path) -> dict:
+    """Resolve a config's relative paths (data source, builder folders, replay file) against
+    ``base``: the config file's folder, or the working directory for a config given as a
+    dict (``ensemble.run_config``)."""
+    path = Path(base) / "config.toml"
     src = cfg["data"]["source"]
     if ("/" in src or "." in src) and not Path(src).is_absolute():
         near_config = path.parent / src
