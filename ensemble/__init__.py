@@ -14,3 +14,40 @@ Packages of the same layer do not import each other. ``datafeed`` (data) and ``e
 (search, MPI-free) sit beside them and may use ``ensemble.config`` only. See
 docs/architecture.md.
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def load(run_dir: str | Path):
+    """A finished run's ensemble, for notebooks and scripts: ``ens.predict(x)`` -> (mean,
+    spread), ``ens.members``, ``ens.leaderboard``, ``ens.config`` (``inference.api.Ensemble``)."""
+    from ensemble.inference.api import Ensemble
+    return Ensemble(run_dir)
+
+
+def run_config(config: dict | str | Path, run_dir: str | Path | None = None, *, resume: bool = False,
+               overwrite: bool = False):
+    """Run a config in this process, on one rank (no ``mpirun``), and ``load`` its result.
+
+    ``config`` is a TOML file or a dict of the same tables (relative paths in a dict resolve
+    against the working directory). The run is the one ``python -m ensemble.run`` makes:
+    same run directory, journal and ensemble, the members trained one after another here.
+    For a small config: a notebook's first look, a test, a tutorial. Raises ``RuntimeError``
+    with the run's exit code when it fails (the log above says why).
+    """
+    from ensemble.config import load_config, locate, resolve_config
+    from ensemble.run import main
+    if isinstance(config, dict):
+        cfg = locate(resolve_config(config, source="notebook"), Path.cwd())
+        name = f"<config {cfg['name']!r}>"
+    else:
+        cfg, name = load_config(config), str(config)
+    argv = [name] + (["--run-dir", str(run_dir)] if run_dir is not None else [])
+    argv += ["--resume"] * resume + ["--overwrite"] * overwrite
+    made: list[str] = []
+    code = main(argv, config=cfg, made=made)
+    if code != 0 or not made:
+        raise RuntimeError(f"the run of {name} failed with exit code {code}; its log above says why")
+    return load(made[0])

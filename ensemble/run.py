@@ -32,9 +32,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None, *, config: dict | None = None) -> int:
+def main(argv: list[str] | None = None, *, config: dict | None = None, made: list | None = None) -> int:
     """The run, on every rank. ``config``: an already loaded config (``ensemble.run_config``,
-    in-process on one rank); ``argv``'s config path then only names it in messages."""
+    in-process on one rank); ``argv``'s config path then only names it in messages.
+    ``made`` receives the run directory's path once it exists."""
     job_started = time.time()
     args = parse_args(argv)
     if args.check:
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None, *, config: dict | None = None) -> int:
     from ensemble.runtime.env import bind_gpu, set_thread_env
     from ensemble.runtime.logs import add_debug_file, setup_logging
 
-    made: list[str] = []                                 # the run directory, once rank 0 has made it
+    made = [] if made is None else made                  # the run directory, once rank 0 has made it
     comm = mpi.world
     rank, size = comm.Get_rank(), comm.Get_size()
     if config is None:                                   # in-process (a notebook): keep its own hook

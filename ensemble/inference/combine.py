@@ -28,8 +28,11 @@ def member_output(member: Member, model, x: np.ndarray, task: str) -> tuple[np.n
                                   squeeze=False)
 
 
-def _local_ensemble(run: EnsembleRun, x: np.ndarray, rank: int, size: int) -> tuple[float, dict | None]:
-    """This rank's members (i % size == rank) combined among themselves, and their total weight."""
+def _local_ensemble(run: EnsembleRun, x: np.ndarray, rank: int, size: int,
+                    models: dict | None = None) -> tuple[float, dict | None]:
+    """This rank's members (i % size == rank) combined among themselves, and their total
+    weight. ``models``: loaded Keras models by member id, filled on first use (a notebook's
+    ``ensemble.load`` keeps them between calls)."""
     mine = run.members[rank::size]
     if not mine:
         return 0.0, None
@@ -38,11 +41,13 @@ def _local_ensemble(run: EnsembleRun, x: np.ndarray, rank: int, size: int) -> tu
     configure_tensorflow(1)
     task = get_task(run.task)
     outs = []
+    models = {} if models is None else models
     for m in mine:
         try:
-            model = keras.models.load_model(m.model_path, compile=False)
+            model = models.get(m.id) or keras.models.load_model(m.model_path, compile=False)
         except Exception as exc:                   # noqa: BLE001 - a corrupt or foreign file
             raise PredictError(f"member {m.id!r}: cannot load {m.model_path!r}: {exc}") from exc
+        models[m.id] = model
         want = task.output_width(run.n_outputs, m.gaussian)
         if model.output_shape[-1] != want:
             raise PredictError(f"member {m.id!r} outputs {model.output_shape[-1]} values per sample, but "
@@ -52,7 +57,7 @@ def _local_ensemble(run: EnsembleRun, x: np.ndarray, rank: int, size: int) -> tu
     return float(w.sum()), task.combine_outputs(outs, w)
 
 
-def predict_arrays(run: EnsembleRun, x: np.ndarray, comm=None) -> dict[str, np.ndarray]:
+def predict_arrays(run: EnsembleRun, x: np.ndarray, comm=None, models: dict | None = None) -> dict[str, np.ndarray]:
     """The ensemble on normalised ``x``, spread over ``comm``'s ranks (None: this process only).
 
     Classification: "proba" (n, C), "total", "aleatoric", "epistemic" (n,) in nats.
@@ -66,7 +71,7 @@ def predict_arrays(run: EnsembleRun, x: np.ndarray, comm=None) -> dict[str, np.n
     task = get_task(run.task)
     error, weight, part = None, 0.0, None
     try:
-        weight, part = _local_ensemble(run, x, rank, size)
+        weight, part = _local_ensemble(run, x, rank, size, models)
     except Exception as exc:                       # noqa: BLE001 - every rank must learn of it
         error = str(exc) if isinstance(exc, PredictError) else f"{type(exc).__name__}: {exc}"
         if size == 1:

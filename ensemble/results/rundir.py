@@ -10,7 +10,8 @@ candidates' predictions are packed.
       config.toml  data.json  normalization.npz  splits.npz  journal.jsonl
       store/predictions-000.pack   candidates' {val,test}_{pred,var} and history (a new file per GiB)
       models/<id>.keras            kept members only
-      leaderboard.csv  ensemble.json  ensemble_test_predictions.npz  [search.csv search.png]
+      leaderboard.csv  ensemble.json  ensemble_test_predictions.npz  [search.csv]
+      report.html  report/*.png    the run report (``results.report``), remade by ``ensemble.report``
 
 Runs written before retention had ``members/<id>/model.keras`` and ``scaling.json``;
 ``legacy_model_path`` finds them so ``ensemble.predict`` still reads such a run (a resume
@@ -64,7 +65,6 @@ class RunDirectory:
     ENSEMBLE = "ensemble.json"
     TEST_PREDICTIONS = "ensemble_test_predictions.npz"
     SEARCH_TABLE = "search.csv"
-    SEARCH_PLOT = "search.png"
     MODELS = "models"
     MODEL_SUFFIX = ".keras"
     STORE = "store"
@@ -90,9 +90,6 @@ class RunDirectory:
 
     def write_npz(self, name: str, **arrays: np.ndarray) -> Path:
         return atomic_write(self.path / name, lambda p: np.savez(p, **arrays))
-
-    def write_plot(self, name: str, fig, dpi: int = 100) -> Path:
-        return atomic_write(self.path / name, lambda p: fig.savefig(p, dpi=dpi))
 
     def save_normalization(self, shift: np.ndarray, scale: np.ndarray) -> Path:
         return self.write_npz(self.NORMALIZATION, shift=shift, scale=scale)

@@ -124,7 +124,12 @@ def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: 
         s: task.ensemble_metrics(targets[s], apply_calibration(task.name, raw[s], None), gaussian)
         for s in raw}
     out["best_member"] = {"id": best["id"], "val": best["val"], "test": best["test"]}
-    run_dir.write_npz(run_dir.TEST_PREDICTIONS, y=y_test, **task.per_sample(stats["test"]))
+    per_sample = task.per_sample(stats["test"])
+    if best["id"] in arrays:              # the report sets the ensemble's reliability beside its own
+        alone = task.combine_outputs([(arrays[best["id"]]["test_pred"], arrays[best["id"]].get("test_var"))],
+                                     np.ones(1))
+        per_sample.update({f"best_{k}": v for k, v in task.per_sample(alone).items()})
+    run_dir.write_npz(run_dir.TEST_PREDICTIONS, y=y_test, **per_sample)
     return out
 
 

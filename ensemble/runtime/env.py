@@ -39,3 +39,34 @@ def configure_tensorflow(threads: int) -> None:
         pass                        # already initialised in this process: keep what is set
     tf.config.experimental.enable_op_determinism()
     tf.get_logger().setLevel("ERROR")          # per-member retracing notices are expected here
+
+
+#: the distributions whose versions say how a run was made (first installed name wins)
+COMPONENTS = {"python": None, "tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-macos"),
+              "keras": ("keras",), "numpy": ("numpy",), "mpi4py": ("mpi4py",), "mpich": ("mpich",),
+              "deap": ("deap",), "pandas": ("pandas",), "scikit-learn": ("scikit-learn",),
+              "mpi-ensemble": ("mpi-ensemble",)}
+
+
+def environment(argv: list[str], mpi_library: str | None = None) -> dict:
+    """How this process was started and with what: the command line and the installed
+    versions (read from package metadata, so nothing is imported), for the journal's open
+    line and the report. ``mpi_library``: MPI's own version string (``runtime.mpi``)."""
+    import platform
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+    versions = {}
+    for name, dists in COMPONENTS.items():
+        if dists is None:
+            versions[name] = platform.python_version()
+            continue
+        for dist in dists:
+            try:
+                versions[name] = version(dist)
+                break
+            except PackageNotFoundError:
+                continue
+    if mpi_library:
+        versions["MPI library"] = mpi_library
+    versions["platform"] = platform.platform()
+    return {"argv": [sys.executable, *argv], "cwd": os.getcwd(), "versions": versions}

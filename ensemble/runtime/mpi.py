@@ -24,6 +24,11 @@ TAG_REPORT, TAG_DECISION = 14, 15        # a worker's in-training report and the
 world = MPI.COMM_WORLD
 
 
+def library_version() -> str:
+    """The MPI library's own name and version (its first line: MPICH, Open MPI, Cray MPICH ...)."""
+    return MPI.Get_library_version().strip().splitlines()[0].strip()
+
+
 def where() -> str:
     return f"rank {world.Get_rank()} on {socket.gethostname()}"
 

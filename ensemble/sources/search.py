@@ -3,7 +3,7 @@
 Wraps an ``evolve`` ask/tell strategy as the scheduler's spec source: every time a
 worker is free the strategy breeds the next genome (steady-state, asynchronous), the
 genome becomes a member spec, and its validation metric goes back as fitness. At the
-end it writes ``search.csv`` and ``search.png``; the ensemble is then selected from
+end it writes ``search.csv`` (the run's report plots it); the ensemble is then selected from
 everything the search trained, with no extra training.
 
 Resume: each candidate's genome is journalled as it is handed out (an ``issued`` line:
@@ -207,7 +207,7 @@ class SearchSource:
                             "fitness": fitness}
 
     def finish(self, records: list[dict]) -> dict:
-        """Write search.csv and search.png; print initial population vs search best."""
+        """Write search.csv (the report draws it); print initial population vs search best."""
         import pandas as pd
         rows = sorted((r for r in records if "search" in r), key=lambda r: r["search"]["wall"])
         best, table = -math.inf, []
@@ -222,8 +222,6 @@ class SearchSource:
                           "params": r.get("params"), "genome": r.get("summary")})
         frame = pd.DataFrame(table)
         self.run_dir.write_text(self.run_dir.SEARCH_TABLE, frame.to_csv(index=False))
-        if len(frame):
-            self._plot(frame)
         return self.compare(rows)
 
     def compare(self, rows: list[dict]) -> dict:
@@ -247,22 +245,3 @@ class SearchSource:
                  f"val {self.metric} {out['search_best']['val']:.4f}, test {out['search_best']['test']:.4f}"
                  f"  [{b.get('summary')}]")
         return out
-
-    def _plot(self, frame) -> None:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        col = f"best_val_{self.metric}"
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for ax, x, label in ((axes[0], frame.index + 1, "evaluations"),
-                             (axes[1], frame["wall_seconds"], "wall time (s)")):
-            ax.scatter(x, frame[f"val_{self.metric}"], s=10, alpha=0.5, label="each member")
-            ax.step(x, frame[col], where="post", color="C3", label="best so far")
-            ax.set_xlabel(label)
-            ax.set_ylabel(f"validation {self.metric}")
-            ax.grid(alpha=0.3)
-        axes[0].legend()
-        fig.suptitle(f"{self.cfg['evolve']['strategy']} search: best so far")
-        fig.tight_layout()
-        self.run_dir.write_plot(self.run_dir.SEARCH_PLOT, fig)
-        plt.close(fig)

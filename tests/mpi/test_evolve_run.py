@@ -55,7 +55,10 @@ def test_evolve_run_three_ranks(tmp_path):
     assert search["wall_seconds"].is_monotonic_increasing
     best = search["best_val_accuracy"].tolist()
     assert best == sorted(best) and best[-1] == pytest.approx(search["val_accuracy"].max())
-    assert (run_dir / "search.png").stat().st_size > 1000
+    for plot in ("leaderboard", "classification", "search", "costs", "timeline"):   # the run's report
+        assert (run_dir / "report" / f"{plot}.png").stat().st_size > 1000, plot
+    page = (run_dir / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 5 and "could not be drawn" not in page
 
     board = pd.read_csv(run_dir / "leaderboard.csv")
     assert len(board) == 7 and board["val_accuracy"].is_monotonic_decreasing

@@ -1,0 +1,133 @@
+"""A finished run in a notebook: ``ens = ensemble.load("runs/name")``.
+
+``Ensemble`` holds what ``python -m ensemble.predict`` uses (``load_run``) plus the run's
+tables as pandas objects; its models are loaded on the first prediction and kept, so a
+notebook's second call costs only the forward passes. Inputs are raw features, as in the
+data file: a DataFrame or structured array (columns matched by name), or a plain array
+(checked for width and dtype); they are reshaped and normalised as in training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ensemble.inference.combine import predict_arrays, score
+from ensemble.inference.inputs import data_input, encode_targets
+from ensemble.inference.load import EnsembleRun, load_run
+from ensemble.inference.outputs import prediction_frame
+
+
+class Ensemble:
+    """A run directory's ensemble. ``predict(x)`` -> (mean, spread): for classification the
+    averaged probabilities (n, classes) and the predictive entropy in nats (n,); for
+    regression the mean and the standard deviation (recalibrated as ``ensemble.json``
+    says), each (n,) or (n, outputs). ``predict_details(x)`` has every quantity (intervals,
+    aleatoric and epistemic parts); ``predict_frame`` the CLI's table."""
+
+    def __init__(self, run_dir: str | Path):
+        self._run: EnsembleRun = load_run(run_dir)
+        self._models: dict = {}
+
+    # -- what the run is -----------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        return Path(self._run.path)
+
+    @property
+    def task(self) -> str:
+        return self._run.task
+
+    @property
+    def config(self) -> dict:
+        """The run's resolved config (every default filled in), as ``config.toml`` holds it."""
+        return self._run.config
+
+    @property
+    def summary(self) -> dict:
+        """``ensemble.json``: selection, calibration, test and validation metrics, run figures."""
+        return self._run.summary
+
+    @property
+    def metrics(self) -> dict:
+        """The ensemble's metrics on the run's test split (``ensemble.json``)."""
+        return self._run.summary["ensemble"]["test"]
+
+    @property
+    def class_names(self) -> list[str]:
+        return self._run.class_names
+
+    @property
+    def members(self):
+        """The chosen members: id, weight (summing to 1), model file; a DataFrame."""
+        import pandas as pd
+        return pd.DataFrame([{"id": m.id, "weight": m.weight, "model": m.model_path} for m in self._run.members])
+
+    @property
+    def leaderboard(self):
+        """Every member the run trained, ranked by the validation metric (``leaderboard.csv``)."""
+        import pandas as pd
+        return pd.read_csv(self.path / "leaderboard.csv")
+
+    def journal(self):
+        """One row per member record of the journal (flattened: ``val.accuracy`` ...)."""
+        import pandas as pd
+        from ensemble.results.journal import read_journal
+        return pd.json_normalize(read_journal(self.path / "journal.jsonl"))
+
+    # -- using it ------------------------------------------------------------------------
+    def predict_details(self, x) -> dict[str, np.ndarray]:
+        """Every per-sample quantity of the ensemble on raw features ``x`` (see ``combine``)."""
+        return predict_arrays(self._run, data_input(self._run, x).x, models=self._models)
+
+    def predict(self, x) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, spread) on raw features ``x``; see the class docstring."""
+        out = self.predict_details(x)
+        if self.task == "classification":
+            return out["proba"], out["total"]
+        return out["mean"], out["std"]
+
+    def predict_frame(self, data, keep=(), label: str | None = None):
+        """The predictions as a DataFrame with the same columns ``python -m ensemble.predict``
+        writes; ``keep`` names input columns to carry through (a DataFrame's ids)."""
+        got = data_input(self._run, data, label, keep)
+        result = predict_arrays(self._run, got.x, models=self._models)
+        return prediction_frame(self._run, result, got.y, got.kept, index=getattr(data, "index", None))
+
+    def evaluate(self, x, y) -> dict[str, float]:
+        """The metrics ``ensemble.json`` reports, on raw features ``x`` and targets ``y``."""
+        result = self.predict_details(x)
+        return score(self._run, result, encode_targets(self._run, y, len(result[next(iter(result))])))
+
+    def data(self, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
+        """The run's own ``split`` ("train", "val" or "test") as read from its data file:
+        (raw features, targets), the rows ``splits.npz`` records. Reads the file again."""
+        from datafeed.readers import read_dataset
+        from ensemble.results.rundir import RunDirectory
+        rd = RunDirectory(self.path)
+        if split not in ("train", "val", "test"):
+            raise ValueError(f"split must be 'train', 'val' or 'test', but got {split!r}")
+        if not (self.path / rd.SPLITS).is_file():
+            raise FileNotFoundError(f"{self.path / rd.SPLITS} does not exist: the run was written before "
+                                    "splits were saved")
+        x, y, _ = read_dataset(self.config["data"])
+        rows = rd.load_splits()[split]
+        if rows.size and rows.max() >= len(x):
+            raise ValueError(f"the data {self.config['data']['source']!r} has {len(x)} rows, fewer than the "
+                             f"run's split refers to: it is not the file the run trained on")
+        return np.asarray(x)[rows], np.asarray(y)[rows]
+
+    def __repr__(self) -> str:
+        s = self._run.summary
+        metric = s.get("metric")
+        value = s.get("ensemble", {}).get("test", {}).get(metric)
+        shown = f", test {metric} {value:.4f}" if isinstance(value, float) else ""
+        return (f"<Ensemble {self.path.name}: {self.task}, {len(self._run.members)} of "
+                f"{s.get('n_finished', '?')} members{shown}>")
+
+
+def load(run_dir: str | Path) -> Ensemble:
+    """A finished run directory's ensemble (see ``Ensemble``)."""
+    return Ensemble(run_dir)
+

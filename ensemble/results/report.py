@@ -1,0 +1,561 @@
+"""The run report: ``RUN_DIR/report.html``, one self-contained page a scientist opens after ``scp``.
+
+Everything comes from the run directory (journal, ensemble.json, the ensemble's test
+predictions, config.toml, data.json), so the report can be written at the end of a run,
+again later (``python -m ensemble.report RUN_DIR``), or for a run that is still going or
+stopped early (what is not there yet is left out, and the page says so). The plots are
+drawn with matplotlib's object interface (no pyplot state, no display) and also written
+as PNG files beside it (``RUN_DIR/report/*.png``); the HTML embeds them as base64 and
+references nothing outside itself. A plot that fails is replaced by its error message:
+a report is never the reason a run fails.
+
+Plots: the leaderboard; classification reliability (ensemble vs best member) and
+accuracy against the share of most-confident samples kept; regression predicted against
+true with the ensemble's intervals, and error against predicted spread with the rank
+correlation; for searches the metric of every evaluation and the best so far against
+evaluations and wall time; cost (parameters, training time) against the metric with the
+Pareto front; a per-rank timeline of every member with the run's utilisation.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ensemble.config.vocabulary import PROPER_SCORES
+from ensemble.results.journal import read_journal
+from ensemble.results.rundir import RunDirectory
+from ensemble.results.selection import rank_members
+from ensemble.results.summary import finished_records
+from ensemble.results.timeline import run_stats
+from ensemble.task.metrics import higher_is_better, metric_task
+
+REPORT, FOLDER = "report.html", "report"
+MAX_BARS = 40            # leaderboard: the best 40 members by name; more would be unreadable
+MAX_LANES = 64           # timeline: the first 64 ranks (the title says how many there were)
+
+
+@dataclass
+class RunView:
+    """What the report reads from a run directory; every part but the path may be missing."""
+    path: Path
+    config: dict = field(default_factory=dict)
+    config_text: str = ""
+    meta: dict = field(default_factory=dict)
+    summary: dict | None = None
+    records: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    test: dict | None = None                      # ensemble_test_predictions.npz
+    metric: str | None = None
+
+    @property
+    def task(self) -> str | None:
+        return (self.summary or {}).get("task") or self.meta.get("task")
+
+    @property
+    def finished(self) -> list[dict]:
+        return finished_records(self.records)
+
+    @property
+    def failed(self) -> list[dict]:
+        ok = {r["id"] for r in self.finished}
+        last = {}
+        for r in self.records:
+            if r.get("status") != "ok" and r["id"] not in ok:
+                last[r["id"]] = r
+        return list(last.values())
+
+    @property
+    def selected(self) -> dict[str, float]:
+        return {m["id"]: float(m["weight"]) for m in (self.summary or {}).get("members", [])}
+
+    def ranked(self) -> list[dict]:
+        metric = self.metric
+        if not metric:
+            return self.finished
+        return rank_members([r for r in self.finished if metric in r.get("val", {})], metric,
+                            PROPER_SCORES[metric_task(metric)])
+
+
+def read_view(run_dir: str | Path) -> RunView:
+    """The run directory's files as the report needs them; raises ``FileNotFoundError`` when
+    it is not a run directory at all."""
+    rd = RunDirectory(Path(run_dir))
+    if not rd.path.is_dir() or not (rd.path / rd.JOURNAL).is_file():
+        raise FileNotFoundError(f"{str(rd.path)!r} is not a run directory of ensemble.run (no "
+                                f"{rd.JOURNAL}); pass the folder a run wrote (runs/<name> or its --run-dir)")
+    view = RunView(rd.path)
+    view.records, view.events = read_journal(rd.path / rd.JOURNAL, events=True)
+    if (rd.path / rd.CONFIG).is_file():
+        view.config_text = (rd.path / rd.CONFIG).read_text()
+        view.config = tomllib.loads(view.config_text)
+    for name, attr in ((rd.DATA, "meta"), (rd.ENSEMBLE, "summary")):
+        try:
+            setattr(view, attr, json.loads((rd.path / name).read_text()))
+        except (OSError, json.JSONDecodeError):
+            pass
+    if view.summary is not None and (rd.path / rd.TEST_PREDICTIONS).is_file():
+        with np.load(rd.path / rd.TEST_PREDICTIONS) as f:
+            view.test = {k: f[k] for k in f.files}
+    view.metric = (view.summary or {}).get("metric") or _configured_metric(view)
+    return view
+
+
+def _configured_metric(view: RunView) -> str | None:
+    setting = view.config.get("ensemble", {}).get("metric", "auto")
+    if setting != "auto":
+        return setting
+    return {"classification": "accuracy", "regression": "mse"}.get(view.task)
+
+
+# -- plots ------------------------------------------------------------------------------
+def _figure(width: float = 7.5, height: float = 4.0):
+    from matplotlib.figure import Figure
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def plot_leaderboard(view: RunView):
+    """Every finished member's validation and test metric (the best ``MAX_BARS``), the
+    selected ones marked with their weight, the ensemble's and the baseline's lines."""
+    ranked, metric = view.ranked(), view.metric
+    if not ranked or not metric:
+        return None
+    shown = ranked[:MAX_BARS]
+    fig = _figure(8.5, 4.2)
+    ax = fig.subplots()
+    x = np.arange(len(shown))
+    val = [r["val"].get(metric, np.nan) for r in shown]
+    test = [r.get("test", {}).get(metric, np.nan) for r in shown]
+    ax.plot(x, val, "o", color="#1f77b4", label="member, validation")
+    ax.plot(x, test, "s", color="#ff7f0e", mfc="none", label="member, test")
+    chosen = view.selected
+    picked = [i for i, r in enumerate(shown) if r["id"] in chosen]
+    if picked:
+        ax.plot(picked, [val[i] for i in picked], "*", ms=15, color="#2ca02c", zorder=3,
+                label="selected (weight above)")
+        for i in picked:
+            ax.annotate(f"{chosen[shown[i]['id']]:.2f}", (i, val[i]), textcoords="offset points",
+                        xytext=(0, 9), ha="center", fontsize=7, color="#2ca02c")
+    ens = (view.summary or {}).get("ensemble", {})
+    for split, style in (("test", "-"), ("val", "--")):
+        value = ens.get(split, {}).get(metric)
+        if value is not None:
+            ax.axhline(value, color="#2ca02c", ls=style, lw=1.2, label=f"ensemble, {split}")
+    base = (view.summary or {}).get("baseline", {}).get("test", {}).get(metric)
+    if base is not None:
+        ax.axhline(base, color="#7f7f7f", ls=":", lw=1.5, label=f"{view.summary['baseline']['model']}, test")
+    ax.set_xticks(x, [r["id"] for r in shown], rotation=70, fontsize=7)
+    ax.set_ylabel(metric)
+    more = f" (the best {len(shown)} of {len(ranked)})" if len(ranked) > len(shown) else ""
+    ax.set_title(f"Leaderboard: {metric} by member{more}, ranked on validation")
+    ax.legend(fontsize=7, ncols=2)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _reliability(proba: np.ndarray, y: np.ndarray, bins: int = 10):
+    conf = proba.max(axis=1)
+    right = proba.argmax(axis=1) == y
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    which = np.clip(np.digitize(conf, edges[1:-1]), 0, bins - 1)
+    rows = []
+    for b in range(bins):
+        m = which == b
+        if m.any():
+            rows.append((conf[m].mean(), right[m].mean(), int(m.sum())))
+    return np.array(rows)
+
+
+def _kept_accuracy(proba: np.ndarray, y: np.ndarray):
+    """Accuracy on the most confident share of samples, for every share (accuracy-rejection)."""
+    order = np.argsort(-proba.max(axis=1), kind="stable")
+    right = (proba.argmax(axis=1) == y)[order]
+    n = np.arange(1, len(right) + 1)
+    return n / len(right), np.cumsum(right) / n
+
+
+def plot_classification(view: RunView):
+    """Reliability diagram (ensemble vs best member) and accuracy against the share kept."""
+    t = view.test
+    if view.task != "classification" or not t or "proba" not in t:
+        return None
+    y = t["y"]
+    fig = _figure(9.5, 4.0)
+    ax1, ax2 = fig.subplots(1, 2)
+    ax1.plot([0, 1], [0, 1], color="#999", lw=1, ls="--", label="perfectly calibrated")
+    ece = (view.summary or {}).get("ensemble", {}).get("test", {}).get("ece")
+    best = (view.summary or {}).get("best_member", {})
+    curves = [("ensemble", t["proba"], "#2ca02c", ece)]
+    if "best_proba" in t:
+        curves.append((f"best member {best.get('id', '')}", t["best_proba"], "#1f77b4",
+                       best.get("test", {}).get("ece")))
+    for label, proba, color, e in curves:
+        rel = _reliability(proba, y)
+        shown = label + (f" (ECE {e:.3f})" if e is not None else "")
+        ax1.plot(rel[:, 0], rel[:, 1], "o-", color=color, label=shown)
+        for c, a, count in rel:              # a bin of 3 samples says little: show how many
+            ax1.annotate(f"{int(count)}", (c, a), textcoords="offset points", xytext=(4, -10), fontsize=6,
+                         color=color)
+        share, acc = _kept_accuracy(proba, y)
+        ax2.plot(share, acc, color=color, label=label)
+    ax1.set(xlabel="confidence (highest class probability); numbers: samples per bin", ylabel="accuracy in bin",
+            title="Reliability on the test split", xlim=(0, 1.02), ylim=(0, 1.02))
+    ax2.set(xlabel="share of test samples kept (most confident first)", ylabel="accuracy of those kept",
+            title="Accuracy against confidence")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Rank correlation (average ranks for ties)."""
+    from scipy.stats import spearmanr
+    value = spearmanr(a, b).statistic
+    return float(value) if np.isfinite(value) else float("nan")
+
+
+def plot_regression(view: RunView):
+    """Predicted against true with the 90% intervals, and |error| against predicted spread
+    (a useful spread grows with the error: the rank correlation says how much)."""
+    t = view.test
+    if view.task != "regression" or not t or "mean" not in t:
+        return None
+    first = (lambda a: a if a.ndim == 1 else a[:, 0])
+    y, mean, std = first(np.asarray(t["y"], float)), first(t["mean"]), first(t["std"])
+    lower = first(t["lower_90"]) if "lower_90" in t else mean - 1.645 * std
+    upper = first(t["upper_90"]) if "upper_90" in t else mean + 1.645 * std
+    fig = _figure(9.5, 4.2)
+    ax1, ax2 = fig.subplots(1, 2)
+    inside = (y >= lower) & (y <= upper)
+    ax1.errorbar(y, mean, yerr=[mean - lower, upper - mean], fmt="none", ecolor="#bbb", lw=0.8, zorder=1)
+    ax1.scatter(y[inside], mean[inside], s=10, color="#1f77b4", label="true value inside the 90% interval",
+                zorder=2)
+    ax1.scatter(y[~inside], mean[~inside], s=12, color="#d62728", label="outside", zorder=2)
+    lo, hi = float(min(y.min(), mean.min())), float(max(y.max(), mean.max()))
+    ax1.plot([lo, hi], [lo, hi], color="#999", ls="--", lw=1)
+    r2 = (view.summary or {}).get("ensemble", {}).get("test", {}).get("r2")
+    ax1.set(xlabel="true", ylabel="ensemble mean (90% interval)",
+            title=f"Predicted against true: {inside.mean():.0%} inside the 90% intervals"
+                  + (f"\nR² {r2:.3f}" if r2 is not None else ""))
+    err = np.abs(y - mean)
+    rho = spearman(std, err)
+    ax2.scatter(std, err, s=10, color="#1f77b4", alpha=0.7, label="test sample")
+    order = np.argsort(std)
+    chunks = np.array_split(order, min(10, max(1, len(order) // 10)))
+    ax2.plot([std[c].mean() for c in chunks], [err[c].mean() for c in chunks], "o-", color="#ff7f0e",
+             label="mean |error| per spread decile")
+    grid = np.linspace(0, float(std.max()) * 1.05, 50)
+    ax2.plot(grid, grid * math.sqrt(2 / math.pi), color="#999", ls="--", lw=1,
+             label="expected if Gaussian and calibrated")
+    ax2.set(xlabel="predicted standard deviation", ylabel="|error|",
+            title=f"Error against predicted spread\nSpearman rank correlation {rho:.2f}")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    if t["mean"].ndim > 1:
+        fig.suptitle(f"first of {t['mean'].shape[1]} outputs", fontsize=8)
+    return fig
+
+
+def _t0(view: RunView) -> float:
+    """When the run's first job started (its processes, before imports and the data broadcast)."""
+    opens = [e.get("job_started", e["time"]) for e in view.events if e.get("event") == "open"]
+    times = [r["started"] for r in view.records if "started" in r]
+    return min(opens + times) if opens or times else 0.0
+
+
+def plot_search(view: RunView):
+    """Every evaluation's validation metric and the best so far, against evaluations and
+    against wall time since the run began; failures at the bottom as crosses."""
+    metric = view.metric
+    evaluated = [r for r in view.records if "search" in r or view.config.get("mode") == "evolve"]
+    if view.config.get("mode") != "evolve" or not evaluated or not metric:
+        return None
+    evaluated.sort(key=lambda r: r.get("received", 0.0))
+    t0 = _t0(view)
+    higher = higher_is_better(metric)
+    values = np.array([r["val"].get(metric, np.nan) if r.get("status") == "ok" else np.nan for r in evaluated])
+    wall = np.array([r.get("received", t0) - t0 for r in evaluated])
+    best = (np.fmax if higher else np.fmin).accumulate(np.where(np.isnan(values), -np.inf if higher else np.inf,
+                                                                values))
+    best = np.where(np.isfinite(best), best, np.nan)
+    n = np.arange(1, len(evaluated) + 1)
+    fig = _figure(9.5, 4.0)
+    axes = fig.subplots(1, 2, sharey=True)
+    ok = ~np.isnan(values)
+    floor = np.nanmin(values) if ok.any() else 0.0
+    for ax, x, label in ((axes[0], n, "evaluation (in the order results arrived)"),
+                         (axes[1], wall, "wall time since the job began (s)")):
+        ax.plot(x[ok], values[ok], "o", ms=4, color="#1f77b4", alpha=0.7, label="evaluation")
+        ax.step(x, best, where="post", color="#2ca02c", lw=1.8, label="best so far")
+        if (~ok).any():
+            ax.plot(x[~ok], np.full((~ok).sum(), floor), "x", color="#d62728", label="failed")
+        ax.set(xlabel=label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"validation {metric}")
+    axes[0].legend(fontsize=7)
+    strategy = view.config.get("evolve", {}).get("strategy", "")
+    fig.suptitle(f"Search ({strategy}): {len(evaluated)} evaluations, best validation {metric} "
+                 f"{np.nanmax(values) if higher else np.nanmin(values):.4f}" if ok.any() else "Search")
+    return fig
+
+
+def pareto_front(cost: np.ndarray, value: np.ndarray, higher: bool) -> np.ndarray:
+    """Indices of the points no other point beats on both (lower cost, better value), by cost."""
+    order = np.lexsort((-value if higher else value, cost))
+    front, best = [], None
+    for i in order:
+        v = value[i]
+        if best is None or (v > best if higher else v < best):
+            front.append(i)
+            best = v
+    return np.array(front, dtype=int)
+
+
+def plot_costs(view: RunView):
+    """Parameter count and training time (or inference time per sample, the second objective
+    of a multi-objective search) against the validation metric, each with its Pareto front."""
+    metric, ranked = view.metric, view.finished
+    ranked = [r for r in ranked if metric and metric in r.get("val", {})]
+    if len(ranked) < 2:
+        return None
+    higher = higher_is_better(metric)
+    value = np.array([r["val"][metric] for r in ranked])
+    second = view.config.get("evolve", {}).get("objectives") if view.config.get("mode") == "evolve" else None
+    costs = [("params", "parameters", True)]
+    costs.append(("predict_seconds_per_sample", "inference seconds per sample", True) if second == "metric_time"
+                 else ("train_seconds", "training seconds", False))
+    fig = _figure(9.5, 4.0)
+    axes = fig.subplots(1, 2, sharey=True)
+    chosen = view.selected
+    for ax, (key, label, log) in zip(axes, costs):
+        cost = np.array([float(r.get(key) or np.nan) for r in ranked])
+        good = np.isfinite(cost) & (cost > 0 if log else np.isfinite(cost))
+        if not good.any():
+            ax.set_title(f"no {label} recorded")
+            continue
+        c, v = cost[good], value[good]
+        ax.scatter(c, v, s=14, color="#1f77b4", alpha=0.7, label="member")
+        front = pareto_front(c, v, higher)
+        ax.step(c[front], v[front], where="post", color="#d62728", lw=1.2, label="Pareto front")
+        picked = [i for i, r in enumerate(np.array(ranked, dtype=object)[good]) if r["id"] in chosen]
+        if picked:
+            ax.plot(c[picked], v[picked], "*", ms=12, color="#2ca02c", label="selected")
+        if log:
+            ax.set_xscale("log")
+        ax.set(xlabel=label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"validation {metric}")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Cost against the metric" + (" (the search's two objectives: left and right)"
+                                               if second else ""), fontsize=10)
+    return fig
+
+
+def plot_timeline(view: RunView):
+    """One lane per rank, one bar per member from its start to its end (failed in red);
+    the gaps are the idle time. Utilisation (``results.timeline``) in the title."""
+    timed = [r for r in view.records if "started" in r and "ended" in r]
+    if not timed:
+        return None
+    t0 = _t0(view)
+    ranks = sorted({int(r.get("rank", 0)) for r in timed})
+    lanes = {rank: i for i, rank in enumerate(ranks[:MAX_LANES])}
+    fig = _figure(9.5, max(2.5, min(9.0, 0.28 * len(lanes) + 1.6)))
+    ax = fig.subplots()
+    for color, status_ok in (("#1f77b4", True), ("#d62728", False)):
+        per_lane: dict[int, list] = {}
+        for r in timed:
+            lane = lanes.get(int(r.get("rank", 0)))
+            if lane is not None and (r.get("status") == "ok") == status_ok:
+                per_lane.setdefault(lane, []).append((r["started"] - t0, max(r["ended"] - r["started"], 1e-3)))
+        for lane, bars in per_lane.items():
+            ax.broken_barh(bars, (lane - 0.4, 0.8), facecolors=color, edgecolors="none")
+    for e in view.events:                 # each job's start-up: imports, data broadcast, until the open
+        if e.get("event") == "open":
+            start = e.get("job_started", e["time"]) - t0
+            ax.axvspan(start, e["time"] - t0, color="#ddd", zorder=0)
+            ax.axvline(start, color="#999", ls="--", lw=1)
+    ax.set_yticks(range(len(lanes)), [f"rank {r}" for r in lanes], fontsize=7 if len(lanes) < 24 else 5)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the job began (grey: start-up; blue: a member training; red: failed; "
+                  "white: idle)")
+    stats = (view.summary or {}).get("run") or run_stats(view.records, view.events)
+    util = stats.get("utilisation")
+    more = f", first {len(lanes)} of {len(ranks)} ranks shown" if len(ranks) > len(lanes) else ""
+    ax.set_title(f"Timeline: {len(timed)} members on {len(ranks)} ranks"
+                 + (f", utilisation {util:.1%}" if util is not None else "") + more)
+    ax.grid(alpha=0.3, axis="x")
+    return fig
+
+
+PLOTS = {
+    "leaderboard": plot_leaderboard,
+    "classification": plot_classification,
+    "regression": plot_regression,
+    "search": plot_search,
+    "costs": plot_costs,
+    "timeline": plot_timeline,
+}
+
+
+# -- the page ---------------------------------------------------------------------------
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.4f}" if math.isfinite(v) else str(v)
+        return html.escape("" if v is None else str(v))
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _answer(view: RunView) -> str:
+    """Ensemble, best member and linear baseline side by side, on test and validation."""
+    s = view.summary
+    if not s or "ensemble" not in s:
+        return "<p>No ensemble yet: the run has not finished (or saved no predictions).</p>"
+    rows_in = [(f"ensemble ({len(s['members'])} members)", s["ensemble"]),
+               (f"best member {s['best_member']['id']}", s["best_member"])]
+    base = s.get("baseline") or {}
+    if "test" in base:
+        rows_in.append((f"baseline: {base['model']} (same rows)", base))
+    keys = list(s["ensemble"]["test"])
+    out = []
+    for split in ("test", "val"):
+        rows = [[name, *(part.get(split, {}).get(k, "") for k in keys)] for name, part in rows_in]
+        out.append(f"<h3>{'Test' if split == 'test' else 'Validation'} split</h3>" + _table([""] + keys, rows))
+    if base.get("skipped"):
+        out.append(f"<p>Linear baseline skipped: {html.escape(base['skipped'])}</p>")
+    return "".join(out)
+
+
+def _notes(view: RunView) -> str:
+    s = view.summary or {}
+    items = []
+    sel = s.get("selection")
+    if sel:
+        items.append(f"Selection: {sel['method']} on validation {sel['metric']} {sel['val_score']:.4f} "
+                     f"(best member alone {sel['best_member']['val_score']:.4f}); effective size "
+                     f"{sel['effective_size']:.2f} of {sel['picks']} members"
+                     + ("; every ensemble scored worse, so the best member alone"
+                        if sel.get("fallback_to_best_member") else ""))
+    cal = s.get("calibration")
+    if cal:
+        items.append(f"Calibration: {cal.get('method', 'none')}"
+                     + (f", temperature {cal['temperature']:.3f}" if "temperature" in cal else ""))
+    base = s.get("baseline") or {}
+    metric = view.metric
+    if "test" in base and metric in base["test"] and metric in s.get("ensemble", {}).get("test", {}):
+        e, b = s["ensemble"]["test"][metric], base["test"][metric]
+        worse = e < b if higher_is_better(metric) else e > b
+        items.append(f"<b>{'The linear baseline beats the ensemble' if worse else 'The ensemble beats the linear baseline'}"
+                     f"</b> on test {metric}: {e:.4f} vs {b:.4f} ({base['model']}, fitted on "
+                     f"{base.get('train_rows', '?')} training rows)")
+    return "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>" if items else ""
+
+
+def _failures(view: RunView) -> str:
+    failed = view.failed
+    if not failed:
+        return "<p>No member failed.</p>"
+    rows = [[r["id"], r.get("status"), r.get("error", {}).get("kind", ""), r.get("rank", ""),
+             r.get("error", {}).get("message", "")] for r in failed[:200]]
+    more = f"<p>The first 200 of {len(failed)} are listed; the journal has all.</p>" if len(failed) > 200 else ""
+    return _table(["member", "status", "kind", "rank", "error"], rows) + more
+
+
+def _how(view: RunView) -> str:
+    opens = [e for e in view.events if e.get("event") == "open"]
+    rows = []
+    for n, e in enumerate(opens, 1):
+        env = e.get("environment", {})
+        rows.append([n, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"])), e.get("ranks"),
+                     e.get("workers"), e.get("group_size"), e.get("host"), " ".join(env.get("argv", [])) or "?"])
+    out = [_table(["job", "started", "ranks", "workers", "group size", "master host", "command line"], rows)]
+    env = opens[-1].get("environment", {}) if opens else {}
+    versions = env.get("versions") or {}
+    if versions:
+        out.append(_table(["component", "version"], [[k, v] for k, v in versions.items()]))
+    else:
+        out.append("<p>The journal records no versions (a run written before they were recorded).</p>")
+    stats = (view.summary or {}).get("run") or run_stats(view.records, view.events)
+    if stats:
+        out.append(_table(["run figure", "value"], [[k, v] for k, v in stats.items()]))
+    return "".join(out)
+
+
+STYLE = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1000px;
+margin:2em auto;padding:0 1em;color:#222}h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ddd;
+padding-bottom:.2em;margin-top:1.6em}h3{font-size:1em}table{border-collapse:collapse;margin:.6em 0;font-size:.85em}
+td,th{border:1px solid #ddd;padding:.25em .6em;text-align:right}td:first-child,th:first-child{text-align:left}
+img{max-width:100%;border:1px solid #eee}pre{background:#f6f6f6;padding:.8em;overflow:auto;font-size:.8em}
+.err{color:#b00}"""
+
+
+def render(view: RunView, images: dict[str, bytes | str]) -> str:
+    """The HTML page: ``images`` maps each plot's name to its PNG bytes or an error text."""
+    name = view.config.get("name") or view.path.name
+    mode = view.config.get("mode", "ensemble")
+    sizes = view.meta.get("sizes", {})
+    state = "finished" if view.summary else "not finished (or stopped before choosing an ensemble)"
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(name)}: run report</title>"
+             f"<style>{STYLE}</style></head><body>",
+             f"<h1>Run report: {html.escape(name)}</h1>",
+             f"<p>{html.escape(str(view.task))} ({html.escape(mode)} mode); {len(view.finished)} members finished, "
+             f"{len(view.failed)} failed; split sizes {html.escape(json.dumps(sizes))}; run {state}. "
+             f"Written {time.strftime('%Y-%m-%d %H:%M:%S')} from <code>{html.escape(str(view.path))}</code>.</p>",
+             "<h2>The answer</h2>", _answer(view), _notes(view)]
+    titles = {"leaderboard": "Leaderboard", "classification": "Uncertainty: calibration and confidence",
+              "regression": "Uncertainty: intervals and spread", "search": "Search progress",
+              "costs": "Cost against the metric", "timeline": "Timeline: who trained what, when"}
+    for key, img in images.items():
+        parts.append(f"<h2>{titles[key]}</h2>")
+        if isinstance(img, bytes):
+            parts.append(f"<img alt='{key}' src='data:image/png;base64,{base64.b64encode(img).decode()}'>")
+        else:
+            parts.append(f"<p class='err'>This plot could not be drawn: {html.escape(img)}</p>")
+    parts += ["<h2>Failures</h2>", _failures(view), "<h2>How the run was made</h2>", _how(view),
+              "<h2>Config</h2>", f"<pre>{html.escape(view.config_text)}</pre>", "</body></html>"]
+    return "\n".join(parts)
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write ``RUN_DIR/report.html`` and ``RUN_DIR/report/<plot>.png``; return the HTML's path.
+    A plot that fails is reported on the page; only an unreadable run directory raises."""
+    from ensemble.results.rundir import atomic_write
+    view = read_view(run_dir)
+    folder = view.path / FOLDER
+    folder.mkdir(exist_ok=True)
+    images: dict[str, bytes | str] = {}
+    from matplotlib import rc_context
+    for key, draw in PLOTS.items():
+        try:
+            with rc_context({"axes.titlesize": 9}):    # two panels' titles side by side must not overlap
+                fig = draw(view)
+                if fig is None:
+                    continue
+                images[key] = _png(fig)
+            atomic_write(folder / f"{key}.png", lambda tmp, data=images[key]: tmp.write_bytes(data))
+        except Exception as exc:            # noqa: BLE001 - one bad plot must not cost the report
+            images[key] = f"{type(exc).__name__}: {exc}"
+    out = view.path / REPORT
+    page = render(view, images)
+    atomic_write(out, lambda tmp: tmp.write_text(page, encoding="utf-8"))
+    return out

@@ -1,0 +1,137 @@
+"""The run report from synthetic run directories (no MPI, no TensorFlow): every plot, the
+page's tables, failures with their text, no external reference, and a plot that fails."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from ensemble.results import report as R
+from ensemble.results.rundir import RunDirectory
+
+
+def _records(n: int, rng, task: str, evolve: bool) -> list[dict]:
+    out, t = [], 1000.0
+    for i in range(n):
+        rank = 1 + i % 3
+        start = t + i * 0.7
+        if task == "classification":
+            val = {"accuracy": float(rng.uniform(0.5, 0.99)), "log_loss": float(rng.uniform(0.05, 1.0))}
+        else:
+            val = {"mse": float(rng.uniform(1, 5)), "nll": float(rng.uniform(1, 3))}
+        rec = {"id": f"m{i:03d}", "arch": "a", "status": "ok", "val": val,
+               "test": {k: v * 1.01 for k, v in val.items()}, "params": int(rng.integers(500, 90000)),
+               "train_seconds": float(rng.uniform(1, 3)), "rank": rank, "worker": rank - 1,
+               "dispatched": start - 0.1, "started": start, "ended": start + 2.0, "received": start + 2.05}
+        if evolve:
+            rec["search"] = {"evaluation": i + 1, "wall": start - t, "fitness": val.get("accuracy")}
+        out.append(rec)
+    out[3] = {**out[3], "status": "failed", "error": {"kind": "nan_loss", "message": "loss became NaN at epoch 2"}}
+    return out
+
+
+def make_run(path, task="classification", evolve=False, finished=True, n=12):
+    rng = np.random.default_rng(0)
+    rd = RunDirectory(path)
+    path.mkdir(parents=True)
+    mode = "evolve" if evolve else "ensemble"
+    (path / rd.CONFIG).write_text(f'name = "synthetic"\nmode = "{mode}"\n[evolve]\nstrategy = "nsga2"\n'
+                                  'objectives = "metric_params"\n')
+    (path / rd.DATA).write_text(json.dumps({"task": task, "sizes": {"train": 80, "val": 20, "test": 60}}))
+    records = _records(n, rng, task, evolve)
+    opened = {"event": "open", "time": 999.0, "job_started": 996.0, "ranks": 4, "workers": 3, "group_size": 1,
+              "host": "node1", "environment": {"argv": ["python", "-m", "ensemble.run", "c.toml"],
+                                               "versions": {"python": "3.11", "MPI library": "MPICH 5"}}}
+    lines = [opened, *records, {"event": "close", "time": 1020.0}]
+    (path / rd.JOURNAL).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    if not finished:
+        return path
+    metric = "accuracy" if task == "classification" else "mse"
+    ok = [r for r in records if r["status"] == "ok"]
+    keys = list(ok[0]["val"])
+    ens = {"val": {k: 0.9 for k in keys}, "test": {k: 0.91 for k in keys}}
+    summary = {"task": task, "metric": metric, "method": "greedy",
+               "members": [{"id": ok[0]["id"], "weight": 0.6}, {"id": ok[1]["id"], "weight": 0.4}],
+               "n_finished": len(ok), "n_failed": 1, "ensemble": ens,
+               "best_member": {"id": ok[0]["id"], "val": ok[0]["val"], "test": ok[0]["test"]},
+               "baseline": {"model": "logistic regression", "train_rows": 80, "val": ens["val"],
+                            "test": {k: 0.95 for k in keys}},
+               "selection": {"method": "greedy", "metric": "log_loss", "val_score": 0.1, "picks": 2,
+                             "best_member": {"id": ok[0]["id"], "val_score": 0.12}, "effective_size": 1.9,
+                             "fallback_to_best_member": False},
+               "calibration": {"method": "none"},
+               "run": {"utilisation": 0.8, "members": n}}
+    (path / rd.ENSEMBLE).write_text(json.dumps(summary))
+    m = 60
+    if task == "classification":
+        proba = rng.dirichlet(np.ones(3) * 0.5, size=m)
+        y = np.array([rng.choice(3, p=p) for p in proba])
+        rd.write_npz(rd.TEST_PREDICTIONS, y=y, proba=proba, best_proba=rng.dirichlet(np.ones(3), size=m))
+    else:
+        y = rng.normal(size=m)
+        std = rng.uniform(0.2, 1.0, size=m)
+        mean = y + rng.normal(size=m) * std
+        rd.write_npz(rd.TEST_PREDICTIONS, y=y, mean=mean, std=std, lower_90=mean - 1.6 * std,
+                     upper_90=mean + 1.6 * std)
+    return path
+
+
+def _images(page: str) -> int:
+    return page.count("src='data:image/png;base64,")
+
+
+def test_classification_search_report_has_every_plot_and_no_external_reference(tmp_path):
+    run = make_run(tmp_path / "run", "classification", evolve=True)
+    out = R.write_report(run)
+    page = out.read_text()
+    want = {"leaderboard", "classification", "search", "costs", "timeline"}
+    assert {p.stem for p in (run / "report").glob("*.png")} == want
+    assert _images(page) == len(want) and "could not be drawn" not in page
+    assert not re.search(r"(src|href)\s*=\s*['\"]?(https?:)?//", page)      # nothing fetched from anywhere
+    assert "http://" not in page and "https://" not in page
+    assert "loss became NaN at epoch 2" in page and "nan_loss" in page       # the failure, with its text
+    assert "logistic regression" in page and "The linear baseline beats the ensemble" in page
+    assert "MPICH 5" in page and "ensemble.run c.toml" in page               # how the run was made
+    assert 'mode = &quot;evolve&quot;' in page                               # the config itself (escaped)
+
+
+def test_regression_report_has_intervals_and_spread_plots(tmp_path):
+    run = make_run(tmp_path / "run", "regression")
+    page = R.write_report(run).read_text()
+    assert {p.stem for p in (run / "report").glob("*.png")} == {"leaderboard", "regression", "costs", "timeline"}
+    assert "could not be drawn" not in page
+    assert "The ensemble beats the linear baseline" in page                 # mse 0.91 < 0.95
+
+
+def test_a_running_run_gets_a_partial_report(tmp_path):
+    run = make_run(tmp_path / "run", finished=False)
+    page = R.write_report(run).read_text()
+    assert "No ensemble yet" in page and "could not be drawn" not in page
+    assert {p.stem for p in (run / "report").glob("*.png")} == {"leaderboard", "costs", "timeline"}
+
+
+def test_a_failing_plot_is_reported_on_the_page_not_raised(tmp_path, monkeypatch):
+    run = make_run(tmp_path / "run")
+
+    def broken(view):
+        raise ValueError("no such axis")
+    monkeypatch.setitem(R.PLOTS, "leaderboard", broken)
+    page = R.write_report(run).read_text()
+    assert "This plot could not be drawn: ValueError: no such axis" in page
+    assert _images(page) == 3
+
+
+def test_not_a_run_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        R.write_report(tmp_path)
+
+
+def test_pareto_front_and_rank_correlation():
+    cost = np.array([1.0, 2.0, 3.0, 4.0, 2.5])
+    value = np.array([0.5, 0.7, 0.6, 0.9, 0.8])
+    assert R.pareto_front(cost, value, higher=True).tolist() == [0, 1, 4, 3]
+    assert R.pareto_front(cost, -value, higher=False).tolist() == [0, 1, 4, 3]
+    assert R.spearman(np.arange(5.0), np.arange(5.0) ** 2) == pytest.approx(1.0)
