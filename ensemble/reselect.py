@@ -114,7 +114,7 @@ def reselect(run_dir: str | Path, overrides: dict) -> dict:
                                  pool=with_models)
     finally:
         artifacts.close()
-    kept = {k: old[k] for k in ("run", "search", "kept", "rehearsal") if k in old}
+    kept = {k: old[k] for k in ("run", "search", "kept", "rehearsal", "baseline") if k in old}
     summary.update(kept)
     summary["reselected"] = {"previous": backup_json.name, "settings": {k: ens[k] for k in (
         "method", "k", "metric", "selection_metric", "calibration")}, "pool": len(with_models),
@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info(format_comparison(summary))
     log.info(f"wrote {Path(args.run_dir) / 'ensemble.json'} (the previous one: "
              f"{summary['reselected']['previous']})")
+    from ensemble.results.report import report_line
+    log.info(report_line(args.run_dir))
     return 0
 
 

@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     from ensemble.orchestrate.session import run_master_side, run_worker_side
     group, leaders = mpi.split_groups(comm, group_size)
     if rank == 0:
-        code = run_master_side(comm, cfg, meta, data, run_dir, args.resume, leaders, job_started)
+        command = ["-m", "ensemble.run", *(argv if argv is not None else sys.argv[1:])]
+        code = run_master_side(comm, cfg, meta, data, run_dir, args.resume, leaders, job_started, command)
     else:
         run_worker_side(comm, cfg, meta, data, run_dir, group)
         code = 0

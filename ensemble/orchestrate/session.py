@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import time
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 from ensemble.orchestrate.dispatch import dispatch
 from ensemble.orchestrate.progress import Progress
 from ensemble.results.artifacts import Artifacts
+from ensemble.results.report import report_line
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.summary import finalize, format_comparison
 from ensemble.results.timeline import format_stats, run_stats
@@ -69,17 +71,31 @@ def in_hand(runtime: dict) -> int | None:
     return None if runtime["specs_in_hand"] == "auto" else runtime["specs_in_hand"]
 
 
-def open_event(cfg: dict, executor, ranks: int, job_started: float) -> dict:
-    """The journal line that starts a segment: when, on how many workers (see results.timeline)."""
+def open_event(cfg: dict, executor, ranks: int, job_started: float, command: list[str] | None = None) -> dict:
+    """The journal line that starts a segment: when, on how many workers (see results.timeline),
+    and how the job was started (command line, versions: the report's "how the run was made")."""
+    from ensemble.runtime.env import environment
+    from ensemble.runtime.mpi import library_version
     rt = cfg["runtime"]
     return {"event": "open", "time": round(time.time(), 4), "job_started": round(job_started, 4),
             "workers": executor.workers, "group_size": rt["group_size"], "ranks": ranks,
-            "host": socket.gethostname(), "trainer": rt["trainer"], "specs_in_hand": rt["specs_in_hand"]}
+            "host": socket.gethostname(), "trainer": rt["trainer"], "specs_in_hand": rt["specs_in_hand"],
+            "environment": environment(command if command is not None else sys.argv[1:], library_version())}
+
+
+def baseline_section(meta: dict, data, seed: int) -> dict:
+    """The linear baseline's row for ensemble.json (``task.baseline``); never fails the run."""
+    from ensemble.task.baseline import NAMES, linear_baseline
+    try:
+        return linear_baseline(meta["task"], data, meta["n_outputs"], seed)
+    except Exception as exc:                  # noqa: BLE001 - a baseline must not cost the ensemble
+        return {"model": NAMES.get(meta["task"], "linear model"), "skipped": f"{type(exc).__name__}: {exc}"}
 
 
 def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, resume: bool,
-                    leaders: list[int], job_started: float | None = None) -> int:
-    """Rank 0: schedule members, journal results, build and report the ensemble."""
+                    leaders: list[int], job_started: float | None = None, command: list[str] | None = None) -> int:
+    """Rank 0: schedule members, journal results, build and report the ensemble. ``command``:
+    the job's arguments, for the journal (default ``sys.argv[1:]``)."""
     t0 = time.monotonic()
     job_started = time.time() if job_started is None else job_started
     t_resume = time.perf_counter()
@@ -110,7 +126,7 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
     progress = Progress(total, metric, executor.workers, len(done_ids), rt["progress_lines"],
                         rt["progress_seconds"])
     with run_dir.journal(rt["journal_sync_seconds"], before_sync=artifacts.store.sync) as journal:
-        opened = open_event(cfg, executor, comm.Get_size(), job_started)
+        opened = open_event(cfg, executor, comm.Get_size(), job_started, command)
         if resume:
             opened["resume_seconds"] = resume_seconds
         journal.event(opened)
@@ -148,11 +164,14 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
     if cfg["mode"] == "evolve":
         extra["search"] = source.finish(records)
     predictions = rt["trainer"] != "rehearsal" or cfg["rehearsal"]["predictions"]
+    if predictions:
+        extra["baseline"] = baseline_section(meta, data, cfg["seed"])
     try:
         summary = finalize(run_dir, records, cfg, meta, np.asarray(data["y_val"]), np.asarray(data["y_test"]),
                            extra, ensemble=predictions, artifacts=artifacts, prune=not budget.reason)
     except RuntimeError as exc:
         log.error(f"error: {exc}")
+        log.info(report_line(run_dir.path))              # the failures, listed with their messages
         return code or 1
     finally:
         artifacts.close()
@@ -162,6 +181,7 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
         log.info("rehearsal without predictions (`rehearsal.predictions = false`): no ensemble selected")
     log.info(f"wrote {run_dir.path}/ensemble.json, leaderboard.csv, journal.jsonl  "
              f"({time.monotonic() - t0:.1f} s)")
+    log.info(report_line(run_dir.path))
     return code
 
 

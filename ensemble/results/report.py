@@ -559,3 +559,13 @@ def write_report(run_dir: str | Path) -> Path:
     page = render(view, images)
     atomic_write(out, lambda tmp: tmp.write_text(page, encoding="utf-8"))
     return out
+
+
+def report_line(run_dir: str | Path) -> str:
+    """Write the report and say where; never raises (the end of a run or a re-selection
+    must not fail over a plot): on any error, the line says what went wrong instead."""
+    try:
+        return f"report: {write_report(run_dir)}"
+    except Exception as exc:                # noqa: BLE001 - see the docstring
+        return (f"report: not written ({type(exc).__name__}: {exc}); try again with "
+                f"`python -m ensemble.report {run_dir}`")

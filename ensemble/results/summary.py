@@ -184,12 +184,20 @@ def format_comparison(summary: dict) -> str:
     lines.append(f"{f'ensemble ({n} members)':<28}" + "".join(f"{ens[k]:>12.4f}" for k in keys))
     lines.append(f"{'best member ' + str(summary['best_member']['id']):<28}"
                  + "".join(f"{best[k]:>12.4f}" for k in keys))
+    base = (summary.get("baseline") or {}).get("test")
+    if base:
+        lines.append(f"{'baseline: ' + summary['baseline']['model']:<28}"
+                     + "".join(f"{base[k]:>12.4f}" if k in base else f"{'':>12}" for k in keys))
     metric = summary["metric"]
     if metric in ens:
         better = ens[metric] >= best[metric] if higher_is_better(metric) else ens[metric] <= best[metric]
         diff = ens[metric] - best[metric]
         lines.append(f"ensemble vs best member on test {metric}: {diff:+.4f} "
                      f"({'ensemble at least as good' if better else 'best member better'})")
+        if base and metric in base and (base[metric] > ens[metric] if higher_is_better(metric)
+                                        else base[metric] < ens[metric]):
+            lines.append(f"warning: the linear baseline ({summary['baseline']['model']}, same training rows) "
+                         f"beats the ensemble on test {metric}: {base[metric]:.4f} vs {ens[metric]:.4f}")
     sel = summary.get("selection")
     if sel:
         how = "best member alone (every ensemble scored worse)" if sel["fallback_to_best_member"] else sel["method"]
