@@ -3,6 +3,15 @@
 Every rank calls :func:`load_config` on the same file, so a bad config fails
 identically everywhere and no rank waits for another. The result is a plain nested
 dict (the *resolved* config): what the run directory records as ``config.toml``.
+
+Every problem is found in one pass: a wrong setting is noted and falls back to its
+default, so the rest is still checked, and the checks that read a wrong setting are
+skipped (one mistake, one message). The run raises one ``ConfigError`` listing them all;
+``python -m ensemble.run CONFIG --check`` passes a ``Problems`` to gather them and goes on
+to the data and the architectures.
+
+Each setting's ``doc`` is its one-line meaning: ``docs/config.md`` is rendered from this
+module (``ensemble.config.reference``), so the reference and the code cannot drift apart.
 """
 
 from __future__ import annotations
@@ -11,6 +20,8 @@ import copy
 import json
 import math
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -20,17 +31,61 @@ from ensemble.config.vocabulary import (CALIBRATIONS, LOSSES, METRICS, OPTIMIZER
 
 
 class ConfigError(ValueError):
-    """A setting is wrong; the message names the key, the value and what would be right."""
+    """Settings are wrong; each message names the key, the value and what would be right.
+
+    ``problems`` holds the messages one by one; ``str()`` gives them one per line."""
+
+    def __init__(self, *problems: str):
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
+
+
+class Problems:
+    """Every problem found in a config, gathered instead of raised at the first one.
+
+    ``bad`` holds the settings found wrong, as dotted paths (``train.epochs``,
+    ``architectures[0].layers``): a check that reads one of them is skipped, so a mistake
+    is reported once and not again through its consequences."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self.bad: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def add(self, message: str, *settings: str) -> None:
+        self.messages.append(message)
+        self.bad.update(settings)
+
+    def ok(self, *settings: str) -> bool:
+        """Whether none of ``settings``, nor a table that holds one, was found wrong."""
+        return not any(s == b or s.startswith((b + ".", b + "[")) for s in settings for b in self.bad)
+
+    @contextmanager
+    def catch(self, *settings: str) -> Iterator[None]:
+        """Note a ``ConfigError`` raised inside instead of letting it out; ``settings`` are wrong."""
+        try:
+            yield
+        except ConfigError as exc:
+            self.messages.extend(exc.problems)
+            self.bad.update(settings)
+
+    def raise_any(self) -> None:
+        if self.messages:
+            raise ConfigError(*self.messages)
 
 
 @dataclass
 class Key:
-    """One setting: accepted types, default, and an optional check returning an error text."""
+    """One setting: accepted types, default, an optional check returning an error text, and
+    ``doc``, its meaning in one line (docs/config.md)."""
     types: tuple
     default: Any = None
     check: Callable[[Any], str | None] | None = None
     required: bool = False
     nullable: bool = False
+    doc: str = ""
 
 
 @dataclass
@@ -39,6 +94,7 @@ class Table:
     array: bool = False           # an array of tables ([[architectures]])
     min_items: int = 0
     defaults: dict = field(default_factory=dict)
+    doc: str = ""
 
 
 def _positive(v):
@@ -57,6 +113,7 @@ def _one_of(*options):
     def check(v):
         return None if v in options else (
             f"must be one of {', '.join(repr(o) for o in options)}{suggest(v, options)}")
+    check.options = options       # the allowed values, for docs/config.md
     return check
 
 
@@ -83,98 +140,199 @@ def _shape(v):
 NUM = (int, float)
 
 TRAIN_KEYS = {
-    "epochs": Key((int,), 30, _positive),
-    "batch_size": Key((int,), 64, _positive),
-    "optimizer": Key((str,), "adam", _one_of(*OPTIMIZERS)),
-    "learning_rate": Key(NUM, 1e-3, _positive),
-    "patience": Key((int,), 5, _nonneg),
-    "member_time_limit": Key(NUM, 600.0, _positive),
-    "bootstrap": Key((bool,), False),
-    "loss": Key((str,), "auto", _one_of(*LOSSES)),
+    "epochs": Key((int,), 30, _positive, doc="most epochs a member trains (early stopping may end it sooner)"),
+    "batch_size": Key((int,), 64, _positive,
+                      doc="samples per gradient step (the global batch: a member group splits it over its ranks)"),
+    "optimizer": Key((str,), "adam", _one_of(*OPTIMIZERS), doc="the Keras optimizer, by name"),
+    "learning_rate": Key(NUM, 1e-3, _positive, doc="the optimizer's learning rate"),
+    "patience": Key((int,), 5, _nonneg,
+                    doc="early stopping: epochs without a better validation loss before training stops; "
+                        "the best epoch's weights are kept"),
+    "member_time_limit": Key(NUM, 600.0, _positive,
+                             doc="seconds one member may train; past it the member stops and is recorded as "
+                                 "failed (`time_limit`); shortened to end before the run's own deadline"),
+    "bootstrap": Key((bool,), False, doc="train each member on a seeded bootstrap resample of the training split"),
+    "loss": Key((str,), "auto", _one_of(*LOSSES),
+                doc="\"auto\": cross-entropy for classification, Gaussian NLL (a mean and a variance head) for "
+                    "regression (a user builder keeps MSE unless it says \"gaussian_nll\"); \"mse\": a mean head "
+                    "only"),
 }
 
 SCHEMA = Table({
-    "name": Key((str,), None, lambda v: None if v and "/" not in v else "must be a non-empty name without '/'"),
-    "mode": Key((str,), "ensemble", _one_of("ensemble", "evolve")),
-    "seed": Key((int,), 0, _nonneg),
-    "output_dir": Key((str,), "runs"),
+    "name": Key((str,), None, lambda v: None if v and "/" not in v else "must be a non-empty name without '/'",
+                doc="the run's name: its directory is `output_dir/name` (suffixed -2, -3 if that holds a run); "
+                    "unset: the config file's name"),
+    "mode": Key((str,), "ensemble", _one_of("ensemble", "evolve"),
+                doc="\"ensemble\": train the `[[architectures]]` listed; \"evolve\": search architectures "
+                    "(`[evolve]`, `[search]`)"),
+    "seed": Key((int,), 0, _nonneg,
+                doc="seeds the data split, every member's initialisation and bootstrap, and the search"),
+    "output_dir": Key((str,), "runs", doc="folder the run directory is made in"),
     "data": Table({
-        "source": Key((str,), "digits"),
-        "format": Key((str,), "auto", _one_of("auto", "builtin", "npz", "npy", "csv", "parquet", "hdf5")),
-        "x": Key((str,), "x"),
-        "y": Key((str,), "y"),
-        "label": Key((str,), "label"),
-        "features": Key((list,), []),
-        "task": Key((str,), "auto", _one_of("auto", *TASKS)),
-        "val_fraction": Key(NUM, 0.15, _fraction),
-        "test_fraction": Key(NUM, 0.15, _fraction),
-        "normalize": Key((str,), "standard", _one_of("standard", "minmax", "none")),
-        "reshape": Key((list,), None, _shape, nullable=True),
-    }),
-    "train": Table(dict(TRAIN_KEYS)),
+        "source": Key((str,), "digits",
+                      doc="a built-in dataset (digits, iris, wine, breast_cancer, diabetes, "
+                          "california_housing_small) or a .npz/.npy/.csv/.parquet/.h5 file (relative to the config)"),
+        "format": Key((str,), "auto", _one_of("auto", "builtin", "npz", "npy", "csv", "parquet", "hdf5"),
+                      doc="how to read `source`; \"auto\": a built-in name, else by the file's suffix"),
+        "x": Key((str,), "x", doc="the features: array name in an .npz, dataset path in an HDF5 file"),
+        "y": Key((str,), "y",
+                 doc="the targets: array name in an .npz, dataset path in an HDF5 file, or the targets .npy "
+                     "file beside an .npy `source`"),
+        "label": Key((str,), "label", doc="CSV/Parquet: the target column"),
+        "features": Key((list,), [], doc="CSV/Parquet: the feature columns; empty: every column but `label`"),
+        "task": Key((str,), "auto", _one_of("auto", *TASKS),
+                    doc="\"auto\": classification for integer, string or bool labels (or few distinct whole "
+                        "numbers), else regression"),
+        "val_fraction": Key(NUM, 0.15, _fraction,
+                            doc="share of the samples held out for validation (early stopping, ranking, "
+                                "ensemble selection, calibration)"),
+        "test_fraction": Key(NUM, 0.15, _fraction,
+                             doc="share of the samples held out for the final test scores, used for nothing else"),
+        "normalize": Key((str,), "standard", _one_of("standard", "minmax", "none"),
+                         doc="per-feature scaling fitted on the training split only: \"standard\" (mean 0, "
+                             "std 1), \"minmax\" (0 to 1) or \"none\""),
+        "reshape": Key((list,), None, _shape, nullable=True,
+                       doc="the shape of one sample, e.g. [8, 8, 1] for Conv2D layers on 64 pixels; "
+                           "unset: as read"),
+    }, doc="What to train on: rank 0 reads it once, splits it (seeded, stratified for classification), "
+           "normalises it and broadcasts it to one shared copy per node."),
+    "train": Table(dict(TRAIN_KEYS), doc="How every member trains; each `[[architectures]]` may override any of "
+                                         "these for its own members."),
     "architectures": Table({
-        "name": Key((str,), None),
-        "members": Key((int,), 1, _positive),
-        "layers": Key((list,), None, _layers, nullable=True),
-        "model": Key((str,), None, _model_ref, nullable=True),
+        "name": Key((str,), None, doc="the architecture's name in the leaderboard (unique); unset: arch0, arch1, ..."),
+        "members": Key((int,), 1, _positive, doc="how many members (differently seeded) of this architecture"),
+        "layers": Key((list,), None, _layers, nullable=True,
+                      doc="the hidden layers, as layer tables (see Layers below); the output head is added"),
+        "model": Key((str,), None, _model_ref, nullable=True,
+                     doc="instead of `layers`: your builder \"package.module:function\", called as "
+                         "`function(input_shape, n_outputs, **params)`, returning the whole Keras model "
+                         "(softmax probabilities for classification)"),
         # folder put first on sys.path to import `model`'s module; load_config fills in the
         # config file's folder when the module lies there (as data paths resolve against it)
-        "model_dir": Key((str,), None, nullable=True),
-        "params": Key((dict,), {}),
-        **{k: Key(v.types, None, v.check, nullable=True) for k, v in TRAIN_KEYS.items()},
-    }, array=True),
+        "model_dir": Key((str,), None, nullable=True,
+                         doc="folder `model`'s module is imported from (relative to the config); unset: the "
+                             "config's folder when the module lies there, else PYTHONPATH"),
+        "params": Key((dict,), {}, doc="keyword arguments for `model`'s builder"),
+        **{k: Key(v.types, None, v.check, nullable=True, doc=f"this architecture's own `train.{k}`; unset: [train]'s")
+           for k, v in TRAIN_KEYS.items()},
+    }, array=True, doc="In mode \"ensemble\": one table per architecture, each with exactly one of `layers` "
+                       "or `model`."),
     "ensemble": Table({
-        "k": Key((int,), 5, _positive),
-        # auto: Caruana's greedy or its bagged variant, whichever scores better on held-out
-        # validation folds; both on `selection_metric`; top_k: the k best by `metric`
-        "method": Key((str,), "auto", _one_of("auto", "greedy", "bagged", "top_k")),
-        "metric": Key((str,), "auto", _one_of("auto", *METRICS)),
-        # the score selection minimises: auto = a proper scoring rule (log loss, Gaussian NLL)
-        "selection_metric": Key((str,), "auto", _one_of("auto", *METRICS)),
-        # auto = regression intervals recalibrated on validation, classification left as is
-        "calibration": Key((str,), "auto", _one_of(*CALIBRATIONS)),
-        # retention at scale: predictions kept for the best `candidates` (selection's pool),
-        # models for the best `keep_models` (+ the selected, + a multi-objective search's front)
-        "candidates": Key((int,), 500, _positive),
-        "keep_models": Key((int,), 100, _nonneg),
-    }),
+        "k": Key((int,), 5, _positive, doc="ensemble size for `method = \"top_k\"`"),
+        "method": Key((str,), "auto", _one_of("auto", "greedy", "bagged", "top_k"),
+                      doc="\"auto\": Caruana's greedy selection or its bagged variant, whichever scores better "
+                          "on held-out validation folds (both on `selection_metric`); \"top_k\": the `k` best "
+                          "by `metric`, equal weights"),
+        "metric": Key((str,), "auto", _one_of("auto", *METRICS),
+                      doc="what members are ranked by and the ensemble reports; \"auto\": accuracy "
+                          "(classification), mse (regression)"),
+        "selection_metric": Key((str,), "auto", _one_of("auto", *METRICS),
+                                doc="the validation score selection optimises; \"auto\": a proper scoring rule "
+                                    "(log loss; Gaussian NLL, or mse for mean-only regression members)"),
+        "calibration": Key((str,), "auto", _one_of(*CALIBRATIONS),
+                           doc="recalibration on the validation split: \"auto\" recalibrates regression "
+                               "intervals (variance scaling or conformal) and leaves classes as they are; "
+                               "\"temperature\" is for classification"),
+        "candidates": Key((int,), 500, _positive,
+                          doc="predictions are kept for the best this many members: the pool selection "
+                              "chooses from"),
+        "keep_models": Key((int,), 100, _nonneg,
+                           doc="model files kept for the best this many members (plus the selected ones and a "
+                               "multi-objective search's Pareto front)"),
+    }, doc="How the ensemble is chosen from the trained members and what is kept of the rest."),
     # strategy, budget, and the settings the chosen strategy declares (evolve.strategies)
-    "evolve": Key((dict,), {}),
-    "search": Key((dict,), {}),
+    "evolve": Key((dict,), {}, doc="mode \"evolve\": the search strategy, its budget and its own settings"),
+    "search": Key((dict,), {}, doc="mode \"evolve\": the search space"),
     "runtime": Table({
-        "threads": Key((int,), 1, _positive),
-        "log_level": Key((str,), "info", _one_of("debug", "info", "warning", "error")),
-        "debug_log": Key((bool,), False),
-        "group_size": Key((int,), 1, _positive),
-        "verify_broadcast": Key((bool,), False),
-        "pretend_nodes": Key((int,), None, _positive, nullable=True),
-        "time_limit": Key(NUM, None, _positive, nullable=True),
-        "finish_reserve": Key(NUM, 30.0, _nonneg),
-        "max_failed_share": Key(NUM, 0.5, lambda v: None if 0.0 < v <= 1.0 else "must be in (0, 1]"),
-        "poll_max_sleep": Key(NUM, 0.05, _positive),
+        "threads": Key((int,), 1, _positive, doc="threads per rank for numpy and TensorFlow"),
+        "log_level": Key((str,), "info", _one_of("debug", "info", "warning", "error"), doc="console log level"),
+        "debug_log": Key((bool,), False,
+                         doc="every rank also logs everything to `<run dir>/logs/rank-<rank>.log`"),
+        "group_size": Key((int,), 1, _positive,
+                          doc="ranks per member: more than 1 trains each member data-parallel (gradients "
+                              "allreduced); must divide the P-1 worker ranks"),
+        "verify_broadcast": Key((bool,), False,
+                                doc="compare the data every rank received with rank 0's (a checksum) before "
+                                    "training"),
+        "pretend_nodes": Key((int,), None, _positive, nullable=True,
+                             doc="split the ranks into this many pretend nodes for the shared-memory data "
+                                 "broadcast: tests many nodes on one machine"),
+        "time_limit": Key(NUM, None, _positive, nullable=True,
+                          doc="seconds the run may take: no member starts that would end after it, less "
+                              "`finish_reserve` (a Slurm job's end time counts as well)"),
+        "finish_reserve": Key(NUM, 30.0, _nonneg,
+                              doc="seconds kept before the deadline for selection and writing the outputs"),
+        "max_failed_share": Key(NUM, 0.5, lambda v: None if 0.0 < v <= 1.0 else "must be in (0, 1]",
+                                doc="stop handing out members once more than this share has failed (judged "
+                                    "from 3 failures on)"),
+        "poll_max_sleep": Key(NUM, 0.05, _positive,
+                              doc="longest nap, in seconds, between polls of a waiting rank (MPI waits probe "
+                                  "and sleep instead of spinning a core)"),
         # "keras" trains; "rehearsal" sleeps instead (no TensorFlow): sizes and tests the control plane
-        "trainer": Key((str,), "keras", _one_of("keras", "rehearsal")),
+        "trainer": Key((str,), "keras", _one_of("keras", "rehearsal"),
+                       doc="\"keras\" trains; \"rehearsal\" sleeps instead (no TensorFlow, see `[rehearsal]`): "
+                           "sizes and tests the control plane"),
         "specs_in_hand": Key((str, int), "auto", lambda v: None if v == "auto" or (
-            isinstance(v, int) and v > 0) else 'must be "auto" or a positive integer'),
-        "journal_sync_seconds": Key(NUM, 1.0, _nonneg),
-        "progress_seconds": Key(NUM, 10.0, _positive),
-        "progress_lines": Key((int,), 100, _nonneg),
-    }),
+            isinstance(v, int) and v > 0) else 'must be "auto" or a positive integer',
+            doc="member specs a worker holds ahead, so it starts the next one without a round trip to the "
+                "master; \"auto\": by how long members take"),
+        "journal_sync_seconds": Key(NUM, 1.0, _nonneg,
+                                    doc="journal lines are fsynced together at most this often (0: every "
+                                        "line); a crash loses at most this many seconds of results"),
+        "progress_seconds": Key(NUM, 10.0, _positive,
+                                doc="seconds between progress summary lines, when there are too many members "
+                                    "for a line each"),
+        "progress_lines": Key((int,), 100, _nonneg,
+                              doc="up to this many members, a progress line per result; more: summary lines"),
+    }, doc="Where and how the run executes; unlike the settings that shape the results, these (and "
+           "`[rehearsal]`) may change on `--resume`."),
     # runtime.trainer = "rehearsal": how long each member "trains" and what it returns
     "rehearsal": Table({
-        "seconds": Key(NUM, 1.0, _nonneg),
-        "spread": Key(NUM, 0.0, _nonneg),
-        "replay": Key((str,), ""),
-        "predictions": Key((bool,), True),
-        "failure_rate": Key(NUM, 0.0, lambda v: None if 0.0 <= v < 1.0 else "must be in [0, 1)"),
-        "accuracy": Key(NUM, 0.8, lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]"),
-    }),
+        "seconds": Key(NUM, 1.0, _nonneg, doc="median seconds a member sleeps"),
+        "spread": Key(NUM, 0.0, _nonneg,
+                      doc="sigma of the log of the sleep (log-normal); 0: every member sleeps the median"),
+        "replay": Key((str,), "",
+                      doc="a journal.jsonl (or a run directory) whose members' times are slept again, by id"),
+        "predictions": Key((bool,), True,
+                           doc="return made-up validation and test predictions, so selection runs as after "
+                               "training"),
+        "failure_rate": Key(NUM, 0.0, lambda v: None if 0.0 <= v < 1.0 else "must be in [0, 1)",
+                            doc="probability that a member fails"),
+        "accuracy": Key(NUM, 0.8, lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
+                        doc="about how good the made-up predictions are"),
+    }, doc="`runtime.trainer = \"rehearsal\"`: how long each member \"trains\" and what it returns."),
 })
+
+#: ``[search]``: the meaning of each key ``evolve.space.SearchSpace`` takes (its defaults are
+#: read from the class; docs/search.md says more); a test keeps the two key sets equal
+SEARCH_DOCS = {
+    "layer_types": "choice: the kind of each layer gene, from conv, maxpool, avgpool, dense, dropout, batchnorm "
+                   "(conv and pooling need samples with spatial axes: set `data.reshape`)",
+    "min_depth": "fewest layer genes",
+    "max_depth": "most layer genes",
+    "units": "range [min, max]: dense widths, the powers of two in it",
+    "filters": "range [min, max]: conv filters, the powers of two in it",
+    "kernel_sizes": "choice: conv kernel sizes",
+    "strides": "choice: conv strides",
+    "pool_sizes": "choice: pooling windows (>= 2; stride = window)",
+    "activations": "choice: activations of conv and dense layers",
+    "dropout": "range [min, max]: dropout rates, uniform in steps of 0.05",
+    "skip_connections": "whether conv and dense genes may be residual",
+    "learning_rate": "range [min, max]: learning rates, log-uniform",
+    "batch_size": "choice: batch sizes",
+    "optimizers": "choice: optimizers",
+    "reductions": "choice: how spatial maps become a vector before dense layers (global_average, flatten)",
+    "max_params": "a genome with more parameters (output layer included) is repaired or rejected",
+}
+
+
+def _message(path: str, msg: str) -> str:
+    """``msg`` about ``path``; a message that starts with a backquote names a sub-key of it."""
+    return "`" + path + msg[1:] if msg.startswith("`") else f"`{path}` {msg}"
 
 
 def _fail(path: str, msg: str) -> None:
-    """Raise naming ``path``; a message that starts with a backquote names a sub-key of it."""
-    raise ConfigError("`" + path + msg[1:] if msg.startswith("`") else f"`{path}` {msg}")
+    raise ConfigError(_message(path, msg))
 
 
 def _check_value(path: str, spec: Key, value: Any) -> Any:
@@ -197,81 +355,91 @@ def _check_value(path: str, spec: Key, value: Any) -> Any:
     return value
 
 
-def _resolve(path: str, table: Table, given: Any) -> Any:
+def _resolve(path: str, table: Table, given: Any, found: Problems) -> Any:
     if table.array:
         items = given if given is not None else []
         if not isinstance(items, list) or not all(isinstance(t, dict) for t in items):
-            _fail(path, "must be an array of tables ([[" + path + "]])")
-        return [_resolve_table(f"{path}[{i}]", table, t) for i, t in enumerate(items)]
+            found.add(_message(path, "must be an array of tables ([[" + path + "]])"), path)
+            return []
+        return [_resolve_table(f"{path}[{i}]", table, t, found) for i, t in enumerate(items)]
     if given is None:
         given = {}
     if not isinstance(given, dict):
-        _fail(path, f"must be a table ([{path}]), but got {given!r}")
-    return _resolve_table(path, table, given)
+        found.add(_message(path, f"must be a table ([{path}]), but got {given!r}"), path)
+        given = {}
+    return _resolve_table(path, table, given, found)
 
 
-def _resolve_table(path: str, table: Table, given: dict) -> dict:
-    out = {}
+def _resolve_table(path: str, table: Table, given: dict, found: Problems) -> dict:
+    """Every key of ``table``: as given if valid, else (noted in ``found``) its default."""
     for key in given:
         if key not in table.keys:
             where = f"{path}.{key}" if path else key
-            raise ConfigError(f"unknown setting `{where}`{suggest(key, table.keys)}; "
-                              f"allowed here: {', '.join(table.keys)}")
+            found.add(f"unknown setting `{where}`{suggest(key, table.keys)}; "
+                      f"allowed here: {', '.join(table.keys)}", where)
+    out = {}
     for key, spec in table.keys.items():
         where = f"{path}.{key}" if path else key
         if isinstance(spec, Table):
-            out[key] = _resolve(where, spec, given.get(key))
-        elif key in given:
-            out[key] = _check_value(where, spec, given[key])
-        else:
-            out[key] = copy.deepcopy(spec.default)
+            out[key] = _resolve(where, spec, given.get(key), found)
+            continue
+        out[key] = copy.deepcopy(spec.default)
+        if key in given:
+            with found.catch(where):
+                out[key] = _check_value(where, spec, given[key])
     return out
 
 
-def resolve_config(raw: dict, *, source: str = "config", saved: bool = False) -> dict:
+def resolve_config(raw: dict, *, source: str = "config", saved: bool = False,
+                   problems: Problems | None = None) -> dict:
     """Validate a parsed config dict and return it with every default filled in.
 
     ``saved``: ``raw`` is a run directory's own config.toml; runs written before each
     strategy declared its settings recorded every strategy's settings in ``[evolve]``,
     and those of other strategies are dropped instead of refused.
+
+    Raises one ``ConfigError`` naming every problem found; with ``problems`` given, they
+    are gathered there instead and the config comes back with a default for each wrong
+    setting (and without unknown ones).
     """
-    cfg = _resolve("", SCHEMA, raw)
+    found = Problems() if problems is None else problems
+    cfg = _resolve("", SCHEMA, raw, found)
     if cfg["name"] is None:
         cfg["name"] = Path(source).stem or "run"
     data = cfg["data"]
-    if data["val_fraction"] + data["test_fraction"] >= 0.9:
-        raise ConfigError("`data.val_fraction` + `data.test_fraction` must leave at least 10% "
-                          f"for training, but they sum to {data['val_fraction'] + data['test_fraction']}")
-    if cfg["mode"] == "ensemble" and not cfg["architectures"]:
-        raise ConfigError("mode \"ensemble\" needs at least one [[architectures]] table with "
-                          "`layers` or `model`")
+    if found.ok("data.val_fraction", "data.test_fraction") and data["val_fraction"] + data["test_fraction"] >= 0.9:
+        found.add("`data.val_fraction` + `data.test_fraction` must leave at least 10% "
+                  f"for training, but they sum to {data['val_fraction'] + data['test_fraction']}",
+                  "data.val_fraction", "data.test_fraction")
+    if cfg["mode"] == "ensemble" and not cfg["architectures"] and found.ok("mode", "architectures"):
+        found.add("mode \"ensemble\" needs at least one [[architectures]] table with `layers` or `model`",
+                  "architectures")
     names = set()
     for i, arch in enumerate(cfg["architectures"]):
         where = f"architectures[{i}]"
-        if (arch["layers"] is None) == (arch["model"] is None):
-            raise ConfigError(f"`{where}` needs exactly one of `layers` (a list of layer tables) "
-                              f"or `model` (\"package.module:function\")")
-        if arch["model_dir"] is not None and arch["model"] is None:
-            raise ConfigError(f"`{where}.model_dir` is where a user builder's module is imported from, "
-                              "but the architecture has no `model`; remove it")
+        if found.ok(f"{where}.layers", f"{where}.model") and (arch["layers"] is None) == (arch["model"] is None):
+            found.add(f"`{where}` needs exactly one of `layers` (a list of layer tables) "
+                      f"or `model` (\"package.module:function\")", f"{where}.layers", f"{where}.model")
+        if arch["model_dir"] is not None and arch["model"] is None and found.ok(f"{where}.model"):
+            found.add(f"`{where}.model_dir` is where a user builder's module is imported from, "
+                      "but the architecture has no `model`; remove it", f"{where}.model_dir")
         if arch["name"] is None:
             arch["name"] = f"arch{i}"
         if arch["name"] in names:
-            raise ConfigError(f"`{where}.name` {arch['name']!r} is used twice; names must be unique")
+            found.add(f"`{where}.name` {arch['name']!r} is used twice; names must be unique", f"{where}.name")
         names.add(arch["name"])
     from evolve.space import SearchSpace
     for key in cfg["search"]:
         if key not in SearchSpace.KEYS:
-            raise ConfigError(f"unknown setting `search.{key}`{suggest(key, SearchSpace.KEYS)}; "
-                              f"allowed here: {', '.join(sorted(SearchSpace.KEYS))}")
-    cfg["evolve"] = resolve_evolve(cfg["evolve"], saved)
-    if cfg["mode"] == "evolve":
+            found.add(f"unknown setting `search.{key}`{suggest(key, SearchSpace.KEYS)}; "
+                      f"allowed here: {', '.join(sorted(SearchSpace.KEYS))}", f"search.{key}")
+    cfg["search"] = {k: v for k, v in cfg["search"].items() if k in SearchSpace.KEYS}
+    cfg["evolve"] = resolve_evolve(cfg["evolve"], saved, found)
+    if cfg["mode"] == "evolve" and found.ok("mode", "evolve.evaluations", "evolve.time_limit"):
         ev = cfg["evolve"]
         if ev["evaluations"] is None and ev["time_limit"] is None:
-            raise ConfigError("mode \"evolve\" needs a budget: set `evolve.evaluations` "
-                              "and/or `evolve.time_limit` (seconds)")
-    metric = cfg["ensemble"]["metric"]
-    task = data["task"]
+            found.add("mode \"evolve\" needs a budget: set `evolve.evaluations` "
+                      "and/or `evolve.time_limit` (seconds)", "evolve.evaluations", "evolve.time_limit")
     losses = {a["name"]: a["loss"] or cfg["train"]["loss"] for a in cfg["architectures"]}
     gaussian = [a["name"] for a in cfg["architectures"]
                 if gaussian_head(losses[a["name"]], "regression", bool(a["model"]))]
@@ -279,76 +447,101 @@ def resolve_config(raw: dict, *, source: str = "config", saved: bool = False) ->
                     else len(gaussian) == len(cfg["architectures"]))
     for key in ("metric", "selection_metric"):
         if cfg["ensemble"][key] == "nll" and not all_gaussian:
-            raise ConfigError(f"`ensemble.{key}` \"nll\" needs every member to predict a variance: leave "
-                              "`train.loss` at \"auto\" (or \"gaussian_nll\"; a user builder needs "
-                              "\"gaussian_nll\") and no architecture overriding it with \"mse\"")
-    if task != "auto":
-        check_task_settings(cfg, task, "`data.task` is")
+            found.add(f"`ensemble.{key}` \"nll\" needs every member to predict a variance: leave "
+                      "`train.loss` at \"auto\" (or \"gaussian_nll\"; a user builder needs "
+                      "\"gaussian_nll\") and no architecture overriding it with \"mse\"", f"ensemble.{key}")
+    if data["task"] != "auto":
+        check_task_settings(cfg, data["task"], "`data.task` is", found)
+    if problems is None:
+        found.raise_any()
     return cfg
 
 
-def check_task_settings(cfg: dict, task: str, why: str) -> None:
+def check_task_settings(cfg: dict, task: str, why: str, problems: Problems | None = None) -> None:
     """The settings that depend on the task, once it is known (from `data.task`, or on
     rank 0 from the labels: ``why`` says which): a regression loss, the [ensemble] metrics
-    and calibration."""
+    and calibration. Raises a ``ConfigError`` naming each, or gathers them in ``problems``."""
+    found = Problems() if problems is None else problems
     if task == "classification" and {"gaussian_nll", "mse"} & {
             cfg["train"]["loss"], *(a["loss"] for a in cfg["architectures"])}:
-        raise ConfigError(f"`train.loss` \"gaussian_nll\" / \"mse\" is for regression, but {why} "
-                          "\"classification\"; remove it or set `data.task = \"regression\"`")
+        found.add(f"`train.loss` \"gaussian_nll\" / \"mse\" is for regression, but {why} "
+                  "\"classification\"; remove it or set `data.task = \"regression\"`", "train.loss")
     for key in ("metric", "selection_metric"):
         metric = cfg["ensemble"][key]
         if metric != "auto" and METRICS[metric][0] != task:
             fits = [m for m, (t, _) in METRICS.items() if t == task]
-            raise ConfigError(f"`ensemble.{key}` {metric!r} is a {METRICS[metric][0]} metric, but "
-                              f"{why} \"{task}\"; use one of {', '.join(repr(m) for m in fits)}")
+            found.add(f"`ensemble.{key}` {metric!r} is a {METRICS[metric][0]} metric, but "
+                      f"{why} \"{task}\"; use one of {', '.join(repr(m) for m in fits)}", f"ensemble.{key}")
     problem = calibration_problem(cfg["ensemble"]["calibration"], task)
     if problem:
-        raise ConfigError(f"{problem} ({why} \"{task}\")")
+        found.add(f"{problem} ({why} \"{task}\")", "ensemble.calibration")
+    if problems is None:
+        found.raise_any()
 
 
 EVOLVE_KEYS = {
-    "strategy": Key((str,), "regularized"),
-    "evaluations": Key((int,), 40, _positive, nullable=True),
-    "time_limit": Key(NUM, None, _positive, nullable=True),
+    "strategy": Key((str,), "regularized", doc="the search strategy; its own settings follow in the table below"),
+    "evaluations": Key((int,), 40, _positive, nullable=True, doc="how many candidates the search trains"),
+    "time_limit": Key(NUM, None, _positive, nullable=True,
+                      doc="seconds after which the search breeds no more candidates; unset: no limit"),
 }
 
 
-def resolve_evolve(given: dict, saved: bool = False) -> dict:
+def resolve_evolve(given: dict, saved: bool = False, problems: Problems | None = None) -> dict:
     """The ``[evolve]`` table: strategy and budget, then the settings the chosen strategy
-    declares (``evolve.strategies``), each checked and defaulted by that declaration."""
+    declares (``evolve.strategies``), each checked and defaulted by that declaration.
+    Problems are raised, or gathered in ``problems`` (a wrong strategy: the default one,
+    whose settings are then not judged)."""
     from evolve.strategies import STRATEGIES
+    found = Problems() if problems is None else problems
     strategy = given.get("strategy", EVOLVE_KEYS["strategy"].default)
-    _check_value("evolve.strategy", Key((str,), None, _one_of(*STRATEGIES)), strategy)
+    with found.catch("evolve.strategy"):
+        _check_value("evolve.strategy", Key((str,), None, _one_of(*STRATEGIES)), strategy)
+    if not found.ok("evolve.strategy"):
+        strategy = EVOLVE_KEYS["strategy"].default
+        given = {k: v for k, v in given.items() if k in EVOLVE_KEYS and k != "strategy"}
     settings = STRATEGIES[strategy].SETTINGS
     for key in list(given):
         if key in EVOLVE_KEYS or key in settings:
             continue
+        given = {k: v for k, v in given.items() if k != key}
         owners = [name for name, cls in STRATEGIES.items() if key in cls.SETTINGS]
         if saved and owners:
-            given = {k: v for k, v in given.items() if k != key}
             continue
         where = (f"; it is a setting of strategy {', '.join(repr(o) for o in owners)}" if owners
                  else suggest(key, [*EVOLVE_KEYS, *settings]))
-        raise ConfigError(f"unknown setting `evolve.{key}` for strategy {strategy!r}{where}; "
-                          f"allowed here: {', '.join([*EVOLVE_KEYS, *settings])}")
-    out = {k: _check_value(f"evolve.{k}", spec, given[k]) if k in given else spec.default
-           for k, spec in EVOLVE_KEYS.items()}
+        found.add(f"unknown setting `evolve.{key}` for strategy {strategy!r}{where}; "
+                  f"allowed here: {', '.join([*EVOLVE_KEYS, *settings])}", f"evolve.{key}")
+    out = {"strategy": strategy}
+    for key, spec in EVOLVE_KEYS.items():
+        if key != "strategy":
+            out[key] = spec.default
+            if key in given:
+                with found.catch(f"evolve.{key}"):
+                    out[key] = _check_value(f"evolve.{key}", spec, given[key])
     for key, setting in settings.items():
         value = given.get(key, setting.default)
         if isinstance(setting.default, float) and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         why = setting.problem(value)
         if why:
-            _fail(f"evolve.{key}", f"{why}, but got {value!r}")
+            found.add(_message(f"evolve.{key}", f"{why}, but got {value!r}"), f"evolve.{key}")
+            value = setting.default
         out[key] = value
-    if "sample_size" in out and out["sample_size"] > out["population_size"]:
-        raise ConfigError(f"`evolve.sample_size` ({out['sample_size']}) must be <= "
-                          f"`evolve.population_size` ({out['population_size']})")
+    if ("sample_size" in out and found.ok("evolve.sample_size", "evolve.population_size")
+            and out["sample_size"] > out["population_size"]):
+        found.add(f"`evolve.sample_size` ({out['sample_size']}) must be <= "
+                  f"`evolve.population_size` ({out['population_size']})", "evolve.sample_size")
+    if problems is None:
+        found.raise_any()
     return out
 
 
-def load_config(path: str | Path) -> dict:
-    """Parse and validate the TOML file at ``path`` (relative data paths resolve against it)."""
+def load_config(path: str | Path, problems: Problems | None = None) -> dict:
+    """Parse and validate the TOML file at ``path`` (relative data paths resolve against it).
+
+    With ``problems`` the settings' problems are gathered there, as ``resolve_config`` does;
+    a missing file or invalid TOML raises either way: nothing else can be checked then."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
@@ -356,24 +549,34 @@ def load_config(path: str | Path) -> dict:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
-    return locate(resolve_config(raw, source=str(path)), path.parent)
+    found = Problems() if problems is None else problems
+    cfg = locate(resolve_config(raw, source=str(path), problems=found), path.parent, found)
+    if problems is None:
+        found.raise_any()
+    return cfg
 
 
-def locate(cfg: dict, base: Path) -> dict:
+def locate(cfg: dict, base: Path, problems: Problems | None = None) -> dict:
     """Resolve a config's relative paths (data source, builder folders, replay file) against
     ``base``: the config file's folder, or the working directory for a config given as a
-    dict (``ensemble.run_config``)."""
+    dict (``ensemble.run_config``). A builder folder that does not exist raises, or is
+    noted in ``problems``."""
     path = Path(base) / "config.toml"
     src = cfg["data"]["source"]
     if ("/" in src or "." in src) and not Path(src).is_absolute():
         near_config = path.parent / src
         if near_config.exists() or not Path(src).exists():
             cfg["data"]["source"] = str(near_config.resolve())
+    found = Problems() if problems is None else problems
     for i, arch in enumerate(cfg["architectures"]):
-        arch["model_dir"] = builder_folder(arch, path.parent, f"architectures[{i}].model_dir")
+        where = f"architectures[{i}].model_dir"
+        with found.catch(where):
+            arch["model_dir"] = builder_folder(arch, path.parent, where)
     replay = cfg["rehearsal"]["replay"]
     if replay and not Path(replay).is_absolute() and (path.parent / replay).exists():
         cfg["rehearsal"]["replay"] = str((path.parent / replay).resolve())
+    if problems is None:
+        found.raise_any()
     return cfg
 
 

@@ -22,6 +22,14 @@ OPTIMIZERS: dict[str, str] = {
     "adagrad": "Adagrad", "adamax": "Adamax", "adadelta": "Adadelta", "lion": "Lion",
 }
 
+#: optimizer name -> state the Keras optimizer keeps per trained weight, in copies of the
+#: weights (Adam's two moments; SGD without momentum none), as built with defaults;
+#: what ``--check`` counts in a member's memory (a test builds each to confirm)
+OPTIMIZER_SLOTS: dict[str, int] = {
+    "adam": 2, "adamw": 2, "sgd": 0, "rmsprop": 1, "nadam": 2,
+    "adagrad": 1, "adamax": 2, "adadelta": 2, "lion": 1,
+}
+
 #: activation names accepted by layers and by the search space (``keras.activations``)
 ACTIVATIONS = ("relu", "elu", "gelu", "tanh", "sigmoid", "swish", "silu", "selu",
                "softplus", "leaky_relu", "mish", "linear")
@@ -101,6 +109,22 @@ LAYER_PARAMS: dict[str, dict[str, tuple[Any, bool]]] = {
     "BatchNormalization": {"momentum": (float, False), "epsilon": (float, False)},
     "Activation": {"activation": (str, True)},
     "Reshape": {"target_shape": (list, True)},
+}
+
+#: what each layer parameter means (docs/config.md); every parameter of ``LAYER_PARAMS`` has one
+LAYER_PARAM_DOCS: dict[str, str] = {
+    "units": "outputs of the layer",
+    "filters": "output channels",
+    "kernel_size": "window of the convolution: an integer, or a list with one per spatial axis",
+    "strides": "step of the window: an integer or a list per axis (pooling: default the window)",
+    "pool_size": "pooling window: an integer or a list per axis (default 2)",
+    "padding": "\"same\" (the default here: the output keeps the input's size at stride 1) or \"valid\"",
+    "activation": f"one of {', '.join(ACTIVATIONS)} (default: none, linear)",
+    "residual": "true: add the layer's input to its output (projected by a 1x1 layer when the shapes differ)",
+    "rate": "share of the inputs dropped while training, in [0, 1)",
+    "momentum": "momentum of the moving mean and variance",
+    "epsilon": "added to the variance, for stability",
+    "target_shape": "the shape of one sample afterwards, e.g. [8, 8, 1]",
 }
 
 #: how many axes (batch excluded) a layer type needs on its input

@@ -141,12 +141,13 @@ def _where(exc: BaseException) -> str:
     return f" (at {f.filename}:{f.lineno} in {f.name})"
 
 
-def check_architecture(spec: dict, x: np.ndarray, n_outputs: int, task: str) -> None:
+def check_architecture(spec: dict, x: np.ndarray, n_outputs: int, task: str):
     """Build the model ``spec`` describes and run it on ``x`` (a batch of training data), as a
-    member would but before any member trains. Raises ``ArchitectureError`` with the whole
-    reason when it cannot be built or run, when its output is not ``(batch, width)``, when it
-    is not finite, or (classification) when its rows are not probabilities: a user builder
-    that forgot the softmax fails here, not after every member has trained."""
+    member would but before any member trains, and return the model. Raises
+    ``ArchitectureError`` with the whole reason when it cannot be built or run, when its
+    output is not ``(batch, width)``, when it is not finite, or (classification) when its
+    rows are not probabilities: a user builder that forgot the softmax fails here, not after
+    every member has trained."""
     ref = spec.get("model")
     what = f"`model` {ref!r}" if ref else "the layer list"
     shape = tuple(x.shape[1:])
@@ -181,10 +182,32 @@ def check_architecture(spec: dict, x: np.ndarray, n_outputs: int, task: str) -> 
                 f"summing to 1), but on a batch of {len(x)} training samples its outputs lie in "
                 f"[{out.min():.4g}, {out.max():.4g}] and its rows sum to {sums.min():.4g} .. {sums.max():.4g}: "
                 f"logits, not probabilities? {end}")
+    return model
 
 
 def count_params(model) -> int:
     return int(sum(math.prod(w.shape) for w in model.weights))
+
+
+def footprint(model) -> dict[str, int | None]:
+    """What a model holds per copy, in values: ``params`` (every weight, moving statistics
+    included), ``trainable`` (those with a gradient and optimizer state) and
+    ``activations``, the input plus every layer's output for one sample: what a batch keeps
+    on its way through the model for the backward pass. ``activations`` is None when the
+    layers do not say (a subclassed model, or a dimension left open)."""
+    import keras
+    trainable = int(sum(math.prod(w.shape) for w in model.trainable_weights))
+    try:
+        values = sum(math.prod(t.shape[1:]) for t in model.inputs)
+        for layer in model.layers:
+            if isinstance(layer, keras.layers.InputLayer):
+                continue
+            out = layer.output
+            values += sum(math.prod(t.shape[1:]) for t in (out if isinstance(out, (list, tuple)) else [out]))
+        activations: int | None = int(values)
+    except (AttributeError, ValueError, TypeError):
+        activations = None
+    return {"params": count_params(model), "trainable": trainable, "activations": activations}
 
 
 def make_optimizer(name: str, learning_rate: float):

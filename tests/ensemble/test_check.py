@@ -1,0 +1,189 @@
+"""``python -m ensemble.run CONFIG --check``: the dry check before a job is submitted.
+
+Mostly in-process through ``check_main`` (TensorFlow imported once per test process), once
+through ``python -m ensemble.run`` in a subprocess. No MPI."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ensemble.config import ConfigError, Problems, resolve_config
+from ensemble.config.vocabulary import OPTIMIZER_SLOTS, OPTIMIZERS
+from ensemble.orchestrate.check import EXIT_PROBLEMS, PREDICT_BATCH, check_main, member_memory
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: three different mistakes: an unknown key, an impossible value, a data file that is not there
+THREE_MISTAKES = """
+    [data]
+    source = "no_such_file.npz"
+    [train]
+    epocs = 3
+    [[architectures]]
+    learning_rate = -0.1
+    layers = [{type = "Dense", units = 8}]
+"""
+
+
+@pytest.fixture(autouse=True)
+def own_env(monkeypatch):
+    """check_main fills in thread limits and hides GPUs with setdefault: keep that to the test."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
+                "TF_NUM_INTEROP_THREADS", "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.setenv(var, os.environ.get(var, "-1" if var == "CUDA_VISIBLE_DEVICES" else "1"))
+
+
+def write(tmp_path: Path, text: str, name: str = "c.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_a_valid_config_passes_and_reports_data_and_parameters(capsys):
+    assert check_main(str(ROOT / "configs" / "digits.toml")) == 0
+    out = capsys.readouterr().out
+    assert "features [1797, 64]" in out and "10 classes" in out and "0: 178" in out
+    assert "splits: train 1167, validation 270, test 360" in out
+    assert "mlp: 4 member(s), 11,386 parameters" in out and "cnn: 4 member(s), 9,930 parameters" in out
+    assert "per member rank" in out and "per node: the data once" in out
+    assert "No problems found" in out
+
+
+def test_an_evolve_config_builds_a_sample_of_the_space(tmp_path, capsys):
+    cfg = write(tmp_path, """
+        mode = "evolve"
+        seed = 3
+        [data]
+        reshape = [8, 8, 1]
+        [evolve]
+        evaluations = 4
+        [search]
+        max_depth = 3
+        filters = [8, 16]
+        units = [16, 32]
+        max_params = 20000
+    """)
+    assert check_main(str(cfg)) == 0
+    out = capsys.readouterr().out
+    assert "one sample as the networks see it: [8, 8, 1]" in out
+    assert "a seeded sample of 5 genomes" in out and "    5. in 8x8x1: " in out
+    assert "parameters in the sample: " in out and "genome 5: " in out
+    assert "No problems found" in out
+
+
+def test_three_mistakes_are_all_listed(tmp_path, capsys):
+    assert check_main(str(write(tmp_path, THREE_MISTAKES))) == EXIT_PROBLEMS
+    out = capsys.readouterr().out
+    problems = out.split("3 problem(s) found:")[1]
+    assert "1. unknown setting `train.epocs` (did you mean 'epochs'?)" in problems
+    assert "2. `architectures[0].learning_rate` must be > 0, but got -0.1" in problems
+    assert f"3. `data.source` file {str(tmp_path / 'no_such_file.npz')!r} does not exist" in problems
+    assert "Architectures: not built without the data" in out
+
+
+def test_build_and_data_problems_are_gathered_too(tmp_path, capsys):
+    cfg = write(tmp_path, f"""
+        [ensemble]
+        metric = "mse"
+        [[architectures]]
+        name = "flatconv"
+        layers = [{{type = "Conv2D", filters = 4, kernel_size = 3}}]
+        [[architectures]]
+        name = "logits"
+        model = "tests.mpi.user_models:logits_mlp"
+        model_dir = "{ROOT}"
+        [[architectures]]
+        name = "fine"
+        layers = [{{type = "Dense", units = 8}}, {{type = "Dens", units = 4}}]
+        [[architectures]]
+        name = "good"
+        model = "tests.mpi.user_models:small_mlp"
+        model_dir = "{ROOT}"
+        params = {{units = 8}}
+    """)
+    assert check_main(str(cfg)) == EXIT_PROBLEMS
+    out = capsys.readouterr().out
+    problems = out.split("4 problem(s) found:")[1]
+    assert "`architectures[2].layers[1].type`" in problems and "did you mean 'Dense'" in problems
+    assert "`ensemble.metric` 'mse' is a regression metric, but the labels make this task" in problems
+    assert "`architectures[0].layers[0]` (Conv2D) needs 3 axes per sample" in problems
+    assert "`architectures[1]` (logits): `model` 'tests.mpi.user_models:logits_mlp' must output class" in problems
+    assert "good: 1 member(s), 610 parameters" in out
+
+
+def test_the_command_line_checks_without_mpi(tmp_path):
+    """``python -m ensemble.run CFG --check``, run as ``-m`` does, saying at exit whether MPI was loaded."""
+    cfg = write(tmp_path, THREE_MISTAKES)
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    as_dash_m = ("import atexit, runpy, sys; "
+                 "atexit.register(lambda: print('mpi4py loaded:', 'mpi4py' in sys.modules)); "
+                 f"sys.argv = ['ensemble.run', {str(cfg)!r}, '--check']; runpy.run_module('ensemble.run', "
+                 "run_name='__main__', alter_sys=True)")
+    done = subprocess.run([sys.executable, "-c", as_dash_m], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    for text in ("`train.epocs`", "`architectures[0].learning_rate`", "no_such_file.npz' does not exist"):
+        assert text in done.stdout
+    assert "mpi4py loaded: False" in done.stdout
+
+
+def test_a_missing_or_broken_file_is_one_problem(tmp_path, capsys):
+    assert check_main(str(tmp_path / "nope.toml")) == EXIT_PROBLEMS
+    assert check_main(str(write(tmp_path, "name = \n"))) == EXIT_PROBLEMS
+    out = capsys.readouterr().out
+    assert "does not exist" in out and "is not valid TOML" in out
+
+
+def test_the_run_raises_every_problem_at_once_one_per_line():
+    raw = {"train": {"epocs": 3, "learning_rate": -1}, "mode": "evolv",
+           "architectures": [{"layers": [{"type": "Dens", "units": 3}]}]}
+    with pytest.raises(ConfigError) as info:
+        resolve_config(raw)
+    assert len(info.value.problems) == 4
+    assert str(info.value).splitlines() == info.value.problems
+    assert [p.split("`")[1] for p in info.value.problems] == [
+        "mode", "train.epocs", "train.learning_rate", "architectures[0].layers[0].type"]
+
+
+def test_gathered_problems_leave_defaults_and_skip_what_depends_on_them():
+    found = Problems()
+    cfg = resolve_config({"mode": "evolv", "data": {"val_fraction": 2.0, "test_fraction": 0.85},
+                          "train": {"epochs": 0}, "evolve": {"strategy": "nsga", "mu": 3},
+                          "architectures": [{"layers": [{"type": "Dens", "units": 3}]}]}, problems=found)
+    assert cfg["train"]["epochs"] == 30 and cfg["mode"] == "ensemble" and cfg["evolve"]["strategy"] == "regularized"
+    assert len(found) == 5, found.messages      # no "leave 10% for training", no "needs exactly one of"
+    assert not found.ok("architectures[0].layers") and found.ok("architectures[0].model", "train.batch_size")
+    assert not found.ok("data.val_fraction") and not found.ok("evolve.strategy")
+
+
+def test_optimizer_slots_are_what_keras_keeps():
+    import keras
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    assert set(OPTIMIZER_SLOTS) == set(OPTIMIZERS)
+    for name, cls in OPTIMIZERS.items():
+        optimizer = getattr(keras.optimizers, cls)(learning_rate=0.1)
+        optimizer.build(model.trainable_variables)
+        per_weight = [v for v in optimizer.variables if tuple(v.shape) in {(3, 2), (2,)}]
+        assert len(per_weight) == 2 * OPTIMIZER_SLOTS[name], name
+
+
+def test_memory_is_the_documented_formula():
+    size = {"params": 1000, "trainable": 900, "activations": 200, "batch_size": 64, "optimizer": "adam"}
+    mem = member_memory(size, group_size=1)
+    assert mem["state"] == 4 * (1000 + 900 * 3)
+    assert mem["activations"] == 4 * 200 * max(2 * 64, PREDICT_BATCH)
+    big = member_memory({**size, "batch_size": 1024, "optimizer": "sgd"}, group_size=2)
+    assert big["state"] == 4 * (1000 + 900) and big["activations"] == 4 * 200 * 2 * math.ceil(1024 / 2)
+    assert member_memory({**size, "activations": None}, 1)["total"] == mem["state"]
+
+
+def test_the_exit_status_is_the_runs_config_error():
+    from ensemble import run
+    assert EXIT_PROBLEMS == run.EXIT_CONFIG
