@@ -109,6 +109,25 @@ def test_three_ranks_complete_run(run3):
     assert "ensemble (3 members)" in proc.stdout and "best member" in proc.stdout
 
 
+def test_the_run_writes_its_report_with_the_baseline_and_how_it_was_made(run3):
+    run_dir, proc = run3
+    for plot in ("leaderboard", "classification", "costs", "timeline"):
+        assert (run_dir / "report" / f"{plot}.png").stat().st_size > 1000, plot
+    page = (run_dir / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 4 and "could not be drawn" not in page
+    assert "http://" not in page and "https://" not in page
+    ens = json.loads((run_dir / "ensemble.json").read_text())
+    base = ens["baseline"]
+    assert base["model"] == "logistic regression" and base["train_rows"] > 0
+    assert set(base["test"]) == set(ens["ensemble"]["test"]) and 0.5 < base["test"]["accuracy"] <= 1.0
+    assert "baseline: logistic regression" in proc.stdout and f"report: {run_dir}/report.html" in proc.stdout
+    opened = next(e for e in read_journal(run_dir / "journal.jsonl", events=True)[1] if e["event"] == "open")
+    env = opened["environment"]
+    assert env["argv"][1:4] == ["-m", "ensemble.run", str(run_dir.parent / "tiny.toml")]
+    assert {"python", "tensorflow", "mpi4py", "MPI library"} <= set(env["versions"])
+    assert "MPICH" in env["versions"]["MPI library"] and env["versions"]["MPI library"] in page
+
+
 def test_debug_log_per_rank(run3):
     logs = run3[0] / "logs"
     assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log", "rank-2.log"]
