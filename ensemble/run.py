@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
         return check_main(args.config)
     from ensemble.config import ConfigError, load_config
     from ensemble.runtime import mpi
-    from ensemble.runtime.env import bind_gpu, set_thread_env
+    from ensemble.runtime.env import bind_gpu, hide_gpus, set_thread_env
     from ensemble.runtime.logs import add_debug_file, setup_logging
 
     made = [] if made is None else made                  # the run directory, once rank 0 has made it
@@ -68,9 +68,11 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     use_builder_folders(cfg["architectures"])           # every rank imports the user's builder from there
     local_rank = mpi.node_local_rank(comm)              # collective: every rank calls it
     if rank == 0 and size > 1:
-        os.environ["CUDA_VISIBLE_DEVICES"] = "-1"       # the master trains nothing: its build check
-    else:                                               # runs on the CPU, taking no worker's GPU memory
-        bind_gpu(local_rank)
+        hide_gpus()                                     # the master trains nothing: its build check
+        binding = None                                  # runs on the CPU, taking no worker's GPU memory
+    else:
+        binding = bind_gpu(local_rank, cfg["runtime"]["ranks_per_gpu"])
+    report_bindings(comm, binding)
     max_sleep = cfg["runtime"]["poll_max_sleep"]
 
     # Rank 0 reads, checks and prepares; everyone learns the outcome before going on.
@@ -110,6 +112,24 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     mpi.polite_barrier(comm, max_sleep)
     data.free()
     return code
+
+
+def report_bindings(comm, binding) -> None:
+    """Rank 0 logs every rank's device (debug) and, as warnings, what a user should know
+    about them (ranks sharing a GPU, a launcher that disagrees with MPI on local ranks)."""
+    import socket
+    said = comm.gather((comm.Get_rank(), socket.gethostname(), binding.line() if binding else "no GPU",
+                        binding.note if binding else None), root=0)
+    if comm.Get_rank() != 0:
+        return
+    for rank, host, line, _ in said:
+        log.debug(f"rank {rank} on {host}: {line}")
+    notes: dict[str, list[int]] = {}
+    for rank, _, _, note in said:
+        if note:
+            notes.setdefault(note, []).append(rank)
+    for note, ranks in notes.items():
+        log.warning(f"GPU binding, rank(s) {', '.join(map(str, ranks[:8]))}{' ...' if len(ranks) > 8 else ''}: {note}")
 
 
 def interrupted_line(run_dir: str | None) -> str:

@@ -248,6 +248,10 @@ SCHEMA = Table({
         "log_level": Key((str,), "info", _one_of("debug", "info", "warning", "error"), doc="console log level"),
         "debug_log": Key((bool,), False,
                          doc="every rank also logs everything to `<run dir>/logs/rank-<rank>.log`"),
+        "ranks_per_gpu": Key((int,), 1, _positive,
+                             doc="ranks sharing one GPU of a node (small members): rank r of a node uses GPU "
+                                 "r // ranks_per_gpu, and TensorFlow grows its GPU memory as needed instead of "
+                                 "taking the whole device"),
         "group_size": Key((int,), 1, _positive,
                           doc="ranks per member: more than 1 trains each member data-parallel (gradients "
                               "allreduced); must divide the P-1 worker ranks"),

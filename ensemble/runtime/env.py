@@ -8,6 +8,7 @@ or see the devices, so these run first in every entry point (``ensemble.run``,
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -19,14 +20,127 @@ def set_thread_env(threads: int) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def bind_gpu(local_rank: int) -> None:
-    """One GPU per rank on the node, chosen by node-local rank, unless the user set devices."""
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        return
-    gpus = Path("/proc/driver/nvidia/gpus")
-    n = len(list(gpus.iterdir())) if gpus.is_dir() else 0
-    if n:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(local_rank % n)
+#: each vendor's variable that restricts the devices a process sees (its runtime's own list)
+DEVICE_VARIABLES = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES", "intel": "ZE_AFFINITY_MASK"}
+#: the same, as a scheduler or a user may have set them; HIP's list (it indexes ROCr's) is
+#: narrowed in its own terms when that is the one given
+PRESET_VARIABLES = (("CUDA_VISIBLE_DEVICES", "nvidia"), ("ROCR_VISIBLE_DEVICES", "amd"),
+                    ("HIP_VISIBLE_DEVICES", "amd"), ("ZE_AFFINITY_MASK", "intel"))
+#: the node-local rank as each launcher states it, to cross-check MPI's
+LAUNCHER_LOCAL_RANK = (("SLURM_LOCALID", "Slurm srun"), ("PALS_LOCAL_RANKID", "PALS mpiexec (PBS)"),
+                       ("OMPI_COMM_WORLD_LOCAL_RANK", "Open MPI"), ("MPI_LOCALRANKID", "MPICH Hydra"),
+                       ("JSM_NAMESPACE_LOCAL_RANK", "jsrun (LSF)"), ("FLUX_TASK_LOCAL_ID", "Flux"))
+
+
+@dataclass(frozen=True)
+class Binding:
+    """The device this rank uses: ``variable=device`` was set (or found set, ``preset``)."""
+    vendor: str
+    variable: str
+    device: str
+    local_rank: int
+    preset: bool = False
+    note: str | None = None          # something the user should know (shared GPUs, a disagreement)
+
+    def line(self) -> str:
+        how = "as the scheduler set it" if self.preset else f"node-local rank {self.local_rank}"
+        return f"{self.vendor} GPU {self.variable}={self.device} ({how})" + (f"; {self.note}" if self.note else "")
+
+
+def count_gpus(root: str | Path = "/") -> tuple[str | None, int]:
+    """(vendor, devices) on this node from the drivers' files, without importing anything:
+    NVIDIA's /proc/driver/nvidia/gpus entries, AMD's KFD topology nodes with a GPU id,
+    Intel's DRM cards with PCI vendor 0x8086 (whole cards; on Aurora-style cards with two
+    tiles, ZE_FLAT_DEVICE_HIERARCHY decides what a device is, and a scheduler's mask wins)."""
+    root = Path(root)
+    nvidia = root / "proc/driver/nvidia/gpus"
+    if nvidia.is_dir() and any(nvidia.iterdir()):
+        return "nvidia", len(list(nvidia.iterdir()))
+    kfd = root / "sys/class/kfd/kfd/topology/nodes"
+    if kfd.is_dir():
+        ids = [p / "gpu_id" for p in kfd.iterdir() if (p / "gpu_id").is_file()]
+        n = sum(1 for p in ids if p.read_text().strip() not in ("", "0"))      # 0: a CPU node
+        if n:
+            return "amd", n
+    drm = root / "sys/class/drm"
+    if drm.is_dir():
+        cards = [p for p in drm.glob("card[0-9]*") if "-" not in p.name
+                 and (p / "device/vendor").is_file() and (p / "device/vendor").read_text().strip() == "0x8086"
+                 and (p / "device/class").is_file() and (p / "device/class").read_text().strip().startswith("0x03")]
+        if cards:
+            return "intel", len(cards)
+    return None, 0
+
+
+def launcher_local_rank(environ) -> tuple[str, int] | None:
+    """(launcher, node-local rank) from the first launcher variable that is set."""
+    for var, name in LAUNCHER_LOCAL_RANK:
+        value = environ.get(var, "")
+        if value.strip().isdigit():
+            return name, int(value)
+    return None
+
+
+def choose_binding(local_rank: int, environ, gpus: tuple[str | None, int], ranks_per_gpu: int = 1) -> Binding | None:
+    """The device for the rank ``local_rank`` of its node (pure: nothing is set).
+
+    - A variable already naming one device (``--gpus-per-task=1``, ``--gpu-bind``, a jsrun
+      resource set, a user's choice) is respected as it is; one naming none (``-1``) too.
+    - A variable naming several (``--gpus-per-node`` without a per-task binding) is narrowed
+      to the rank's own among them.
+    - Otherwise the node's devices (``count_gpus``) are shared out: device
+      ``local_rank // ranks_per_gpu``, wrapping round with a note when there are more ranks.
+    A launcher's own local rank that disagrees with MPI's is noted (MPI's is used).
+    """
+    index = local_rank // ranks_per_gpu
+    note = None
+    said = launcher_local_rank(environ)
+    if said is not None and said[1] != local_rank:
+        note = (f"{said[0]} says node-local rank {said[1]} but MPI's node communicator says {local_rank}; "
+                "MPI's is used (is the launcher's rank placement what the job script asked for?)")
+    for var, vendor in PRESET_VARIABLES:
+        value = environ.get(var)
+        if value is None:
+            continue
+        listed = [d.strip() for d in value.split(",") if d.strip()]
+        if len(listed) <= 1 or "-1" in listed:
+            return Binding(vendor, var, value, local_rank, preset=True, note=note)
+        if index >= len(listed):
+            note = _shared(index, len(listed), ranks_per_gpu, note)
+        return Binding(vendor, var, listed[index % len(listed)], local_rank, note=note)
+    vendor, n = gpus
+    if not n:
+        return None
+    if index >= n:
+        note = _shared(index, n, ranks_per_gpu, note)
+    return Binding(vendor, DEVICE_VARIABLES[vendor], str(index % n), local_rank, note=note)
+
+
+def _shared(index: int, n: int, ranks_per_gpu: int, note: str | None) -> str:
+    text = (f"this node has more ranks than {n} GPU(s) x `runtime.ranks_per_gpu` = {ranks_per_gpu}: "
+            f"ranks share devices round-robin (set ranks_per_gpu, or start fewer ranks per node)")
+    return f"{note}; {text}" if note else text
+
+
+def bind_gpu(local_rank: int, ranks_per_gpu: int = 1, environ=None, root: str | Path = "/") -> Binding | None:
+    """Choose this rank's GPU (``choose_binding``) and set its vendor's variable before any
+    GPU runtime starts. With several ranks per GPU, TensorFlow allocates memory as it needs
+    it (``TF_FORCE_GPU_ALLOW_GROWTH``) instead of taking the whole device at start."""
+    environ = os.environ if environ is None else environ
+    binding = choose_binding(local_rank, environ, count_gpus(root), ranks_per_gpu)
+    if binding is not None:
+        environ[binding.variable] = binding.device
+        if ranks_per_gpu > 1:
+            environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    return binding
+
+
+def hide_gpus(environ=None) -> None:
+    """No GPU for this process (a master that trains nothing on a CPU-only plan): CUDA's
+    and HIP's lists emptied, so TensorFlow's CUDA and ROCm builds both see none."""
+    environ = os.environ if environ is None else environ
+    environ["CUDA_VISIBLE_DEVICES"] = "-1"
+    environ["HIP_VISIBLE_DEVICES"] = "-1"
 
 
 def configure_tensorflow(threads: int) -> None:
