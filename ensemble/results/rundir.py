@@ -12,6 +12,7 @@ candidates' predictions are packed.
       models/<id>.keras            kept members only
       leaderboard.csv  ensemble.json  ensemble_test_predictions.npz  [search.csv]
       report.html  report/*.png    the run report (``results.report``), remade by ``ensemble.report``
+      status.json                  the master's heartbeat (``results.heartbeat``), read by ``ensemble.status``
 
 Runs written before retention had ``members/<id>/model.keras`` and ``scaling.json``;
 ``legacy_model_path`` finds them so ``ensemble.predict`` still reads such a run (a resume

@@ -1,0 +1,106 @@
+"""``ensemble.status`` from synthetic run directories: counts from the journal and the
+heartbeat, a torn last line, a silent (dead) job, a run without status.json, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ensemble import status as S
+from ensemble.results.heartbeat import Heartbeat, read_heartbeat
+
+
+def record(i: int, ok: bool = True, t: float = 1000.0) -> dict:
+    r = {"id": f"m-{i:03d}", "status": "ok" if ok else "failed", "received": t + i, "started": t + i - 1,
+         "ended": t + i - 0.1, "val": {"accuracy": 0.5 + i / 100}, "test": {"accuracy": 0.5}}
+    if not ok:
+        r["error"] = {"kind": "nan_loss", "message": "NaN"}
+        del r["val"]
+    return r
+
+
+def make(tmp_path, n_ok=5, n_failed=1, beat: dict | None = None, torn: bool = False, config: str = ""):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"event": "open", "time": 999.0, "job_started": 995.0, "workers": 3}]
+    lines += [record(i) for i in range(n_ok)] + [record(n_ok + i, ok=False) for i in range(n_failed)]
+    text = "".join(json.dumps(x) + "\n" for x in lines)
+    if torn:
+        text += '{"id": "m-999", "status": "o'              # the master is mid-append
+    (run / "journal.jsonl").write_text(text)
+    if beat is not None:
+        (run / "status.json").write_text(json.dumps(beat))
+    (run / "config.toml").write_text(config or '[[architectures]]\nname = "m"\nmembers = 12\n')
+    return run
+
+
+def test_counts_come_from_the_journal_and_the_heartbeat(tmp_path):
+    beat = {"state": "running", "time": 1006.0, "every": 10.0, "total": 12, "metric": "accuracy", "running": 3,
+            "queued": 3, "workers": 3, "deadline": 1100.0}
+    run = make(tmp_path, beat=beat, torn=True)
+    s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1010.0)
+    assert (s["finished"], s["failed"], s["done"], s["running"], s["queued"], s["total"]) == (5, 1, 6, 3, 3, 12)
+    assert s["state"] == "running" and s["best"]["id"] == "m-004" and s["budget_left_seconds"] == 90.0
+    assert s["age_seconds"] == 15.0 and s["eta_seconds"] == pytest.approx(6 / s["recent_members_per_second"])
+    text = S.format_status(s)
+    assert "5 finished, 1 failed, 3 running, 3 queued of 12 on 3 workers" in text and "ETA" in text
+    assert "best member so far: m-004" in text and "budget: 90 s left" in text
+
+
+def test_the_tail_reads_a_torn_line_once_it_is_whole(tmp_path):
+    run = make(tmp_path, torn=True)
+    tail = S.JournalTail(run / "journal.jsonl")
+    tail.read()
+    assert len(tail.records) == 6
+    with open(run / "journal.jsonl", "a") as fh:             # the master finishes the line, and one more
+        fh.write('k", "received": 1009.0, "val": {"accuracy": 0.9}}\n' + json.dumps(record(7)) + "\n")
+    tail.read()
+    assert [r["id"] for r in tail.records][-2:] == ["m-999", "m-007"]
+
+
+def test_a_silent_job_is_called_dead_with_how_to_resume(tmp_path):
+    beat = {"state": "running", "time": 1000.0, "every": 10.0, "total": 12}
+    run = make(tmp_path, beat=beat)
+    s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1000.0 + 600)
+    assert s["state"] == "silent" and "looks dead" in S.format_status(s) and "--resume" in S.format_status(s)
+
+
+def test_without_a_heartbeat_the_journal_and_config_still_answer(tmp_path):
+    run = make(tmp_path)
+    s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1010.0)
+    assert s["state"] == "unknown" and s["total"] == 12 and s["running"] is None and s["finished"] == 5
+    assert "5 finished, 1 failed of 12" in S.format_status(s)
+
+
+def test_a_finished_run_shows_its_ensemble(tmp_path):
+    run = make(tmp_path, beat={"state": "done", "time": 1010.0, "total": 6, "metric": "accuracy"})
+    (run / "ensemble.json").write_text(json.dumps({"metric": "accuracy", "members": [{}, {}],
+                                                   "ensemble": {"test": {"accuracy": 0.97}}}))
+    s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=2000.0)
+    assert s["state"] == "done" and s["eta_seconds"] is None
+    assert "ensemble (2 members): test accuracy 0.9700" in S.format_status(s)
+
+
+def test_heartbeat_writes_when_due_and_merges_fields(tmp_path):
+    clock = [0.0]
+    beat = Heartbeat(tmp_path, every=5.0, clock=lambda: clock[0], total=10)
+    beat.beat(done=1)
+    clock[0] = 2.0
+    beat.beat(done=2)                                          # not due: nothing written
+    assert read_heartbeat(tmp_path)["done"] == 1 and beat.writes == 1
+    clock[0] = 6.0
+    beat.beat(done=3)
+    beat.final("done", done=10)
+    got = read_heartbeat(tmp_path)
+    assert got["state"] == "done" and got["done"] == 10 and got["total"] == 10 and beat.writes == 3
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_cli_errors_and_json(tmp_path, capsys):
+    assert S.main([str(tmp_path / "nothing")]) == S.EXIT_USAGE
+    assert "not a run directory" in capsys.readouterr().err
+    run = make(tmp_path, beat={"state": "done", "time": 1010.0, "total": 6, "metric": "accuracy"})
+    assert S.main([str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["finished"] == 5
+    assert S.main([str(run), "--watch", "0.1"]) == 0                # a finished run: one refresh, then out
