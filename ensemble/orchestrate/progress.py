@@ -8,8 +8,11 @@ per-result lines at debug level. Everything is in the journal either way.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
+
+from ensemble.task.metrics import higher_is_better
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +37,41 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
+    """The job's counts as results come back: done, failed, specs handed out and not back
+    yet, the best member so far; logs them, and ``counts()`` is what status.json says."""
+
     def __init__(self, total: int | None, metric: str, workers: int, done: int = 0, lines: int = 100,
                  every: float = 10.0, clock: Callable[[], float] = time.time):
         self.total, self.metric, self.workers = total, metric, max(1, workers)
         self.done, self.failed, self.new = done, 0, 0
+        self.handed = 0                                  # specs this job handed out
+        self.best: dict | None = None                    # {"id", "value"} on the validation metric
+        self.higher = higher_is_better(metric)
         self.per_result = total is not None and total - done <= lines
         self.every, self.clock = every, clock
         self.t0 = self.last = clock()
         self.first_start: float | None = None
         self.trained = 0.0
+
+    def hand_out(self, spec: dict) -> dict:
+        self.handed += 1
+        return spec
+
+    def counts(self) -> dict:
+        """Done and failed; running (at most one per worker) and the specs held ahead by
+        workers, both from specs out and not back; queued (None for an open-ended search)."""
+        out = self.handed - self.new
+        running = min(out, self.workers)
+        return {"done": self.done, "failed": self.failed, "running": running, "held_ahead": out - running,
+                "queued": None if self.total is None else max(0, self.total - self.done - running),
+                "best": self.best}
+
+    def _observe_best(self, r: dict) -> None:
+        value = r.get("val", {}).get(self.metric) if r.get("status") == "ok" else None
+        if value is None or not math.isfinite(value):
+            return
+        if self.best is None or (value > self.best["value"] if self.higher else value < self.best["value"]):
+            self.best = {"id": r["id"], "value": value}
 
     def add(self, results: list[dict]) -> None:
         now = self.clock()
@@ -50,6 +79,7 @@ class Progress:
             self.done += 1
             self.new += 1
             self.failed += r.get("status") != "ok"
+            self._observe_best(r)
             if "started" in r:
                 self.first_start = r["started"] if self.first_start is None else min(self.first_start, r["started"])
                 self.trained += r["ended"] - r["started"]

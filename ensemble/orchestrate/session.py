@@ -6,7 +6,6 @@ thin sequence of steps and these pieces can be driven from tests without a comma
 from __future__ import annotations
 
 import logging
-import math
 import socket
 import sys
 import time
@@ -25,7 +24,6 @@ from ensemble.runtime.budget import RunBudget, slurm_end_time
 from ensemble.runtime.executor import MpiExecutor, SerialExecutor, serve
 from ensemble.sources import SpecList, member_count, member_specs
 from ensemble.task import get_task
-from ensemble.task.metrics import higher_is_better
 
 log = logging.getLogger(__name__)
 
@@ -131,24 +129,11 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
     beat = Heartbeat(run_dir.path, rt["progress_seconds"], job_started=round(job_started, 3), total=total,
                      workers=executor.workers, metric=metric, deadline=budget.deadline,
                      time_limit=rt["time_limit"], resumed_with=len(done_ids))
-    flow = {"handed": 0, "back": 0, "best": None}              # this job's specs out and results in
-
-    def counts() -> dict:
-        out = flow["handed"] - flow["back"]                # training, or held ahead by a worker
-        running = min(out, executor.workers)
-        return {"done": progress.done, "failed": progress.failed, "running": running, "held_ahead": out - running,
-                "queued": None if total is None else max(0, total - progress.done - running),
-                "best": flow["best"]}
-
-    def hand_out(spec: dict) -> dict:
-        flow["handed"] += 1
-        return artifacts.stamp(budget.cap(spec))
 
     def idle() -> None:
         journal.sync_if_due()
         if beat.due():
-            beat.beat(**counts())
-    higher = higher_is_better(metric)
+            beat.beat(**progress.counts())
     with run_dir.journal(rt["journal_sync_seconds"], before_sync=artifacts.store.sync) as journal:
         opened = open_event(cfg, executor, comm.Get_size(), job_started, command)
         if resume:
@@ -164,24 +149,19 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
             records.extend(results)
             for result in results:
                 budget.observe(result)
-                value = result.get("val", {}).get(metric) if result.get("status") == "ok" else None
-                if value is not None and math.isfinite(value) and (
-                        flow["best"] is None or (value > flow["best"]["value"]) == higher
-                        and value != flow["best"]["value"]):
-                    flow["best"] = {"id": result["id"], "value": value}
-            flow["back"] += len(results)
             progress.add(results)
             if beat.due():
-                beat.beat(**counts())
-        beat.beat(force=True, **counts())
-        account = dispatch(executor, source, on_results, should_stop=budget.should_stop, adjust=hand_out, idle=idle)
+                beat.beat(**progress.counts())
+        beat.beat(force=True, **progress.counts())
+        account = dispatch(executor, source, on_results, should_stop=budget.should_stop,
+                           adjust=lambda spec: progress.hand_out(artifacts.stamp(budget.cap(spec))), idle=idle)
         closed = {"event": "close", "time": round(time.time(), 4), **account,
                   "journal_syncs": journal.syncs + 1, "journal_bytes": journal.bytes}
         if account["master_busy_seconds"] is None:          # the serial master trains: no master share
             closed["master_wall_seconds"] = None
         journal.event(closed)
     events += [opened, closed]
-    beat.beat(force=True, state="finishing", **counts())
+    beat.beat(force=True, state="finishing", **progress.counts())
     if not progress.per_result:
         log.info(progress.summary())
     code = 0
@@ -204,7 +184,7 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
                            extra, ensemble=predictions, artifacts=artifacts, prune=not budget.reason)
     except RuntimeError as exc:
         log.error(f"error: {exc}")
-        beat.final("failed", error=str(exc), **counts())
+        beat.final("failed", error=str(exc), **progress.counts())
         log.info(report_line(run_dir.path))              # the failures, listed with their messages
         return code or 1
     finally:
@@ -215,7 +195,7 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
         log.info("rehearsal without predictions (`rehearsal.predictions = false`): no ensemble selected")
     log.info(f"wrote {run_dir.path}/ensemble.json, leaderboard.csv, journal.jsonl  "
              f"({time.monotonic() - t0:.1f} s)")
-    beat.final("stopped" if budget.reason else "done", reason=budget.reason, **counts())
+    beat.final("stopped" if budget.reason else "done", reason=budget.reason, **progress.counts())
     log.info(report_line(run_dir.path))
     return code
 

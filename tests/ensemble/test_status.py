@@ -104,3 +104,15 @@ def test_cli_errors_and_json(tmp_path, capsys):
     assert S.main([str(run), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["finished"] == 5
     assert S.main([str(run), "--watch", "0.1"]) == 0                # a finished run: one refresh, then out
+
+
+def test_progress_counts_what_is_out_and_the_best_so_far():
+    from ensemble.orchestrate.progress import Progress
+    p = Progress(10, "mse", workers=2, done=3, lines=0)
+    for i in range(5):
+        p.hand_out({"id": f"m{i}"})
+    p.add([{"id": "m0", "status": "ok", "val": {"mse": 2.0}}, {"id": "m1", "status": "ok", "val": {"mse": 1.5}},
+           {"id": "m2", "status": "failed"}])
+    c = p.counts()                                  # 5 out, 3 back: 2 running on 2 workers, none ahead
+    assert (c["done"], c["failed"], c["running"], c["held_ahead"], c["queued"]) == (6, 1, 2, 0, 2)
+    assert c["best"] == {"id": "m1", "value": 1.5}                     # lower mse is better
