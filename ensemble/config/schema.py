@@ -248,6 +248,14 @@ SCHEMA = Table({
         "log_level": Key((str,), "info", _one_of("debug", "info", "warning", "error"), doc="console log level"),
         "debug_log": Key((bool,), False,
                          doc="every rank also logs everything to `<run dir>/logs/rank-<rank>.log`"),
+        "precision": Key((str,), "float32", _one_of("float32", "mixed_float16", "mixed_bfloat16"),
+                         doc="Keras dtype policy for members: \"mixed_float16\" (NVIDIA/AMD tensor cores) or "
+                             "\"mixed_bfloat16\" (A100/H100, MI200+, Intel GPUs, recent CPUs) compute in half "
+                             "precision with float32 weights; the output head stays float32 (a user builder "
+                             "should give its last layer dtype=\"float32\")"),
+        "jit_compile": Key((bool,), False,
+                           doc="compile each member's train step with XLA: faster on GPUs for many models, a "
+                               "compilation per member first"),
         "ranks_per_gpu": Key((int,), 1, _positive,
                              doc="ranks sharing one GPU of a node (small members): rank r of a node uses GPU "
                                  "r // ranks_per_gpu, and TensorFlow grows its GPU memory as needed instead of "

@@ -38,7 +38,8 @@ def make_trainer(cfg: dict, meta: dict, data, run_dir: RunDirectory, rank: int, 
         return lambda spec, report: guarded(lambda: rehearse(spec, report), spec, rank)
     from ensemble.runtime.env import configure_tensorflow
     from ensemble.train.member import run_member
-    configure_tensorflow(cfg["runtime"]["threads"])
+    rt = cfg["runtime"]
+    configure_tensorflow(rt["threads"], rt["precision"], rt["jit_compile"])
     if group is not None and group.Get_size() == 1:
         group = None                                  # G = 1: no communication at all
     return lambda spec, report: run_member(spec, data, meta, run_dir, rank, group, report)

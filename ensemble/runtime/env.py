@@ -143,8 +143,16 @@ def hide_gpus(environ=None) -> None:
     environ["HIP_VISIBLE_DEVICES"] = "-1"
 
 
-def configure_tensorflow(threads: int) -> None:
-    """One TensorFlow thread pool of ``threads`` per rank, deterministic ops; call once per process."""
+#: what ``configure_tensorflow`` set for this process; ``train.member`` compiles with ``jit_compile``
+TENSORFLOW = {"precision": "float32", "jit_compile": False}
+
+
+def configure_tensorflow(threads: int, precision: str = "float32", jit_compile: bool = False) -> None:
+    """One TensorFlow thread pool of ``threads`` per rank, deterministic ops; call once per
+    process. ``precision``: Keras's global dtype policy ("mixed_float16" / "mixed_bfloat16":
+    layers compute in half precision and keep float32 weights; the task's output head stays
+    float32). ``jit_compile``: members' train steps are compiled with XLA."""
+    import keras
     import tensorflow as tf
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -153,6 +161,8 @@ def configure_tensorflow(threads: int) -> None:
         pass                        # already initialised in this process: keep what is set
     tf.config.experimental.enable_op_determinism()
     tf.get_logger().setLevel("ERROR")          # per-member retracing notices are expected here
+    keras.mixed_precision.set_global_policy(precision)
+    TENSORFLOW.update(precision=precision, jit_compile=jit_compile)
 
 
 #: the distributions whose versions say how a run was made (first installed name wins)

@@ -134,7 +134,8 @@ class Classification(Task):
 
     def head(self, x, n_outputs: int, gaussian: bool = False):
         import keras
-        return keras.layers.Dense(n_outputs, activation="softmax", name="probabilities")(x)
+        # float32 under a mixed-precision policy too: a softmax and a log loss in half precision underflow
+        return keras.layers.Dense(n_outputs, activation="softmax", name="probabilities", dtype="float32")(x)
 
     def loss(self, gaussian: bool = False):
         return "sparse_categorical_crossentropy", ["accuracy"]
@@ -181,9 +182,9 @@ class Regression(Task):
 
     def head(self, x, n_outputs, gaussian=False):
         import keras
-        if gaussian:
-            return keras.layers.Dense(2 * n_outputs, name="mean_and_raw_variance")(x)
-        return keras.layers.Dense(n_outputs, name="prediction")(x)
+        if gaussian:                      # float32 always, as the classification head
+            return keras.layers.Dense(2 * n_outputs, name="mean_and_raw_variance", dtype="float32")(x)
+        return keras.layers.Dense(n_outputs, name="prediction", dtype="float32")(x)
 
     def loss(self, gaussian=False):
         return (gaussian_nll, []) if gaussian else ("mse", ["mae"])

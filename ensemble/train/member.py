@@ -25,6 +25,7 @@ from datafeed.pipeline import make_dataset, member_indices
 from ensemble.config.vocabulary import gaussian_head
 from ensemble.results.retention import passes
 from ensemble.results.rundir import RunDirectory
+from ensemble.runtime.env import TENSORFLOW
 from ensemble.runtime.executor import Report
 from ensemble.task import get_task
 
@@ -138,7 +139,7 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     if fault == "nan":                                  # the loss turns NaN from the first step
         loss = _poisoned(keras.losses.get(loss))
     model.compile(optimizer=make_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss,
-                  metrics=metrics, jit_compile=False)
+                  metrics=metrics, jit_compile=TENSORFLOW["jit_compile"])
     parallel = make_data_parallel(model, group) if group is not None else []
     log.debug("%s: model built in %.2f s", spec["id"], time.monotonic() - t0)
     idx = member_indices(len(data["y_train"]), spec["seed"], spec.get("bootstrap", False))

@@ -62,3 +62,23 @@ def test_update_sets_the_learning_rate_and_silence_costs_nothing(tmp_path, data)
     quiet = run_member(spec(), data, META, RunDirectory(tmp_path / "b"), 0, None,
                        lambda payload: pytest.fail("a spec without report_every must not report"))
     assert quiet["status"] == "ok" and "decisions" not in quiet
+
+
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_and_xla_train_with_a_float32_head(tmp_path, data, precision):
+    """`runtime.precision` and `runtime.jit_compile`: hidden layers in half precision, the
+    output head (and so the predictions and the loss) in float32, the step compiled by XLA."""
+    import keras
+    from ensemble.runtime.env import TENSORFLOW, configure_tensorflow
+    from ensemble.train.member import run_member
+    configure_tensorflow(1, precision, jit_compile=True)
+    try:
+        result = run_member(spec(epochs=2), data, META, RunDirectory(tmp_path), 0)
+        assert result["status"] == "ok", result.get("error")
+        model = keras.models.load_model(tmp_path / "models" / "m0.keras", compile=False)
+        policies = {layer.name: layer.dtype_policy.name for layer in model.layers}
+        assert policies["probabilities"] == "float32" and precision in policies.values()
+        assert model.predict(data["x_test"], verbose=0).dtype == np.float32
+    finally:
+        configure_tensorflow(1)                          # the process default again, for later tests
+    assert TENSORFLOW == {"precision": "float32", "jit_compile": False}
