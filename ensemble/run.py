@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     ``made`` receives the run directory's path once it exists."""
     job_started = time.time()
     args = parse_args(argv)
+    stamps = {"main": round(job_started, 3)}            # start-up phases (results.timeline)
     if args.check:
         from ensemble.orchestrate.check import check_main
         return check_main(args.config)
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
         log.error(f"config error in {args.config}: `runtime.group_size` must divide the {workers} worker "
                   f"ranks (mpirun -n P gives P-1 workers besides the master), but got {group_size}")
         return EXIT_CONFIG
+    from ensemble.runtime.env import process_started
+    stamps.update(process=process_started(), mpi_and_config=round(time.time(), 3))
     set_thread_env(cfg["runtime"]["threads"])
     from ensemble.train.architecture import use_builder_folders
     use_builder_folders(cfg["architectures"])           # every rank imports the user's builder from there
@@ -100,6 +103,7 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     data = broadcast_arrays(comm, arrays, pretend_nodes=rt["pretend_nodes"],
                             verify=rt["verify_broadcast"] or os.environ.get("ENSEMBLE_VERIFY_BROADCAST") == "1")
     del arrays                                           # rank 0 keeps the shared copy only
+    stamps["data"] = round(time.time(), 3)
 
     from ensemble.orchestrate.session import run_master_side, run_worker_side
     group, leaders = mpi.split_groups(comm, group_size)
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
         command = ["-m", "ensemble.run", *(argv if argv is not None else sys.argv[1:])]
         code = run_master_side(comm, cfg, meta, data, run_dir, args.resume, leaders, job_started, command)
     else:
-        run_worker_side(comm, cfg, meta, data, run_dir, group)
+        run_worker_side(comm, cfg, meta, data, run_dir, group, stamps)
         code = 0
     mpi.polite_barrier(comm, max_sleep)
     data.free()

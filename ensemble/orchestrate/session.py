@@ -201,7 +201,11 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
     return code
 
 
-def run_worker_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, group) -> None:
-    """Ranks > 0: train what the master (through the group leader) sends until it says stop."""
+def run_worker_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, group,
+                    stamps: dict | None = None) -> None:
+    """Ranks > 0: train what the master (through the group leader) sends until it says stop.
+    ``stamps``: when this process reached each start-up step; the first result carries them
+    with the trainer's set-up (TensorFlow imported) added (``results.timeline``)."""
     trainer = make_trainer(cfg, meta, data, run_dir, comm.Get_rank(), group)
-    serve(comm, trainer, cfg["runtime"]["poll_max_sleep"], group)
+    stamps = {**(stamps or {}), "trainer": round(time.time(), 3)}
+    serve(comm, trainer, cfg["runtime"]["poll_max_sleep"], group, startup=stamps)

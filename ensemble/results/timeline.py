@@ -35,6 +35,34 @@ def _segments(records: list[dict], events: list[dict]) -> list[tuple[dict, dict 
     return out
 
 
+#: start-up, from a process's creation to its first member's start: (phase, from stamp, to stamp)
+PHASES = (("python", "process", "main"), ("mpi_and_config", "main", "mpi_and_config"),
+          ("data", "mpi_and_config", "data"), ("tensorflow", "data", "trainer"))
+
+
+def startup_phases(records: list[dict]) -> dict:
+    """Where a job's start-up went, from the stamps each worker's first result carries:
+    python (interpreter and imports before ``main``), mpi_and_config, data (rank 0 reads,
+    every rank receives its node's copy), tensorflow (the trainer's set-up: importing and
+    configuring TensorFlow), first_build (model build of the first member), and total
+    (process creation to the first member's start). Each as the slowest worker's and the
+    mean over workers, in seconds; ``{}`` without stamps (rehearsal runs have no TensorFlow)."""
+    firsts = [r for r in records if isinstance(r.get("startup"), dict) and "started" in r]
+    per_phase: dict[str, list[float]] = {}
+    for r in firsts:
+        st = r["startup"]
+        for name, a, b in PHASES:
+            if st.get(a) is not None and st.get(b) is not None:
+                per_phase.setdefault(name, []).append(max(0.0, st[b] - st[a]))
+        if r.get("build_seconds") is not None:
+            per_phase.setdefault("first_build", []).append(r["build_seconds"])
+        begin = st.get("process") if st.get("process") is not None else st.get("main")
+        if begin is not None:
+            per_phase.setdefault("total", []).append(max(0.0, r["started"] + r.get("build_seconds", 0.0) - begin))
+    return {name: {"slowest": round(max(v), 3), "mean": round(sum(v) / len(v), 3)}
+            for name, v in per_phase.items()}
+
+
 def run_stats(records: list[dict], events: list[dict]) -> dict:
     """The run's utilisation, startup, members/s and master load (see the module docstring)."""
     n = failed = 0
@@ -67,6 +95,9 @@ def run_stats(records: list[dict], events: list[dict]) -> dict:
            "startup_seconds": round(startup, 3), "training_seconds": round(training, 3),
            "dispatch_seconds": round(working, 3),
            "members_per_second": round(n / working, 2) if working else None}
+    phases = startup_phases(records)
+    if phases:
+        out["startup_phases"] = phases
     if master_wall:
         out.update(master_busy_share=round(master_busy / master_wall, 4),
                    master_cpu_share=round(master_cpu / master_wall, 4),
@@ -75,7 +106,7 @@ def run_stats(records: list[dict], events: list[dict]) -> dict:
 
 
 def format_stats(stats: dict) -> str:
-    """One console line for ``run_stats``."""
+    """The console line for ``run_stats`` (and one for the start-up phases when there are any)."""
     if not stats:
         return "run: no timed members"
     text = (f"run: {stats['members']} members on {stats['workers']} workers, utilisation "
@@ -84,4 +115,11 @@ def format_stats(stats: dict) -> str:
     if "master_busy_share" in stats:
         text += (f", master busy {100 * stats['master_busy_share']:.1f}% "
                  f"(CPU {100 * stats['master_cpu_share']:.1f}%, {stats['master_cpu_us_per_result']:.0f} us/result)")
+    phases = stats.get("startup_phases")
+    if phases:
+        text += "\nstart-up, slowest worker: " + ", ".join(
+            f"{name.replace('_', ' ')} {phases[name]['slowest']:.1f} s" for name in
+            ("python", "mpi_and_config", "data", "tensorflow", "first_build") if name in phases)
+        if "total" in phases:
+            text += f"; launch to first member training {phases['total']['slowest']:.1f} s"
     return text

@@ -165,6 +165,20 @@ def configure_tensorflow(threads: int, precision: str = "float32", jit_compile: 
     TENSORFLOW.update(precision=precision, jit_compile=jit_compile)
 
 
+def process_started() -> float | None:
+    """When this process was created (UNIX seconds, to the kernel's clock tick), before the
+    interpreter and any import: the start of the "launch to first member" measurement.
+    Linux /proc only; None elsewhere."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])                       # starttime, field 22 of proc(5)
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return round(boot + ticks / os.sysconf("SC_CLK_TCK"), 3)
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 #: the distributions whose versions say how a run was made (first installed name wins)
 COMPONENTS = {"python": None, "tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-macos"),
               "keras": ("keras",), "numpy": ("numpy",), "mpi4py": ("mpi4py",), "mpich": ("mpich",),

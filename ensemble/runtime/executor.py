@@ -279,8 +279,9 @@ class MpiExecutor:
             self.comm.send(None, dest=worker, tag=self.mpi.TAG_STOP)
 
 
-def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None) -> int:
+def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: dict | None = None) -> int:
     """A worker rank: train specs from the master until told to stop; returns how many.
+    Its first result carries ``startup`` (when the process reached each start-up step).
 
     Specs the master sent ahead wait in a local queue; the worker waits (sleeping) only
     when it holds none. With a member group, only its leader talks to the master; it
@@ -322,5 +323,7 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None) -> int:
         log.debug("training %s", spec.get("id"))
         result = timed(train, spec, report)
         if leader:
+            if count == 0 and startup:
+                result["startup"] = startup
             comm.send(result, dest=0, tag=TAG_RESULT)
         count += 1

@@ -141,7 +141,8 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     model.compile(optimizer=make_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss,
                   metrics=metrics, jit_compile=TENSORFLOW["jit_compile"])
     parallel = make_data_parallel(model, group) if group is not None else []
-    log.debug("%s: model built in %.2f s", spec["id"], time.monotonic() - t0)
+    build_seconds = time.monotonic() - t0
+    log.debug("%s: model built in %.2f s", spec["id"], build_seconds)
     idx = member_indices(len(data["y_train"]), spec["seed"], spec.get("bootstrap", False))
     train_ds = make_dataset(data["x_train"], data["y_train"], idx, spec["batch_size"], spec["seed"],
                             y_transform=y_tf,
@@ -197,7 +198,7 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         "val": val, "test": task.metrics(np.asarray(data["y_test"]), preds["test"], variances["test"]),
         "params": count_params(model), "epochs": len(losses),
         "stopped": "master" if reporter is not None and reporter.stopped_by_master else stopped,
-        "train_seconds": round(time.monotonic() - t0, 3),
+        "train_seconds": round(time.monotonic() - t0, 3), "build_seconds": round(build_seconds, 3),
         "model": keep_model, "path": run_dir.model_ref(member) if keep_model else None,
         "scaling": {"y_shift": y_shift, "y_scale": y_scale, "gaussian": gaussian},
         "predict_seconds_per_sample": predict_seconds / max(1, len(preds["val"])),

@@ -106,6 +106,23 @@ def test_a_resumed_run_adds_its_segments():
     assert stats["startup_seconds"] == pytest.approx(1.0 + 3.0)
 
 
+def test_startup_phases_come_from_each_workers_first_result():
+    events = [{"event": "open", "time": 100.0, "job_started": 95.0, "workers": 2}]
+    first = [rec(0, 104.0, 108.0), rec(1, 106.0, 110.0)]
+    first[0].update(build_seconds=0.5, startup={"process": 94.0, "main": 94.5, "mpi_and_config": 95.0,
+                                                "data": 96.0, "trainer": 103.0})
+    first[1].update(build_seconds=1.5, startup={"process": 94.0, "main": 94.5, "mpi_and_config": 95.5,
+                                                "data": 96.0, "trainer": 105.0})
+    stats = run_stats(first + [rec(0, 108.0, 112.0)], events)
+    phases = stats["startup_phases"]
+    assert phases["python"] == {"slowest": 0.5, "mean": 0.5}
+    assert phases["tensorflow"] == {"slowest": 9.0, "mean": 8.0}
+    assert phases["first_build"]["slowest"] == 1.5
+    assert phases["total"] == {"slowest": 13.5, "mean": 12.0}          # 94 -> 106 + 1.5, 94 -> 104 + 0.5
+    line = format_stats(stats)
+    assert "tensorflow 9.0 s" in line and "launch to first member training 13.5 s" in line
+
+
 def test_records_without_timestamps_give_no_stats():
     assert run_stats([{"id": "old", "status": "ok"}], []) == {}
 
