@@ -70,11 +70,11 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     from ensemble.train.architecture import use_builder_folders
     use_builder_folders(cfg["architectures"])           # every rank imports the user's builder from there
     local_rank = mpi.node_local_rank(comm)              # collective: every rank calls it
-    if rank == 0 and size > 1:
+    binding = bind_gpu(local_rank, cfg["runtime"]["ranks_per_gpu"])
+    master_trains = rank == 0 and size > 1 and trains_on_master(cfg["runtime"], binding)
+    if rank == 0 and size > 1 and not master_trains:
         hide_gpus()                                     # the master trains nothing: its build check
         binding = None                                  # runs on the CPU, taking no worker's GPU memory
-    else:
-        binding = bind_gpu(local_rank, cfg["runtime"]["ranks_per_gpu"])
     report_bindings(comm, binding)
     max_sleep = cfg["runtime"]["poll_max_sleep"]
 
@@ -109,13 +109,24 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     group, leaders = mpi.split_groups(comm, group_size)
     if rank == 0:
         command = ["-m", "ensemble.run", *(argv if argv is not None else sys.argv[1:])]
-        code = run_master_side(comm, cfg, meta, data, run_dir, args.resume, leaders, job_started, command)
+        code = run_master_side(comm, cfg, meta, data, run_dir, args.resume, leaders, job_started, command,
+                               master_trains)
     else:
         run_worker_side(comm, cfg, meta, data, run_dir, group, stamps)
         code = 0
     mpi.polite_barrier(comm, max_sleep)
     data.free()
     return code
+
+
+def trains_on_master(runtime: dict, binding) -> bool:
+    """``runtime.master_trains``: "auto" trains on rank 0 when it has a GPU of its own (a
+    binding that names a device) and members are not data-parallel groups; on CPU-only
+    nodes the master's core stays with the scheduling loop (the workers use the others)."""
+    setting = runtime["master_trains"]
+    if setting != "auto":
+        return bool(setting)
+    return runtime["group_size"] == 1 and binding is not None and binding.device.strip() not in ("", "-1")
 
 
 def report_bindings(comm, binding) -> None:

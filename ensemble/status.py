@@ -18,6 +18,9 @@ import time
 import tomllib
 from pathlib import Path
 
+from ensemble.results.heartbeat import FINAL, read_heartbeat
+from ensemble.results.rundir import RunDirectory
+
 EXIT_USAGE = 2
 RECENT = 50                    # members/s over the last 50 results (and over the whole job)
 STALE_BEATS = 3                # a running job silent for 3 heartbeats (and at least a minute) looks dead
@@ -35,6 +38,8 @@ class JournalTail:
     def read(self) -> None:
         try:
             with open(self.path, "rb") as fh:
+                if fh.seek(0, 2) < self.offset:         # a new journal (the run started over): all of it
+                    self.offset, self.records, self.events = 0, [], []
                 fh.seek(self.offset)
                 chunk = fh.read()
         except FileNotFoundError:
@@ -70,7 +75,6 @@ def _duration(seconds: float | None) -> str:
 
 def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> dict:
     """The run's status as one dict (what ``--json`` prints); ``tail`` is read first."""
-    from ensemble.results.heartbeat import read_heartbeat
     from ensemble.results.summary import finished_records
     from ensemble.results.selection import rank_members
     from ensemble.config.vocabulary import PROPER_SCORES
@@ -78,10 +82,10 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     now = time.time() if now is None else now
     tail.read()
     beat = read_heartbeat(run_dir) or {}
-    summary = _read_json(run_dir / "ensemble.json")
+    summary = _read_json(run_dir / RunDirectory.ENSEMBLE)
     cfg = {}
-    if (run_dir / "config.toml").is_file():
-        cfg = tomllib.loads((run_dir / "config.toml").read_text())
+    if (run_dir / RunDirectory.CONFIG).is_file():
+        cfg = tomllib.loads((run_dir / RunDirectory.CONFIG).read_text())
     finished = finished_records(tail.records)
     ok_ids = {r["id"] for r in finished}
     failed = len({r["id"] for r in tail.records if r.get("status") != "ok"} - ok_ids)
@@ -95,7 +99,7 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
         out["running"] = min(out["running"], max(0, total - done))
         out["queued"] = max(0, total - done - out["running"])
     opens = [e for e in tail.events if e.get("event") == "open"]
-    started = opens[0].get("job_started", opens[0]["time"]) if opens else None
+    started = opens[0].get("job_started", opens[0]["time"]) if opens else beat.get("job_started")
     out["age_seconds"] = None if started is None else round(now - started, 1)
     state = beat.get("state")
     if state is None:
@@ -106,20 +110,28 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
             beat_age > max(STALE_BEATS * beat.get("every", 10.0), 60.0):
         state = "silent"
     out["state"] = state
+    out["ended_seconds_ago"] = None
+    closes = [e["time"] for e in tail.events if e.get("event") == "close"]
+    ended = beat.get("time") if state in FINAL else (closes[-1] if closes and state in ("done", "unknown") else None)
+    if ended is not None:                                   # an old run's age is how long it took, not how old
+        out["age_seconds"] = None if started is None else round(ended - started, 1)
+        out["ended_seconds_ago"] = round(now - ended, 1)
+    if state in FINAL and out["running"] is not None:       # the job is over: nothing runs, the rest waits
+        out["running"], out["queued"] = 0, None if total is None else max(0, total - done)
     times = sorted(r["received"] for r in tail.records if "received" in r)
     this_job = [t for t in times if opens and t >= opens[-1]["time"]]
     out["members_per_second"] = None
     if this_job:
         span = (now if state == "running" else this_job[-1]) - opens[-1]["time"]
         out["members_per_second"] = round(len(this_job) / span, 3) if span > 0 else None
-    recent = times[-RECENT:]
+    recent = (this_job if opens else times)[-RECENT:]          # a resumed job's rate is its own
     out["recent_members_per_second"] = (round((len(recent) - 1) / (recent[-1] - recent[0]), 3)
                                         if len(recent) >= 3 and recent[-1] > recent[0] else None)
     rate = out["recent_members_per_second"] or out["members_per_second"]
     left = None if total is None else max(0, total - out["done"])
     out["eta_seconds"] = None if not left or not rate or state not in ("running",) else round(left / rate, 1)
     deadline = beat.get("deadline")
-    out["budget_left_seconds"] = None if deadline is None else round(deadline - now, 1)
+    out["budget_left_seconds"] = None if deadline is None or state in FINAL else round(deadline - now, 1)
     if out["eta_seconds"] is not None and deadline is not None:
         out["eta_seconds"] = min(out["eta_seconds"], max(0.0, deadline - now))
     out["best"] = None
@@ -150,14 +162,24 @@ def format_status(s: dict) -> str:
     """The human block ``python -m ensemble.status`` prints."""
     name = Path(s["run_dir"]).name
     state = s["state"]
-    head = {"running": "running", "finishing": "finishing (selecting the ensemble, writing the outputs)",
-            "done": "done", "stopped": f"stopped early ({s.get('reason')}); `--resume` continues it",
-            "failed": f"failed: {s.get('error')}", "starting": "starting (no member finished yet)",
-            "unknown": "unknown (no status.json: a run from before it, or killed before its first heartbeat)",
-            "silent": (f"no heartbeat for {_duration(s['heartbeat_age_seconds'])}: the job looks dead; "
-                       "resume it with the same command and `--run-dir ... --resume`")}.get(state, state)
+    resume = f"the same command with `--run-dir {s['run_dir']} --resume` continues it"
+    head, note = {"running": ("running", None),
+                  "finishing": ("finishing", "selecting the ensemble, writing the outputs"),
+                  "done": ("done", None),
+                  "stopped": ("stopped early", f"{s.get('reason')}; {resume}"),
+                  "failed": ("failed", s.get("error")),
+                  "starting": ("starting", "no heartbeat and no member yet; if that lasts, see the job's log"),
+                  "unknown": ("state unknown", "no status.json: a run from before it, or one killed before its "
+                                               "first heartbeat"),
+                  "silent": ("silent", f"no heartbeat for {_duration(s['heartbeat_age_seconds'])}: the job "
+                                       f"looks dead; {resume}")}.get(state, (state, None))
     total = s["total"]
-    lines = [f"{name}: {head}" + (f", age {_duration(s['age_seconds'])}" if s["age_seconds"] is not None else "")]
+    if s["ended_seconds_ago"] is not None:
+        head += (f" after {_duration(s['age_seconds'])}" if s["age_seconds"] is not None else "") \
+            + f", {_duration(s['ended_seconds_ago'])} ago"
+    elif s["age_seconds"] is not None:
+        head += f", age {_duration(s['age_seconds'])}"
+    lines = [f"{name}: {head}"] + ([note] if note else [])
     parts = [f"{s['finished']} finished", f"{s['failed']} failed"]
     if s["running"] is not None and state in ("running", "finishing"):
         parts.append(f"{s['running']} running")
@@ -193,14 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     args = p.parse_args(argv)
     run_dir = Path(args.run_dir)
-    if not (run_dir / "journal.jsonl").is_file() and not (run_dir / "status.json").is_file():
-        print(f"error: {str(run_dir)!r} is not a run directory of ensemble.run (no journal.jsonl or "
-              "status.json yet); pass the folder a run writes (runs/<name> or its --run-dir)", file=sys.stderr)
+    if not any((run_dir / name).is_file() for name in (RunDirectory.JOURNAL, RunDirectory.STATUS,
+                                                        RunDirectory.CONFIG)):
+        print(f"error: {str(run_dir)!r} is not a run directory of ensemble.run (no journal.jsonl, status.json "
+              "or config.toml); pass the folder a run writes (runs/<name> or its --run-dir)", file=sys.stderr)
         return EXIT_USAGE
     if args.watch is not None and args.watch <= 0:
         print(f"error: --watch needs a positive number of seconds, but got {args.watch}", file=sys.stderr)
         return EXIT_USAGE
-    tail = JournalTail(run_dir / "journal.jsonl")
+    tail = JournalTail(run_dir / RunDirectory.JOURNAL)
     try:
         while True:
             status = run_status(run_dir, tail)
@@ -208,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.watch is not None and not args.json and sys.stdout.isatty():
                 print("\033[2J\033[H", end="")         # clear the terminal between refreshes
             print(text, flush=True)
-            if args.watch is None or status["state"] in ("done", "stopped", "failed"):
+            if args.watch is None or status["state"] in FINAL:
                 return 0
             if not args.json:
                 print()

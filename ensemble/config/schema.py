@@ -256,6 +256,11 @@ SCHEMA = Table({
         "jit_compile": Key((bool,), False,
                            doc="compile each member's train step with XLA: faster on GPUs for many models, a "
                                "compilation per member first"),
+        "master_trains": Key((str, bool), "auto", lambda v: None if v in ("auto", True, False) else
+                             'must be "auto", true or false',
+                             doc="rank 0 also trains members, in a thread beside its scheduling loop, so its GPU "
+                                 "is not idle; \"auto\": when rank 0 has a GPU (and `group_size` is 1), not on "
+                                 "CPU-only nodes where it would take a core from the workers"),
         "ranks_per_gpu": Key((int,), 1, _positive,
                              doc="ranks sharing one GPU of a node (small members): rank r of a node uses GPU "
                                  "r // ranks_per_gpu, and TensorFlow grows its GPU memory as needed instead of "
@@ -423,6 +428,12 @@ def resolve_config(raw: dict, *, source: str = "config", saved: bool = False,
         found.add("`data.val_fraction` + `data.test_fraction` must leave at least 10% "
                   f"for training, but they sum to {data['val_fraction'] + data['test_fraction']}",
                   "data.val_fraction", "data.test_fraction")
+    rt = cfg["runtime"]
+    if rt["master_trains"] is True and rt["group_size"] > 1 and found.ok("runtime.master_trains",
+                                                                         "runtime.group_size"):
+        found.add("`runtime.master_trains = true` needs `runtime.group_size = 1`: the master trains alone, and a "
+                  f"member trained by one rank would not match one trained by a group of {rt['group_size']}; "
+                  "set master_trains = \"auto\" or false", "runtime.master_trains")
     if cfg["mode"] == "ensemble" and not cfg["architectures"] and found.ok("mode", "architectures"):
         found.add("mode \"ensemble\" needs at least one [[architectures]] table with `layers` or `model`",
                   "architectures")

@@ -24,13 +24,15 @@ def dispatch(executor: Executor, source: SpecSource, on_results: Callable[[list[
              clock: Callable[[], float] = time.time) -> dict:
     """Hand specs out until the source runs dry (or ``should_stop``) and every submitted
     spec has come back; ``adjust`` may change a spec just before it is handed out.
+    The loop's CPU time is this thread's (``thread_time``): a master that also trains, in
+    another thread (``runtime.master_trains``), does not count that as the loop's load.
 
     Each result gets ``dispatched`` and ``received`` (``clock``, the master's). Returns the
     master's own account: results, wall and CPU seconds of the loop, and the seconds it
     spent waiting with nothing to do (when the executor measures that)."""
     sent: dict[str, float] = {}
     count = 0
-    wall0, cpu0 = time.perf_counter(), time.process_time()
+    wall0, cpu0 = time.perf_counter(), time.thread_time()
     try:
         while True:
             while executor.free() and not should_stop():
@@ -54,5 +56,5 @@ def dispatch(executor: Executor, source: SpecSource, on_results: Callable[[list[
     wall = time.perf_counter() - wall0
     idle_seconds = getattr(executor, "idle_seconds", None)
     return {"results": count, "master_wall_seconds": round(wall, 4),
-            "master_cpu_seconds": round(time.process_time() - cpu0, 4),
+            "master_cpu_seconds": round(time.thread_time() - cpu0, 4),
             "master_busy_seconds": None if idle_seconds is None else round(wall - idle_seconds, 4)}

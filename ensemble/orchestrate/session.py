@@ -95,9 +95,11 @@ def baseline_section(meta: dict, data, seed: int) -> dict:
 
 
 def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, resume: bool,
-                    leaders: list[int], job_started: float | None = None, command: list[str] | None = None) -> int:
+                    leaders: list[int], job_started: float | None = None, command: list[str] | None = None,
+                    master_trains: bool = False) -> int:
     """Rank 0: schedule members, journal results, build and report the ensemble. ``command``:
-    the job's arguments, for the journal (default ``sys.argv[1:]``)."""
+    the job's arguments, for the journal (default ``sys.argv[1:]``); ``master_trains``: rank 0
+    also trains, in a thread (``runtime.executor.LocalWorker``)."""
     t0 = time.monotonic()
     job_started = time.time() if job_started is None else job_started
     t_resume = time.perf_counter()
@@ -115,27 +117,27 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
     group_size = rt["group_size"]
     log.info(f"run {run_dir.path}: {meta['task']} on {meta['sizes']} samples, {total or '?'} members, "
              f"{len(leaders) or 'no'} {'groups of ' + str(group_size) + ' ranks' if group_size > 1 else 'workers'}"
-             f"{' (serial)' if not leaders else ''}"
+             f"{' (serial)' if not leaders else ''}{' and the master' if master_trains else ''}"
              + (f", resuming with {len(done_ids)} finished (state read in {resume_seconds:.1f} s)"
                 if resume else "")
              + (" [rehearsal: members sleep, nothing is trained]" if rt["trainer"] == "rehearsal" else ""))
     records = list(previous)
     if leaders:
-        executor = MpiExecutor(comm, leaders, rt["poll_max_sleep"], in_hand(rt))
+        local = (lambda: make_trainer(cfg, meta, data, run_dir, 0)) if master_trains else None
+        executor = MpiExecutor(comm, leaders, rt["poll_max_sleep"], in_hand(rt), local=local)
     else:
         executor = SerialExecutor(lambda: make_trainer(cfg, meta, data, run_dir, 0))
     budget = RunBudget(rt["time_limit"], rt["finish_reserve"], rt["max_failed_share"], end_time=slurm_end_time())
     progress = Progress(total, metric, executor.workers, len(done_ids), rt["progress_lines"],
                         rt["progress_seconds"])
-    beat = Heartbeat(run_dir.path, rt["progress_seconds"], job_started=round(job_started, 3), total=total,
-                     workers=executor.workers, metric=metric, deadline=budget.deadline,
+    beat = Heartbeat(run_dir.path, rt["progress_seconds"], progress.counts, job_started=round(job_started, 3),
+                     total=total, workers=executor.workers, metric=metric, deadline=budget.deadline,
                      time_limit=rt["time_limit"], resumed_with=len(done_ids))
 
     def idle() -> None:
         journal.sync_if_due()
-        if beat.due():
-            beat.beat(**progress.counts())
-    with run_dir.journal(rt["journal_sync_seconds"], before_sync=artifacts.store.sync) as journal:
+        beat.beat()
+    with beat, run_dir.journal(rt["journal_sync_seconds"], before_sync=artifacts.store.sync) as journal:
         opened = open_event(cfg, executor, comm.Get_size(), job_started, command)
         if resume:
             opened["resume_seconds"] = resume_seconds
@@ -151,9 +153,8 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
             for result in results:
                 budget.observe(result)
             progress.add(results)
-            if beat.due():
-                beat.beat(**progress.counts())
-        beat.beat(force=True, **progress.counts())
+            beat.beat()
+        beat.beat(force=True)
         account = dispatch(executor, source, on_results, should_stop=budget.should_stop,
                            adjust=lambda spec: progress.hand_out(artifacts.stamp(budget.cap(spec))), idle=idle)
         closed = {"event": "close", "time": round(time.time(), 4), **account,
@@ -162,43 +163,43 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
             closed["master_wall_seconds"] = None
         journal.event(closed)
     events += [opened, closed]
-    beat.beat(force=True, state="finishing", **progress.counts())
-    if not progress.per_result:
-        log.info(progress.summary())
-    code = 0
-    if budget.reason:
-        failed = [r for r in records if r.get("status") != "ok"]
-        kinds = sorted({r["error"]["kind"] for r in failed if "error" in r})
-        log.warning(f"stopped early: {budget.reason}" + (f"\nfailures: {len(failed)} ({', '.join(kinds)})"
-                                                         if failed else ""))
-        code = 4 if budget.n_failed and "failed" in budget.reason else 0
-    stats = run_stats(records, events)
-    log.info(format_stats(stats))
-    extra = {"run": stats}
-    if cfg["mode"] == "evolve":
-        extra["search"] = source.finish(records)
-    predictions = rt["trainer"] != "rehearsal" or cfg["rehearsal"]["predictions"]
-    if predictions:
-        extra["baseline"] = baseline_section(meta, data, cfg["seed"])
-    try:
-        summary = finalize(run_dir, records, cfg, meta, np.asarray(data["y_val"]), np.asarray(data["y_test"]),
-                           extra, ensemble=predictions, artifacts=artifacts, prune=not budget.reason)
-    except RuntimeError as exc:
-        log.error(f"error: {exc}")
-        beat.final("failed", error=str(exc), **progress.counts())
-        log.info(report_line(run_dir.path))              # the failures, listed with their messages
-        return code or 1
-    finally:
-        artifacts.close()
-    if predictions:
-        log.info(format_comparison(summary))
-    else:
-        log.info("rehearsal without predictions (`rehearsal.predictions = false`): no ensemble selected")
-    log.info(f"wrote {run_dir.path}/ensemble.json, leaderboard.csv, journal.jsonl  "
-             f"({time.monotonic() - t0:.1f} s)")
-    beat.final("stopped" if budget.reason else "done", reason=budget.reason, **progress.counts())
-    log.info(report_line(run_dir.path))
-    return code
+    with beat.kept_alive("finishing"):
+        if not progress.per_result:
+            log.info(progress.summary())
+        code = 0
+        if budget.reason:
+            failed = [r for r in records if r.get("status") != "ok"]
+            kinds = sorted({r["error"]["kind"] for r in failed if "error" in r})
+            log.warning(f"stopped early: {budget.reason}" + (f"\nfailures: {len(failed)} ({', '.join(kinds)})"
+                                                             if failed else ""))
+            code = 4 if budget.n_failed and "failed" in budget.reason else 0
+        stats = run_stats(records, events)
+        log.info(format_stats(stats))
+        extra = {"run": stats}
+        if cfg["mode"] == "evolve":
+            extra["search"] = source.finish(records)
+        predictions = rt["trainer"] != "rehearsal" or cfg["rehearsal"]["predictions"]
+        if predictions:
+            extra["baseline"] = baseline_section(meta, data, cfg["seed"])
+        try:
+            summary = finalize(run_dir, records, cfg, meta, np.asarray(data["y_val"]), np.asarray(data["y_test"]),
+                               extra, ensemble=predictions, artifacts=artifacts, prune=not budget.reason)
+        except RuntimeError as exc:
+            log.error(f"error: {exc}")
+            beat.final("failed", error=str(exc))
+            log.info(report_line(run_dir.path))              # the failures, listed with their messages
+            return code or 1
+        finally:
+            artifacts.close()
+        if predictions:
+            log.info(format_comparison(summary))
+        else:
+            log.info("rehearsal without predictions (`rehearsal.predictions = false`): no ensemble selected")
+        log.info(f"wrote {run_dir.path}/ensemble.json, leaderboard.csv, journal.jsonl  "
+                 f"({time.monotonic() - t0:.1f} s)")
+        beat.final("stopped" if budget.reason else "done", reason=budget.reason)
+        log.info(report_line(run_dir.path))
+        return code
 
 
 def run_worker_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, group,

@@ -4,9 +4,11 @@ The journal says what finished; only the master knows what is in flight, what is
 and when the job must end. It writes that here, atomically (temporary file and rename,
 so a reader on a login node never sees half a file and takes no lock), when the job
 opens, at most every ``runtime.progress_seconds`` while it runs (from the idle hook of
-the dispatch loop and on results, so a quiet master writes nothing and never spins),
-and when it ends. A few hundred bytes whatever the run's size. ``ensemble.status``
-reads it with the journal.
+the dispatch loop and on results, so a quiet master writes nothing and never spins; a
+serial master also on each of its member's reports), every ``progress_seconds`` from a
+thread while it selects and writes the ensemble (no loop runs then), and when it ends,
+Ctrl-C and a crash included. A few hundred bytes whatever the run's size.
+``ensemble.status`` reads it with the journal.
 """
 
 from __future__ import annotations
@@ -14,23 +16,37 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from ensemble.results.rundir import RunDirectory
+
 STATES = ("running", "finishing", "done", "stopped", "failed")
+FINAL = ("done", "stopped", "failed")
 
 
 class Heartbeat:
-    """Write ``status.json`` for the run directory ``path``: ``beat(**fields)`` when due,
-    ``final(state, **fields)`` at the end. Fields are merged into what was written last."""
+    """Write ``status.json`` for the run directory ``path``: ``beat()`` when due, ``final(state)``
+    at the end. Each write takes ``counts()`` (the progress so far) and merges its fields
+    into what was written last. As a context manager, an exception that ends the job is
+    written as its state: ``stopped`` on Ctrl-C, ``failed`` with the error otherwise, so
+    ``ensemble.status`` says so at once instead of when the heartbeat has gone stale."""
 
-    def __init__(self, path: str | Path, every: float, clock: Callable[[], float] = time.time, **fixed):
-        self.path = Path(path) / "status.json"
-        self.every, self.clock = every, clock
+    def __init__(self, path: str | Path, every: float, counts: Callable[[], dict] = dict,
+                 clock: Callable[[], float] = time.time, **fixed):
+        self.path = Path(path) / RunDirectory.STATUS
+        self.every, self.counts, self.clock = every, counts, clock
         self.last = -float("inf")
         self.fields = {"state": "running", "host": socket.gethostname(), "pid": os.getpid(), **fixed}
         self.writes = 0
+        self._lock = threading.RLock()              # the keep-alive thread and the master write in turn
+
+    @property
+    def ended(self) -> bool:
+        return self.fields["state"] in FINAL
 
     def due(self) -> bool:
         return self.clock() - self.last >= self.every
@@ -40,22 +56,58 @@ class Heartbeat:
             self._write(fields)
 
     def final(self, state: str, **fields) -> None:
-        assert state in STATES, state
+        assert state in FINAL, state
         self._write({**fields, "state": state})
 
+    def __enter__(self) -> "Heartbeat":
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if kind is None or self.ended:
+            return
+        if issubclass(kind, KeyboardInterrupt):
+            self.final("stopped", reason="interrupted by Ctrl-C or a signal")
+        else:
+            self.final("failed", error=f"{kind.__name__}: {value}")
+
+    @contextmanager
+    def kept_alive(self, state: str) -> Iterator["Heartbeat"]:
+        """Write ``state`` now, then every ``every`` seconds from a thread until the block
+        ends or ``final`` is written: the master's last steps (baseline, selection, outputs)
+        wait for no result, and a long one must not look like a dead job. An exception in
+        the block is written as for ``with heartbeat``."""
+        self.beat(force=True, state=state)
+        stop = threading.Event()
+
+        def keep() -> None:
+            while not stop.wait(self.every):
+                with self._lock:
+                    if self.ended:
+                        return
+                    self._write({})
+        thread = threading.Thread(target=keep, name="heartbeat", daemon=True)
+        thread.start()
+        try:
+            with self:
+                yield self
+        finally:
+            stop.set()
+            thread.join()
+
     def _write(self, fields: dict) -> None:
-        now = self.clock()
-        self.fields.update(fields, time=round(now, 3), every=self.every)
-        tmp = self.path.with_name(self.path.name + ".part")
-        tmp.write_text(json.dumps(self.fields, default=str))
-        os.replace(tmp, self.path)              # no fsync: a lost beat is rewritten in `every` seconds
-        self.last = now
-        self.writes += 1
+        with self._lock:
+            now = self.clock()
+            self.fields.update(self.counts(), **fields, time=round(now, 3), every=self.every)
+            tmp = self.path.with_name(self.path.name + ".part")
+            tmp.write_text(json.dumps(self.fields, default=str))
+            os.replace(tmp, self.path)          # no fsync: a lost beat is rewritten in `every` seconds
+            self.last = now
+            self.writes += 1
 
 
 def read_heartbeat(run_dir: str | Path) -> dict | None:
     """The last ``status.json`` written, or None (none yet, or a run from before it existed)."""
     try:
-        return json.loads((Path(run_dir) / "status.json").read_text())
+        return json.loads((Path(run_dir) / RunDirectory.STATUS).read_text())
     except (OSError, json.JSONDecodeError):
         return None

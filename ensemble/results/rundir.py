@@ -62,6 +62,7 @@ class RunDirectory:
     NORMALIZATION = "normalization.npz"
     SPLITS = "splits.npz"
     JOURNAL = "journal.jsonl"
+    STATUS = "status.json"
     LEADERBOARD = "leaderboard.csv"
     ENSEMBLE = "ensemble.json"
     TEST_PREDICTIONS = "ensemble_test_predictions.npz"

@@ -99,10 +99,17 @@ class SerialExecutor:
         return len(self._queue)
 
     def wait(self, decide: Decide, idle: Callable[[], None] | None = None) -> list[dict]:
+        """Train the next spec here; ``idle()`` runs on each of its reports, the only moments
+        this master is not training (the journal's group commit and the heartbeat need them)."""
         spec = self._queue.popleft()
         if self._trainer is None:                 # imports TensorFlow only when there is work
             self._trainer = self._make_trainer()
-        result = timed(self._trainer, spec, lambda payload: check_decision(decide(spec, payload)))
+
+        def report(payload: dict) -> dict:
+            if idle is not None:
+                idle()
+            return check_decision(decide(spec, payload))
+        result = timed(self._trainer, spec, report)
         result["worker"] = 0
         return [result]
 
@@ -192,13 +199,14 @@ class MpiExecutor:
     """
 
     def __init__(self, comm, workers: list[int], max_sleep: float = 0.05, in_hand: int | None = 1,
-                 batch: int = 256):
+                 batch: int = 256, local: Callable[[], Trainer] | None = None):
         from ensemble.runtime import mpi            # only here: the serial path needs no MPI
         self.mpi = mpi
         self.comm, self.max_sleep, self.batch = comm, max_sleep, batch
         self.leaders = list(workers)
-        self.workers = len(self.leaders)
         self.index = {rank: i for i, rank in enumerate(self.leaders)}
+        self.local = LocalWorker(local) if local is not None else None     # the master's own slot, last
+        self.workers = len(self.leaders) + (self.local is not None)
         self.slots = Slots(self.workers, in_hand)
         self.idle_seconds = 0.0                     # time spent waiting with nothing to do
         self._sends: deque = deque()                # specs on their way (non-blocking sends)
@@ -207,9 +215,13 @@ class MpiExecutor:
         return len(self.slots.ready)
 
     def submit(self, spec: dict) -> None:
+        slot = self.slots.take(spec)
+        if slot == len(self.leaders):               # the master's own training thread
+            self.local.inbox.put(spec)
+            return
         # non-blocking: a worker busy training takes the spec when it is done, the master
         # never waits for it (a blocking send can, once a worker's receive queue is full)
-        worker = self.leaders[self.slots.take(spec)]
+        worker = self.leaders[slot]
         self._sends.append(self.comm.isend(spec, dest=worker, tag=self.mpi.TAG_SPEC))
         log.debug("spec %s to rank %d", spec.get("id"), worker)
         while self._sends and self._sends[0].Test():
@@ -239,10 +251,29 @@ class MpiExecutor:
         mean = self.slots.mean_seconds
         return self.max_sleep if mean is None else min(self.max_sleep, max(5e-4, 0.1 * mean))
 
+    def _local_results(self, decide: Decide) -> list[dict]:
+        """What the master's own thread has for the loop: its reports answered, its results."""
+        out = []
+        slot = len(self.leaders)
+        while (report := self.local.pending_report()) is not None:
+            payload, reply = report
+            reply.put(check_decision(decide(self.slots.training(slot), payload)))
+        while (result := self.local.result()) is not None:
+            result["worker"] = slot
+            self.slots.done(slot, result_seconds(result))
+            out.append(result)
+        return out
+
     def wait(self, decide: Decide, idle: Callable[[], None] | None = None) -> list[dict]:
         mpi, results = self.mpi, []
         sleep, waited_since, cap = 1e-4, None, self.sleep_cap()
         while not results:
+            if self.local is not None:
+                results.extend(self._local_results(decide))
+                if results:
+                    if waited_since is not None:
+                        self.idle_seconds += time.perf_counter() - waited_since
+                    break
             got = mpi.try_recv(self.comm)
             if got is None:
                 if waited_since is None:
@@ -277,6 +308,64 @@ class MpiExecutor:
             sleep = min(sleep * 2, self.max_sleep)
         for worker in self.leaders:
             self.comm.send(None, dest=worker, tag=self.mpi.TAG_STOP)
+        if self.local is not None:
+            self.local.stop()
+
+
+class LocalWorker:
+    """The master's own training slot (``runtime.master_trains``): a thread that trains the
+    specs the master hands it, so rank 0's GPU is not idle. The thread makes no MPI call;
+    its results and reports go through queues the master's loop reads between probes, so
+    the loop (and every decision) stays on the main thread, which keeps answering the
+    workers while the member trains (TensorFlow's kernels run without the GIL)."""
+
+    def __init__(self, make_trainer: Callable[[], Trainer]):
+        import queue
+        import threading
+        self._queue_empty = queue.Empty
+        self.inbox: queue.Queue = queue.Queue()
+        self._results: queue.Queue = queue.Queue()
+        self._reports: queue.Queue = queue.Queue()
+        self._make_trainer = make_trainer
+        self._thread = threading.Thread(target=self._run, name="master-trainer", daemon=True)
+        self._thread.start()
+
+    def _report(self, payload: dict) -> dict:
+        import queue
+        reply: queue.Queue = queue.Queue(maxsize=1)
+        self._reports.put((payload, reply))
+        return reply.get()
+
+    def _run(self) -> None:
+        trainer = None
+        while (spec := self.inbox.get()) is not None:
+            try:
+                if trainer is None:                     # imports TensorFlow on the first spec
+                    trainer = self._make_trainer()
+                result = timed(trainer, spec, self._report)
+            except BaseException as exc:                # noqa: BLE001 - the master must hear of it
+                result = {"crash": f"the master's training thread failed on {spec.get('id')}: "
+                                   f"{type(exc).__name__}: {exc}"}
+            self._results.put(result)
+
+    def result(self) -> dict | None:
+        try:
+            result = self._results.get_nowait()
+        except self._queue_empty:
+            return None
+        if "crash" in result:
+            raise RuntimeError(result["crash"])
+        return result
+
+    def pending_report(self):
+        try:
+            return self._reports.get_nowait()
+        except self._queue_empty:
+            return None
+
+    def stop(self) -> None:
+        self.inbox.put(None)
+        self._thread.join()
 
 
 def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: dict | None = None) -> int:
