@@ -9,6 +9,7 @@ import logging
 import socket
 import sys
 import time
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -153,10 +154,11 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
             for result in results:
                 budget.observe(result)
             progress.add(results)
-            beat.beat()
-        beat.beat(force=True)
-        account = dispatch(executor, source, on_results, should_stop=budget.should_stop,
-                           adjust=lambda spec: progress.hand_out(artifacts.stamp(budget.cap(spec))), idle=idle)
+            beat.beat(late=True)        # a loop never idle (results always waiting) still beats, if less often
+        # a serial master trains the members itself, with no idle moments: a thread beats for it
+        with beat.kept_alive("running") if not leaders else nullcontext():
+            account = dispatch(executor, source, on_results, should_stop=budget.should_stop,
+                               adjust=lambda spec: progress.hand_out(artifacts.stamp(budget.cap(spec))), idle=idle)
         closed = {"event": "close", "time": round(time.time(), 4), **account,
                   "journal_syncs": journal.syncs + 1, "journal_bytes": journal.bytes}
         if account["master_busy_seconds"] is None:          # the serial master trains: no master share

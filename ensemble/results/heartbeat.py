@@ -4,9 +4,10 @@ The journal says what finished; only the master knows what is in flight, what is
 and when the job must end. It writes that here, atomically (temporary file and rename,
 so a reader on a login node never sees half a file and takes no lock), when the job
 opens, at most every ``runtime.progress_seconds`` while it runs (from the idle hook of
-the dispatch loop and on results, so a quiet master writes nothing and never spins; a
-serial master also on each of its member's reports), every ``progress_seconds`` from a
-thread while it selects and writes the ensemble (no loop runs then), and when it ends,
+the dispatch loop, after the free workers have been handed specs, so the counts are
+right; on results only when the loop is never idle; a quiet master writes nothing and
+never spins), every ``progress_seconds`` from a thread while no loop can (a serial
+master training a member; the ensemble being selected and written), and when it ends,
 Ctrl-C and a crash included. A few hundred bytes whatever the run's size.
 ``ensemble.status`` reads it with the journal.
 """
@@ -48,11 +49,13 @@ class Heartbeat:
     def ended(self) -> bool:
         return self.fields["state"] in FINAL
 
-    def due(self) -> bool:
-        return self.clock() - self.last >= self.every
+    def due(self, late: bool = False) -> bool:
+        return self.clock() - self.last >= self.every * (2 if late else 1)
 
-    def beat(self, force: bool = False, **fields) -> None:
-        if force or self.due():
+    def beat(self, force: bool = False, late: bool = False, **fields) -> None:
+        """Write if ``every`` seconds have passed (``late``: twice that, for a caller whose
+        counts may be a moment off, such as results back and their workers not yet refilled)."""
+        if force or self.due(late):
             self._write(fields)
 
     def final(self, state: str, **fields) -> None:

@@ -1,9 +1,11 @@
 """``ensemble.status`` from synthetic run directories: counts from the journal and the
-heartbeat, a torn last line, a silent (dead) job, a run without status.json, the CLI."""
+heartbeat, a torn last line, a silent (dead) job, a run without status.json, the CLI; the
+heartbeat's writer (when due, kept alive from a thread, an exception written as the state)."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -79,6 +81,8 @@ def test_a_finished_run_shows_its_ensemble(tmp_path):
                                                    "ensemble": {"test": {"accuracy": 0.97}}}))
     s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=2000.0)
     assert s["state"] == "done" and s["eta_seconds"] is None
+    assert (s["age_seconds"], s["ended_seconds_ago"]) == (15.0, 990.0)     # how long it took, when it ended
+    assert S.format_status(s).startswith("run: done after 15 s, 16.5 min ago")
     assert "ensemble (2 members): test accuracy 0.9700" in S.format_status(s)
 
 
@@ -90,11 +94,71 @@ def test_heartbeat_writes_when_due_and_merges_fields(tmp_path):
     beat.beat(done=2)                                          # not due: nothing written
     assert read_heartbeat(tmp_path)["done"] == 1 and beat.writes == 1
     clock[0] = 6.0
+    beat.beat(late=True, done=3)                               # late: not before twice `every`
+    assert beat.writes == 1
     beat.beat(done=3)
     beat.final("done", done=10)
     got = read_heartbeat(tmp_path)
     assert got["state"] == "done" and got["done"] == 10 and got["total"] == 10 and beat.writes == 3
     assert not list(tmp_path.glob("*.part"))
+
+
+def test_a_new_journal_is_read_from_its_start(tmp_path):
+    run = make(tmp_path, n_ok=5)
+    tail = S.JournalTail(run / "journal.jsonl")
+    tail.read()
+    (run / "journal.jsonl").write_text(json.dumps(record(0)) + "\n")        # the run started over
+    tail.read()
+    assert [r["id"] for r in tail.records] == ["m-000"] and tail.events == []
+
+
+def test_a_run_that_has_only_its_config_is_starting(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text('[[architectures]]\nname = "m"\nmembers = 4\n')
+    assert S.main([str(run)]) == 0
+    assert "run: starting" in capsys.readouterr().out
+
+
+def test_heartbeat_takes_the_counts_and_writes_an_exception_as_the_state(tmp_path):
+    counts = {"done": 0}
+    beat = Heartbeat(tmp_path, every=60.0, counts=lambda: dict(counts), total=4)
+    with pytest.raises(KeyboardInterrupt), beat:
+        beat.beat()
+        counts["done"] = 2
+        raise KeyboardInterrupt
+    got = read_heartbeat(tmp_path)
+    assert got["state"] == "stopped" and "interrupted" in got["reason"] and got["done"] == 2
+    with pytest.raises(ValueError), Heartbeat(tmp_path, every=60.0):
+        raise ValueError("bad spec")
+    assert read_heartbeat(tmp_path)["error"] == "ValueError: bad spec"
+
+
+def test_kept_alive_beats_from_a_thread_until_final(tmp_path):
+    beat = Heartbeat(tmp_path, every=0.05)
+    with beat.kept_alive("finishing"):
+        time.sleep(0.4)                                        # a long selection: no loop beats
+        assert read_heartbeat(tmp_path)["state"] == "finishing" and beat.writes >= 4
+        beat.final("done")
+        writes = beat.writes
+        time.sleep(0.2)
+        assert beat.writes == writes                           # the thread stops at the final state
+    assert read_heartbeat(tmp_path)["state"] == "done"
+    with pytest.raises(RuntimeError), Heartbeat(tmp_path, every=0.05).kept_alive("finishing"):
+        raise RuntimeError("disk full")
+    assert read_heartbeat(tmp_path)["error"] == "RuntimeError: disk full"
+
+
+def test_a_serial_master_is_idle_on_each_report_of_the_member_it_trains():
+    from ensemble.runtime.executor import SerialExecutor, go_on
+
+    def trainer(spec, report):
+        for epoch in range(3):
+            report({"epoch": epoch})
+        return {"id": spec["id"], "status": "ok"}
+    ex, calls = SerialExecutor(lambda: trainer), []
+    ex.submit({"id": "m0"})
+    assert ex.wait(go_on, idle=lambda: calls.append(1))[0]["id"] == "m0" and len(calls) == 3
 
 
 def test_cli_errors_and_json(tmp_path, capsys):
@@ -111,8 +175,9 @@ def test_progress_counts_what_is_out_and_the_best_so_far():
     p = Progress(10, "mse", workers=2, done=3, lines=0)
     for i in range(5):
         p.hand_out({"id": f"m{i}"})
-    p.add([{"id": "m0", "status": "ok", "val": {"mse": 2.0}}, {"id": "m1", "status": "ok", "val": {"mse": 1.5}},
-           {"id": "m2", "status": "failed"}])
+    ok = {"status": "ok", "epochs": 3, "params": 10, "train_seconds": 1.0}    # whole records: a debug log prints them
+    p.add([{"id": "m0", "val": {"mse": 2.0}, **ok}, {"id": "m1", "val": {"mse": 1.5}, **ok},
+           {"id": "m2", "status": "failed", "error": {"kind": "nan_loss", "message": "NaN"}}])
     c = p.counts()                                  # 5 out, 3 back: 2 running on 2 workers, none ahead
     assert (c["done"], c["failed"], c["running"], c["held_ahead"], c["queued"]) == (6, 1, 2, 0, 2)
     assert c["best"] == {"id": "m1", "value": 1.5}                     # lower mse is better

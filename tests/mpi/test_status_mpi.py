@@ -1,11 +1,13 @@
 """``ensemble.status`` on a run that is still going: a rehearsal run (members sleep, no
 TensorFlow) under mpiexec -n 3 in the background, polled with ``--json`` from another
-process, as a login node would; then the same command once the run has ended."""
+process, as a login node would; then the same command once the run has ended, and
+after Ctrl-C."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -42,14 +44,20 @@ def status(run_dir) -> dict:
     return json.loads(proc.stdout)
 
 
-def test_status_of_a_running_run_has_consistent_counts(tmp_path):
+def start(tmp_path, members: int = 12) -> tuple[subprocess.Popen, object]:
+    """The rehearsal run under ``mpiexec -n 3`` in the background: (process, run directory)."""
     cfg = tmp_path / "c.toml"
-    cfg.write_text(textwrap.dedent(CONFIG))
+    cfg.write_text(textwrap.dedent(CONFIG).replace("members = 12", f"members = {members}"))
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     job = subprocess.Popen([mpiexec(), "-n", "3", sys.executable, "-m", "ensemble.run", str(cfg), "--run-dir",
                             str(run_dir)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
+    return job, run_dir
+
+
+def test_status_of_a_running_run_has_consistent_counts(tmp_path):
+    job, run_dir = start(tmp_path)
     seen_midway = None
     try:
         deadline = time.time() + 90
@@ -75,3 +83,25 @@ def test_status_of_a_running_run_has_consistent_counts(tmp_path):
     text = subprocess.run([sys.executable, "-m", "ensemble.status", str(run_dir)], cwd=ROOT, capture_output=True,
                           text=True, timeout=60).stdout
     assert "done" in text and "12 finished, 0 failed of 12" in text and "best member so far" in text
+
+
+def test_status_after_ctrl_c_says_stopped_and_how_to_resume(tmp_path):
+    job, run_dir = start(tmp_path, members=8)
+    try:
+        deadline = time.time() + 60
+        while not read_journal(run_dir / "journal.jsonl"):           # a member has finished
+            assert job.poll() is None and time.time() < deadline, job.communicate()
+            time.sleep(0.2)
+        job.send_signal(signal.SIGINT)                              # what Ctrl-C does to mpiexec
+        out, err = job.communicate(timeout=30)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 130, out + err
+    s = status(run_dir)
+    assert s["state"] == "stopped" and s["reason"] == "interrupted by Ctrl-C or a signal"
+    assert 0 < s["finished"] < 8 and s["running"] == 0 and s["queued"] == 8 - s["done"]
+    text = subprocess.run([sys.executable, "-m", "ensemble.status", str(run_dir)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60).stdout
+    assert "run: stopped early after" in text and ("interrupted by Ctrl-C or a signal; the same command with "
+                                                    f"`--run-dir {run_dir} --resume` continues it") in text, text
