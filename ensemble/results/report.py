@@ -278,10 +278,9 @@ def plot_search(view: RunView):
     """Every evaluation's validation metric and the best so far, against evaluations and
     against wall time since the run began; failures at the bottom as crosses."""
     metric = view.metric
-    evaluated = [r for r in view.records if "search" in r or view.config.get("mode") == "evolve"]
-    if view.config.get("mode") != "evolve" or not evaluated or not metric:
+    if view.config.get("mode") != "evolve" or not view.records or not metric:
         return None
-    evaluated.sort(key=lambda r: r.get("received", 0.0))
+    evaluated = sorted(view.records, key=lambda r: r.get("received", 0.0))
     t0 = _t0(view)
     higher = higher_is_better(metric)
     values = np.array([r["val"].get(metric, np.nan) if r.get("status") == "ok" else np.nan for r in evaluated])
