@@ -3,7 +3,8 @@
 Layers, each importing only from layers below it (checked by tests/test_layering.py):
 
     5  run, predict, simulate,      ``python -m ensemble.run`` / ``.predict`` / ``.simulate`` /
-       reselect, report, status     ``.reselect`` / ``.report`` / ``.status``: entry points
+       reselect, report, status,    ``.reselect`` / ``.report`` / ``.status`` / ``.jobscript``:
+       jobscript                    entry points
     4  orchestrate                  a run = spec source x executor x budget x run directory; --check
     3  sources, train, inference    what to train next; training one member; using a run
     2  results                      run directory, journal, packed store, retention, selection, summary,

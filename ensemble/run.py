@@ -42,9 +42,11 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     if args.check:
         from ensemble.orchestrate.check import check_main
         return check_main(args.config)
+    from ensemble.runtime.env import set_thread_env
+    set_thread_env(config["runtime"]["threads"] if config is not None else configured_threads(args.config))
     from ensemble.config import ConfigError, load_config
     from ensemble.runtime import mpi
-    from ensemble.runtime.env import bind_gpu, hide_gpus, set_thread_env
+    from ensemble.runtime.env import bind_gpu, hide_gpus
     from ensemble.runtime.logs import add_debug_file, setup_logging
 
     made = [] if made is None else made                  # the run directory, once rank 0 has made it
@@ -65,8 +67,13 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
                   f"ranks (mpirun -n P gives P-1 workers besides the master), but got {group_size}")
         return EXIT_CONFIG
     from ensemble.runtime.env import process_started
+    from ensemble.runtime.scheduler import job_end_time
     stamps.update(process=process_started(), mpi_and_config=round(time.time(), 3))
-    set_thread_env(cfg["runtime"]["threads"])
+    try:
+        job_end_time()                                  # a malformed end fails now, on every rank alike
+    except ValueError as exc:
+        log.error(f"error: {exc}")
+        return EXIT_CONFIG
     from ensemble.train.architecture import use_builder_folders
     use_builder_folders(cfg["architectures"])           # every rank imports the user's builder from there
     local_rank = mpi.node_local_rank(comm)              # collective: every rank calls it
@@ -117,6 +124,19 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     mpi.polite_barrier(comm, max_sleep)
     data.free()
     return code
+
+
+def configured_threads(path: str) -> int:
+    """``runtime.threads`` read straight from the TOML, before anything imports numpy (the
+    config's own loading does): thread pools size themselves once, at import. A file that
+    cannot be read gives 1; ``load_config`` then says what is wrong with it."""
+    import tomllib
+    try:
+        with open(path, "rb") as fh:
+            threads = tomllib.load(fh).get("runtime", {}).get("threads", 1)
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        return 1
+    return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else 1
 
 
 def trains_on_master(runtime: dict, binding) -> bool:

@@ -276,7 +276,8 @@ SCHEMA = Table({
                                  "broadcast: tests many nodes on one machine"),
         "time_limit": Key(NUM, None, _positive, nullable=True,
                           doc="seconds the run may take: no member starts that would end after it, less "
-                              "`finish_reserve` (a Slurm job's end time counts as well)"),
+                              "`finish_reserve` (the job's end counts as well: `ENSEMBLE_JOB_END_TIME`, set by the "
+                              "`ensemble.jobscript` scripts, or Slurm's `SLURM_JOB_END_TIME`)"),
         "finish_reserve": Key(NUM, 30.0, _nonneg,
                               doc="seconds kept before the deadline for selection and writing the outputs"),
         "max_failed_share": Key(NUM, 0.5, lambda v: None if 0.0 < v <= 1.0 else "must be in (0, 1]",

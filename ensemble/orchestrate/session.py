@@ -21,7 +21,8 @@ from ensemble.results.report import report_line
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.summary import finalize, format_comparison
 from ensemble.results.timeline import format_stats, run_stats
-from ensemble.runtime.budget import RunBudget, slurm_end_time
+from ensemble.runtime.budget import RunBudget
+from ensemble.runtime.scheduler import job_end_time
 from ensemble.runtime.executor import MpiExecutor, SerialExecutor, serve
 from ensemble.sources import SpecList, member_count, member_specs
 from ensemble.task import get_task
@@ -128,7 +129,7 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
         executor = MpiExecutor(comm, leaders, rt["poll_max_sleep"], in_hand(rt), local=local)
     else:
         executor = SerialExecutor(lambda: make_trainer(cfg, meta, data, run_dir, 0))
-    budget = RunBudget(rt["time_limit"], rt["finish_reserve"], rt["max_failed_share"], end_time=slurm_end_time())
+    budget = RunBudget(rt["time_limit"], rt["finish_reserve"], rt["max_failed_share"], end_time=job_end_time())
     progress = Progress(total, metric, executor.workers, len(done_ids), rt["progress_lines"],
                         rt["progress_seconds"])
     beat = Heartbeat(run_dir.path, rt["progress_seconds"], progress.counts, job_started=round(job_started, 3),

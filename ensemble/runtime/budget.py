@@ -14,15 +14,6 @@ from collections.abc import Callable
 MIN_FAILURES = 3           # a share is only judged once this many members have failed
 
 
-def slurm_end_time() -> float | None:
-    """The job's end as a UNIX time, from Slurm's ``SLURM_JOB_END_TIME`` when it is set."""
-    value = os.environ.get("SLURM_JOB_END_TIME")
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None
-
-
 class RunBudget:
     """Tracks results; says when to stop handing out work and caps each member's time."""
 
@@ -58,7 +49,7 @@ class RunBudget:
         if self.reason:
             return True
         if self.deadline is not None and self.clock() + self.expected_member_seconds() > self.deadline:
-            self.reason = ("the run's time limit is near (`runtime.time_limit` or the Slurm job's end, "
+            self.reason = ("the run's time limit is near (`runtime.time_limit` or the job's end as the scheduler set it, "
                            "less `runtime.finish_reserve`); stopped handing out members")
             return True
         return False

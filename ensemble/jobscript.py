@@ -1,0 +1,475 @@
+"""``python -m ensemble.jobscript --scheduler {slurm,pbs,lsf,flux} --nodes N --gpus-per-node G
+[--hours H] CONFIG [--chain K]``: write a ready job script for a cluster's batch scheduler.
+
+The script asks for N whole nodes for H hours and starts ``python -m ensemble.run`` with one
+rank per GPU (``runtime.ranks_per_gpu`` ranks per GPU when the config says so) through the
+scheduler's own launcher: ``srun`` (Slurm: Frontier, Perlmutter), PALS ``mpiexec`` (PBS:
+Polaris, Aurora), ``jsrun`` (LSF: Summit) or ``flux run`` (Flux: El Capitan), each rank
+bound to its cores and, where the launcher can, its GPU (elsewhere the run binds a GPU by
+node-local rank itself, ``runtime.env``).
+
+- **Ranks**: N x G in all. Rank 0, the master, shares node 0 with the workers and gets a
+  GPU like them, and trains members on it (``runtime.master_trains = "auto"``), so no GPU
+  idles. An extra master rank would need cores and a GPU outside the one-GPU-per-rank
+  binding, for a process that only hands out specs and appends to the journal.
+- **Resume**: the script passes ``--resume`` when the run directory already holds a
+  journal, so the first job starts the run and submitting the same script again continues
+  it. On a finished run, ``--resume`` trains nothing: it selects the ensemble again and ends.
+- **Time limit**: the script exports ``ENSEMBLE_JOB_END_TIME`` (UNIX seconds), read by
+  ``runtime.scheduler.job_end_time``, from what its scheduler tells a job (see each
+  ``*_END_TIME`` below), so the master stops handing out members in time to write the
+  ensemble before the job is killed.
+- ``--chain K`` also writes ``<script>.submit.sh``, which submits the script K times, each
+  job waiting for the one before to end however it ended (afterany).
+
+Pure text rendering (``render_job_script``, ``render_submit_script``) plus a CLI; nothing here
+talks to a scheduler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+EXIT_USAGE = 2
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
+                    "TF_NUM_INTEROP_THREADS")
+
+
+class JobScriptError(ValueError):
+    """The job script cannot be written as asked; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """What one job script holds. Paths are absolute, so the script runs from any folder."""
+    scheduler: str
+    name: str                  # job name and file stem: the config's name, safe in a directive
+    config: str
+    run_dir: str
+    workdir: str               # the job works here, as the run would have from the command line
+    nodes: int
+    gpus_per_node: int
+    ranks_per_gpu: int         # runtime.ranks_per_gpu
+    threads: int               # runtime.threads
+    cpus_per_rank: int
+    minutes: int
+    python: str
+    account: str | None = None
+    queue: str | None = None
+    setup: tuple[str, ...] = ()
+    directives: tuple[str, ...] = ()
+    command: str = ""          # the ensemble.jobscript command line that wrote the script
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.gpus_per_node * self.ranks_per_gpu
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def walltime(self) -> str:
+        return f"{self.minutes // 60}:{self.minutes % 60:02d}:00"
+
+
+# --- Slurm (Frontier, Perlmutter) ---------------------------------------------------------
+
+def slurm_directives(job: Job) -> list[str]:
+    lines = [f"--job-name={job.name}", f"--nodes={job.nodes}", f"--ntasks-per-node={job.ranks_per_node}",
+             f"--gpus-per-node={job.gpus_per_node}", f"--cpus-per-task={job.cpus_per_rank}",
+             f"--time={job.walltime}", f"--output={job.name}-%j.out"]
+    lines += [f"--account={job.account}"] * bool(job.account) + [f"--partition={job.queue}"] * bool(job.queue)
+    return [f"#SBATCH {line}" for line in [*lines, *job.directives]]
+
+
+def slurm_launcher(job: Job) -> list[str]:
+    """``srun`` in Slurm 22.05 and after takes no ``--cpus-per-task`` from ``sbatch``, so it is
+    given again; ``--gpus-per-task=1 --gpu-bind=closest`` gives each rank the GPU nearest its cores.
+    Ranks sharing GPUs see the node's list, which the run narrows by node-local rank."""
+    gpus = ["--gpus-per-task=1", "--gpu-bind=closest"] if job.ranks_per_gpu == 1 else []
+    return ["srun", f"--nodes={job.nodes}", f"--ntasks={job.ranks}", f"--ntasks-per-node={job.ranks_per_node}",
+            f"--cpus-per-task={job.cpus_per_rank}", "--cpu-bind=cores", *gpus]
+
+
+SLURM_END_TIME = """\
+# Slurm's own end for the job: SLURM_JOB_END_TIME where Slurm sets it, else squeue's end time
+# (either follows a time limit changed on the command line or with scontrol), else this
+# script's start plus the time asked for above.
+job_end_time() {
+    if [[ "${SLURM_JOB_END_TIME:-}" =~ ^[0-9]+$ ]]; then
+        echo "$SLURM_JOB_END_TIME"
+        return
+    fi
+    local end
+    end=$(squeue -h -j "${SLURM_JOB_ID:-}" -o %e 2>/dev/null || true)
+    if [[ -n "$end" ]] && date -d "$end" +%s 2>/dev/null; then
+        return
+    fi
+    echo $((JOB_START + WALLTIME_SECONDS))
+}"""
+
+SLURM_SUBMIT = """\
+submit() {    # sbatch --parsable prints ID or ID;CLUSTER
+    local out
+    if [[ -n "$1" ]]; then
+        out=$(sbatch --parsable --dependency="afterany:$1" "$SCRIPT")
+    else
+        out=$(sbatch --parsable "$SCRIPT")
+    fi
+    echo "${out%%;*}"
+}"""
+
+
+# --- PBS Pro with PALS (Polaris, Aurora) ----------------------------------------------------
+
+def pbs_directives(job: Job) -> list[str]:
+    """Whole nodes spread one chunk per node; a site's extra resources (ALCF's
+    ``-l filesystems=home:eagle``) come from ``--directive``."""
+    lines = [f"-N {job.name}", f"-l select={job.nodes}", "-l place=scatter", f"-l walltime={job.walltime}",
+             "-j oe"]
+    lines += [f"-A {job.account}"] * bool(job.account) + [f"-q {job.queue}"] * bool(job.queue)
+    return [f"#PBS {line}" for line in [*lines, *job.directives]]
+
+
+def pbs_launcher(job: Job) -> list[str]:
+    """PALS ``mpiexec``: ``--ppn`` ranks per node, ``--depth`` cores per rank bound with
+    ``--cpu-bind=depth``. PALS binds no GPU: the run does, by node-local rank
+    (``PALS_LOCAL_RANKID`` cross-checked), so no affinity wrapper script is needed."""
+    return ["mpiexec", "-n", str(job.ranks), "--ppn", str(job.ranks_per_node), f"--depth={job.cpus_per_rank}",
+            "--cpu-bind=depth"]
+
+
+PBS_END_TIME = """\
+# PBS tells a job no end time: this script's start (seconds after the job's) plus the walltime
+# PBS holds for the job (qstat: a `qsub -l walltime=` on the command line overrides the line
+# above), else the walltime above.
+job_end_time() {
+    local walltime
+    walltime=$(qstat -f "${PBS_JOBID:-}" 2>/dev/null | sed -n 's/^ *Resource_List\\.walltime = *//p' || true)
+    if [[ "$walltime" =~ ^[0-9]+(:[0-9]+){0,2}$ ]]; then
+        echo $((JOB_START + $(hms_seconds "$walltime")))
+    else
+        echo $((JOB_START + WALLTIME_SECONDS))
+    fi
+}"""
+
+PBS_SUBMIT = """\
+submit() {    # qsub prints the job's id
+    if [[ -n "$1" ]]; then
+        qsub -W "depend=afterany:$1" "$SCRIPT"
+    else
+        qsub "$SCRIPT"
+    fi
+}"""
+
+
+# --- LSF with jsrun (Summit) ------------------------------------------------------------------
+
+def lsf_directives(job: Job) -> list[str]:
+    """``-nnodes`` is the CSM form of LSF that Summit runs (whole nodes, then jsrun)."""
+    lines = [f"-J {job.name}", f"-nnodes {job.nodes}", f"-W {job.minutes // 60}:{job.minutes % 60:02d}",
+             f"-o {job.name}.%J.out"]
+    lines += [f"-P {job.account}"] * bool(job.account) + [f"-q {job.queue}"] * bool(job.queue)
+    return [f"#BSUB {line}" for line in [*lines, *job.directives]]
+
+
+def lsf_launcher(job: Job) -> list[str]:
+    """One jsrun resource set per GPU (``-g 1``) with its ranks (``-a``) and their cores
+    (``-c``), ``-r`` sets per node, each rank bound to its cores (``-b packed:C``)."""
+    k = job.ranks_per_gpu
+    return ["jsrun", "-n", str(job.nodes * job.gpus_per_node), "-r", str(job.gpus_per_node), "-a", str(k),
+            "-c", str(job.cpus_per_rank * k), "-g", "1", "-b", f"packed:{job.cpus_per_rank}"]
+
+
+LSF_END_TIME = """\
+# LSF tells a job no end time: this script's start (seconds after the job's) plus the run
+# limit LSF holds for the job (bjobs: a `bsub -W` on the command line overrides the line
+# above), else the limit above.
+job_end_time() {
+    local limit
+    limit=$(bjobs -noheader -hms -o runtimelimit "${LSB_JOBID:-}" 2>/dev/null | awk '{print $1}' || true)
+    if [[ "$limit" =~ ^[0-9]+(:[0-9]+){0,2}$ ]]; then
+        echo $((JOB_START + $(hms_seconds "$limit")))
+    else
+        echo $((JOB_START + WALLTIME_SECONDS))
+    fi
+}"""
+
+LSF_SUBMIT = """\
+submit() {    # bsub reads the #BSUB lines from a script on its input; prints "Job <ID> is submitted ..."
+    local out
+    if [[ -n "$1" ]]; then
+        out=$(bsub -w "ended($1)" < "$SCRIPT")
+    else
+        out=$(bsub < "$SCRIPT")
+    fi
+    sed -n 's/^Job <\\([0-9][0-9]*\\)> is submitted.*/\\1/p' <<<"$out"
+}"""
+
+
+# --- Flux (El Capitan) --------------------------------------------------------------------------
+
+def flux_directives(job: Job) -> list[str]:
+    lines = [f"--job-name={job.name}", f"-N {job.nodes}", "--exclusive", f"--time-limit={job.minutes}m",
+             f"--output={job.name}-{{{{id}}}}.out"]
+    lines += [f"--bank={job.account}"] * bool(job.account) + [f"--queue={job.queue}"] * bool(job.queue)
+    return [f"#flux: {line}" for line in [*lines, *job.directives]]
+
+
+def flux_launcher(job: Job) -> list[str]:
+    """``-g 1`` and ``gpu-affinity=per-task``: each task sees its own GPU; ranks sharing GPUs
+    get none assigned and see the node's, which the run narrows by node-local rank."""
+    gpus = ["-g", "1", "-o", "gpu-affinity=per-task"] if job.ranks_per_gpu == 1 else ["-o", "gpu-affinity=off"]
+    return ["flux", "run", "-N", str(job.nodes), "-n", str(job.ranks), "-c", str(job.cpus_per_rank), *gpus,
+            "-o", "cpu-affinity=per-task"]
+
+
+FLUX_END_TIME = """\
+# Flux's time left for this job (`flux job timeleft`: whole seconds; 4294967295 when the job
+# has no limit) from now, else this script's start plus the time asked for above.
+job_end_time() {
+    local left
+    left=$(flux job timeleft 2>/dev/null || true)
+    if [[ "$left" =~ ^[0-9]+$ ]] && ((left < 4294967295)); then
+        echo $(($(date +%s) + left))
+    else
+        echo $((JOB_START + WALLTIME_SECONDS))
+    fi
+}"""
+
+FLUX_SUBMIT = """\
+submit() {    # flux batch prints the job's id
+    if [[ -n "$1" ]]; then
+        flux batch --dependency="afterany:$1" "$SCRIPT"
+    else
+        flux batch "$SCRIPT"
+    fi
+}"""
+
+HMS_SECONDS = """\
+hms_seconds() {    # [[HH:]MM:]SS -> seconds
+    local parts part total=0
+    IFS=: read -ra parts <<<"$1"
+    for part in "${parts[@]}"; do
+        total=$((total * 60 + 10#$part))
+    done
+    echo "$total"
+}"""
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """What differs between schedulers; the rest of a job script is the same for all."""
+    directives: Callable[[Job], list[str]]
+    launcher: Callable[[Job], list[str]]
+    end_time: str              # a shell function ``job_end_time`` printing the job's end
+    submit: str                # a shell function ``submit [AFTER_ID]`` printing the new job's id
+    submit_once: str           # how a user submits the job script by hand ({} is its path)
+
+
+SCHEDULERS = {
+    "slurm": Scheduler(slurm_directives, slurm_launcher, SLURM_END_TIME, SLURM_SUBMIT, "sbatch {}"),
+    "pbs": Scheduler(pbs_directives, pbs_launcher, PBS_END_TIME, PBS_SUBMIT, "qsub {}"),
+    "lsf": Scheduler(lsf_directives, lsf_launcher, LSF_END_TIME, LSF_SUBMIT, "bsub < {}"),
+    "flux": Scheduler(flux_directives, flux_launcher, FLUX_END_TIME, FLUX_SUBMIT, "flux batch {}"),
+}
+
+
+def render_job_script(job: Job) -> str:
+    """The job script's text: directives, then the environment, the job's end, and the run."""
+    s, q = SCHEDULERS[job.scheduler], shlex.quote
+    per_gpu = "one per GPU" if job.ranks_per_gpu == 1 else f"{job.ranks_per_gpu} per GPU (runtime.ranks_per_gpu)"
+    helpers = [HMS_SECONDS, ""] if "hms_seconds" in s.end_time else []
+    threads = " ".join(f"{v}={job.threads}" for v in THREAD_VARIABLES)
+    launch = " ".join(map(q, s.launcher(job)))
+    lines = [
+        "#!/bin/bash",
+        *s.directives(job),
+        f"# python -m ensemble.run for the config {job.name!r} on {job.nodes} node(s) x {job.gpus_per_node} GPU(s): "
+        f"{job.ranks} ranks,",
+        f"# {per_gpu}, {job.cpus_per_rank} core(s) each. Rank 0, the master, shares node 0 with the workers",
+        "# and has a GPU like them, on which it trains members too (runtime.master_trains = \"auto\"),",
+        "# so no GPU idles (with runtime.group_size > 1 the master trains nothing and its GPU idles).",
+        "# Submitting this script again continues the same run (--resume) until it is done; on a",
+        "# finished run a job selects the ensemble again and ends. Written by",
+        f"#   {job.command}",
+        "# (run that again with other options rather than editing this file).",
+        "set -eo pipefail",
+        "JOB_START=$(date +%s)",
+        f"WALLTIME_SECONDS={job.minutes * 60}    # the time limit asked for above",
+        f"CONFIG={q(job.config)}",
+        f"RUN_DIR={q(job.run_dir)}",
+        f"cd {q(job.workdir)}",
+        "",
+        *job.setup,
+        "# A venv's python needs no activation; activating one would also put its own mpiexec (the",
+        "# mpich wheel's) before the site's launcher.",
+        f"PYTHON={q(job.python)}",
+        "# runtime.threads of the config, before Python starts: numpy's thread pool starts while the config is read",
+        f"export {threads}",
+        "export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1",
+        "set -u    # only now: site module scripts are not all written for it",
+        "",
+        *helpers,
+        s.end_time,
+        "ENSEMBLE_JOB_END_TIME=$(job_end_time)",
+        "export ENSEMBLE_JOB_END_TIME    # the master stops handing out members in time to write the ensemble",
+        "",
+        "# The first job starts the run; a later one (submitted again, or the next of a chain) continues it.",
+        "RESUME=",
+        "WHAT=starting",
+        "if [[ -e \"$RUN_DIR/journal.jsonl\" ]]; then",
+        "    RESUME=--resume",
+        "    WHAT=continuing",
+        "fi",
+        f"echo \"$(date): $WHAT the run in $RUN_DIR on {job.ranks} ranks; "
+        "the job ends $(date -d \"@$ENSEMBLE_JOB_END_TIME\")\"",
+        f"{launch} \\",
+        "    \"$PYTHON\" -m ensemble.run \"$CONFIG\" --run-dir \"$RUN_DIR\" ${RESUME:+\"$RESUME\"}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_submit_script(job: Job, script: str, jobs: int) -> str:
+    """A script that submits ``script`` ``jobs`` times, each job after the one before ends,
+    however it ended (afterany): the next continues a run the time limit cut short."""
+    s = SCHEDULERS[job.scheduler]
+    lines = [
+        "#!/bin/bash",
+        f"# Submits {Path(script).name} {jobs} times, each job starting once the one before has ended, however it",
+        "# ended: a job its time limit killed is continued by the next (--resume); once the run is done,",
+        "# the jobs left select the ensemble again and end. Written by",
+        f"#   {job.command}",
+        "set -euo pipefail",
+        f"SCRIPT={shlex.quote(script)}",
+        f"JOBS={jobs}",
+        "",
+        s.submit,
+        "",
+        "prev=",
+        "for ((i = 1; i <= JOBS; i++)); do",
+        "    id=$(submit \"$prev\")",
+        "    if [[ -z \"$id\" ]]; then",
+        "        echo \"job $i of $JOBS: the scheduler printed no job id; stopping here\" >&2",
+        "        exit 1",
+        "    fi",
+        "    echo \"job $i of $JOBS: $id${prev:+ (starts after $prev ends)}\"",
+        "    prev=$id",
+        "done",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m ensemble.jobscript",
+        description="Write a job script that runs CONFIG with one rank per GPU under a batch scheduler; "
+                    "submitting it again continues the run. --chain K also writes a script that submits it "
+                    "K times, each job after the one before.")
+    p.add_argument("config", help="TOML config file (checked now, not after the queue wait)")
+    p.add_argument("--scheduler", required=True, choices=sorted(SCHEDULERS),
+                   help="slurm (srun), pbs (PALS mpiexec), lsf (jsrun), flux (flux run)")
+    p.add_argument("--nodes", type=int, required=True, help="whole nodes to ask for")
+    p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs on each node: one rank each")
+    p.add_argument("--hours", type=float, default=2.0, help="the job's time limit (default 2; whole minutes)")
+    p.add_argument("--cpus-per-rank", type=int,
+                   help="cores each rank is bound to (default: the config's runtime.threads); cores per node / "
+                        "ranks per node uses them all, e.g. 7 on Frontier and Summit, 8 on Polaris and Aurora")
+    p.add_argument("--chain", type=int, metavar="K",
+                   help="also write <script>.submit.sh, which submits the script K times, each after the one "
+                        "before ends (for runs longer than one job's time limit)")
+    p.add_argument("--out", help="the job script's path (default: <name>.<scheduler>.sh here)")
+    p.add_argument("--run-dir", help="the run directory (default: <output_dir>/<name> from here)")
+    p.add_argument("--account", help="the project charged (Slurm --account, PBS -A, LSF -P, Flux --bank)")
+    p.add_argument("--queue", "--partition", dest="queue", help="queue or partition")
+    p.add_argument("--setup", action="append", default=[], metavar="CMD",
+                   help="a shell line run before Python starts, e.g. \"module load cray-mpich\" (repeatable)")
+    p.add_argument("--directive", action="append", default=[], metavar="TEXT",
+                   help="one more scheduler directive, e.g. --directive=\"-l filesystems=home:eagle\" (repeatable)")
+    p.add_argument("--python", default=sys.executable,
+                   help="the Python that runs the ranks (default: this one, e.g. the venv's)")
+    return p.parse_args(argv)
+
+
+def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
+    """Check the request against the config and make the ``Job``; ``JobScriptError`` says what
+    to change. Everything the queue wait would otherwise reveal is checked here."""
+    from ensemble.config import ConfigError, load_config
+    for flag, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node),
+                        ("--chain", args.chain), ("--cpus-per-rank", args.cpus_per_rank)):
+        if value is not None and value < 1:
+            raise JobScriptError(f"{flag} must be a positive integer, but got {value}")
+    minutes = round(args.hours * 60) if math.isfinite(args.hours) else 0
+    if minutes < 1:
+        raise JobScriptError(f"--hours must give the job at least a minute, but got {args.hours:g}")
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        raise JobScriptError(f"config error in {args.config}: {exc}") from None
+    rt = cfg["runtime"]
+    ranks = args.nodes * args.gpus_per_node * rt["ranks_per_gpu"]
+    if rt["group_size"] > 1 and (ranks - 1) % rt["group_size"]:
+        raise JobScriptError(f"`runtime.group_size` = {rt['group_size']} must divide the {ranks - 1} worker ranks "
+                             f"({ranks} ranks less the master); choose --nodes and --gpus-per-node so that it does, "
+                             "or another group_size")
+    cpus = args.cpus_per_rank or rt["threads"]
+    if cpus < rt["threads"]:
+        raise JobScriptError(f"--cpus-per-rank {cpus} is fewer than the config's `runtime.threads` = {rt['threads']}: "
+                             "each rank would run more threads than it has cores; raise --cpus-per-rank or lower "
+                             "runtime.threads")
+    python = Path(os.path.abspath(cwd / args.python))     # not resolved: a venv's python is a symlink
+    if not python.exists() and not args.setup:
+        raise JobScriptError(f"--python {args.python!r} does not exist; give the Python the ranks should run (the "
+                             "venv or conda environment built against the cluster's MPI), or the --setup line that "
+                             "makes it in the job (an environment unpacked on node-local storage)")
+    run_dir = Path(args.run_dir) if args.run_dir else Path(cfg["output_dir"]) / cfg["name"]
+    return Job(scheduler=args.scheduler, name=re.sub(r"[^A-Za-z0-9._-]", "_", cfg["name"]),
+               config=str((cwd / args.config).resolve()), run_dir=os.path.abspath(cwd / run_dir),
+               workdir=str(cwd), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+               ranks_per_gpu=rt["ranks_per_gpu"], threads=rt["threads"], cpus_per_rank=cpus, minutes=minutes,
+               python=str(python), account=args.account, queue=args.queue, setup=tuple(args.setup),
+               directives=tuple(args.directive), command=command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    cwd = Path.cwd()
+    try:
+        job = build_job(args, cwd, shlex.join(["python", "-m", "ensemble.jobscript", *argv]))
+    except JobScriptError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    script = cwd / (args.out or f"{job.name}.{job.scheduler}.sh")
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(render_job_script(job))
+    script.chmod(0o755)
+    written = [script]
+    if args.chain:
+        chain = script.with_name(f"{script.name.removesuffix('.sh')}.submit.sh")
+        chain.write_text(render_submit_script(job, str(script), args.chain))
+        chain.chmod(0o755)
+        written.append(chain)
+    rel = [os.path.relpath(p, cwd) for p in written]
+    print(f"wrote {' and '.join(rel)}: {job.scheduler}, {job.nodes} node(s) x {job.ranks_per_node} ranks = "
+          f"{job.ranks} ranks, {job.walltime} each job, run directory {job.run_dir}")
+    print(f"check the config first:  python -m ensemble.run {shlex.quote(args.config)} --check")
+    if args.chain:
+        print(f"submit {args.chain} job(s), each after the one before ends:  bash {shlex.quote(rel[1])}")
+    else:
+        print(f"submit:  {SCHEDULERS[job.scheduler].submit_once.format(shlex.quote(rel[0]))}   "
+              "(submitting it again continues the run)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,345 @@
+"""``python -m ensemble.jobscript``: each scheduler's job script and chain, checked as text, by
+``shellcheck``, and run by bash against stand-ins for the scheduler's tools (no MPI here:
+tests/mpi/test_jobscript_mpi.py runs real ranks); and ``runtime.scheduler.job_end_time``."""
+
+from __future__ import annotations
+
+import calendar
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ensemble import jobscript
+from ensemble.runtime.scheduler import job_end_time
+
+SCHEDULERS = sorted(jobscript.SCHEDULERS)
+SHELLCHECK = shutil.which("shellcheck")
+BASH = shutil.which("bash")
+
+
+def write_config(folder: Path, runtime: str = "", name: str = "tiny") -> Path:
+    cfg = folder / "tiny.toml"
+    cfg.write_text(textwrap.dedent(f"""
+        name = "{name}"
+        [data]
+        source = "iris"
+        [[architectures]]
+        members = 4
+        layers = [{{type = "Dense", units = 4}}]
+        [runtime]
+        trainer = "rehearsal"
+    """) + textwrap.dedent(runtime))
+    return cfg
+
+
+def generate(folder: Path, monkeypatch, *args: str, runtime: str = "") -> tuple[int, Path]:
+    """Run ``ensemble.jobscript`` in ``folder``; (exit code, the folder)."""
+    cfg = write_config(folder, runtime)
+    monkeypatch.chdir(folder)
+    return jobscript.main([cfg.name, *args]), folder
+
+
+# --- job_end_time ---------------------------------------------------------------------------
+
+def test_job_end_time_prefers_ours_then_slurms():
+    assert job_end_time({"ENSEMBLE_JOB_END_TIME": "2000000000", "SLURM_JOB_END_TIME": "1900000000"}) == 2e9
+    assert job_end_time({"SLURM_JOB_END_TIME": "1900000000"}) == 1.9e9
+    assert job_end_time({"ENSEMBLE_JOB_END_TIME": " 1700000000.5\n"}) == 1700000000.5
+    assert job_end_time({}) is None
+    assert job_end_time({"ENSEMBLE_JOB_END_TIME": ""}) is None          # empty: as if unset
+
+
+@pytest.mark.parametrize("value", ["Mon 2 Jan", "0", "-5", "nan", "inf"])
+def test_a_bad_end_time_of_ours_is_an_error_naming_the_variable(value):
+    with pytest.raises(ValueError, match=r"ENSEMBLE_JOB_END_TIME must be the job's end in UNIX seconds"):
+        job_end_time({"ENSEMBLE_JOB_END_TIME": value, "SLURM_JOB_END_TIME": "1900000000"})
+
+
+@pytest.mark.parametrize("value", ["", "N/A", "0", "-1", "inf"])
+def test_an_odd_slurm_end_time_means_no_end(value):
+    assert job_end_time({"SLURM_JOB_END_TIME": value}) is None
+
+
+def test_job_end_time_reads_the_process_environment_by_default(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_END_TIME", raising=False)
+    monkeypatch.setenv("ENSEMBLE_JOB_END_TIME", "1800000000")
+    assert job_end_time() == 1.8e9
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+LAUNCH = {"slurm": "srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=7 --cpu-bind=cores "
+                   "--gpus-per-task=1 --gpu-bind=closest \\",
+          "pbs": "mpiexec -n 8 --ppn 4 --depth=7 --cpu-bind=depth \\",
+          "lsf": "jsrun -n 8 -r 4 -a 1 -c 7 -g 1 -b packed:7 \\",
+          "flux": "flux run -N 2 -n 8 -c 7 -g 1 -o gpu-affinity=per-task -o cpu-affinity=per-task \\"}
+DIRECTIVES = {"slurm": ["#SBATCH --job-name=tiny", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
+                        "#SBATCH --gpus-per-node=4", "#SBATCH --cpus-per-task=7", "#SBATCH --time=1:30:00",
+                        "#SBATCH --output=tiny-%j.out", "#SBATCH --account=prj", "#SBATCH --partition=batch",
+                        "#SBATCH --constraint=gpu"],
+              "pbs": ["#PBS -N tiny", "#PBS -l select=2", "#PBS -l place=scatter", "#PBS -l walltime=1:30:00",
+                      "#PBS -j oe", "#PBS -A prj", "#PBS -q batch", "#PBS --constraint=gpu"],
+              "lsf": ["#BSUB -J tiny", "#BSUB -nnodes 2", "#BSUB -W 1:30", "#BSUB -o tiny.%J.out", "#BSUB -P prj",
+                      "#BSUB -q batch", "#BSUB --constraint=gpu"],
+              "flux": ["#flux: --job-name=tiny", "#flux: -N 2", "#flux: --exclusive", "#flux: --time-limit=90m",
+                       "#flux: --output=tiny-{{id}}.out", "#flux: --bank=prj", "#flux: --queue=batch",
+                       "#flux: --constraint=gpu"]}
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_each_scheduler_gets_its_directives_launcher_and_the_run(scheduler, tmp_path, monkeypatch, capsys):
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", scheduler, "--nodes", "2", "--gpus-per-node", "4",
+                          "--hours", "1.5", "--cpus-per-rank", "7", "--account", "prj", "--queue", "batch",
+                          "--setup", "module load cray-mpich", "--directive=--constraint=gpu")
+    assert code == 0
+    script = here / f"tiny.{scheduler}.sh"
+    text = script.read_text()
+    lines = text.splitlines()
+    assert lines[0] == "#!/bin/bash" and lines[1:1 + len(DIRECTIVES[scheduler])] == DIRECTIVES[scheduler]
+    assert LAUNCH[scheduler] in lines
+    assert lines[-1] == '    "$PYTHON" -m ensemble.run "$CONFIG" --run-dir "$RUN_DIR" ${RESUME:+"$RESUME"}'
+    assert f"CONFIG={here / 'tiny.toml'}" in lines and f"RUN_DIR={here / 'runs' / 'tiny'}" in lines
+    assert "WALLTIME_SECONDS=5400    # the time limit asked for above" in lines
+    assert "module load cray-mpich" in lines and f"PYTHON={sys.executable}" in lines
+    assert "export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 " \
+           "TF_NUM_INTEROP_THREADS=1" in lines
+    assert "2 node(s) x 4 GPU(s): 8 ranks" in text and "Rank 0, the master, shares node 0" in text
+    assert os.access(script, os.X_OK) and not (here / f"tiny.{scheduler}.submit.sh").exists()
+    out = capsys.readouterr().out
+    submit = jobscript.SCHEDULERS[scheduler].submit_once.format(f"tiny.{scheduler}.sh")
+    assert f"submit:  {submit}" in out and "--check" in out and "8 ranks, 1:30:00 each job" in out
+
+
+def test_ranks_sharing_a_gpu_leave_the_gpu_binding_to_the_run(tmp_path, monkeypatch):
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "2", "--gpus-per-node", "4",
+                          runtime="ranks_per_gpu = 2\nthreads = 3\n")
+    assert code == 0
+    text = (here / "tiny.slurm.sh").read_text()
+    assert "srun --nodes=2 --ntasks=16 --ntasks-per-node=8 --cpus-per-task=3 --cpu-bind=cores \\" in text
+    assert "#SBATCH --gpus-per-node=4" in text and "--gpus-per-task" not in text
+    assert "export OMP_NUM_THREADS=3 " in text and "2 per GPU (runtime.ranks_per_gpu)" in text
+    job = jobscript.Job(scheduler="lsf", name="x", config="/c.toml", run_dir="/r", workdir="/", nodes=2,
+                        gpus_per_node=6, ranks_per_gpu=2, threads=3, cpus_per_rank=3, minutes=60, python="/p")
+    assert jobscript.lsf_launcher(job) == ["jsrun", "-n", "12", "-r", "6", "-a", "2", "-c", "6", "-g", "1",
+                                           "-b", "packed:3"]
+    assert jobscript.flux_launcher(job)[-6:] == ["-c", "3", "-o", "gpu-affinity=off", "-o", "cpu-affinity=per-task"]
+    assert jobscript.pbs_launcher(job)[:5] == ["mpiexec", "-n", "24", "--ppn", "12"]
+
+
+def test_another_python_is_used_as_given(tmp_path, monkeypatch):
+    python = tmp_path / "env" / "bin" / "python3"
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", "pbs", "--nodes", "1", "--gpus-per-node", "4",
+                          "--python", "env/bin/python3", "--run-dir", "elsewhere", "--out", "job.sh")
+    assert code == 0
+    text = (here / "job.sh").read_text()
+    assert f"PYTHON={python}" in text and f"RUN_DIR={here / 'elsewhere'}" in text
+
+
+def test_a_python_the_job_makes_itself_need_not_exist_yet(tmp_path, monkeypatch):
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4",
+                          "--python", "/tmp/env/bin/python",
+                          "--setup", "srun --ntasks-per-node=1 tar xf env.tar -C /tmp")
+    text = (here / "tiny.slurm.sh").read_text()
+    assert code == 0 and "PYTHON=/tmp/env/bin/python" in text
+    assert text.index("srun --ntasks-per-node=1 tar xf") < text.index("PYTHON=")
+
+
+def test_a_name_is_made_safe_for_directives_and_file_names(tmp_path, monkeypatch):
+    write_config(tmp_path, name="my run (v2)")
+    monkeypatch.chdir(tmp_path)
+    assert jobscript.main(["tiny.toml", "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "1"]) == 0
+    text = (tmp_path / "my_run__v2_.slurm.sh").read_text()
+    assert "#SBATCH --job-name=my_run__v2_" in text and f"RUN_DIR='{tmp_path}/runs/my run (v2)'" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "0"], "--nodes must be a positive integer, but got 0"),
+    (["--gpus-per-node", "-1"], "--gpus-per-node must be a positive integer, but got -1"),
+    (["--chain", "0"], "--chain must be a positive integer, but got 0"),
+    (["--hours", "0.001"], "--hours must give the job at least a minute, but got 0.001"),
+    (["--cpus-per-rank", "1"], "--cpus-per-rank 1 is fewer than the config's `runtime.threads` = 2"),
+    (["--python", "no/such/python"], "--python 'no/such/python' does not exist"),
+])
+def test_bad_requests_fail_before_anything_is_written(args, message, tmp_path, monkeypatch, capsys):
+    base = {"--nodes": "2", "--gpus-per-node": "4"}
+    base.update(dict(zip(args[::2], args[1::2])))
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", *[x for kv in base.items() for x in kv],
+                          runtime="threads = 2\n")
+    assert code == jobscript.EXIT_USAGE and message in capsys.readouterr().err
+    assert not list(here.glob("*.sh"))
+
+
+def test_a_config_that_does_not_validate_or_exist_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert jobscript.main(["missing.toml", "--scheduler", "pbs", "--nodes", "1", "--gpus-per-node", "4"]) == 2
+    assert "config error in missing.toml: config file 'missing.toml' does not exist" in capsys.readouterr().err
+    write_config(tmp_path, runtime="group_size = 2\n")
+    assert jobscript.main(["tiny.toml", "--scheduler", "pbs", "--nodes", "1", "--gpus-per-node", "4"]) == 2
+    assert "`runtime.group_size` = 2 must divide the 3 worker ranks" in capsys.readouterr().err
+    assert jobscript.main(["tiny.toml", "--scheduler", "pbs", "--nodes", "1", "--gpus-per-node", "3"]) == 0
+    (tmp_path / "tiny.toml").write_text("[train]\nepocs = 3\n")
+    assert jobscript.main(["tiny.toml", "--scheduler", "pbs", "--nodes", "1", "--gpus-per-node", "3"]) == 2
+    assert "unknown setting `train.epocs`" in capsys.readouterr().err
+
+
+def test_an_unknown_scheduler_is_refused_with_the_choices(tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exc:
+        generate(tmp_path, monkeypatch, "--scheduler", "sge", "--nodes", "1", "--gpus-per-node", "1")
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "invalid choice: 'sge'" in err and "slurm" in err and "flux" in err
+
+
+# --- shellcheck ---------------------------------------------------------------------------------
+
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck is not installed (apt-get install shellcheck); "
+                                                "the generated scripts are not linted here")
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("runtime", ["", "ranks_per_gpu = 2\n"])
+def test_every_generated_script_passes_shellcheck(scheduler, runtime, tmp_path, monkeypatch):
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", scheduler, "--nodes", "3", "--gpus-per-node", "4",
+                          "--chain", "3", "--account", "a b", "--setup", "module load x", runtime=runtime)
+    assert code == 0
+    scripts = [here / f"tiny.{scheduler}.sh", here / f"tiny.{scheduler}.submit.sh"]
+    done = subprocess.run([SHELLCHECK, "--severity=style", *map(str, scripts)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --- the scripts' shell logic, against stand-ins for the scheduler's tools ----------------------
+
+def fake_tools(folder: Path, tools: dict[str, str]) -> dict:
+    """A bin folder of bash stand-ins and an environment whose PATH holds only it and the
+    system's basics (no real squeue, qstat, bjobs or flux can answer)."""
+    bin_dir = folder / "fakebin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in tools.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + textwrap.dedent(body))
+        (bin_dir / name).chmod(0o755)
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "LSB_", "FLUX_", "ENSEMBLE_"))}
+    return {**keep, "PATH": f"{bin_dir}:/usr/bin:/bin", "TZ": "UTC", "FAKE_OUT": str(folder)}
+
+
+RECORD = """\
+{ printf '%s\\n' "$*"; echo "END=$ENSEMBLE_JOB_END_TIME"; echo "OMP=$OMP_NUM_THREADS"; } > "$FAKE_OUT/launch.txt"
+"""
+LAUNCHERS = {"slurm": "srun", "pbs": "mpiexec", "lsf": "jsrun"}
+FLUX = """\
+if [[ "$1 $2" == "job timeleft" ]]; then
+    [[ -n "${FAKE_TIMELEFT:-}" ]] || { echo "flux-job: not in a Flux job" >&2; exit 1; }
+    echo "$FAKE_TIMELEFT"
+    exit 0
+fi
+shift
+""" + RECORD
+
+UTC_2031 = calendar.timegm((2031, 1, 2, 3, 4, 5))
+
+
+@pytest.mark.parametrize("scheduler, tools, env, expected", [
+    ("slurm", {}, {"SLURM_JOB_END_TIME": "2000000000"}, 2_000_000_000),
+    ("slurm", {"squeue": 'echo "2031-01-02T03:04:05"'}, {"SLURM_JOB_ID": "7"}, UTC_2031),
+    ("slurm", {"squeue": "echo N/A"}, {}, "start+5400"),
+    ("slurm", {}, {}, "start+5400"),
+    ("pbs", {"qstat": 'echo "Job Id: 1.pbs"; echo "    Resource_List.walltime = 00:30:00"; echo "    x = 1"'},
+     {"PBS_JOBID": "1.pbs"}, "start+1800"),
+    ("pbs", {"qstat": "exit 1"}, {}, "start+5400"),
+    ("lsf", {"bjobs": 'echo "00:45:00   "'}, {"LSB_JOBID": "3"}, "start+2700"),
+    ("lsf", {}, {}, "start+5400"),
+    ("flux", {}, {"FAKE_TIMELEFT": "600"}, "start+600"),
+    ("flux", {}, {"FAKE_TIMELEFT": "4294967295"}, "start+5400"),
+    ("flux", {}, {}, "start+5400"),
+])
+def test_the_job_end_comes_from_the_scheduler_else_the_scripts_start_and_walltime(
+        scheduler, tools, env, expected, tmp_path, monkeypatch):
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", scheduler, "--nodes", "1", "--gpus-per-node", "2",
+                          "--hours", "1.5")
+    assert code == 0
+    launcher = {"flux": FLUX}.get(scheduler, RECORD)
+    full_env = {**fake_tools(here, {LAUNCHERS.get(scheduler, "flux"): launcher, **tools}), **env}
+    t0 = time.time()
+    done = subprocess.run([BASH, str(here / f"tiny.{scheduler}.sh")], env=full_env, capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    args, end, omp = (here / "launch.txt").read_text().splitlines()
+    assert omp == "OMP=1" and args.endswith(f"-m ensemble.run {here / 'tiny.toml'} --run-dir {here / 'runs/tiny'}")
+    end = int(end.removeprefix("END="))
+    if isinstance(expected, str):
+        assert abs(end - (t0 + int(expected.removeprefix("start+")))) <= 3
+    else:
+        assert end == expected
+    assert "starting the run in" in done.stdout
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_the_script_resumes_once_the_run_directory_holds_a_journal(scheduler, tmp_path, monkeypatch):
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", scheduler, "--nodes", "1", "--gpus-per-node", "2")
+    assert code == 0
+    env = fake_tools(here, {LAUNCHERS.get(scheduler, "flux"): {"flux": FLUX}.get(scheduler, RECORD)})
+    run = [BASH, str(here / f"tiny.{scheduler}.sh")]
+    first = subprocess.run(run, env=env, capture_output=True, text=True, timeout=30)
+    assert first.returncode == 0 and not (here / "launch.txt").read_text().splitlines()[0].endswith("--resume")
+    (here / "runs" / "tiny").mkdir(parents=True)
+    (here / "runs" / "tiny" / "journal.jsonl").write_text("")
+    again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=30)
+    assert again.returncode == 0 and (here / "launch.txt").read_text().splitlines()[0].endswith(
+        f"--run-dir {here / 'runs/tiny'} --resume")
+    assert "continuing the run in" in again.stdout
+
+
+def test_the_scripts_exit_status_is_the_runs(tmp_path, monkeypatch):
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "2")
+    env = fake_tools(here, {"srun": "exit 3\n"})
+    done = subprocess.run([BASH, str(here / "tiny.slurm.sh")], env=env, capture_output=True, text=True, timeout=30)
+    assert code == 0 and done.returncode == 3
+
+
+#: each scheduler's submit command as a stand-in: logs its arguments (and, for bsub, the
+#: script it read), prints a job id in the scheduler's own form
+SUBMITTERS = {
+    "slurm": ("sbatch", 'n=$(wc -l < "$FAKE_OUT/submits.txt" 2>/dev/null || echo 0)\n'
+                        'echo "$*" >> "$FAKE_OUT/submits.txt"\necho "$((100 + n));frontier"\n',
+              ["--parsable {s}", "--parsable --dependency=afterany:100 {s}",
+               "--parsable --dependency=afterany:101 {s}"]),
+    "pbs": ("qsub", 'n=$(wc -l < "$FAKE_OUT/submits.txt" 2>/dev/null || echo 0)\n'
+                    'echo "$*" >> "$FAKE_OUT/submits.txt"\necho "$((100 + n)).polaris-pbs-01"\n',
+            ["{s}", "-W depend=afterany:100.polaris-pbs-01 {s}", "-W depend=afterany:101.polaris-pbs-01 {s}"]),
+    "lsf": ("bsub", 'n=$(wc -l < "$FAKE_OUT/submits.txt" 2>/dev/null || echo 0)\n'
+                    'echo "${*:+$* }< $(grep -c "^#BSUB" -)" >> "$FAKE_OUT/submits.txt"\n'
+                    'echo "Job <$((100 + n))> is submitted to queue <batch>."\n',
+            ["< 4", "-w ended(100) < 4", "-w ended(101) < 4"]),
+    "flux": ("flux", 'n=$(wc -l < "$FAKE_OUT/submits.txt" 2>/dev/null || echo 0)\n'
+                     'echo "$*" >> "$FAKE_OUT/submits.txt"\necho "ƒ$((100 + n))Zq"\n',
+             ["batch {s}", "batch --dependency=afterany:ƒ100Zq {s}", "batch --dependency=afterany:ƒ101Zq {s}"]),
+}
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_the_chain_submits_each_job_after_the_one_before(scheduler, tmp_path, monkeypatch):
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", scheduler, "--nodes", "1", "--gpus-per-node", "2",
+                          "--chain", "3")
+    assert code == 0
+    tool, body, expected = SUBMITTERS[scheduler]
+    chain = here / f"tiny.{scheduler}.submit.sh"
+    done = subprocess.run([BASH, str(chain)], env=fake_tools(here, {tool: body}), capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    script = str(here / f"tiny.{scheduler}.sh")
+    assert (here / "submits.txt").read_text().splitlines() == [e.format(s=script) for e in expected]
+    assert done.stdout.splitlines()[-1].startswith("job 3 of 3: ") and "(starts after " in done.stdout
+
+
+def test_the_chain_stops_when_the_scheduler_prints_no_id(tmp_path, monkeypatch):
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", "lsf", "--nodes", "1", "--gpus-per-node", "2",
+                          "--chain", "2")
+    done = subprocess.run([BASH, str(here / "tiny.lsf.submit.sh")],
+                          env=fake_tools(here, {"bsub": "cat > /dev/null; echo 'Request aborted by esub.'\n"}),
+                          capture_output=True, text=True, timeout=30)
+    assert code == 0 and done.returncode == 1
+    assert "job 1 of 2: the scheduler printed no job id; stopping here" in done.stderr
