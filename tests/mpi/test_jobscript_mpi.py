@@ -223,3 +223,13 @@ def test_a_chain_killed_by_its_time_limit_continues_and_trains_every_member_once
     assert Counter(r["id"] for r in records) == Counter({f"arch0-{i:03d}": 1 for i in range(members)})
     assert f"resuming with {members} finished" in outputs[2]          # the last link trained nothing
     assert (run_dir / "ensemble.json").is_file()
+
+
+def test_a_malformed_job_end_stops_every_rank_at_once_with_the_variable_named(tmp_path):
+    from tests.conftest import run_mpi
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[[architectures]]\nlayers = [{type = "Dense", units = 4}]\n[runtime]\ntrainer = "rehearsal"\n')
+    proc = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(tmp_path / "run")], timeout=120,
+                   env={"ENSEMBLE_JOB_END_TIME": "tomorrow"})
+    assert proc.returncode == 2 and "ENSEMBLE_JOB_END_TIME" in proc.stderr + proc.stdout
+    assert not (tmp_path / "run" / "journal.jsonl").exists()
