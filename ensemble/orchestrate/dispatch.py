@@ -33,26 +33,27 @@ def dispatch(executor: Executor, source: SpecSource, on_results: Callable[[list[
     sent: dict[str, float] = {}
     count = 0
     wall0, cpu0 = time.perf_counter(), time.thread_time()
-    try:
-        while True:
-            while executor.free() and not should_stop():
-                spec = source.next_spec()
-                if spec is None:
-                    break
-                spec = adjust(spec)
-                sent[spec["id"]] = round(clock(), 4)
-                executor.submit(spec)
-            if not executor.busy():
+    while True:
+        while executor.free() and not should_stop():
+            spec = source.next_spec()
+            if spec is None:
                 break
-            results = executor.wait(decide, idle)
-            now = round(clock(), 4)
-            for result in results:
-                result["dispatched"], result["received"] = sent.pop(result["id"], None), now
-                source.tell(result)
-            on_results(results)
-            count += len(results)
-    finally:
-        executor.shutdown()
+            spec = adjust(spec)
+            sent[spec["id"]] = round(clock(), 4)
+            executor.submit(spec)
+        if not executor.busy():
+            break
+        results = executor.wait(decide, idle)
+        now = round(clock(), 4)
+        for result in results:
+            result["dispatched"], result["received"] = sent.pop(result["id"], None), now
+            source.tell(result)
+        on_results(results)
+        count += len(results)
+    # Only a loop that ran out releases the workers: on Ctrl-C or an error the job is ending,
+    # and a stop sent to a worker that is already gone could block rank 0 until the launcher
+    # kills it, before the journal and status.json are closed on the way out.
+    executor.shutdown()
     wall = time.perf_counter() - wall0
     idle_seconds = getattr(executor, "idle_seconds", None)
     return {"results": count, "master_wall_seconds": round(wall, 4),

@@ -24,6 +24,10 @@ TAG_REPORT, TAG_DECISION = 14, 15        # a worker's in-training report and the
 world = MPI.COMM_WORLD
 
 
+#: seconds a rank other than 0 waits on Ctrl-C before it exits (see ``abort_on_exception``)
+INTERRUPT_GRACE = 1.0
+
+
 def library_version() -> str:
     """The MPI library's own name and version (its first line: MPICH, Open MPI, Cray MPICH ...)."""
     return MPI.Get_library_version().strip().splitlines()[0].strip()
@@ -42,10 +46,11 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
     Without this, one rank dies and the others wait forever in a collective.
     Ctrl-C is not an error: MPICH's mpiexec (hydra) forwards SIGINT to every rank (each in
     its own process group, so the terminal signals mpiexec only), each raises KeyboardInterrupt, the ``with`` blocks on the way up close
-    (the journal is flushed), and then, instead of a traceback per rank, rank 0 prints
-    the one line ``interrupted()`` returns and every rank exits with 130 (a rank that is
-    still running when another leaves is stopped by mpiexec, as after any exit without
-    MPI_Finalize).
+    (the journal is flushed, status.json says "stopped"), and then, instead of a traceback
+    per rank, rank 0 prints the one line ``interrupted()`` returns and every rank exits with
+    130. A rank that is still running when another leaves is stopped by mpiexec, as after
+    any exit without MPI_Finalize, so the workers wait ``INTERRUPT_GRACE`` before leaving
+    (rank 0 has closed its files by then) and rank 0 twice that.
     """
     def hook(kind, value, tb):
         if issubclass(kind, KeyboardInterrupt):
@@ -55,6 +60,11 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
                 except Exception:       # noqa: BLE001 - never a traceback on the way out
                     line = "interrupted"
                 sys.stderr.write(line + "\n")
+            if world.Get_size() > 1:
+                # the launcher stops every rank once one has left: the workers leave after
+                # INTERRUPT_GRACE, by when rank 0 has closed its journal and status.json (it
+                # takes milliseconds), and rank 0 after them, so the job's status is theirs, 130
+                time.sleep(INTERRUPT_GRACE * (2 if world.Get_rank() == 0 else 1))
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(EXIT_INTERRUPTED)
