@@ -237,11 +237,12 @@ def test_too_many_failures_stop_the_run_with_a_summary(tmp_path):
 
 
 def test_run_time_limit_stops_handing_out_work_and_still_writes_results(tmp_path):
-    text = CONFIG.replace("members = 6", "members = 30").replace(
+    # 120 members cannot all train in 25 s here (about 30 do): the limit, not the list, ends the run
+    text = CONFIG.replace("members = 6", "members = 120").replace(
         "[runtime]\n", "[runtime]\ntime_limit = 25\nfinish_reserve = 2\n")
     run_dir = tmp_path / "run"
     proc = run_mpi(3, ["-m", "ensemble.run", str(write_config(tmp_path, text)), "--run-dir", str(run_dir)])
     assert proc.returncode == 0, proc.stderr
     assert "time limit is near" in proc.stderr
-    assert 0 < len(read_journal(run_dir / "journal.jsonl")) < 30
+    assert 0 < len(read_journal(run_dir / "journal.jsonl")) < 120
     assert (run_dir / "ensemble.json").exists() and (run_dir / "leaderboard.csv").exists()
