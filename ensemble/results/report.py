@@ -37,6 +37,7 @@ from ensemble.results.rundir import RunDirectory
 from ensemble.results.selection import rank_members
 from ensemble.results.summary import finished_records
 from ensemble.results.timeline import run_stats
+from ensemble.task import get_task
 from ensemble.task.metrics import higher_is_better, metric_task
 
 REPORT, FOLDER = "report.html", "report"
@@ -111,10 +112,11 @@ def read_view(run_dir: str | Path) -> RunView:
 
 
 def _configured_metric(view: RunView) -> str | None:
+    """The metric the config names, ``auto`` resolved by the task (None while it is unknown)."""
     setting = view.config.get("ensemble", {}).get("metric", "auto")
     if setting != "auto":
         return setting
-    return {"classification": "accuracy", "regression": "mse"}.get(view.task)
+    return get_task(view.task).default_metric(setting) if view.task else None
 
 
 # -- plots ------------------------------------------------------------------------------
