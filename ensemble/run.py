@@ -66,6 +66,13 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
         log.error(f"config error in {args.config}: `runtime.group_size` must divide the {workers} worker "
                   f"ranks (mpirun -n P gives P-1 workers besides the master), but got {group_size}")
         return EXIT_CONFIG
+    groups = max(1, workers // group_size)
+    if cfg["mode"] == "pbt" and cfg["pbt"]["population"] > groups:
+        log.error(f"config error in {args.config}: `pbt.population` = {cfg['pbt']['population']} needs as many "
+                  f"worker groups, but this job has {groups}: each group holds one member for the whole run; "
+                  f"start more ranks (mpirun -n {cfg['pbt']['population'] * group_size + 1}) or set "
+                  "`pbt.population = 0` (one member per group)")
+        return EXIT_CONFIG
     from ensemble.runtime.env import process_started
     from ensemble.runtime.scheduler import job_end_time
     stamps.update(process=process_started(), mpi_and_config=round(time.time(), 3))
@@ -78,7 +85,8 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     use_builder_folders(cfg["architectures"])           # every rank imports the user's builder from there
     local_rank = mpi.node_local_rank(comm)              # collective: every rank calls it
     binding = bind_gpu(local_rank, cfg["runtime"]["ranks_per_gpu"])
-    master_trains = rank == 0 and size > 1 and trains_on_master(cfg["runtime"], binding)
+    # a population's members send each other their weights over MPI: not from the master's thread
+    master_trains = rank == 0 and size > 1 and cfg["mode"] != "pbt" and trains_on_master(cfg["runtime"], binding)
     if rank == 0 and size > 1 and not master_trains:
         hide_gpus()                                     # the master trains nothing: its build check
         binding = None                                  # runs on the CPU, taking no worker's GPU memory

@@ -139,6 +139,11 @@ def _shape(v):
 
 NUM = (int, float)
 
+#: mode = "pbt": what may evolve, and the rules (``ensemble.sources.population``)
+PBT_HYPERPARAMETERS = ("learning_rate", "batch_size", "dropout", "weight_decay", "momentum")
+PBT_EXPLOIT = ("truncation", "tournament", "none")
+PBT_EXPLORE = ("perturb", "resample")
+
 TRAIN_KEYS = {
     "epochs": Key((int,), 30, _positive, doc="most epochs a member trains (early stopping may end it sooner)"),
     "batch_size": Key((int,), 64, _positive,
@@ -162,9 +167,10 @@ SCHEMA = Table({
     "name": Key((str,), None, lambda v: None if v and "/" not in v else "must be a non-empty name without '/'",
                 doc="the run's name: its directory is `output_dir/name` (suffixed -2, -3 if that holds a run); "
                     "unset: the config file's name"),
-    "mode": Key((str,), "ensemble", _one_of("ensemble", "evolve"),
+    "mode": Key((str,), "ensemble", _one_of("ensemble", "evolve", "pbt"),
                 doc="\"ensemble\": train the `[[architectures]]` listed; \"evolve\": search architectures "
-                    "(`[evolve]`, `[search]`)"),
+                    "(`[evolve]`, `[search]`); \"pbt\": a population that trains round by round and copies "
+                    "its best members' weights into its worst (`[pbt]`)"),
     "seed": Key((int,), 0, _nonneg,
                 doc="seeds the data split, every member's initialisation and bootstrap, and the search"),
     "output_dir": Key((str,), "runs", doc="folder the run directory is made in"),
@@ -240,6 +246,51 @@ SCHEMA = Table({
                            doc="model files kept for the best this many members (plus the selected ones and a "
                                "multi-objective search's Pareto front)"),
     }, doc="How the ensemble is chosen from the trained members and what is kept of the rest."),
+    "pbt": Table({
+        "population": Key((int,), 0, _nonneg,
+                          doc="members trained together, each held by one worker group for the whole run; 0: one "
+                              "per worker group (at most that many: every member trains every round)"),
+        "round_epochs": Key((int,), 2, _positive, doc="epochs each member trains between two exploit/explore steps"),
+        "rounds": Key((int,), 10, _positive, doc="rounds in all: every member trains `rounds * round_epochs` epochs"),
+        "time_limit": Key(NUM, None, _positive, nullable=True,
+                          doc="seconds after which no new round starts (the run's own `runtime.time_limit` "
+                              "counts too); unset: `rounds` alone"),
+        "exploit": Key((str,), "truncation", _one_of(*PBT_EXPLOIT),
+                       doc="\"truncation\" (PBT): the worst `fraction` copy a member of the best `fraction`; "
+                           "\"tournament\" (LTFB): random pairs, the loser copies the winner; \"none\": members "
+                           "train independently (the control a benchmark compares with); a member whose loss "
+                           "turned NaN copies a good one under every rule"),
+        "fraction": Key(NUM, 0.25, lambda v: None if 0.0 < v <= 0.5 else "must be in (0, 0.5]",
+                        doc="truncation: the share of the population that copies, and the share it copies from"),
+        "explore": Key((str,), "perturb", _one_of(*PBT_EXPLORE),
+                       doc="what a copying member does to the hyperparameters it copied: \"perturb\" multiplies "
+                           "each by one of `factors`; \"resample\" draws each anew from its range with "
+                           "probability `resample_probability`, else perturbs it"),
+        "factors": Key((list,), [0.8, 1.25], lambda v: None if len(v) >= 1 and all(
+            isinstance(f, (int, float)) and f > 0 for f in v) else "must list positive numbers, e.g. [0.8, 1.25]",
+            doc="the factors a perturbed hyperparameter is multiplied by (one chosen at random)"),
+        "resample_probability": Key(NUM, 0.25, lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
+                                    doc="explore = \"resample\": the chance each hyperparameter is drawn anew"),
+        "hyperparameters": Key((list,), ["learning_rate", "batch_size", "dropout"], lambda v: next(
+            (f"has {h!r}, which is not one of {', '.join(PBT_HYPERPARAMETERS)}{suggest(h, PBT_HYPERPARAMETERS)}"
+             for h in v if h not in PBT_HYPERPARAMETERS), None),
+            doc="the hyperparameters that evolve, of " + ", ".join(f"\"{h}\"" for h in PBT_HYPERPARAMETERS)
+                + " (dropout: every Dropout layer's rate; momentum: optimizers that have one); each member "
+                  "evolves those its optimizer and layers expose"),
+        "ranges": Key((dict,), {}, doc="per hyperparameter, [low, high]: the initial population draws it from "
+                                       "there (log-uniform for learning_rate, batch_size, weight_decay), and "
+                                       "explore keeps it inside; unset: it starts at its `[train]` / "
+                                       "`[[architectures]]` value and stays within a wide default range"),
+        "metric": Key((str,), "auto", _one_of("auto", *METRICS),
+                      doc="the validation metric members are compared on; \"auto\": `ensemble.metric`"),
+        "start": Key((str,), "",
+                     doc="\"\": the population is dealt round-robin from `[[architectures]]` (their `members` "
+                         "is not used); or a finished mode \"evolve\" run directory (relative to the config): "
+                         "its best candidates, architecture and hyperparameters, start the population"),
+    }, doc="mode \"pbt\": population-based training. Every round each member trains `round_epochs` "
+           "epochs; then the weak copy the strong members' weights and optimizer state (sent from worker to "
+           "worker) and perturb their hyperparameters. A copy takes the architecture with it, so a "
+           "population may start from several architectures."),
     # strategy, budget, and the settings the chosen strategy declares (evolve.strategies)
     "evolve": Key((dict,), {}, doc="mode \"evolve\": the search strategy, its budget and its own settings"),
     "search": Key((dict,), {}, doc="mode \"evolve\": the search space"),
@@ -439,6 +490,8 @@ def resolve_config(raw: dict, *, source: str = "config", saved: bool = False,
     if cfg["mode"] == "ensemble" and not cfg["architectures"] and found.ok("mode", "architectures"):
         found.add("mode \"ensemble\" needs at least one [[architectures]] table with `layers` or `model`",
                   "architectures")
+    if cfg["mode"] == "pbt":
+        check_pbt(cfg, found)
     names = set()
     for i, arch in enumerate(cfg["architectures"]):
         where = f"architectures[{i}]"
@@ -482,6 +535,36 @@ def resolve_config(raw: dict, *, source: str = "config", saved: bool = False,
     return cfg
 
 
+def check_pbt(cfg: dict, found: Problems) -> None:
+    """The `[pbt]` settings that depend on each other and on the rest of the config."""
+    pbt = cfg["pbt"]
+    if not pbt["start"] and not cfg["architectures"] and found.ok("mode", "architectures", "pbt.start"):
+        found.add("mode \"pbt\" needs a starting population: at least one [[architectures]] table, or "
+                  "`pbt.start` naming a finished mode \"evolve\" run directory", "architectures", "pbt.start")
+    if cfg["runtime"]["master_trains"] is True and found.ok("runtime.master_trains"):
+        found.add("`runtime.master_trains = true` does not work with mode \"pbt\": members send their weights "
+                  "to each other over MPI, which the master's training thread may not call; set it to "
+                  "\"auto\" or false", "runtime.master_trains")
+    if cfg["runtime"]["trainer"] == "rehearsal" and found.ok("runtime.trainer"):
+        found.add("mode \"pbt\" trains with Keras only: the rehearsal trainer has no weights to exchange; "
+                  "set `runtime.trainer = \"keras\"`", "runtime.trainer")
+    for name, bounds in pbt["ranges"].items():
+        where = f"pbt.ranges.{name}"
+        if name not in PBT_HYPERPARAMETERS:
+            found.add(f"unknown hyperparameter `{where}`{suggest(name, PBT_HYPERPARAMETERS)}; allowed: "
+                      f"{', '.join(PBT_HYPERPARAMETERS)}", where)
+            continue
+        if not (isinstance(bounds, list) and len(bounds) == 2 and all(
+                isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds) and bounds[0] <= bounds[1]):
+            found.add(f"`{where}` must be [low, high] with low <= high, but got {bounds!r}", where)
+            continue
+        low = bounds[0]
+        if name in ("learning_rate", "batch_size", "weight_decay") and low <= 0:
+            found.add(f"`{where}` is drawn log-uniformly, so it needs low > 0, but got {bounds!r}", where)
+        elif name in ("dropout", "momentum") and not (0 <= low and bounds[1] < 1):
+            found.add(f"`{where}` must lie in [0, 1), but got {bounds!r}", where)
+
+
 def check_task_settings(cfg: dict, task: str, why: str, problems: Problems | None = None) -> None:
     """The settings that depend on the task, once it is known (from `data.task`, or on
     rank 0 from the labels: ``why`` says which): a regression loss, the [ensemble] metrics
@@ -491,12 +574,12 @@ def check_task_settings(cfg: dict, task: str, why: str, problems: Problems | Non
             cfg["train"]["loss"], *(a["loss"] for a in cfg["architectures"])}:
         found.add(f"`train.loss` \"gaussian_nll\" / \"mse\" is for regression, but {why} "
                   "\"classification\"; remove it or set `data.task = \"regression\"`", "train.loss")
-    for key in ("metric", "selection_metric"):
-        metric = cfg["ensemble"][key]
+    for table, key in (("ensemble", "metric"), ("ensemble", "selection_metric"), ("pbt", "metric")):
+        metric = cfg[table][key]
         if metric != "auto" and METRICS[metric][0] != task:
             fits = [m for m, (t, _) in METRICS.items() if t == task]
-            found.add(f"`ensemble.{key}` {metric!r} is a {METRICS[metric][0]} metric, but "
-                      f"{why} \"{task}\"; use one of {', '.join(repr(m) for m in fits)}", f"ensemble.{key}")
+            found.add(f"`{table}.{key}` {metric!r} is a {METRICS[metric][0]} metric, but "
+                      f"{why} \"{task}\"; use one of {', '.join(repr(m) for m in fits)}", f"{table}.{key}")
     problem = calibration_problem(cfg["ensemble"]["calibration"], task)
     if problem:
         found.add(f"{problem} ({why} \"{task}\")", "ensemble.calibration")
@@ -600,6 +683,9 @@ def locate(cfg: dict, base: Path, problems: Problems | None = None) -> dict:
     replay = cfg["rehearsal"]["replay"]
     if replay and not Path(replay).is_absolute() and (path.parent / replay).exists():
         cfg["rehearsal"]["replay"] = str((path.parent / replay).resolve())
+    start = cfg["pbt"]["start"]
+    if start and not Path(start).is_absolute() and (path.parent / start).exists():
+        cfg["pbt"]["start"] = str((path.parent / start).resolve())
     if problems is None:
         found.raise_any()
     return cfg

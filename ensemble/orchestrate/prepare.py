@@ -44,6 +44,9 @@ def prepare_run(cfg: dict, args) -> tuple[dict, dict, RunDirectory]:
     if cfg["mode"] == "evolve":
         from ensemble.sources.search import check_search
         check_search(cfg, meta)
+    if cfg["mode"] == "pbt" and cfg["pbt"]["start"]:      # the evolve run that starts the population
+        from ensemble.sources.population import search_winners
+        search_winners(cfg["pbt"]["start"], 1, meta, cfg["train"])
     run_dir = RunDirectory(choose_run_dir(cfg, args))
     if args.resume:
         check_same_run(cfg, run_dir)
@@ -66,9 +69,9 @@ def check_builds(cfg: dict, arrays: dict, meta: dict) -> None:
     Layer lists are not built: they get the task's own head, are checked without
     TensorFlow (``check_input_rank``), and importing TensorFlow on rank 0 delays the first
     member by about 2 s (digits at -n 3 on 2 cores, median of 7 paired runs). Nothing is
-    built in evolve mode (genomes are checked by ``evolve.decode``) or with the rehearsal
+    built in mode "evolve" (genomes are checked by ``evolve.decode``) or with the rehearsal
     trainer (no TensorFlow at all)."""
-    if cfg["mode"] != "ensemble" or cfg["runtime"]["trainer"] != "keras":
+    if cfg["mode"] == "evolve" or cfg["runtime"]["trainer"] != "keras":
         return
     builders = [(i, arch) for i, arch in enumerate(cfg["architectures"]) if arch["model"]]
     if not builders:

@@ -23,16 +23,17 @@ from ensemble.results.summary import finalize, format_comparison
 from ensemble.results.timeline import format_stats, run_stats
 from ensemble.runtime.budget import RunBudget
 from ensemble.runtime.scheduler import job_end_time
-from ensemble.runtime.executor import MpiExecutor, SerialExecutor, serve
+from ensemble.runtime.executor import MpiExecutor, SerialExecutor, go_on, serve
 from ensemble.sources import SpecList, member_count, member_specs
 from ensemble.task import get_task
 
 log = logging.getLogger(__name__)
 
 
-def make_trainer(cfg: dict, meta: dict, data, run_dir: RunDirectory, rank: int, group=None):
+def make_trainer(cfg: dict, meta: dict, data, run_dir: RunDirectory, rank: int, group=None, comm=None):
     """A function (spec, report) -> journal record that trains on this rank: Keras (imports
-    TensorFlow once) or, with ``runtime.trainer = "rehearsal"``, a sleeping stand-in."""
+    TensorFlow once) or, with ``runtime.trainer = "rehearsal"``, a sleeping stand-in. In
+    mode "pbt" a member trains round by round and its state travels on ``comm``."""
     from ensemble.train.member import guarded
     if cfg["runtime"]["trainer"] == "rehearsal":
         from ensemble.train.rehearsal import RehearsalTrainer
@@ -44,13 +45,25 @@ def make_trainer(cfg: dict, meta: dict, data, run_dir: RunDirectory, rank: int, 
     configure_tensorflow(rt["threads"], rt["precision"], rt["jit_compile"])
     if group is not None and group.Get_size() == 1:
         group = None                                  # G = 1: no communication at all
+    if cfg["mode"] == "pbt":
+        from ensemble.train.member import guarded
+        from ensemble.train.population import train_population_member
+        sleep = rt["poll_max_sleep"]
+        return lambda spec, report: guarded(lambda: train_population_member(
+            spec, data, meta, run_dir, comm, group, report, sleep), spec, rank)
     return lambda spec, report: run_member(spec, data, meta, run_dir, rank, group, report)
 
 
-def make_source(cfg: dict, meta: dict, run_dir: RunDirectory, lines: list[dict], lost: set[str] = frozenset()):
+def make_source(cfg: dict, meta: dict, run_dir: RunDirectory, lines: list[dict], lost: set[str] = frozenset(),
+                workers: int = 1):
     """(spec source, members expected or None) for the config's mode, from the journal's
     ``lines`` so far (records and events, in order); members in ``lost`` (finished, but
-    their kept artifacts are gone) are trained again."""
+    their kept artifacts are gone) are trained again. ``workers``: the slots members train
+    in (a population has at most one member per slot)."""
+    if cfg["mode"] == "pbt":
+        from ensemble.sources.population import PopulationSource
+        source = PopulationSource(cfg, meta, run_dir, lines, workers)
+        return source, source.total
     if cfg["mode"] == "evolve":
         from ensemble.sources.search import SearchSource
         source = SearchSource(cfg, meta, run_dir, lines, lost)
@@ -112,7 +125,7 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
     artifacts = make_artifacts(cfg, meta, run_dir, metric)
     lost = artifacts.restore(lines) if resume else set()
     done_ids = {r["id"] for r in previous if r.get("status") == "ok"} - lost
-    source, total = make_source(cfg, meta, run_dir, lines, lost)
+    source, total = make_source(cfg, meta, run_dir, lines, lost, workers=len(leaders) + master_trains or 1)
     del lines
     resume_seconds = round(time.perf_counter() - t_resume, 3)
     rt = cfg["runtime"]
@@ -146,6 +159,10 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
         journal.event(opened)
         if cfg["mode"] == "evolve":
             source.on_issue = journal.append      # each candidate's genome as it goes out: resume re-issues it
+        decide = go_on
+        if cfg["mode"] == "pbt":                  # rounds: the lineage is on disk before anyone is answered
+            source.on_round, source.answer, source.deadline = journal.event, executor.answer, budget.deadline
+            decide = source.decide
 
         def on_results(results: list[dict]) -> None:
             released = artifacts.accept(results)          # candidates' arrays to the store
@@ -159,7 +176,8 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
         # a serial master trains the members itself, with no idle moments: a thread beats for it
         with beat.kept_alive("running") if not leaders else nullcontext():
             account = dispatch(executor, source, on_results, should_stop=budget.should_stop,
-                               adjust=lambda spec: progress.hand_out(artifacts.stamp(budget.cap(spec))), idle=idle)
+                               adjust=lambda spec: progress.hand_out(artifacts.stamp(budget.cap(spec))), idle=idle,
+                               decide=decide)
         closed = {"event": "close", "time": round(time.time(), 4), **account,
                   "journal_syncs": journal.syncs + 1, "journal_bytes": journal.bytes}
         if account["master_busy_seconds"] is None:          # the serial master trains: no master share
@@ -181,6 +199,9 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
         extra = {"run": stats}
         if cfg["mode"] == "evolve":
             extra["search"] = source.finish(records)
+        if cfg["mode"] == "pbt":
+            extra["pbt"] = source.finish()
+            extra["pbt"]["master_report_bytes"] = getattr(executor, "report_bytes", 0)
         predictions = rt["trainer"] != "rehearsal" or cfg["rehearsal"]["predictions"]
         if predictions:
             extra["baseline"] = baseline_section(meta, data, cfg["seed"])
@@ -210,6 +231,6 @@ def run_worker_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, gr
     """Ranks > 0: train what the master (through the group leader) sends until it says stop.
     ``stamps``: when this process reached each start-up step; the first result carries them
     with the trainer's set-up (TensorFlow imported) added (``results.timeline``)."""
-    trainer = make_trainer(cfg, meta, data, run_dir, comm.Get_rank(), group)
+    trainer = make_trainer(cfg, meta, data, run_dir, comm.Get_rank(), group, comm)
     stamps = {**(stamps or {}), "trainer": round(time.time(), 3)}
     serve(comm, trainer, cfg["runtime"]["poll_max_sleep"], group, startup=stamps)

@@ -67,6 +67,7 @@ class RunDirectory:
     ENSEMBLE = "ensemble.json"
     TEST_PREDICTIONS = "ensemble_test_predictions.npz"
     SEARCH_TABLE = "search.csv"
+    STATES = "pbt"                  # mode "pbt": each member's state after a round, two slots each
     MODELS = "models"
     MODEL_SUFFIX = ".keras"
     STORE = "store"
@@ -148,6 +149,34 @@ class RunDirectory:
         path = self.model_path(member_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         return atomic_write(path, lambda p: model.save(p))
+
+    # -- population-based training: a member's state between rounds --------------------
+    def state_path(self, member_id: str, round_: int) -> Path:
+        """Where a member's state after ``round_`` is: two slots per member (by the round's
+        parity), so writing round r+1 never touches the state a resume from round r reads."""
+        return self.path / self.STATES / f"{member_id}.{round_ % 2}.npz"
+
+    def save_state(self, member_id: str, round_: int, arrays: list[np.ndarray], info: dict) -> Path:
+        """Weights and optimizer state, packed in one file, written whole or not at all."""
+        path = self.state_path(member_id, round_)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        info = {**info, "member": member_id, "round": round_, "count": len(arrays)}
+        named = {f"a{i:05d}": np.asarray(a) for i, a in enumerate(arrays)}
+        return atomic_write(path, lambda p: np.savez(p, info=np.asarray(json.dumps(info)), **named))
+
+    def load_state(self, member_id: str, round_: int) -> tuple[list[np.ndarray], dict]:
+        """(arrays, info) ``save_state`` wrote for ``member_id`` after ``round_``; raises if the
+        slot holds another round (a journal and states that do not belong together)."""
+        path = self.state_path(member_id, round_)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: the state of {member_id} after round {round_} is missing; the run "
+                                    "cannot continue that member where it stopped")
+        with np.load(path) as f:
+            info = json.loads(str(f["info"]))
+            arrays = [f[f"a{i:05d}"] for i in range(info["count"])]
+        if info["round"] != round_:
+            raise ValueError(f"{path} holds the state after round {info['round']}, not round {round_}")
+        return arrays, info
 
     def remove_model(self, member_id: str) -> None:
         self.model_path(member_id).unlink(missing_ok=True)

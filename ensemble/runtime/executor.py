@@ -12,11 +12,15 @@ and gets back the master's decision: ``CONTINUE``, ``STOP`` (end training now, k
 was learned), or ``{"action": "update", "settings": {...}}`` (new instructions, such as a
 learning rate). The master answers with ``decide(spec, payload)``. Early discarding and
 population-based training stand on this; a trainer that never reports pays nothing.
+``decide`` may also return None: the member waits (holds) until the master calls
+``answer(spec_id, decision)``, so a synchronous round (population-based training) can
+answer every member once the last one has reported.
 """
 
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,8 +32,8 @@ CONTINUE = {"action": "continue"}
 STOP = {"action": "stop"}
 ACTIONS = ("continue", "stop", "update")
 
-#: (spec, report payload) -> decision
-Decide = Callable[[dict, dict], dict]
+#: (spec, report payload) -> decision, or None: hold the member until ``answer(spec_id, ...)``
+Decide = Callable[[dict, dict], "dict | None"]
 #: the function a trainer calls with a report; returns the master's decision
 Report = Callable[[dict], dict]
 #: (spec, report) -> result record (or None on a group rank that is not the leader)
@@ -70,6 +74,31 @@ class Executor(Protocol):
     def shutdown(self) -> None:
         """No more specs: release the workers."""
 
+    def answer(self, spec_id: str, decision: dict) -> None:
+        """Send a decision to the member ``decide`` held (returned None for)."""
+
+
+class HeldReports:
+    """Reports the master has not answered yet (``decide`` returned None), by spec id: each
+    entry is the function that delivers the decision to that member."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, Callable[[dict], None]] = {}
+
+    def hold(self, spec_id: str, deliver: Callable[[dict], None]) -> None:
+        if spec_id in self._held:
+            raise RuntimeError(f"{spec_id} reported again before its last report was answered")
+        self._held[spec_id] = deliver
+
+    def answer(self, spec_id: str, decision: dict) -> None:
+        deliver = self._held.pop(spec_id, None)
+        if deliver is None:
+            raise KeyError(f"no report of {spec_id} is waiting for an answer")
+        deliver(check_decision(decision))
+
+    def __len__(self) -> int:
+        return len(self._held)
+
 
 def timed(train: Trainer, spec: dict, report: Report) -> dict | None:
     """``train(spec, report)`` with the worker's wall clock stamped on the record:
@@ -108,13 +137,21 @@ class SerialExecutor:
         def report(payload: dict) -> dict:
             if idle is not None:
                 idle()
-            return check_decision(decide(spec, payload))
+            decision = decide(spec, payload)
+            if decision is None:
+                raise RuntimeError(f"the master held {spec['id']}'s report for an answer, but a serial run "
+                                   "trains one member at a time: nothing else could ever report; start more "
+                                   "ranks (mpirun -n P)")
+            return check_decision(decision)
         result = timed(self._trainer, spec, report)
         result["worker"] = 0
         return [result]
 
     def shutdown(self) -> None:
         self._queue.clear()
+
+    def answer(self, spec_id: str, decision: dict) -> None:
+        raise RuntimeError("a serial run holds no reports")
 
 
 #: ``specs_in_hand = "auto"``: one spec in hand once members average over LONG_MEMBER seconds
@@ -210,6 +247,8 @@ class MpiExecutor:
         self.slots = Slots(self.workers, in_hand)
         self.idle_seconds = 0.0                     # time spent waiting with nothing to do
         self._sends: deque = deque()                # specs on their way (non-blocking sends)
+        self.held = HeldReports()                   # reports answered later (``answer``)
+        self.report_bytes = 0                       # pickled size of the reports received (the master's traffic)
 
     def free(self) -> int:
         return len(self.slots.ready)
@@ -234,8 +273,13 @@ class MpiExecutor:
         mpi = self.mpi
         if tag == mpi.TAG_REPORT:                   # about the spec the worker trains now
             spec = self.slots.training(self.index[worker])
-            decision = check_decision(decide(spec, message))
-            self.comm.send(decision, dest=worker, tag=mpi.TAG_DECISION)
+            self.report_bytes += len(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+            decision = decide(spec, message)
+            if decision is None:
+                self.held.hold(spec["id"], lambda d: self.comm.send(d, dest=worker, tag=mpi.TAG_DECISION))
+                log.debug("report from rank %d on %s: held", worker, spec.get("id"))
+                return None
+            self.comm.send(check_decision(decision), dest=worker, tag=mpi.TAG_DECISION)
             log.debug("report from rank %d on %s: %s", worker, spec.get("id"), decision["action"])
             return None
         if tag != mpi.TAG_RESULT:
@@ -257,7 +301,12 @@ class MpiExecutor:
         slot = len(self.leaders)
         while (report := self.local.pending_report()) is not None:
             payload, reply = report
-            reply.put(check_decision(decide(self.slots.training(slot), payload)))
+            spec = self.slots.training(slot)
+            decision = decide(spec, payload)
+            if decision is None:
+                self.held.hold(spec["id"], reply.put)
+            else:
+                reply.put(check_decision(decision))
         while (result := self.local.result()) is not None:
             result["worker"] = slot
             self.slots.done(slot, result_seconds(result))
@@ -310,6 +359,9 @@ class MpiExecutor:
             self.comm.send(None, dest=worker, tag=self.mpi.TAG_STOP)
         if self.local is not None:
             self.local.stop()
+
+    def answer(self, spec_id: str, decision: dict) -> None:
+        self.held.answer(spec_id, decision)
 
 
 class LocalWorker:

@@ -20,6 +20,7 @@ ANY_SOURCE = MPI.ANY_SOURCE
 ANY_TAG = MPI.ANY_TAG
 TAG_SPEC, TAG_RESULT, TAG_STOP = 11, 12, 13
 TAG_REPORT, TAG_DECISION = 14, 15        # a worker's in-training report and the master's answer
+TAG_STATE = 16                           # a member's weights and optimizer state, worker to worker (PBT)
 
 world = MPI.COMM_WORLD
 

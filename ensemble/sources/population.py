@@ -1,0 +1,417 @@
+"""mode = "pbt": the master's side of population-based training.
+
+Every worker group holds one member of the population for the whole run and trains it
+round by round (``ensemble.train.population``). At the end of each round a member
+reports its validation metric and waits; once the whole population has reported, the
+master decides every member's next step at once (synchronous rounds, as LTFB):
+
+- exploit: which members copy which (``exploit_pairs``): "truncation" (PBT: the worst
+  ``fraction`` copy a random member of the best ``fraction``), "tournament" (LTFB: random
+  pairs, the loser copies the winner) or "none"; a member whose loss turned NaN copies a
+  good member under every rule;
+- explore: the copy's hyperparameters are perturbed or drawn anew (``explore``);
+- the donor is told to send its weights and optimizer state to the receiver's rank and
+  the receiver to take them: the state goes worker to worker, never through rank 0.
+
+The round's lineage (each member's metric, hyperparameters, who it copied) is journalled
+as one ``pbt_round`` event, fsynced before any member is answered, and every member wrote
+its state for that round first (two slots per member: ``pbt/<id>.<round % 2>.npz``). So
+``--resume`` continues from the last journalled round: each member loads the state it had
+after that round's copies (its donor's file when it copied) and no member starts again
+from scratch. ``pbt.csv`` is the lineage, flat. Pure Python + numpy: tested without MPI.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ensemble.config import ConfigError, member_train_settings
+from ensemble.config.schema import PBT_HYPERPARAMETERS
+from ensemble.results.rundir import RunDirectory
+from ensemble.runtime.executor import CONTINUE, STOP
+from ensemble.sources.members import derive_seed
+from ensemble.task import get_task
+from ensemble.task.metrics import higher_is_better
+
+log = logging.getLogger(__name__)
+
+#: the bounds a hyperparameter stays in when `pbt.ranges` does not name it
+DEFAULT_BOUNDS = {"learning_rate": (1e-6, 1.0), "batch_size": (4, 4096), "dropout": (0.0, 0.9),
+                  "weight_decay": (1e-7, 0.1), "momentum": (0.0, 0.999)}
+LOG_SCALE = {"learning_rate", "batch_size", "weight_decay"}
+#: what a member is, beyond its hyperparameters: copied with its weights
+WHAT = ("arch", "layers", "model", "params", "model_dir", "optimizer", "loss")
+TABLE = "pbt.csv"
+SEED_SALT = 7_000_001
+
+
+def checkpoint_name(member_id: str, round_: int) -> str:
+    """The file (in the run directory) a member's state after ``round_`` is in: two slots
+    per member, so writing round r+1 never touches the state round r's resume needs."""
+    return f"pbt/{member_id}.{round_ % 2}.npz"
+
+
+# -- the rules: pure functions of scores and a generator -----------------------------------------
+
+def exploit_pairs(scores: dict[str, float], rule: str, fraction: float,
+                  rng: np.random.Generator) -> list[tuple[str, str]]:
+    """(receiver, donor) pairs for one round. ``scores``: higher is better, -inf for a member
+    that failed (NaN). Failed members always copy a member of the top ``fraction``."""
+    ids = sorted(scores, key=lambda i: (-scores[i], i))          # best first; ties by id
+    good = [i for i in ids if math.isfinite(scores[i])]
+    bad = [i for i in ids if not math.isfinite(scores[i])]
+    n_top = max(1, int(math.floor(len(good) * fraction))) if good else 0
+    top = good[:n_top]
+    pairs: list[tuple[str, str]] = []
+    if rule == "truncation" and len(good) >= 2:
+        for receiver in good[len(good) - n_top:]:
+            if receiver not in top:
+                pairs.append((receiver, top[int(rng.integers(len(top)))]))
+    elif rule == "tournament" and len(good) >= 2:
+        order = [good[i] for i in rng.permutation(len(good))]
+        for a, b in zip(order[0::2], order[1::2]):
+            if scores[a] != scores[b]:
+                pairs.append((b, a) if scores[a] > scores[b] else (a, b))
+    elif rule not in ("truncation", "tournament", "none"):
+        raise ValueError(f"unknown exploit rule {rule!r}")
+    for receiver in bad:
+        if top:
+            pairs.append((receiver, top[int(rng.integers(len(top)))]))
+    return pairs
+
+
+def sample(name: str, bounds: tuple[float, float], rng: np.random.Generator) -> float | int:
+    low, high = bounds
+    if name in LOG_SCALE:
+        value = float(np.exp(rng.uniform(np.log(low), np.log(high))))
+    else:
+        value = float(rng.uniform(low, high))
+    return int(round(value)) if name == "batch_size" else value
+
+
+def clip(name: str, value: float, bounds: tuple[float, float]) -> float | int:
+    value = min(max(value, bounds[0]), bounds[1])
+    return max(1, int(round(value))) if name == "batch_size" else float(value)
+
+
+def explore(hparams: dict, evolving: list[str], rule: str, factors: list[float], resample_probability: float,
+            bounds: dict[str, tuple[float, float]], rng: np.random.Generator) -> dict:
+    """The hyperparameters a copying member trains with next: each of ``evolving`` multiplied
+    by a random one of ``factors`` ("perturb"), or, under "resample", drawn anew from its
+    bounds with ``resample_probability`` (else perturbed); kept inside its bounds. One not
+    set yet (None: the layer's or optimizer's own) is drawn anew."""
+    out = dict(hparams)
+    for name in evolving:
+        value = out.get(name)
+        if value is None or (rule == "resample" and rng.random() < resample_probability):
+            out[name] = sample(name, bounds[name], rng)
+        else:
+            out[name] = clip(name, value * float(factors[int(rng.integers(len(factors)))]), bounds[name])
+    return out
+
+
+# -- the source --------------------------------------------------------------------------------
+
+class PopulationSource:
+    """Spec source and in-training ``decide`` for mode "pbt".
+
+    The session sets ``answer`` (the executor's: delivers a held decision) and ``on_round``
+    (journals a round's event, synced) before the loop starts, and may set
+    ``deadline`` (UNIX seconds: no round starts that would end after it)."""
+
+    def __init__(self, cfg: dict, meta: dict, run_dir: RunDirectory, lines: list[dict], workers: int):
+        pbt = cfg["pbt"]
+        self.cfg, self.pbt, self.run_dir = cfg, pbt, run_dir
+        task = get_task(meta["task"])
+        self.metric = task.default_metric(pbt["metric"] if pbt["metric"] != "auto" else cfg["ensemble"]["metric"])
+        self.up = higher_is_better(self.metric)
+        self.size = pbt["population"] or workers
+        if self.size > workers:
+            raise ConfigError(f"`pbt.population` = {pbt['population']} needs as many worker groups, but this run "
+                              f"has {workers}: every member trains every round, each held by one group; start "
+                              f"more ranks (mpirun -n {self.size * cfg['runtime']['group_size'] + 1}) or lower it")
+        self.bounds = {h: tuple(pbt["ranges"].get(h, DEFAULT_BOUNDS[h])) for h in PBT_HYPERPARAMETERS}
+        self.answer: Callable[[str, dict], None] | None = None
+        self.on_round: Callable[[dict], None] | None = None
+        self.deadline: float | None = None
+        self.clock: Callable[[], float] = time.time
+        self.members: dict[str, dict] = {}           # id -> its state as the master knows it
+        self.reports: dict[str, dict] = {}           # this round's reports, by id
+        self.rows: list[dict] = []                   # the lineage so far (pbt.csv)
+        self.round = 0                               # the last round every member finished
+        self.stopped = False                         # the last journalled round told every member to stop
+        self.started: float | None = None            # when the first round began (pbt.time_limit)
+        self.round_started: float | None = None
+        self.round_seconds: float | None = None
+        self.bytes_moved = 0
+        self._initial_population(cfg, meta)
+        self.finished = self._replay(lines)
+        self.active = [i for i in self.members if i not in self.finished]
+        self.pending = deque(self._spec(i) for i in self.active)
+        self.total = self.size
+
+    # -- the population ----------------------------------------------------------------------
+    def _starts(self, cfg: dict, meta: dict) -> list[dict]:
+        """What each initial member is (its ``WHAT`` and training settings), in order."""
+        if self.pbt["start"]:
+            return search_winners(self.pbt["start"], self.size, meta, cfg["train"])
+        out = []
+        for i in range(self.size):
+            arch = cfg["architectures"][i % len(cfg["architectures"])]
+            out.append({"arch": arch["name"], "layers": arch["layers"], "model": arch["model"],
+                        "params": arch["params"], "model_dir": arch.get("model_dir"),
+                        **member_train_settings(cfg, arch)})
+        return out
+
+    def _initial_population(self, cfg: dict, meta: dict) -> None:
+        for i, start in enumerate(self._starts(cfg, meta)):
+            rng = np.random.default_rng(derive_seed(cfg["seed"], SEED_SALT, i))
+            hparams = {"learning_rate": start["learning_rate"], "batch_size": start["batch_size"],
+                       "dropout": None, "weight_decay": None, "momentum": None}
+            for name in self.pbt["hyperparameters"]:
+                if name in self.pbt["ranges"] and not self.pbt["start"]:
+                    hparams[name] = sample(name, self.bounds[name], rng)
+            member_id = f"pbt-{i:03d}"
+            self.members[member_id] = {
+                "id": member_id, "index": i, "what": {k: start.get(k) for k in WHAT},
+                "hparams": hparams, "train": {k: v for k, v in start.items() if k not in WHAT},
+                "seed": derive_seed(cfg["seed"], SEED_SALT + 2, i), "restore": None, "exposes": None}
+
+    def _replay(self, lines: list[dict]) -> set[str]:
+        """The journal so far: every round's lineage, each member's state after the last round,
+        and the members whose final result is in. Returns the finished ids."""
+        finished = set()
+        for x in lines:
+            if x.get("event") == "pbt_round":
+                self.round = x["round"]
+                self.stopped = bool(x.get("stop"))
+                for row in x["members"]:
+                    self.rows.append({"round": x["round"], **row})
+                    member = self.members.get(row["id"])
+                    if member is None:
+                        continue
+                    member["what"] = row.get("next_what") or member["what"]
+                    member["hparams"] = row["next_hparams"]
+                    member["exposes"] = row.get("exposes")
+                    member["restore"] = {"round": x["round"], "from": row.get("copied_from") or row["id"],
+                                         "stop": self.stopped}
+            elif "event" not in x and x.get("status") == "ok" and x["id"] in self.members:
+                finished.add(x["id"])
+        if self.round:
+            log.info(f"resume: the population continues after round {self.round} of {self.pbt['rounds']}"
+                     + (f" ({len(finished)} member(s) already finished)" if finished else ""))
+        return finished
+
+    def _spec(self, member_id: str) -> dict:
+        m = self.members[member_id]
+        pbt = self.pbt
+        return {"id": member_id, **m["what"], **m["train"], "seed": m["seed"],
+                "epochs": pbt["rounds"] * pbt["round_epochs"], "report_every": pbt["round_epochs"],
+                "pbt": {"rounds": pbt["rounds"], "round_epochs": pbt["round_epochs"], "hparams": m["hparams"],
+                        "restore": m["restore"], "metric": self.metric}}
+
+    # -- spec source -------------------------------------------------------------------------
+    def next_spec(self) -> dict | None:
+        if self.pending:
+            if self.round_started is None:
+                self.round_started = self.clock()
+            return self.pending.popleft()
+        return None
+
+    def tell(self, result: dict) -> None:
+        """A member's final result; a member that failed outside a round (an exception, not a
+        NaN) leaves the population, which goes on without it."""
+        member_id = result["id"]
+        if member_id not in self.members:
+            return
+        result["pbt"] = {"rounds": self.round, "hparams": self.members[member_id]["hparams"],
+                         "what": self.members[member_id]["what"].get("arch")}
+        if member_id in self.active:
+            self.active.remove(member_id)
+        if result.get("status") != "ok" and not self.stopped:
+            log.warning(f"pbt: {member_id} failed ({result.get('error', {}).get('kind')}); the population "
+                        f"goes on with {len(self.active)}")
+            self.reports.pop(member_id, None)
+            if self.active and len(self.reports) == len(self.active):
+                for other, decision in self._complete_round().items():
+                    self.answer(other, decision)
+
+    # -- decisions -----------------------------------------------------------------------------
+    def decide(self, spec: dict, payload: dict) -> dict | None:
+        """A member finished a round: hold it until the whole population has, then answer all."""
+        member_id = spec["id"]
+        if "round" not in payload:
+            return CONTINUE
+        self.reports[member_id] = payload
+        if len(self.reports) < len(self.active):
+            return None
+        decisions = self._complete_round()
+        own = decisions.pop(member_id)
+        for other, decision in decisions.items():
+            self.answer(other, decision)
+        return own
+
+    def _score(self, payload: dict) -> float:
+        value = (payload.get("val") or {}).get(self.metric) if payload.get("ok") else None
+        if value is None or not math.isfinite(value):
+            return -math.inf
+        return float(value) if self.up else -float(value)
+
+    def _time_is_up(self, now: float) -> str | None:
+        if self.round_started is not None:
+            self.round_seconds = now - self.round_started
+        ends = [t for t in (self.deadline,) if t is not None]
+        if self.pbt["time_limit"] is not None and self.started is not None:
+            ends.append(self.started + self.pbt["time_limit"])
+        if ends and self.round_seconds is not None and now + self.round_seconds > min(ends):
+            return "the time limit (`pbt.time_limit` or the run's) would end the next round"
+        return None
+
+    def _complete_round(self) -> dict[str, dict]:
+        """Every active member has reported this round: journal the lineage, return each one's
+        decision (id -> decision)."""
+        now = self.clock()
+        if self.started is None:
+            self.started = self.round_started if self.round_started is not None else now
+        round_ = self.round + 1
+        reports = self.reports
+        for member_id, payload in reports.items():
+            if payload["round"] != round_:
+                raise RuntimeError(f"pbt: {member_id} reported round {payload['round']}, but the population "
+                                   f"is at round {round_}")
+        scores = {i: self._score(p) for i, p in reports.items()}
+        why = "the last round" if round_ >= self.pbt["rounds"] else self._time_is_up(now)
+        rng = np.random.default_rng(derive_seed(self.cfg["seed"], SEED_SALT + 1, round_))
+        pairs = [] if why else exploit_pairs(scores, self.pbt["exploit"], self.pbt["fraction"], rng)
+        if not why and all(not math.isfinite(s) for s in scores.values()):
+            why = "every member's loss turned NaN"
+        copies = dict(pairs)
+        donors: dict[str, list[str]] = {}
+        for receiver, donor in pairs:
+            donors.setdefault(donor, []).append(receiver)
+        decisions, rows = {}, []
+        for member_id in sorted(reports):
+            payload, member = reports[member_id], self.members[member_id]
+            if payload.get("exposes") is not None:
+                member["exposes"] = payload["exposes"]
+            if payload.get("hparams"):                 # the values unset ones (None) really have
+                member["hparams"] = {k: (v if v is not None else payload["hparams"].get(k))
+                                     for k, v in member["hparams"].items()}
+            row = {"id": member_id, "arch": member["what"].get("arch"), "metric": self.metric,
+                   "value": (payload.get("val") or {}).get(self.metric), "ok": bool(payload.get("ok")),
+                   "loss": payload.get("loss"), "hparams": member["hparams"], "exposes": member["exposes"],
+                   "rank": payload.get("rank"), "seconds": payload.get("seconds"),
+                   "state_bytes": payload.get("state_bytes"), "copied_from": None, "next_what": None}
+            rows.append(row)
+        by_id = {row["id"]: row for row in rows}
+        for member_id in sorted(reports):
+            member, row = self.members[member_id], by_id[member_id]
+            if why:
+                decisions[member_id] = STOP
+                row["next_hparams"] = member["hparams"]
+                continue
+            if member_id in copies:
+                donor_id = copies[member_id]
+                donor = self.members[donor_id]
+                evolving = [h for h in self.pbt["hyperparameters"]
+                            if donor["exposes"] is None or h in donor["exposes"]]
+                hparams = explore(donor["hparams"], evolving, self.pbt["explore"], self.pbt["factors"],
+                                  self.pbt["resample_probability"], self.bounds, rng)
+                row.update(copied_from=donor_id, next_hparams=hparams,
+                           next_what=donor["what"] if donor["what"] != member["what"] else None)
+                decisions[member_id] = {"action": "update", "settings": hparams,
+                                        "copy": {"member": donor_id, "rank": reports[donor_id].get("rank"),
+                                                 "what": donor["what"], "round": round_}}
+                self.bytes_moved += int(reports[donor_id].get("state_bytes") or 0)
+            else:
+                row["next_hparams"] = member["hparams"]
+                decisions[member_id] = ({"action": "continue", "send_to": [reports[r].get("rank") for r in
+                                                                           donors[member_id]]}
+                                        if member_id in donors else CONTINUE)
+        # the new state, after every copy was decided from the old one
+        for member_id, row in by_id.items():
+            member = self.members[member_id]
+            if row.get("copied_from"):
+                member["what"] = self.members[row["copied_from"]]["what"]
+            member["hparams"] = row["next_hparams"]
+        event = {"event": "pbt_round", "round": round_, "time": round(now, 4), "stop": bool(why),
+                 "members": rows}
+        if why:
+            event["why"] = why
+        if self.on_round is not None:
+            self.on_round(event)                  # journalled (and synced) before anyone is answered
+        self.rows.extend({"round": round_, **row} for row in rows)
+        self.round, self.stopped, self.reports = round_, bool(why), {}
+        self.round_started = self.clock()
+        best = max(scores, key=lambda i: (scores[i], i))
+        value = by_id[best]["value"]
+        log.info(f"pbt round {round_}/{self.pbt['rounds']}: best {best} val {self.metric} "
+                 f"{'nan' if value is None else f'{value:.4f}'}, {len(pairs)} cop{'y' if len(pairs) == 1 else 'ies'}"
+                 + (f"; stopping: {why}" if why and round_ < self.pbt["rounds"] else ""))
+        return decisions
+
+    # -- the end ---------------------------------------------------------------------------------
+    def finish(self) -> dict:
+        """Write pbt.csv (the lineage, one row per member and round) and return the run
+        summary's ``pbt`` section."""
+        import pandas as pd
+        flat = []
+        for row in self.rows:
+            out = {k: row.get(k) for k in ("round", "id", "arch", "value", "ok", "loss", "copied_from",
+                                           "rank", "seconds", "state_bytes")}
+            out[f"val_{self.metric}"] = out.pop("value")
+            for name in PBT_HYPERPARAMETERS:
+                out[name] = (row.get("hparams") or {}).get(name)
+                out[f"next_{name}"] = (row.get("next_hparams") or {}).get(name)
+            flat.append(out)
+        frame = pd.DataFrame(flat)
+        if len(frame):
+            frame = frame.sort_values(["round", "id"], kind="stable")
+        self.run_dir.write_text(TABLE, frame.to_csv(index=False))
+        copies = sum(1 for r in self.rows if r.get("copied_from"))
+        return {"rounds": self.round, "population": self.size, "metric": self.metric, "copies": copies,
+                "exploit": self.pbt["exploit"], "explore": self.pbt["explore"],
+                "bytes_moved_this_job": self.bytes_moved}
+
+
+def search_winners(run_path: str, count: int, meta: dict, train: dict) -> list[dict]:
+    """The best ``count`` candidates of a finished mode "evolve" run, as starting members:
+    decoded with that run's own search space, with its optimizer, learning rate and batch
+    size."""
+    from evolve import Genome, SearchSpace, decode
+
+    from ensemble.config import load_config
+    from ensemble.results.journal import read_journal
+    path = Path(run_path)
+    if not (path / "journal.jsonl").is_file() or not (path / "config.toml").is_file():
+        raise ConfigError(f"`pbt.start` {run_path!r} is not a run directory (no journal.jsonl and config.toml "
+                          "there); give a finished mode \"evolve\" run's directory, or \"\" to start from "
+                          "[[architectures]]")
+    source_cfg = load_config(path / "config.toml")
+    if source_cfg["mode"] != "evolve":
+        raise ConfigError(f"`pbt.start` {run_path!r} is a mode {source_cfg['mode']!r} run; it must be a mode "
+                          "\"evolve\" run (its candidates start the population)")
+    metric = source_cfg["ensemble"]["metric"]
+    records = [r for r in read_journal(path / "journal.jsonl") if r.get("status") == "ok" and "genome" in r]
+    if not records:
+        raise ConfigError(f"`pbt.start` {run_path!r} has no finished candidates yet")
+    metric = get_task(meta["task"]).default_metric(metric)
+    input_shape, n_outputs = tuple(meta["input_shape"]), meta["n_outputs"]
+    sign = -1.0 if higher_is_better(metric) else 1.0
+    records.sort(key=lambda r: (sign * r["val"][metric], r["id"]))
+    space = SearchSpace.from_config(source_cfg["search"], input_rank=len(input_shape))
+    out = []
+    for i in range(count):                        # fewer winners than members: dealt round-robin
+        record = records[i % len(records)]
+        genome = Genome.from_dict(record["genome"])
+        out.append({"arch": record["id"], "layers": decode(genome, input_shape, space, n_outputs), "model": None,
+                    "params": {}, "model_dir": None, **train, "optimizer": genome.optimizer,
+                    "learning_rate": genome.learning_rate, "batch_size": genome.batch_size})
+    return out
