@@ -31,15 +31,20 @@ def pack(arrays: list[np.ndarray]) -> tuple[Header, np.ndarray]:
 
 def unpack(header: Header, buffer: np.ndarray) -> list[np.ndarray]:
     """The arrays ``pack`` made ``buffer`` from (views of it)."""
+    if header_bytes(header) != len(buffer):
+        raise ValueError(f"a member state of {len(buffer)} bytes does not match its header "
+                         f"({header_bytes(header)} bytes)")
     out, offset = [], 0
     for shape, dtype in header:
         dt = np.dtype(dtype)
         n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         out.append(buffer[offset:offset + n].view(dt).reshape(shape))
         offset += n
-    if offset != len(buffer):
-        raise ValueError(f"a member state of {len(buffer)} bytes does not match its header ({offset} bytes)")
     return out
+
+
+def header_bytes(header: Header) -> int:
+    return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in header)
 
 
 def state_bytes(arrays: list[np.ndarray]) -> int:
@@ -71,7 +76,7 @@ def send_state(comm, arrays: list[np.ndarray], dests: list[int], max_sleep: floa
 def recv_state(comm, source: int, max_sleep: float = 0.05) -> tuple[list[np.ndarray], int]:
     """(arrays, bytes received) of the state ``source`` sends with ``send_state``."""
     header, _, _ = poll_recv(comm, source, TAG_STATE, max_sleep)
-    size = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in header)
+    size = header_bytes(header)
     buffer = np.empty(size, np.uint8)
     _wait([comm.Irecv(buffer, source=source, tag=TAG_STATE)], max_sleep)
     return unpack(header, buffer), size
@@ -86,7 +91,6 @@ def share_in_group(group, arrays: list[np.ndarray] | None, max_sleep: float = 0.
     header, buffer = pack(arrays) if leader else (None, None)
     header = polite_bcast(group, header, 0, max_sleep)
     if not leader:
-        size = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in header)
-        buffer = np.empty(size, np.uint8)
+        buffer = np.empty(header_bytes(header), np.uint8)
     _wait([group.Ibcast(buffer, root=0)], max_sleep)
     return arrays if leader else unpack(header, buffer)

@@ -1,0 +1,195 @@
+"""mode = "pbt", the master's side without MPI: the exploit and explore rules, synchronous
+rounds (held reports answered together), lineage, resume, failures; and the packing of a
+member's state for the worker-to-worker exchange."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ensemble.config import ConfigError, resolve_config
+from ensemble.results.rundir import RunDirectory
+from ensemble.runtime.exchange import pack, state_bytes, unpack
+from ensemble.runtime.executor import HeldReports, SerialExecutor
+from ensemble.sources.population import DEFAULT_BOUNDS, PopulationSource, explore, exploit_pairs
+
+META = {"task": "classification", "input_shape": [4], "n_outputs": 3}
+
+
+def config(**pbt):
+    return resolve_config({"mode": "pbt", "seed": 1,
+                           "architectures": [{"name": "a", "layers": [{"type": "Dense", "units": 4}]},
+                                             {"name": "b", "layers": [{"type": "Dense", "units": 8}]}],
+                           "pbt": {"rounds": 3, "ranges": {"learning_rate": [1e-4, 1e-1]}, **pbt}})
+
+
+def test_truncation_copies_the_worst_fraction_from_the_best():
+    scores = {f"m{i}": float(i) for i in range(8)}        # m7 best, m0 worst
+    pairs = exploit_pairs(scores, "truncation", 0.25, np.random.default_rng(0))
+    assert sorted(r for r, _ in pairs) == ["m0", "m1"]
+    assert {d for _, d in pairs} <= {"m6", "m7"}
+
+
+def test_tournament_pairs_members_and_the_loser_copies_the_winner():
+    scores = {f"m{i}": float(i) for i in range(6)}
+    pairs = exploit_pairs(scores, "tournament", 0.25, np.random.default_rng(3))
+    assert len(pairs) == 3
+    assert all(scores[donor] > scores[receiver] for receiver, donor in pairs)
+    assert len({m for pair in pairs for m in pair}) == 6
+
+
+def test_a_failed_member_copies_a_good_one_under_every_rule():
+    scores = {"a": 0.9, "b": 0.5, "c": -math.inf, "d": 0.7}
+    for rule in ("truncation", "tournament", "none"):
+        pairs = dict(exploit_pairs(scores, rule, 0.25, np.random.default_rng(1)))
+        assert pairs["c"] == "a"
+        assert "c" not in pairs.values()
+    assert exploit_pairs(scores, "none", 0.25, np.random.default_rng(1)) == [("c", "a")]
+
+
+def test_explore_perturbs_by_the_factors_and_stays_in_bounds():
+    rng = np.random.default_rng(0)
+    bounds = dict(DEFAULT_BOUNDS, learning_rate=(1e-4, 1e-2))
+    hp = {"learning_rate": 1e-3, "batch_size": 64, "dropout": 0.2, "weight_decay": None, "momentum": None}
+    out = explore(hp, ["learning_rate", "batch_size"], "perturb", [0.5, 2.0], 0.0, bounds, rng)
+    assert out["learning_rate"] in (pytest.approx(5e-4), pytest.approx(2e-3))
+    assert out["batch_size"] in (32, 128) and isinstance(out["batch_size"], int)
+    assert out["dropout"] == 0.2                               # not evolving: unchanged
+    for _ in range(50):
+        out = explore(out, ["learning_rate"], "perturb", [10.0], 0.0, bounds, rng)
+    assert out["learning_rate"] == pytest.approx(1e-2)         # clipped at the range's top
+    drawn = explore(hp, ["learning_rate", "weight_decay"], "resample", [1.0], 1.0, bounds, rng)
+    assert 1e-4 <= drawn["learning_rate"] <= 1e-2 and drawn["weight_decay"] is not None
+
+
+def source(tmp_path, workers=3, lines=(), **pbt):
+    cfg = config(**pbt)
+    src = PopulationSource(cfg, META, RunDirectory(tmp_path), list(lines), workers)
+    answered, journal = {}, []
+    src.answer = lambda member, decision: answered.__setitem__(member, decision)
+    src.on_round = journal.append
+    return src, answered, journal
+
+
+def report(round_, value, rank, ok=True):
+    return {"round": round_, "ok": ok, "val": {"accuracy": value}, "loss": 1.0 - value, "rank": rank,
+            "state_bytes": 1000, "exposes": ["learning_rate", "batch_size", "weight_decay"]}
+
+
+def test_a_round_is_answered_once_every_member_has_reported(tmp_path):
+    src, answered, journal = source(tmp_path)
+    specs = [src.next_spec() for _ in range(3)]
+    assert src.next_spec() is None
+    assert [s["id"] for s in specs] == ["pbt-000", "pbt-001", "pbt-002"]
+    assert [s["arch"] for s in specs] == ["a", "b", "a"]              # dealt round-robin
+    assert len({s["pbt"]["hparams"]["learning_rate"] for s in specs}) == 3   # drawn from the range
+    assert src.decide(specs[0], report(1, 0.9, 1)) is None              # held
+    assert src.decide(specs[1], report(1, 0.2, 2)) is None
+    own = src.decide(specs[2], report(1, 0.5, 3))
+    decisions = {**answered, "pbt-002": own}
+    assert decisions["pbt-001"]["action"] == "update"                   # the worst copies the best
+    assert decisions["pbt-001"]["copy"]["rank"] == 1 and decisions["pbt-001"]["copy"]["member"] == "pbt-000"
+    assert decisions["pbt-001"]["copy"]["what"]["arch"] == "a"          # the architecture comes along
+    assert decisions["pbt-000"] == {"action": "continue", "send_to": [2]}
+    assert decisions["pbt-002"]["action"] == "continue"
+    assert len(journal) == 1 and journal[0]["round"] == 1 and not journal[0]["stop"]
+    rows = {r["id"]: r for r in journal[0]["members"]}
+    assert rows["pbt-001"]["copied_from"] == "pbt-000" and rows["pbt-001"]["next_what"]["arch"] == "a"
+    # round 3 is the last: everyone stops, nobody copies
+    for r in (2, 3):
+        answered.clear()
+        src.decide(specs[0], report(r, 0.9, 1))
+        src.decide(specs[1], report(r, 0.3, 2))
+        own = src.decide(specs[2], report(r, 0.5, 3))
+    assert own["action"] == "stop" and all(d["action"] == "stop" for d in answered.values())
+    assert journal[-1]["stop"] and not any(row["copied_from"] for row in journal[-1]["members"])
+
+
+def test_a_report_from_another_round_is_refused(tmp_path):
+    src, _, _ = source(tmp_path, workers=2, population=2)
+    a, b = src.next_spec(), src.next_spec()
+    src.decide(a, report(1, 0.5, 1))
+    with pytest.raises(RuntimeError, match="reported round 2"):
+        src.decide(b, report(2, 0.5, 2))
+
+
+def test_a_member_that_fails_outside_a_round_leaves_and_the_round_completes(tmp_path):
+    src, answered, journal = source(tmp_path)
+    specs = [src.next_spec() for _ in range(3)]
+    assert src.decide(specs[0], report(1, 0.9, 1)) is None
+    assert src.decide(specs[1], report(1, 0.2, 2)) is None
+    src.tell({"id": specs[2]["id"], "status": "failed", "error": {"kind": "OutOfMemory"}})
+    assert set(answered) == {"pbt-000", "pbt-001"} and len(journal) == 1
+    assert src.active == ["pbt-000", "pbt-001"]
+
+
+def test_resume_restores_each_member_from_its_state_after_the_last_round(tmp_path):
+    src, answered, journal = source(tmp_path)
+    specs = [src.next_spec() for _ in range(3)]
+    for spec, value in zip(specs, (0.9, 0.2, 0.5)):
+        src.decide(spec, report(1, value, spec["pbt"]["hparams"]["batch_size"]))
+    lines = [{"event": "open"}, *journal]
+    again, _, _ = source(tmp_path, lines=lines)
+    assert again.round == 1
+    specs2 = {s["id"]: s for s in (again.next_spec() for _ in range(3))}
+    assert specs2["pbt-001"]["pbt"]["restore"] == {"round": 1, "from": "pbt-000", "stop": False}
+    assert specs2["pbt-000"]["pbt"]["restore"]["from"] == "pbt-000"
+    assert specs2["pbt-001"]["arch"] == "a"                               # became a copy of pbt-000
+    assert specs2["pbt-001"]["pbt"]["hparams"] == journal[0]["members"][1]["next_hparams"]
+    # finished members are not handed out again
+    done = [*lines, {"id": "pbt-002", "status": "ok"}]
+    third, _, _ = source(tmp_path, lines=done)
+    assert [third.next_spec()["id"], third.next_spec()["id"], third.next_spec()] == ["pbt-000", "pbt-001", None]
+
+
+def test_population_larger_than_the_workers_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="pbt.population"):
+        source(tmp_path, workers=2, population=3)
+
+
+def test_pbt_settings_are_checked():
+    with pytest.raises(ConfigError) as err:
+        resolve_config({"mode": "pbt", "pbt": {"hyperparameters": ["lr"], "ranges": {"dropout": [0.2, 1.5]},
+                                               "exploit": "best"}})
+    text = str(err.value)
+    assert "needs a starting population" in text and "'lr'" in text
+    assert "pbt.ranges.dropout" in text and "pbt.exploit" in text
+    with pytest.raises(ConfigError, match="master_trains"):
+        resolve_config({"mode": "pbt", "runtime": {"master_trains": True},
+                                               "architectures": [{"layers": [{"type": "Dense", "units": 2}]}]})
+
+
+def test_a_state_packs_into_one_buffer_and_back_exactly():
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.asarray(7, dtype=np.int64),
+              np.asarray(0.5, dtype=np.float32), np.ones((0, 4), np.float16)]
+    header, buffer = pack(arrays)
+    assert buffer.dtype == np.uint8 and len(buffer) == state_bytes(arrays) == 24 + 8 + 4
+    back = unpack(header, buffer)
+    for a, b in zip(arrays, back):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="does not match"):
+        unpack(header, buffer[:-1])
+
+
+def test_held_reports_are_delivered_once():
+    held, got = HeldReports(), []
+    held.hold("m1", got.append)
+    with pytest.raises(RuntimeError, match="again"):
+        held.hold("m1", got.append)
+    held.answer("m1", {"action": "continue"})
+    assert got == [{"action": "continue"}] and len(held) == 0
+    with pytest.raises(KeyError):
+        held.answer("m1", {"action": "stop"})
+
+
+def test_a_serial_run_cannot_hold_a_report():
+    def trainer(spec, report):
+        report({"round": 1})
+        return {"id": spec["id"], "status": "ok"}
+    ex = SerialExecutor(lambda: trainer)
+    ex.submit({"id": "m"})
+    with pytest.raises(RuntimeError, match="serial run"):
+        ex.wait(lambda spec, payload: None)

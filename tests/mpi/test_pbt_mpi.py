@@ -1,0 +1,139 @@
+"""mode = "pbt" with real ranks: a member copies another's weights (worker to worker, none
+through rank 0) and the two then predict alike; a job killed -9 mid-run resumes at the
+round after the last one journalled, with a lineage that has no gap and no duplicate."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ensemble.results.journal import read_lines
+from tests.conftest import ROOT, mpiexec, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+BASE = """
+name = "pbt"
+mode = "pbt"
+seed = 5
+[data]
+source = "digits"
+task = "classification"
+[train]
+optimizer = "adam"
+batch_size = 64
+[[architectures]]
+name = "mlp"
+layers = [{{type = "Dense", units = 16, activation = "relu"}}]
+[pbt]
+round_epochs = 1
+rounds = {rounds}
+exploit = "truncation"
+fraction = 0.34
+explore = "perturb"
+factors = [1.0]
+hyperparameters = ["learning_rate"]
+ranges = {{learning_rate = [{low}, {high}]}}
+"""
+
+
+def write(tmp_path, **kw):
+    cfg = tmp_path / "pbt.toml"
+    cfg.write_text(textwrap.dedent(BASE.format(**kw)))
+    return cfg
+
+
+def test_a_copied_member_predicts_as_its_donor_and_no_state_goes_through_rank_0(tmp_path):
+    # learning rates so small that training after the copy changes nothing visible: the
+    # receiver must then predict what its donor predicts, to float tolerance
+    cfg = write(tmp_path, rounds=2, low=1e-10, high=1e-10)
+    run_dir = tmp_path / "run"
+    proc = run_mpi(4, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lineage = pd.read_csv(run_dir / "pbt.csv")
+    assert sorted(lineage["round"].unique()) == [1, 2] and len(lineage) == 6
+    copied = lineage[lineage["copied_from"].notna()]
+    assert len(copied) == 1 and int(copied["round"].iloc[0]) == 1        # after the last round nobody copies
+    receiver, donor = copied["id"].iloc[0], copied["copied_from"].iloc[0]
+    other = next(i for i in lineage["id"].unique() if i not in (receiver, donor))
+    assert (lineage["rank"] > 0).all()                                   # members live on workers only
+
+    records = {x["id"]: x for x in read_lines(run_dir / "journal.jsonl") if "event" not in x}
+    assert {r["status"] for r in records.values()} == {"ok"}
+    state = int(lineage.loc[lineage["id"] == donor, "state_bytes"].iloc[0])
+    assert records[donor]["exchange"]["bytes_sent"] == state
+    assert records[receiver]["exchange"]["bytes_received"] == state
+    assert records[other]["exchange"]["bytes_sent"] == records[other]["exchange"]["bytes_received"] == 0
+    assert records[receiver]["exchange"]["copies"] == [{"round": 1, "from": donor}]
+    summary = json.loads((run_dir / "ensemble.json").read_text())
+    assert summary["pbt"]["bytes_moved_this_job"] == state
+    # what rank 0 received in all: the reports, a few hundred bytes each, not the state
+    assert summary["pbt"]["master_report_bytes"] < 6 * 2000 < state
+
+    import keras
+    from ensemble.inference.api import load
+    from ensemble.inference.inputs import prepare_features
+    from ensemble.inference.load import load_run
+    from ensemble.results.rundir import RunDirectory
+    x_test = prepare_features(load_run(run_dir), load(run_dir).data("test")[0][:64])
+    preds = {m: keras.models.load_model(RunDirectory(run_dir).model_path(m)).predict(x_test, verbose=0)
+             for m in (receiver, donor, other)}
+    np.testing.assert_allclose(preds[receiver], preds[donor], atol=1e-5)
+    assert np.abs(preds[other] - preds[donor]).max() > 1e-3
+
+
+def start(cfg, run_dir) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([mpiexec(), "-n", "4", sys.executable, "-m", "ensemble.run", str(cfg),
+                             "--run-dir", str(run_dir)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_killed_during_a_round_resumes_after_the_last_journalled_one(tmp_path):
+    cfg = write(tmp_path, rounds=6, low=1e-4, high=3e-2)
+    run_dir = tmp_path / "run"
+    proc = start(cfg, run_dir)
+    try:
+        end = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < end, "round 2 was not journalled in time"
+            journal = run_dir / "journal.jsonl"
+            rounds = [x for x in read_lines(journal) if x.get("event") == "pbt_round"] if journal.exists() else []
+            if len(rounds) >= 2:
+                break
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)               # the whole job, as a scheduler does
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    before = [x["round"] for x in read_lines(run_dir / "journal.jsonl") if x.get("event") == "pbt_round"]
+    assert 2 <= before[-1] < 6, f"the kill came too late to test a resume ({before})"
+    assert not [x for x in read_lines(run_dir / "journal.jsonl") if "event" not in x]
+
+    proc = run_mpi(4, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = read_lines(run_dir / "journal.jsonl")
+    opens = [i for i, x in enumerate(lines) if x.get("event") == "open"]
+    assert len(opens) == 2
+    resumed = [x["round"] for x in lines[opens[1]:] if x.get("event") == "pbt_round"]
+    assert resumed == list(range(before[-1] + 1, 7)), (before, resumed)   # no round trained twice
+    lineage = pd.read_csv(run_dir / "pbt.csv")
+    assert len(lineage) == 3 * 6
+    assert not lineage.duplicated(["round", "id"]).any()
+    assert sorted(lineage["round"].unique()) == list(range(1, 7))
+    records = [x for x in lines if "event" not in x]
+    assert len(records) == 3 and {r["status"] for r in records} == {"ok"}
+    assert {r["epochs"] for r in records} == {6}
+    assert "resume: the population continues after round" in proc.stdout + proc.stderr
