@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 NP     ?= 4
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast evolve-demo install clean
+.PHONY: demo test test-fast evolve-demo pbt-demo install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ demo: $(STAMP)
 
 evolve-demo: $(STAMP)
 	$(BIN)/mpirun -n $(NP) $(BIN)/python -m ensemble.run configs/digits_evolve.toml
+
+pbt-demo: $(STAMP)
+	$(BIN)/mpirun -n 5 $(BIN)/python -m ensemble.run configs/digits_pbt.toml
 
 test: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q

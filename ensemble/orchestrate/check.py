@@ -67,7 +67,9 @@ def check_main(config_path: str) -> int:
         print("\nArchitectures: not built until `data.reshape` is fixed (it sets their input shape).")
     else:
         configure_tensorflow(1)
-        if cfg["mode"] == "ensemble":
+        if cfg["mode"] == "pbt" and cfg["pbt"]["start"]:
+            members = check_pbt_start(cfg, prepared[1], found)
+        elif cfg["mode"] in ("ensemble", "pbt"):
             members = check_architectures(cfg, *prepared, found)
         else:
             members = check_search_sample(cfg, *prepared, found)
@@ -84,11 +86,28 @@ def check_main(config_path: str) -> int:
 
 
 def describe_config(cfg: dict, found: Problems) -> None:
-    what = (f"{len(cfg['architectures'])} architecture(s), {sum(a['members'] for a in cfg['architectures'])} "
-            "members" if cfg["mode"] == "ensemble" else _evolve_line(cfg["evolve"]))
+    if cfg["mode"] == "pbt":
+        pbt = cfg["pbt"]
+        what = (f"population {pbt['population'] or 'one per worker group'}, {pbt['rounds']} rounds of "
+                f"{pbt['round_epochs']} epochs, exploit {pbt['exploit']!r}, explore {pbt['explore']!r} "
+                f"({', '.join(pbt['hyperparameters'])})")
+    else:
+        what = (f"{len(cfg['architectures'])} architecture(s), {sum(a['members'] for a in cfg['architectures'])} "
+                "members" if cfg["mode"] == "ensemble" else _evolve_line(cfg["evolve"]))
     state = "valid" if not found else f"{len(found)} problem(s), listed at the end"
     print(f"\nConfig: {state}. Run {cfg['name']!r}, mode {cfg['mode']!r} ({what}), seed {cfg['seed']}, "
           f"run directory {os.path.join(cfg['output_dir'], cfg['name'])}")
+
+
+def check_pbt_start(cfg: dict, meta: dict, found: Problems) -> list[dict]:
+    """``pbt.start``: the evolve run whose best candidates start the population must be there."""
+    from ensemble.sources.population import search_winners
+    try:
+        search_winners(cfg["pbt"]["start"], 1, meta, cfg["train"])
+        print(f"\nStarting population: the best candidates of {cfg['pbt']['start']}")
+    except (ConfigError, ValueError) as exc:
+        found.add(str(exc), "pbt.start")
+    return []
 
 
 def _evolve_line(ev: dict) -> str:
@@ -281,6 +300,10 @@ def describe_runtime(cfg: dict) -> None:
                                              if g > 1 else "; each trains one member at a time"))
     if members:
         line += f"; -n {1 + members * g} trains all {members} members at once"
+    if cfg["mode"] == "pbt":
+        n = cfg["pbt"]["population"]
+        line += (f"; a population of {n} needs -n {1 + n * g} or more" if n else
+                 "; the population has one member per group, so P sets its size")
     print(line + ".")
 
 
