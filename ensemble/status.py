@@ -78,7 +78,7 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     from ensemble.results.summary import finished_records
     from ensemble.results.selection import rank_members
     from ensemble.config.vocabulary import PROPER_SCORES
-    from ensemble.task.metrics import metric_task
+    from ensemble.task.metrics import higher_is_better, metric_task
     now = time.time() if now is None else now
     tail.read()
     beat = read_heartbeat(run_dir) or {}
@@ -144,6 +144,17 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     if summary and "ensemble" in summary:
         out["ensemble"] = {"members": len(summary.get("members", [])),
                            "test": summary["ensemble"]["test"].get(summary.get("metric"))}
+    rounds = [e for e in tail.events if e.get("event") == "pbt_round"]
+    if cfg.get("mode") == "pbt" or rounds:                   # a population's progress is in rounds
+        out["pbt"] = {"round": rounds[-1]["round"] if rounds else 0,
+                      "rounds": cfg.get("pbt", {}).get("rounds", 10)}
+        if rounds:
+            values = [(m["value"], m["id"]) for m in rounds[-1]["members"] if m.get("value") is not None]
+            if values:
+                up = higher_is_better(rounds[-1]["members"][0]["metric"])
+                value, member = (max if up else min)(values)
+                out["pbt"].update(best=member, value=value, metric=rounds[-1]["members"][0]["metric"],
+                                  copies=sum(1 for e in rounds for m in e["members"] if m.get("copied_from")))
     if beat.get("reason"):
         out["reason"] = beat["reason"]
     if beat.get("error"):
@@ -155,6 +166,8 @@ def _expected(cfg: dict) -> int | None:
     """Members a run is meant to train, from its config alone (no heartbeat yet)."""
     if cfg.get("mode", "ensemble") == "evolve":
         return cfg.get("evolve", {}).get("evaluations")
+    if cfg.get("mode") == "pbt":
+        return cfg.get("pbt", {}).get("population") or None     # 0: one per worker group
     return sum(int(a.get("members", 1)) for a in cfg.get("architectures", [])) or None
 
 
@@ -195,6 +208,11 @@ def format_status(s: dict) -> str:
                      + (f"; ETA {_duration(s['eta_seconds'])}" if s["eta_seconds"] is not None else ""))
     if s["budget_left_seconds"] is not None and state in ("running", "silent"):
         lines.append(f"budget: {_duration(s['budget_left_seconds'])} left before the job stops handing out members")
+    if s.get("pbt"):
+        p = s["pbt"]
+        lines.append(f"population: round {p['round']} of {p['rounds']} done"
+                     + (f", best {p['best']} val {p['metric']} {p['value']:.4f}, {p['copies']} copies so far"
+                        if "best" in p else ""))
     if s["best"]:
         b = s["best"]
         lines.append(f"best member so far: {b['id']}  val {s['metric']} {b['val']:.4f}"

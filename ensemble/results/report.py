@@ -311,6 +311,45 @@ def plot_search(view: RunView):
     return fig
 
 
+def plot_population(view: RunView):
+    """mode "pbt": each member's validation metric round by round (one line per member), a
+    grey arrow from the donor to the receiver at every copy; and the learning rate each
+    member trained with, on a log scale."""
+    rounds = [e for e in view.events if e.get("event") == "pbt_round"]
+    if not rounds:
+        return None
+    by_member: dict[str, list[tuple[int, float, float | None]]] = {}
+    copies = []
+    for e in rounds:
+        for m in e["members"]:
+            value = m.get("value") if m.get("value") is not None else np.nan
+            by_member.setdefault(m["id"], []).append((e["round"], value, (m.get("hparams") or {}).get("learning_rate")))
+            if m.get("copied_from"):
+                copies.append((e["round"], m["id"], m["copied_from"]))
+    metric = rounds[0]["members"][0].get("metric", view.metric or "")
+    fig = _figure(9.5, 4.0)
+    axes = fig.subplots(1, 2)
+    colours = {}
+    for member, points in sorted(by_member.items()):
+        r, v, lr = (np.array([p[i] for p in points], dtype=float) for i in range(3))
+        line, = axes[0].plot(r, v, "-o", ms=3, lw=1.2, alpha=0.85)
+        colours[member] = line.get_color()
+        axes[1].step(r, lr, where="post", color=line.get_color(), lw=1.2, alpha=0.85)
+    values = {(r, m): v for m, pts in by_member.items() for r, v, _ in pts}
+    for r, receiver, donor in copies:
+        start, end = values.get((r, donor)), values.get((r + 1, receiver))
+        if start is not None and end is not None and np.isfinite(start) and np.isfinite(end):
+            axes[0].annotate("", xy=(r + 1, end), xytext=(r, start),
+                             arrowprops={"arrowstyle": "->", "color": "#777777", "lw": 0.8, "alpha": 0.6})
+    axes[0].set(xlabel="round", ylabel=f"validation {metric}")
+    axes[1].set(xlabel="round", ylabel="learning rate", yscale="log")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"Population: {len(by_member)} members, {len(rounds)} rounds, {len(copies)} copies "
+                 "(arrows: a member copying another's weights)")
+    return fig
+
+
 def pareto_front(cost: np.ndarray, value: np.ndarray, higher: bool) -> np.ndarray:
     """Indices of the points no other point beats on both (lower cost, better value), by cost."""
     order = np.lexsort((-value if higher else value, cost))
@@ -405,6 +444,7 @@ PLOTS = {
     "classification": plot_classification,
     "regression": plot_regression,
     "search": plot_search,
+    "population": plot_population,
     "costs": plot_costs,
     "timeline": plot_timeline,
 }
@@ -525,6 +565,7 @@ def render(view: RunView, images: dict[str, bytes | str]) -> str:
              "<h2>The answer</h2>", _answer(view), _notes(view)]
     titles = {"leaderboard": "Leaderboard", "classification": "Uncertainty: calibration and confidence",
               "regression": "Uncertainty: intervals and spread", "search": "Search progress",
+              "population": "Population-based training: metric and learning rate by round",
               "costs": "Cost against the metric", "timeline": "Timeline: who trained what, when"}
     for key, img in images.items():
         parts.append(f"<h2>{titles[key]}</h2>")

@@ -193,3 +193,47 @@ def test_a_serial_run_cannot_hold_a_report():
     ex.submit({"id": "m"})
     with pytest.raises(RuntimeError, match="serial run"):
         ex.wait(lambda spec, payload: None)
+
+
+def test_the_report_draws_the_population_and_status_counts_rounds(tmp_path):
+    import json
+
+    from ensemble.results.report import RunView, plot_population
+    from ensemble.status import JournalTail, format_status, run_status
+    src, _, journal = source(tmp_path)
+    specs = [src.next_spec() for _ in range(3)]
+    for r in (1, 2):
+        for spec, value in zip(specs, (0.9, 0.2, 0.5)):
+            src.decide(spec, report(r, value + 0.01 * r, 1 + specs.index(spec)))
+    assert plot_population(RunView(tmp_path)) is None                 # no rounds: no plot
+    fig = plot_population(RunView(tmp_path, events=journal))
+    assert "3 members, 2 rounds, 2 copies" in fig._suptitle.get_text()
+    (tmp_path / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in journal))
+    (tmp_path / "config.toml").write_text('mode = "pbt"\n[pbt]\nrounds = 3\n')
+    status = run_status(tmp_path, JournalTail(tmp_path / "journal.jsonl"))
+    assert status["pbt"]["round"] == 2 and status["pbt"]["rounds"] == 3 and status["pbt"]["best"] == "pbt-000"
+    assert "population: round 2 of 3 done, best pbt-000 val accuracy 0.9200, 2 copies" in format_status(status)
+
+
+def test_a_population_can_start_from_an_evolve_runs_best_candidates(tmp_path):
+    import json
+
+    from evolve import SearchSpace, random_genome
+
+    from ensemble.config import dump_toml
+    from ensemble.sources.population import search_winners
+    evolve_cfg = resolve_config({"mode": "evolve", "search": {"max_depth": 2, "units": [8, 16]}})
+    run = tmp_path / "ev"
+    run.mkdir()
+    (run / "config.toml").write_text(dump_toml(evolve_cfg))
+    space = SearchSpace.from_config(evolve_cfg["search"], input_rank=1)
+    rng = np.random.default_rng(0)
+    lines = [{"id": f"e{i:04d}", "status": "ok", "val": {"accuracy": acc},
+              "genome": random_genome(rng, space, (4,), 3).to_dict()} for i, acc in enumerate((0.5, 0.9, 0.7))]
+    lines.append({"id": "e0009", "status": "failed"})
+    (run / "journal.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    winners = search_winners(str(run), 4, META, evolve_cfg["train"])
+    assert [w["arch"] for w in winners] == ["e0001", "e0002", "e0000", "e0001"]    # best first, round-robin
+    assert all(w["layers"] and w["optimizer"] for w in winners)
+    with pytest.raises(ConfigError, match="not a run directory"):
+        search_winners(str(tmp_path), 2, META, evolve_cfg["train"])

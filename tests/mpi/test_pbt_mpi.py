@@ -137,3 +137,46 @@ def test_killed_during_a_round_resumes_after_the_last_journalled_one(tmp_path):
     assert len(records) == 3 and {r["status"] for r in records} == {"ok"}
     assert {r["epochs"] for r in records} == {6}
     assert "resume: the population continues after round" in proc.stdout + proc.stderr
+
+
+MIXED = """
+name = "pbtg"
+mode = "pbt"
+seed = 2
+[data]
+source = "digits"
+[train]
+batch_size = 64
+[[architectures]]
+name = "small"
+layers = [{type = "Dense", units = 8, activation = "relu"}]
+[[architectures]]
+name = "wide"
+layers = [{type = "Dense", units = 48, activation = "relu"}, {type = "Dropout", rate = 0.1}]
+optimizer = "sgd"
+[pbt]
+round_epochs = 1
+rounds = 3
+hyperparameters = ["learning_rate", "dropout", "weight_decay", "momentum"]
+ranges = {learning_rate = [1e-3, 3e-2], momentum = [0.5, 0.9]}
+[runtime]
+group_size = 2
+"""
+
+
+def test_groups_of_two_take_a_copy_together_across_architectures(tmp_path):
+    cfg = tmp_path / "pbtg.toml"
+    cfg.write_text(MIXED)
+    run_dir = tmp_path / "run"
+    proc = run_mpi(5, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lineage = pd.read_csv(run_dir / "pbt.csv")
+    assert len(lineage) == 2 * 3 and set(lineage["rank"]) == {1, 3}          # the two group leaders
+    copies = lineage[lineage["copied_from"].notna()]
+    assert len(copies) == 2                                                # after rounds 1 and 2
+    for _, row in copies.iterrows():                                       # the receiver becomes its donor
+        donor = lineage[(lineage["round"] == row["round"]) & (lineage["id"] == row["copied_from"])].iloc[0]
+        after = lineage[(lineage["round"] == row["round"] + 1) & (lineage["id"] == row["id"])].iloc[0]
+        assert after["arch"] == donor["arch"] and after["state_bytes"] == donor["state_bytes"]
+    records = [x for x in read_lines(run_dir / "journal.jsonl") if "event" not in x]
+    assert {r["status"] for r in records} == {"ok"} and len(records) == 2
