@@ -81,6 +81,7 @@ class Strategy:
         self.results: dict[str, float | None] = {}  # fitness cache by genome key
         self._seen: set[str] = set()
         self._pending: dict[str, Genome] = {}
+        self._bred_from: dict[str, Genome] = {}        # child key -> the parent it was bred from
         self.best: tuple[Genome, float] | None = None
         self.rng = self._derive_rng()
 
@@ -201,10 +202,26 @@ class Strategy:
         return random_genome(self.rng, self.space, self.input_shape, self.n_outputs)
 
     def _mutate(self, g: Genome) -> Genome:
-        return mutate(g, self.rng, self.space, self.input_shape, self.n_outputs)
+        child = mutate(g, self.rng, self.space, self.input_shape, self.n_outputs)
+        self._note_parent(child, self._bred_from.get(g.key(), g))   # a crossover child: its first parent
+        return child
 
     def _crossover(self, a: Genome, b: Genome) -> Genome:
-        return crossover(a, b, self.rng, self.space, self.input_shape, self.n_outputs)[0]
+        child = crossover(a, b, self.rng, self.space, self.input_shape, self.n_outputs)[0]
+        self._note_parent(child, a)
+        return child
+
+    def _note_parent(self, child: Genome, parent: Genome) -> None:
+        """Remember which evaluated genome ``child`` was bred from (weight inheritance reads
+        it through ``parent_of``); bounded: only the latest breedings are kept."""
+        self._bred_from[child.key()] = parent
+        if len(self._bred_from) > 4096:
+            self._bred_from.pop(next(iter(self._bred_from)))
+
+    def parent_of(self, child: Genome) -> Genome | None:
+        """The evaluated genome ``child`` was bred from by mutation (the first parent of a
+        crossover); None for a random genome."""
+        return self._bred_from.get(child.key())
 
     def _fresh(self, propose: Callable[[], Genome]) -> Genome:
         """A genome never asked before: retry ``propose``, then random; a duplicate at worst."""

@@ -304,6 +304,12 @@ SCHEMA = Table({
                              "\"mixed_bfloat16\" (A100/H100, MI200+, Intel GPUs, recent CPUs) compute in half "
                              "precision with float32 weights; the output head stays float32 (a user builder "
                              "should give its last layer dtype=\"float32\")"),
+        "deterministic": Key((bool,), True,
+                             doc="TensorFlow's op determinism: true, a member trained again with the same seed, "
+                                 "data, software, hardware and `group_size` ends with the same weights, bit for "
+                                 "bit (what resume and the tests rely on); false, GPU kernels may use atomics "
+                                 "(faster, and some ops have no deterministic kernel at all) and the same member "
+                                 "differs in the last bits from run to run; seeds are the same either way"),
         "jit_compile": Key((bool,), False,
                            doc="compile each member's train step with XLA: faster on GPUs for many models, a "
                                "compilation per member first"),
@@ -592,6 +598,22 @@ EVOLVE_KEYS = {
     "evaluations": Key((int,), 40, _positive, nullable=True, doc="how many candidates the search trains"),
     "time_limit": Key(NUM, None, _positive, nullable=True,
                       doc="seconds after which the search breeds no more candidates; unset: no limit"),
+    "discard": Key((str,), "off", _one_of("off", "asha", "median"),
+                   doc="early discarding: \"asha\" stops a candidate at a rung (`discard_epochs` x "
+                       "`discard_factor`^k epochs) unless it is among the best 1/`discard_factor` of those "
+                       "that reached the rung; \"median\" stops one worse than the median of the others at "
+                       "the same epoch; a stopped candidate counts as a low-fidelity evaluation and never "
+                       "enters the ensemble"),
+    "discard_epochs": Key((int,), 2, _positive,
+                          doc="the first rung (epochs), and how often candidates report to the master"),
+    "discard_factor": Key((int,), 3, lambda v: None if v >= 2 else "must be >= 2",
+                          doc="asha's reduction factor: rungs this many times apart, the best 1/this go on"),
+    "discard_grace": Key((int,), 5, _positive,
+                         doc="nobody is stopped at an epoch until this many candidates have reported there"),
+    "inherit": Key((bool,), False,
+                   doc="weight inheritance: a child bred by mutation starts from its parent's trained weights in "
+                       "every layer whose shape is unchanged (when the parent's model file is kept); the "
+                       "journal says which layers"),
 }
 
 

@@ -90,7 +90,7 @@ def check_builds(cfg: dict, arrays: dict, meta: dict) -> None:
             raise ConfigError(f"`architectures[{i}]` ({arch['name']}): {exc}") from None
 
 
-RESULT_SETTINGS = ("mode", "seed", "data", "train", "architectures", "evolve", "search", "ensemble")
+RESULT_SETTINGS = ("mode", "seed", "data", "train", "architectures", "evolve", "search", "pbt", "ensemble")
 
 
 def check_same_run(cfg: dict, run_dir: RunDirectory | Path) -> None:

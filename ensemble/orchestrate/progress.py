@@ -23,6 +23,8 @@ def result_line(result: dict, done: int, total: int | None, metric: str, elapsed
         val = result["val"].get(metric, float("nan"))
         body = (f"val {metric} {val:.4f}  {result['epochs']:>3} epochs  {result['params']:>8} params  "
                 f"{result['train_seconds']:6.1f} s")
+        if result.get("discarded"):
+            body += f"  discarded ({result['discarded']['rule']} at epoch {result['discarded']['epoch']})"
     else:
         body = f"FAILED {result['error']['kind']}: {result['error']['message']}"     # whole: it says what to fix
     return f"{head} {body}  rank {result.get('rank')}  +{elapsed:6.1f} s"

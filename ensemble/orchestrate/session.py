@@ -25,6 +25,7 @@ from ensemble.runtime.budget import RunBudget
 from ensemble.runtime.scheduler import job_end_time
 from ensemble.runtime.executor import MpiExecutor, SerialExecutor, go_on, serve
 from ensemble.sources import SpecList, member_count, member_specs
+from ensemble.sources.discard import EarlyDiscard
 from ensemble.task import get_task
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ def make_trainer(cfg: dict, meta: dict, data, run_dir: RunDirectory, rank: int, 
     from ensemble.runtime.env import configure_tensorflow
     from ensemble.train.member import run_member
     rt = cfg["runtime"]
-    configure_tensorflow(rt["threads"], rt["precision"], rt["jit_compile"])
+    configure_tensorflow(rt["threads"], rt["precision"], rt["jit_compile"], rt["deterministic"])
     if group is not None and group.Get_size() == 1:
         group = None                                  # G = 1: no communication at all
     if cfg["mode"] == "pbt":
@@ -160,6 +161,10 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
         if cfg["mode"] == "evolve":
             source.on_issue = journal.append      # each candidate's genome as it goes out: resume re-issues it
         decide = go_on
+        discard = EarlyDiscard.from_config(cfg, metric)
+        if discard is not None:                   # the search stops candidates that cannot reach the top
+            discard.replay(previous)
+            decide, source.discard = discard.decide, discard
         if cfg["mode"] == "pbt":                  # rounds: the lineage is on disk before anyone is answered
             source.on_round, source.answer, source.deadline = journal.event, executor.answer, budget.deadline
             decide = source.decide
@@ -176,7 +181,8 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
         # a serial master trains the members itself, with no idle moments: a thread beats for it
         with beat.kept_alive("running") if not leaders else nullcontext():
             account = dispatch(executor, source, on_results, should_stop=budget.should_stop,
-                               adjust=lambda spec: progress.hand_out(artifacts.stamp(budget.cap(spec))), idle=idle,
+                               adjust=lambda spec: progress.hand_out(artifacts.stamp(budget.cap(
+                                   discard.stamp(spec) if discard is not None else spec))), idle=idle,
                                decide=decide)
         closed = {"event": "close", "time": round(time.time(), 4), **account,
                   "journal_syncs": journal.syncs + 1, "journal_bytes": journal.bytes}

@@ -57,7 +57,9 @@ class Artifacts:
         for r in results:
             payload = r.pop("payload", None)
             wrote_model = bool(r.get("model"))
-            if r.get("status") != "ok":
+            if r.get("status") != "ok" or r.get("discarded"):      # a discarded candidate is no candidate
+                if r.get("discarded") and wrote_model:
+                    self._to_remove.append(r["id"])
                 r["stored"] = r["model"] = False
                 continue
             objectives = self.objectives(r) if self.objectives else None

@@ -23,10 +23,21 @@ from ensemble.task.metrics import higher_is_better, metric_task
 
 
 def finished_records(records: list[dict]) -> list[dict]:
-    """The last 'ok' record of each member id (a resumed run may hold earlier failures)."""
+    """The last 'ok' record of each member id (a resumed run may hold earlier failures),
+    less the candidates the search discarded early (``evolve.discard``): trained only part
+    of the way, they are ranked by no one and selected by no one."""
     last = {}
     for r in records:
         if r.get("status") == "ok":
+            last[r["id"]] = r
+    return [r for r in last.values() if not r.get("discarded")]
+
+
+def discarded_records(records: list[dict]) -> list[dict]:
+    """The search's candidates stopped early, last record of each."""
+    last = {}
+    for r in records:
+        if r.get("status") == "ok" and r.get("discarded"):
             last[r["id"]] = r
     return list(last.values())
 
@@ -44,7 +55,11 @@ def leaderboard(records: list[dict], metric: str) -> pd.DataFrame:
         if r.get("summary"):
             row["genome"] = r["summary"]
         rows.append(row)
-    ok = {r["id"] for r in ranked}
+    for r in discarded_records(records):
+        rows.append({"rank": None, "id": r["id"], "arch": r.get("arch"), "status": "discarded",
+                     **{f"val_{k}": v for k, v in r["val"].items()}, "epochs": r.get("epochs"),
+                     "discarded_at_epoch": r["discarded"]["epoch"], "genome": r.get("summary")})
+    ok = {r["id"] for r in records if r.get("status") == "ok"}
     for r in records:
         if r.get("status") != "ok" and r["id"] not in ok:
             rows.append({"rank": None, "id": r["id"], "arch": r.get("arch"), "status": r.get("status"),
@@ -111,7 +126,8 @@ def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: 
             entry.update(by_id[i]["scaling"])
         members.append(entry)
     out = {"task": task.name, "metric": metric, "method": choice["method"], "members": members,
-           "n_finished": len(finished), "n_failed": len({r["id"] for r in records} - set(by_id)),
+           "n_finished": len(finished), "n_failed": len({r["id"] for r in records} - {r["id"] for r in records if r.get("status") == "ok"}),
+           "n_discarded": len(discarded_records(records)),
            "n_candidates": len(pool), "selection": _selection_table(ids, choice)}
     raw = {s: task.combine_outputs([(arrays[i][f"{s}_pred"], arrays[i].get(f"{s}_var")) for i in ids], w)
            for s in ("val", "test")}

@@ -144,14 +144,17 @@ def hide_gpus(environ=None) -> None:
 
 
 #: what ``configure_tensorflow`` set for this process; ``train.member`` compiles with ``jit_compile``
-TENSORFLOW = {"precision": "float32", "jit_compile": False}
+TENSORFLOW = {"precision": "float32", "jit_compile": False, "deterministic": True}
 
 
-def configure_tensorflow(threads: int, precision: str = "float32", jit_compile: bool = False) -> None:
-    """One TensorFlow thread pool of ``threads`` per rank, deterministic ops; call once per
-    process. ``precision``: Keras's global dtype policy ("mixed_float16" / "mixed_bfloat16":
-    layers compute in half precision and keep float32 weights; the task's output head stays
-    float32). ``jit_compile``: members' train steps are compiled with XLA."""
+def configure_tensorflow(threads: int, precision: str = "float32", jit_compile: bool = False,
+                         deterministic: bool = True) -> None:
+    """One TensorFlow thread pool of ``threads`` per rank; call once per process.
+    ``precision``: Keras's global dtype policy ("mixed_float16" / "mixed_bfloat16": layers
+    compute in half precision and keep float32 weights; the task's output head stays
+    float32). ``jit_compile``: members' train steps are compiled with XLA.
+    ``deterministic`` (``runtime.deterministic``): op determinism, so a member trained
+    twice the same way ends bit for bit the same."""
     import keras
     import tensorflow as tf
     try:
@@ -159,10 +162,11 @@ def configure_tensorflow(threads: int, precision: str = "float32", jit_compile: 
         tf.config.threading.set_inter_op_parallelism_threads(threads)
     except RuntimeError:
         pass                        # already initialised in this process: keep what is set
-    tf.config.experimental.enable_op_determinism()
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
     tf.get_logger().setLevel("ERROR")          # per-member retracing notices are expected here
     keras.mixed_precision.set_global_policy(precision)
-    TENSORFLOW.update(precision=precision, jit_compile=jit_compile)
+    TENSORFLOW.update(precision=precision, jit_compile=jit_compile, deterministic=deterministic)
 
 
 def process_started() -> float | None:

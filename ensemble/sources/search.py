@@ -34,6 +34,11 @@ from ensemble.task.metrics import higher_is_better
 log = logging.getLogger(__name__)
 
 
+def _genome_key(genome: dict) -> str:
+    from evolve import Genome
+    return Genome.from_dict(genome).key()
+
+
 def search_space(cfg: dict, meta: dict):
     """The validated search space for this data; errors name the `search.*` key."""
     from evolve import SearchSpace
@@ -121,6 +126,21 @@ class SearchSource:
         latest = {r["id"]: r for r in done}
         self.retrain = [latest[i] for i in sorted(lost) if i in latest]
         self.retraining: set[str] = set()
+        self.inherit = bool(ev.get("inherit", False))
+        self.discard = None                           # ``sources.discard.EarlyDiscard``, set by the session
+        self.ids_by_key = {_genome_key(r["genome"]): r["id"] for r in done
+                           if r.get("status") == "ok" and not r.get("discarded")}
+
+    def _parent(self, genome) -> dict | None:
+        """``evolve.inherit``: the trained parent a bred child starts from (its id and model
+        file), when the strategy bred it by mutation and the parent's model is kept."""
+        if not self.inherit:
+            return None
+        parent = self.strategy.parent_of(genome)
+        parent_id = self.ids_by_key.get(parent.key()) if parent is not None else None
+        if parent_id is None or not self.run_dir.model_path(parent_id).is_file():
+            return None
+        return {"from": parent_id, "path": str(self.run_dir.model_path(parent_id))}
 
     def _replay(self, lines: list[dict]) -> list[dict]:
         """Tell the strategy the journal's asks and results in their order; queue the
@@ -159,7 +179,8 @@ class SearchSource:
     def next_spec(self) -> dict | None:
         if self.reissue:                    # out when the last run stopped: again, as it was
             line = self.reissue.popleft()
-            return self._spec(line["id"], self.genomes[line["id"]], line["evaluation"], line.get("seed"))
+            return self._spec(line["id"], self.genomes[line["id"]], line["evaluation"], line.get("seed"),
+                              line.get("inherit"))
         if self.retrain:
             from evolve import Genome
             record = self.retrain.pop()
@@ -178,15 +199,19 @@ class SearchSource:
         self.count += 1
         spec_id = f"e{self.count:04d}"
         self.genomes[spec_id] = genome
-        spec = self._spec(spec_id, genome, self.count)
+        spec = self._spec(spec_id, genome, self.count, inherit=self._parent(genome))
         if self.on_issue is not None:
-            self.on_issue({"event": "issued", "id": spec_id, "evaluation": self.count, "seed": spec["seed"],
-                           "told": self.strategy.told, "genome": spec["genome"], "time": round(time.time(), 4)})
+            line = {"event": "issued", "id": spec_id, "evaluation": self.count, "seed": spec["seed"],
+                    "told": self.strategy.told, "genome": spec["genome"], "time": round(time.time(), 4)}
+            if spec.get("inherit"):
+                line["inherit"] = spec["inherit"]
+            self.on_issue(line)
         return spec
 
-    def _spec(self, spec_id: str, genome, count: int, seed: int | None = None) -> dict:
+    def _spec(self, spec_id: str, genome, count: int, seed: int | None = None, inherit: dict | None = None) -> dict:
         from evolve import decode
-        return {"id": spec_id, "arch": "evolved", "model": None, "params": {},
+        extra = {"inherit": inherit} if inherit else {}
+        return {"id": spec_id, "arch": "evolved", "model": None, "params": {}, **extra,
                 "layers": decode(genome, self.input_shape, self.space, self.meta["n_outputs"]),
                 "seed": derive_seed(self.cfg["seed"], 1_000_003, count) if seed is None else seed,
                 **self.cfg["train"],                     # the genome evolves the three below
@@ -195,6 +220,8 @@ class SearchSource:
                 "summary": genome.summary(self.input_shape)}
 
     def tell(self, result: dict) -> None:
+        if self.discard is not None:                    # stopped early: a low-fidelity evaluation
+            self.discard.mark(result)
         if result["id"] in self.retraining:             # the strategy was told when it first finished
             self.retraining.discard(result["id"])
             result["search"] = {"evaluation": int(result["id"][1:]),
@@ -202,6 +229,8 @@ class SearchSource:
             return
         genome = self.genomes.pop(result["id"])
         fitness = _fitness(result, self.metric)
+        if result.get("status") == "ok" and not result.get("discarded"):
+            self.ids_by_key[genome.key()] = result["id"]
         self.strategy.tell(genome, fitness, self._objectives(result))
         result["search"] = {"evaluation": int(result["id"][1:]), "wall": round(time.monotonic() - self.wall0, 3),
                             "fitness": fitness}
@@ -219,14 +248,15 @@ class SearchSource:
                           "id": r["id"], "status": r["status"],
                           f"val_{self.metric}": None if fit is None else sign * fit,
                           f"best_val_{self.metric}": None if best == -math.inf else sign * best,
-                          "params": r.get("params"), "genome": r.get("summary")})
+                          "params": r.get("params"), "genome": r.get("summary"),
+                          "discarded_at_epoch": (r.get("discarded") or {}).get("epoch")})
         frame = pd.DataFrame(table)
         self.run_dir.write_text(self.run_dir.SEARCH_TABLE, frame.to_csv(index=False))
         return self.compare(rows)
 
     def compare(self, rows: list[dict]) -> dict:
         """Best of the initial random population against the best the search found."""
-        ok = [r for r in rows if r["search"]["fitness"] is not None]
+        ok = [r for r in rows if r["search"]["fitness"] is not None and not r.get("discarded")]
         if self.population_size is None:          # random search: no initial population to beat
             return {}
         initial = [r for r in ok if r["search"]["evaluation"] <= self.population_size]

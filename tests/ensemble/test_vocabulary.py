@@ -40,10 +40,14 @@ def test_suggestions_prefer_the_fewest_slips():
     assert suggest("zzzzzz", OPTIMIZERS) == ""
 
 
+#: the search's own settings beside the strategy's: early discarding and weight inheritance, off
+SEARCH_DEFAULTS = {"discard": "off", "discard_epochs": 2, "discard_factor": 3, "discard_grace": 5, "inherit": False}
+
+
 def test_strategy_settings_come_from_the_registry_and_reach_the_strategy(tmp_path):
     cfg = resolve_config({"mode": "evolve", "evolve": {"crossover_prob": 0.5, "population_size": 6,
                                                        "sample_size": 3}})
-    assert cfg["evolve"] == {"strategy": "regularized", "evaluations": 40, "time_limit": None,
+    assert cfg["evolve"] == {"strategy": "regularized", "evaluations": 40, "time_limit": None, **SEARCH_DEFAULTS,
                              "population_size": 6, "sample_size": 3, "crossover_prob": 0.5}
     again = resolve_config(__import__("tomllib").loads(dump_toml(cfg)))
     assert again["evolve"] == cfg["evolve"]
@@ -84,7 +88,7 @@ def test_run_directories_written_before_the_registry_still_load():
     with pytest.raises(ConfigError, match="`evolve.mu`"):
         resolve_config(old)                           # a user's config: a wrong key is an error
     cfg = resolve_config(old, saved=True)             # a run's own config.toml from an older version
-    assert cfg["evolve"] == {"strategy": "regularized", "evaluations": 7, "time_limit": None,
+    assert cfg["evolve"] == {"strategy": "regularized", "evaluations": 7, "time_limit": None, **SEARCH_DEFAULTS,
                              "population_size": 4, "sample_size": 2, "crossover_prob": 0.0}
     with pytest.raises(ConfigError, match="`evolve.typo`"):
         resolve_config({"mode": "evolve", "evolve": {"typo": 1}}, saved=True)
