@@ -130,6 +130,10 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         raise RuntimeError(f"injected failure in member {spec['id']} (ENSEMBLE_INJECT_FAILURE)")
     keras.utils.set_random_seed(spec["seed"])
     model = build_model(spec, tuple(meta["input_shape"]), meta["n_outputs"], task.name)
+    inherited = None
+    if spec.get("inherit"):                             # evolve.inherit: start from the parent's weights
+        from ensemble.train.inherit import inherit_weights
+        inherited = {"from": spec["inherit"]["from"], **inherit_weights(model, spec["inherit"]["path"])}
     if group is not None:
         from ensemble.runtime.data_parallel import broadcast_weights, make_data_parallel
         broadcast_weights(model, group)
@@ -203,6 +207,8 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         "scaling": {"y_shift": y_shift, "y_scale": y_scale, "gaussian": gaussian},
         "predict_seconds_per_sample": predict_seconds / max(1, len(preds["val"])),
     }
+    if inherited is not None:
+        result["inherited"] = inherited
     result.update(candidate_payload(spec, val, preds, variances, history))
     if reporter is not None:
         result["decisions"] = [d["action"] for d in reporter.decisions]
