@@ -180,8 +180,26 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
                            f"({spec['member_time_limit']:g} s) after {len(losses)} of {spec['epochs']} "
                            "epochs; raise the limit or shrink the model")
 
+    log.debug("%s: trained %d epochs in %.2f s", spec["id"], len(losses), time.monotonic() - t0)
+    stopped = "early_stopping" if len(losses) < spec["epochs"] else "epochs"
+    result = member_record(spec, model, data, run_dir, task, gaussian, y_shift, y_scale,
+                           {k: [float(v) for v in vals] for k, vals in hist.items()}, len(losses), t0,
+                           build_seconds, "master" if reporter is not None and reporter.stopped_by_master else stopped)
+    if inherited is not None:
+        result["inherited"] = inherited
+    if reporter is not None:
+        result["decisions"] = [d["action"] for d in reporter.decisions]
+    return result
+
+
+def member_record(spec: dict, model, data: Mapping[str, np.ndarray], run_dir: RunDirectory, task, gaussian: bool,
+                  y_shift: float, y_scale: float, history: dict, epochs: int, t0: float, build_seconds: float,
+                  stopped: str) -> dict:
+    """A trained member's journal record: its predictions on the validation and test splits
+    scored, its model written when it can still matter, its predictions in ``payload`` when
+    it can be a selection candidate (alone or packed, a member ends here)."""
+    from ensemble.train.architecture import count_params
     member = spec["id"]
-    log.debug("%s: trained %d epochs in %.2f s", member, len(losses), time.monotonic() - t0)
     preds, variances, predict_seconds = {}, {}, 0.0
     for split in ("val", "test"):
         t_pred = time.perf_counter()
@@ -192,26 +210,19 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         if not np.isfinite(preds[split]).all():
             raise MemberFailed("nan_prediction", f"the trained model predicts NaN/inf on the {split} split")
     val = task.metrics(np.asarray(data["y_val"]), preds["val"], variances["val"])
-    history = {k: [float(v) for v in vals] for k, vals in hist.items()}
     keep_model = passes(spec.get("retain"), "models", val, member)
     if keep_model:                                       # only a member that can still matter
         run_dir.save_model(member, model)
-    stopped = "early_stopping" if len(losses) < spec["epochs"] else "epochs"
     result = {
         "id": member, "status": "ok", "arch": spec.get("arch"), "seed": spec["seed"],
         "val": val, "test": task.metrics(np.asarray(data["y_test"]), preds["test"], variances["test"]),
-        "params": count_params(model), "epochs": len(losses),
-        "stopped": "master" if reporter is not None and reporter.stopped_by_master else stopped,
+        "params": count_params(model), "epochs": epochs, "stopped": stopped,
         "train_seconds": round(time.monotonic() - t0, 3), "build_seconds": round(build_seconds, 3),
         "model": keep_model, "path": run_dir.model_ref(member) if keep_model else None,
         "scaling": {"y_shift": y_shift, "y_scale": y_scale, "gaussian": gaussian},
         "predict_seconds_per_sample": predict_seconds / max(1, len(preds["val"])),
     }
-    if inherited is not None:
-        result["inherited"] = inherited
     result.update(candidate_payload(spec, val, preds, variances, history))
-    if reporter is not None:
-        result["decisions"] = [d["action"] for d in reporter.decisions]
     return result
 
 
@@ -232,6 +243,16 @@ def run_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: 
     return guarded(lambda: train_member(spec, data, meta, run_dir, group, report), spec, rank)
 
 
+def failure_record(spec: dict, exc: BaseException, t0: float) -> dict:
+    """The journal record of a member whose training raised ``exc`` (call inside ``except``)."""
+    log.debug("%s failed: %s", spec["id"], exc)
+    return {"id": spec["id"], "status": "failed", "arch": spec.get("arch"), "seed": spec["seed"],
+            "error": {"kind": getattr(exc, "kind", type(exc).__name__), "message": str(exc),
+                      "traceback": traceback.format_exc(limit=-8)},   # the 8 innermost frames: where it broke
+            "train_seconds": round(time.monotonic() - t0, 3), "host": HOST,
+            **{k: spec[k] for k in ("genome", "summary") if k in spec}}
+
+
 def guarded(train, spec: dict, rank: int) -> dict | None:
     """Run ``train()`` (one member, any trainer) and return its journal record: a failure
     becomes a "failed" record; rank, host and the spec's genome are added either way."""
@@ -243,11 +264,7 @@ def guarded(train, spec: dict, rank: int) -> dict | None:
     except Exception as exc:          # noqa: BLE001 - any member failure is recorded, the run goes on
         if getattr(exc, "inside_group_fit", False):
             raise                         # cannot be recovered without a hang: abort the job
-        log.debug("%s failed: %s", spec["id"], exc)
-        result = {"id": spec["id"], "status": "failed", "arch": spec.get("arch"), "seed": spec["seed"],
-                  "error": {"kind": getattr(exc, "kind", type(exc).__name__), "message": str(exc),
-                            "traceback": traceback.format_exc(limit=-8)},   # the 8 innermost frames: where it broke
-                  "train_seconds": round(time.monotonic() - t0, 3)}
+        result = failure_record(spec, exc, t0)
     result.update(rank=rank, host=HOST)
     result.update({k: spec[k] for k in ("genome", "summary") if k in spec})
     return result
