@@ -322,6 +322,12 @@ SCHEMA = Table({
                              doc="ranks sharing one GPU of a node (small members): rank r of a node uses GPU "
                                  "r // ranks_per_gpu, and TensorFlow grows its GPU memory as needed instead of "
                                  "taking the whole device"),
+        "members_per_rank": Key((int,), 1, _positive,
+                                doc="members a worker trains at once, packed into one graph (stacked weights, "
+                                    "one batched matmul per layer for all): for small Dense/Dropout networks, "
+                                    "which leave a core or a GPU mostly idle; each packed member's result equals "
+                                    "what it gets alone. Members that cannot be packed (other layers, a user "
+                                    "builder, early discarding, weight inheritance) train one by one"),
         "group_size": Key((int,), 1, _positive,
                           doc="ranks per member: more than 1 trains each member data-parallel (gradients "
                               "allreduced); must divide the P-1 worker ranks"),
@@ -493,6 +499,11 @@ def resolve_config(raw: dict, *, source: str = "config", saved: bool = False,
         found.add("`runtime.master_trains = true` needs `runtime.group_size = 1`: the master trains alone, and a "
                   f"member trained by one rank would not match one trained by a group of {rt['group_size']}; "
                   "set master_trains = \"auto\" or false", "runtime.master_trains")
+    if rt["members_per_rank"] > 1 and rt["group_size"] > 1 and found.ok("runtime.members_per_rank",
+                                                                       "runtime.group_size"):
+        found.add(f"`runtime.members_per_rank = {rt['members_per_rank']}` packs members on one rank, but "
+                  f"`runtime.group_size = {rt['group_size']}` spreads each member over several: use one or the "
+                  "other", "runtime.members_per_rank")
     if cfg["mode"] == "ensemble" and not cfg["architectures"] and found.ok("mode", "architectures"):
         found.add("mode \"ensemble\" needs at least one [[architectures]] table with `layers` or `model`",
                   "architectures")

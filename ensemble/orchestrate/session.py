@@ -47,12 +47,32 @@ def make_trainer(cfg: dict, meta: dict, data, run_dir: RunDirectory, rank: int, 
     if group is not None and group.Get_size() == 1:
         group = None                                  # G = 1: no communication at all
     if cfg["mode"] == "pbt":
-        from ensemble.train.member import guarded
         from ensemble.train.population import train_population_member
         sleep = rt["poll_max_sleep"]
         return lambda spec, report: guarded(lambda: train_population_member(
             spec, data, meta, run_dir, comm, group, report, sleep), spec, rank)
+    if rt["members_per_rank"] > 1 and group is None and rt["precision"] == "float32":
+        return packing_trainer(cfg, data, meta, run_dir, rank)
     return lambda spec, report: run_member(spec, data, meta, run_dir, rank, group, report)
+
+
+def packing_trainer(cfg: dict, data, meta: dict, run_dir: RunDirectory, rank: int):
+    """``runtime.members_per_rank = K``: a trainer that trains one spec as usual and, through
+    ``train_many``, up to K specs of equal ``pack_key`` packed into one graph
+    (``ensemble.train.packed``); ``serve`` packs what the worker holds."""
+    from ensemble.train.member import run_member
+    from ensemble.train.packed import pack_key, train_packed
+
+    def train(spec, report):
+        return run_member(spec, data, meta, run_dir, rank, None, report)
+
+    def train_many(specs):
+        records = train_packed(specs, data, meta, run_dir, rank)
+        for spec, record in zip(specs, records):
+            record.update({k: spec[k] for k in ("genome", "summary") if k in spec})
+        return records
+    train.pack, train.pack_key, train.train_many = cfg["runtime"]["members_per_rank"], pack_key, train_many
+    return train
 
 
 def make_source(cfg: dict, meta: dict, run_dir: RunDirectory, lines: list[dict], lost: set[str] = frozenset(),
@@ -140,7 +160,10 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
     records = list(previous)
     if leaders:
         local = (lambda: make_trainer(cfg, meta, data, run_dir, 0)) if master_trains else None
-        executor = MpiExecutor(comm, leaders, rt["poll_max_sleep"], in_hand(rt), local=local)
+        hand = in_hand(rt) if rt["members_per_rank"] == 1 else \
+            max(2 * rt["members_per_rank"], in_hand(rt) or 1)     # a pack in training, the next one in hand
+        executor = MpiExecutor(comm, leaders, rt["poll_max_sleep"], hand, local=local,
+                               block=rt["members_per_rank"])
     else:
         executor = SerialExecutor(lambda: make_trainer(cfg, meta, data, run_dir, 0))
     budget = RunBudget(rt["time_limit"], rt["finish_reserve"], rt["max_failed_share"], end_time=job_end_time())

@@ -170,11 +170,15 @@ class Slots:
     rebuilds ``ready`` (O(workers), so O(1) per result).
     """
 
-    def __init__(self, workers: int, in_hand: int | None = 1):
+    def __init__(self, workers: int, in_hand: int | None = 1, block: int = 1):
         self.auto = in_hand is None
         self.target = 1 if self.auto else in_hand
         self.held: list[deque[dict]] = [deque() for _ in range(workers)]
-        self.ready: deque[int] = deque(list(range(workers)) * self.target)   # round-robin: one each first
+        # round-robin, ``block`` at a time (a worker that packs members gets consecutive specs)
+        self.ready: deque[int] = deque(w for _ in range(-(-self.target // block)) for w in range(workers)
+                                       for _ in range(min(block, self.target)))
+        while len(self.ready) > workers * self.target:
+            self.ready.pop()
         self.busy = 0
         self.mean_seconds: float | None = None     # running mean of members' durations
         self._every, self._count = max(64, workers), 0
@@ -189,9 +193,15 @@ class Slots:
         """The spec ``worker`` trains now (a report is about it)."""
         return self.held[worker][0]
 
-    def done(self, worker: int, seconds: float | None = None) -> dict:
-        """``worker`` finished its current spec (after ``seconds``): returns the spec."""
-        spec = self.held[worker].popleft()
+    def done(self, worker: int, seconds: float | None = None, spec_id: str | None = None) -> dict:
+        """``worker`` finished its current spec (after ``seconds``), or the one named ``spec_id``
+        (packed members may finish out of order): returns the spec."""
+        held = self.held[worker]
+        if spec_id is None or held[0].get("id") == spec_id:
+            spec = held.popleft()
+        else:
+            spec = next(s for s in held if s.get("id") == spec_id)
+            held.remove(spec)
         if len(self.held[worker]) < self.target:     # a worker is in ready once per free place
             self.ready.append(worker)
         self.busy -= 1
@@ -236,7 +246,7 @@ class MpiExecutor:
     """
 
     def __init__(self, comm, workers: list[int], max_sleep: float = 0.05, in_hand: int | None = 1,
-                 batch: int = 256, local: Callable[[], Trainer] | None = None):
+                 batch: int = 256, local: Callable[[], Trainer] | None = None, block: int = 1):
         from ensemble.runtime import mpi            # only here: the serial path needs no MPI
         self.mpi = mpi
         self.comm, self.max_sleep, self.batch = comm, max_sleep, batch
@@ -244,7 +254,7 @@ class MpiExecutor:
         self.index = {rank: i for i, rank in enumerate(self.leaders)}
         self.local = LocalWorker(local) if local is not None else None     # the master's own slot, last
         self.workers = len(self.leaders) + (self.local is not None)
-        self.slots = Slots(self.workers, in_hand)
+        self.slots = Slots(self.workers, in_hand, block)
         self.idle_seconds = 0.0                     # time spent waiting with nothing to do
         self._sends: deque = deque()                # specs on their way (non-blocking sends)
         self.held = HeldReports()                   # reports answered later (``answer``)
@@ -285,7 +295,7 @@ class MpiExecutor:
         if tag != mpi.TAG_RESULT:
             raise RuntimeError(f"master got an unexpected message (tag {tag}) from rank {worker}")
         message["worker"] = self.index[worker]
-        self.slots.done(message["worker"], result_seconds(message))
+        self.slots.done(message["worker"], result_seconds(message), message.get("id"))
         log.debug("result of %s from rank %d", message.get("id"), worker)
         return message
 
@@ -420,6 +430,35 @@ class LocalWorker:
         self._thread.join()
 
 
+#: seconds a worker that packs waits for more specs to fill its pack (they are on their way:
+#: the master keeps two packs' worth in every worker's hands)
+PACK_WAIT = 0.25
+
+
+def _pack_with(train: Trainer, spec: dict, inbox: deque, refill: Callable[[], None]) -> list[dict]:
+    """``spec`` and the specs in hand it can be trained with, packed (``train.pack`` of them at
+    most, equal ``train.pack_key``), taken out of ``inbox`` in order; just ``[spec]`` when the
+    trainer does not pack or nothing matches. ``refill()`` moves specs that have arrived into
+    ``inbox``; a pack not full yet waits up to ``PACK_WAIT`` for more (a stop ends the wait)."""
+    size = getattr(train, "pack", 1)
+    key = train.pack_key(spec) if size > 1 else None
+    if key is None:
+        return [spec]
+    pack, deadline, sleep = [spec], time.monotonic() + PACK_WAIT, 1e-3
+    while True:
+        refill()
+        for other in list(inbox):
+            if len(pack) == size or other is None:
+                break
+            if train.pack_key(other) == key:
+                inbox.remove(other)
+                pack.append(other)
+        if len(pack) == size or None in inbox or time.monotonic() > deadline:
+            return pack
+        time.sleep(sleep)
+        sleep = min(2 * sleep, 0.05)
+
+
 def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: dict | None = None) -> int:
     """A worker rank: train specs from the master until told to stop; returns how many.
     Its first result carries ``startup`` (when the process reached each start-up step).
@@ -447,12 +486,15 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: di
         message, _, tag = got
         inbox.append(None if tag == TAG_STOP else message)
 
+    def drain() -> None:
+        while (got := try_recv(comm, 0, ANY_TAG)) is not None:        # specs sent ahead (or the stop)
+            take(got)
+
     count = 0
     while True:
         spec = None
         if leader:
-            while (got := try_recv(comm, 0, ANY_TAG)) is not None:    # specs sent ahead (or the stop)
-                take(got)
+            drain()
             if not inbox:
                 take(poll_recv(comm, 0, ANY_TAG, max_sleep))
             spec = inbox.popleft()
@@ -461,10 +503,21 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: di
         if spec is None:
             log.debug("told to stop after %d specs", count)
             return count
-        log.debug("training %s", spec.get("id"))
-        result = timed(train, spec, report)
+        pack = _pack_with(train, spec, inbox, drain) if leader and not grouped else [spec]
+        if len(pack) > 1:                  # packed members (runtime.members_per_rank): one graph, K results
+            log.debug("training %s packed", ", ".join(s.get("id") for s in pack))
+            started = time.time()
+            results = train.train_many(pack)
+            for result in results:
+                result["started"], result["ended"] = round(started, 4), round(time.time(), 4)
+        else:
+            log.debug("training %s", spec.get("id"))
+            results = [timed(train, spec, report)]
         if leader:
-            if count == 0 and startup:
-                result["startup"] = startup
-            comm.send(result, dest=0, tag=TAG_RESULT)
-        count += 1
+            for result in results:
+                if count == 0 and startup:
+                    result["startup"] = startup
+                comm.send(result, dest=0, tag=TAG_RESULT)
+                count += 1
+        else:
+            count += 1
