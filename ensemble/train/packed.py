@@ -146,7 +146,7 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
     from datafeed.pipeline import make_dataset, member_indices
     from ensemble.config.vocabulary import gaussian_head
     from ensemble.train.architecture import build_model, make_optimizer
-    from ensemble.train.member import MemberFailed, failure_record, member_record
+    from ensemble.train.member import HOST, MemberFailed, failure_record, member_record
     from ensemble.task import get_task
     import tensorflow as tf
 
@@ -228,7 +228,7 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
             record["packed"] = {"members": k, "with": [s["id"] for s in specs], "seconds": round(train_seconds, 3)}
         except Exception as exc:           # noqa: BLE001 - one member's failure is its own record
             record = failure_record(spec, exc, t0)
-        record.update(rank=rank)
+        record.update(rank=rank, host=HOST)
         records.append(record)
     return records
 
