@@ -54,6 +54,17 @@ def _check_shard(shard_: tuple[int, int], batch_size: int) -> tuple[int, int]:
     return rank, size
 
 
+def index_batches(indices: np.ndarray, batch_size: int, seed: int, shuffle: bool = True):
+    """tf.data.Dataset of batches of row indices: ``indices`` shuffled with ``seed`` (anew each
+    time it is iterated), ``batch_size`` at a time; what ``make_dataset`` gathers rows by, and
+    what packed members gather their own rows by inside their graph (the same order)."""
+    import tensorflow as tf
+    ds = tf.data.Dataset.from_tensor_slices(np.asarray(indices, dtype=np.int64))
+    if shuffle:
+        ds = ds.shuffle(len(indices), seed=seed, reshuffle_each_iteration=True)
+    return ds.batch(batch_size)
+
+
 def make_dataset(x: np.ndarray, y: np.ndarray, indices: np.ndarray, batch_size: int, seed: int,
                  shuffle: bool = True, y_transform=None, shard: tuple[int, int] | None = None):
     """tf.data.Dataset of (x_batch, y_batch) gathered from ``x``/``y`` at ``indices``.
@@ -89,10 +100,7 @@ def make_dataset(x: np.ndarray, y: np.ndarray, indices: np.ndarray, batch_size: 
         n = tf.shape(idx, out_type=tf.int64)[0]
         return idx[rank * n // size:(rank + 1) * n // size]
 
-    ds = tf.data.Dataset.from_tensor_slices(np.asarray(indices, dtype=np.int64))
-    if shuffle:
-        ds = ds.shuffle(len(indices), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.batch(batch_size)
+    ds = index_batches(indices, batch_size, seed, shuffle)
     if size > 1:
         steps = steps_per_epoch(len(indices), batch_size, size)
         if steps == 0:

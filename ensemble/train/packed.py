@@ -84,6 +84,7 @@ class Pack:
                 self.plan.append(("dropout", position))
         self.variables = self.kernels + [b for b in self.biases if b is not None]
         self.optimizer, self.loss = optimizer, loss
+        self.rows = None                             # [K, B] row indices -> (x, y) batches, see ``train_packed``
         optimizer.build(self.variables)
         self.step = tf.function(self._step)
         self.val_loss = tf.function(self._val_loss)
@@ -106,10 +107,9 @@ class Pack:
         import tensorflow as tf
         return tf.reduce_mean(self.loss(y, pred), axis=1)
 
-    def _step(self, batches):
+    def _step(self, index_batches):
         import tensorflow as tf
-        x = tf.stack([b[0] for b in batches])
-        y = tf.stack([b[1] for b in batches])
+        x, y = self.rows(tf.stack(index_batches))                  # each member's own rows, one call for all
         with tf.GradientTape() as tape:
             losses = self._losses(y, self.forward(x, True))
             total = tf.reduce_sum(losses)
@@ -143,7 +143,7 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
     order (a failure is a "failed" record, as ``member.guarded`` makes)."""
     import keras
 
-    from datafeed.pipeline import make_dataset, member_indices
+    from datafeed.pipeline import index_batches, member_indices
     from ensemble.config.vocabulary import gaussian_head
     from ensemble.train.architecture import build_model, make_optimizer
     from ensemble.train.member import HOST, MemberFailed, failure_record, member_record
@@ -162,12 +162,12 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
         model = build_model(spec, tuple(meta["input_shape"]), meta["n_outputs"], task.name)
         models.append(model)
         idx = member_indices(len(data["y_train"]), spec["seed"], spec.get("bootstrap", False))
-        datasets.append(make_dataset(data["x_train"], data["y_train"], idx, spec["batch_size"], spec["seed"],
-                                     y_transform=y_tf))
+        datasets.append(index_batches(idx, spec["batch_size"], spec["seed"]))   # as make_dataset shuffles
     loss_name, _ = task.loss(gaussian)
     loss = keras.losses.get(loss_name) if isinstance(loss_name, str) else loss_name   # per-sample values
     pack = Pack(models, make_optimizer(first["optimizer"], first["learning_rate"]), loss)
-    zipped = tf.data.Dataset.zip(tuple(datasets))
+    pack.rows = _row_gather(data["x_train"], data["y_train"], y_tf)
+    zipped = tf.data.Dataset.zip(tuple(datasets)).prefetch(2)
     x_val = tf.constant(np.asarray(data["x_val"]))
     y_val = np.asarray(data["y_val"])
     y_val = tf.constant(y_tf(y_val).astype(np.float32) if y_tf is not None else y_val)
@@ -183,7 +183,7 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
     for epoch in range(first["epochs"]):
         sums, rows = np.zeros(k), 0
         for batches in iter(zipped):
-            n = int(batches[0][0].shape[0])
+            n = int(batches[0].shape[0])
             sums += pack.step(batches).numpy() * n
             rows += n
         iter(zipped)                        # Keras fit makes a second iterator per epoch: the same data order
@@ -231,6 +231,27 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
         record.update(rank=rank, host=HOST)
         records.append(record)
     return records
+
+
+def _row_gather(x: np.ndarray, y: np.ndarray, y_transform):
+    """A graph op: [K, B] row indices -> (x [K, B, ...], y [K, B, ...]) gathered from the
+    node's shared arrays in one numpy call per step (no copy of the training set into the
+    graph), the targets transformed as ``make_dataset`` does."""
+    import tensorflow as tf
+    y_dtype = np.float32 if y_transform is not None else np.asarray(y[:1]).dtype
+
+    def gather(idx: np.ndarray):
+        batch_y = y[idx]
+        if y_transform is not None:
+            batch_y = y_transform(batch_y).astype(np.float32)
+        return x[idx], batch_y
+
+    def rows(idx):
+        bx, by = tf.numpy_function(gather, [idx], [tf.as_dtype(x.dtype), tf.as_dtype(y_dtype)], stateful=False)
+        bx.set_shape((None, None, *x.shape[1:]))
+        by.set_shape((None, None, *y.shape[1:]))
+        return bx, by
+    return rows
 
 
 def _chunked_val(pack: Pack, x_val, y_val, chunk: int = 512) -> np.ndarray:
