@@ -1,0 +1,60 @@
+"""``runtime.members_per_rank`` with real ranks: a run whose members train packed equals the
+same run trained one member at a time, member by member, and writes the same files."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from ensemble.results.journal import read_lines
+from tests.conftest import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+CONFIG = """
+name = "packed"
+seed = 4
+[data]
+source = "digits"
+[train]
+epochs = 6
+batch_size = 64
+patience = 2
+[[architectures]]
+name = "mlp"
+members = 5
+layers = [{{type = "Dense", units = 32, activation = "relu"}}, {{type = "Dropout", rate = 0.1}}]
+[[architectures]]
+name = "cnn"
+members = 1
+layers = [{{type = "Reshape", target_shape = [8, 8, 1]}}, {{type = "Conv2D", filters = 4, kernel_size = 3}}]
+[runtime]
+members_per_rank = {k}
+"""
+
+
+def test_packed_members_equal_the_unpacked_run(tmp_path):
+    boards = {}
+    for k in (1, 4):
+        cfg = tmp_path / f"k{k}.toml"
+        cfg.write_text(CONFIG.format(k=k))
+        run_dir = tmp_path / f"run{k}"
+        proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=240)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        boards[k] = pd.read_csv(run_dir / "leaderboard.csv").set_index("id").sort_index()
+        records = {r["id"]: r for r in read_lines(run_dir / "journal.jsonl") if "event" not in r}
+        packed = {i for i, r in records.items() if r.get("packed")}
+        if k == 1:
+            assert not packed
+        else:                               # 5 MLPs over 2 workers in blocks of 4: one pack of 4; the CNN alone
+            assert packed and "cnn-000" not in packed
+            assert max(r["packed"]["members"] for r in records.values() if r.get("packed")) == 4
+        summary = json.loads((run_dir / "ensemble.json").read_text())
+        assert summary["n_finished"] == 6
+        assert {p.name for p in (run_dir / "models").iterdir()} >= {f"mlp-00{i}.keras" for i in range(5)}
+    a, b = boards[1], boards[4]
+    assert list(a.index) == list(b.index)
+    for column in ("val_accuracy", "val_log_loss", "test_accuracy", "test_log_loss", "epochs"):
+        pd.testing.assert_series_equal(a[column], b[column], rtol=1e-5, atol=1e-6)
