@@ -54,6 +54,28 @@ def _check_shard(shard_: tuple[int, int], batch_size: int) -> tuple[int, int]:
     return rank, size
 
 
+def row_gather(x: np.ndarray, y: np.ndarray, y_transform=None, lead: int = 1):
+    """A graph function: row indices (``lead`` leading axes: 1 for a batch, 2 for the
+    [members, batch] of packed members) -> (x rows, y rows), gathered from the (shared)
+    arrays in one numpy call, without copying the arrays into the graph; targets through
+    ``y_transform`` as float32 when given."""
+    import tensorflow as tf
+    y_dtype = tf.as_dtype(np.float32 if y_transform is not None else y.dtype)
+
+    def gather(idx: np.ndarray):
+        batch_y = y[idx]
+        if y_transform is not None:
+            batch_y = y_transform(batch_y).astype(np.float32)
+        return x[idx], batch_y
+
+    def load(idx):
+        bx, by = tf.numpy_function(gather, [idx], [tf.as_dtype(x.dtype), y_dtype], stateful=False)
+        bx.set_shape((None,) * lead + tuple(x.shape[1:]))
+        by.set_shape((None,) * lead + tuple(y.shape[1:]))
+        return bx, by
+    return load
+
+
 def index_batches(indices: np.ndarray, batch_size: int, seed: int, shuffle: bool = True):
     """tf.data.Dataset of batches of row indices: ``indices`` shuffled with ``seed`` (anew each
     time it is iterated), ``batch_size`` at a time; what ``make_dataset`` gathers rows by, and
@@ -80,21 +102,7 @@ def make_dataset(x: np.ndarray, y: np.ndarray, indices: np.ndarray, batch_size: 
     import tensorflow as tf
 
     rank, size = _check_shard(shard, batch_size) if shard is not None else (0, 1)
-    x_spec = tf.TensorSpec((None, *x.shape[1:]), tf.as_dtype(x.dtype))
-    y_dtype = np.float32 if y_transform is not None else y.dtype
-    y_spec = tf.TensorSpec((None, *y.shape[1:]), tf.as_dtype(y_dtype))
-
-    def gather(idx: np.ndarray):
-        batch_y = y[idx]
-        if y_transform is not None:
-            batch_y = y_transform(batch_y).astype(np.float32)
-        return x[idx], batch_y
-
-    def load(idx):
-        bx, by = tf.numpy_function(gather, [idx], [x_spec.dtype, y_spec.dtype], stateful=False)
-        bx.set_shape(x_spec.shape)
-        by.set_shape(y_spec.shape)
-        return bx, by
+    load = row_gather(x, y, y_transform)
 
     def local_slice(idx):
         n = tf.shape(idx, out_type=tf.int64)[0]

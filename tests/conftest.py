@@ -32,6 +32,29 @@ def run_mpi(n: int, args: list[str], timeout: float = 300, cwd: Path | None = No
                     f"stdout:\n{exc.stdout}\nstderr:\n{exc.stderr}")
 
 
+def kill_when(n: int, args: list[str], ready, timeout: float = 180, what: str = "the moment to kill") -> None:
+    """Start ``mpiexec -n n python ARGS`` in its own session, poll ``ready()`` until it is true,
+    then kill -9 the whole job (every rank at once, as a scheduler does). Fails the test if the
+    job ends first or ``ready`` is not true within ``timeout`` seconds."""
+    import signal
+    import time
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([mpiexec(), "-n", str(n), sys.executable, *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        end = time.monotonic() + timeout
+        while not ready():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < end, f"{what} did not come within {timeout} s"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
 def pytest_collection_modifyitems(config, items):
     """Everything under tests/mpi starts mpiexec: mark it, so `make test-fast` (-m "not mpi")
     can never pick up a test that launches ranks even if its file forgets the mark."""

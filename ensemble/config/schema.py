@@ -326,8 +326,8 @@ SCHEMA = Table({
                                 doc="members a worker trains at once, packed into one graph (stacked weights, "
                                     "one batched matmul per layer for all): for small Dense/Dropout networks, "
                                     "which leave a core or a GPU mostly idle; each packed member's result equals "
-                                    "what it gets alone. Members that cannot be packed (other layers, a user "
-                                    "builder, early discarding, weight inheritance) train one by one"),
+                                    "what it gets alone. Mode \"ensemble\" only, float32; members that cannot "
+                                    "be packed (other layers, a user builder) train one by one"),
         "group_size": Key((int,), 1, _positive,
                           doc="ranks per member: more than 1 trains each member data-parallel (gradients "
                               "allreduced); must divide the P-1 worker ranks"),

@@ -51,9 +51,18 @@ def make_trainer(cfg: dict, meta: dict, data, run_dir: RunDirectory, rank: int, 
         sleep = rt["poll_max_sleep"]
         return lambda spec, report: guarded(lambda: train_population_member(
             spec, data, meta, run_dir, comm, group, report, sleep), spec, rank)
-    if rt["members_per_rank"] > 1 and group is None and rt["precision"] == "float32":
+    if packs(cfg) and group is None:
         return packing_trainer(cfg, data, meta, run_dir, rank)
     return lambda spec, report: run_member(spec, data, meta, run_dir, rank, group, report)
+
+
+def packs(cfg: dict) -> bool:
+    """Whether workers pack members (``runtime.members_per_rank`` > 1): in mode "ensemble", in
+    float32. A search does not: it would breed two packs' worth of candidates per worker
+    before their parents are trained (and candidates that report to the master, as early
+    discarding needs, cannot pack); a population trains one member per group."""
+    rt = cfg["runtime"]
+    return rt["members_per_rank"] > 1 and cfg["mode"] == "ensemble" and rt["precision"] == "float32"
 
 
 def packing_trainer(cfg: dict, data, meta: dict, run_dir: RunDirectory, rank: int):
@@ -160,10 +169,10 @@ def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, re
     records = list(previous)
     if leaders:
         local = (lambda: make_trainer(cfg, meta, data, run_dir, 0)) if master_trains else None
-        hand = in_hand(rt) if rt["members_per_rank"] == 1 else \
+        hand = in_hand(rt) if not packs(cfg) else \
             max(2 * rt["members_per_rank"], in_hand(rt) or 1)     # a pack in training, the next one in hand
         executor = MpiExecutor(comm, leaders, rt["poll_max_sleep"], hand, local=local,
-                               block=rt["members_per_rank"])
+                               block=rt["members_per_rank"] if packs(cfg) else 1)
     else:
         executor = SerialExecutor(lambda: make_trainer(cfg, meta, data, run_dir, 0))
     budget = RunBudget(rt["time_limit"], rt["finish_reserve"], rt["max_failed_share"], end_time=job_end_time())

@@ -143,7 +143,7 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
     order (a failure is a "failed" record, as ``member.guarded`` makes)."""
     import keras
 
-    from datafeed.pipeline import index_batches, member_indices
+    from datafeed.pipeline import index_batches, member_indices, row_gather
     from ensemble.config.vocabulary import gaussian_head
     from ensemble.train.architecture import build_model, make_optimizer
     from ensemble.train.member import HOST, MemberFailed, failure_record, member_record
@@ -166,7 +166,7 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
     loss_name, _ = task.loss(gaussian)
     loss = keras.losses.get(loss_name) if isinstance(loss_name, str) else loss_name   # per-sample values
     pack = Pack(models, make_optimizer(first["optimizer"], first["learning_rate"]), loss)
-    pack.rows = _row_gather(data["x_train"], data["y_train"], y_tf)
+    pack.rows = row_gather(data["x_train"], data["y_train"], y_tf, lead=2)   # one numpy call a step
     zipped = tf.data.Dataset.zip(tuple(datasets)).prefetch(2)
     x_val = tf.constant(np.asarray(data["x_val"]))
     y_val = np.asarray(data["y_val"])
@@ -231,27 +231,6 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
         record.update(rank=rank, host=HOST)
         records.append(record)
     return records
-
-
-def _row_gather(x: np.ndarray, y: np.ndarray, y_transform):
-    """A graph op: [K, B] row indices -> (x [K, B, ...], y [K, B, ...]) gathered from the
-    node's shared arrays in one numpy call per step (no copy of the training set into the
-    graph), the targets transformed as ``make_dataset`` does."""
-    import tensorflow as tf
-    y_dtype = np.float32 if y_transform is not None else np.asarray(y[:1]).dtype
-
-    def gather(idx: np.ndarray):
-        batch_y = y[idx]
-        if y_transform is not None:
-            batch_y = y_transform(batch_y).astype(np.float32)
-        return x[idx], batch_y
-
-    def rows(idx):
-        bx, by = tf.numpy_function(gather, [idx], [tf.as_dtype(x.dtype), tf.as_dtype(y_dtype)], stateful=False)
-        bx.set_shape((None, None, *x.shape[1:]))
-        by.set_shape((None, None, *y.shape[1:]))
-        return bx, by
-    return rows
 
 
 def _chunked_val(pack: Pack, x_val, y_val, chunk: int = 512) -> np.ndarray:

@@ -3,18 +3,13 @@ uninterrupted run: search.csv has the same ids, genomes and metrics in the same 
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 
 import pandas as pd
 import pytest
 
 from ensemble.results.journal import read_lines
-from tests.conftest import ROOT, mpiexec, run_mpi
+from tests.conftest import kill_when, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -40,32 +35,13 @@ k = 2
 """
 
 
-def start(cfg, run_dir) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([mpiexec(), "-n", "2", sys.executable, "-m", "ensemble.run", str(cfg),
-                             "--run-dir", str(run_dir)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
 def kill_after(cfg, run_dir, finished: int) -> list[dict]:
     """Run until ``finished`` members are journalled and the candidates bred after them have
     gone out, then kill -9 the whole job (every rank at once, as a scheduler does)."""
-    proc = start(cfg, run_dir)
-    try:
-        end = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < end, "no member finished in time"
-            lines = read_lines(run_dir / "journal.jsonl")
-            if sum("event" not in x for x in lines) >= finished and lines[-1].get("event") == "issued":
-                break
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    def ready() -> bool:
+        lines = read_lines(run_dir / "journal.jsonl") if (run_dir / "journal.jsonl").exists() else []
+        return sum("event" not in x for x in lines) >= finished and lines[-1].get("event") == "issued"
+    kill_when(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], ready, 120, "the members")
     return read_lines(run_dir / "journal.jsonl")
 
 

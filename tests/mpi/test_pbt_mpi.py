@@ -5,19 +5,14 @@ round after the last one journalled, with a lineage that has no gap and no dupli
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from ensemble.results.journal import read_lines
-from tests.conftest import ROOT, mpiexec, run_mpi
+from tests.conftest import kill_when, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -91,33 +86,13 @@ def test_a_copied_member_predicts_as_its_donor_and_no_state_goes_through_rank_0(
     assert np.abs(preds[other] - preds[donor]).max() > 1e-3
 
 
-def start(cfg, run_dir) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([mpiexec(), "-n", "4", sys.executable, "-m", "ensemble.run", str(cfg),
-                             "--run-dir", str(run_dir)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
 def test_killed_during_a_round_resumes_after_the_last_journalled_one(tmp_path):
     cfg = write(tmp_path, rounds=6, low=1e-4, high=3e-2)
     run_dir = tmp_path / "run"
-    proc = start(cfg, run_dir)
-    try:
-        end = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < end, "round 2 was not journalled in time"
-            journal = run_dir / "journal.jsonl"
-            rounds = [x for x in read_lines(journal) if x.get("event") == "pbt_round"] if journal.exists() else []
-            if len(rounds) >= 2:
-                break
-            time.sleep(0.02)
-        os.killpg(proc.pid, signal.SIGKILL)               # the whole job, as a scheduler does
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    journal = run_dir / "journal.jsonl"
+    kill_when(4, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
+              lambda: journal.exists() and sum(x.get("event") == "pbt_round" for x in read_lines(journal)) >= 2,
+              180, "round 2's journal line")
     before = [x["round"] for x in read_lines(run_dir / "journal.jsonl") if x.get("event") == "pbt_round"]
     assert 2 <= before[-1] < 6, f"the kill came too late to test a resume ({before})"
     assert not [x for x in read_lines(run_dir / "journal.jsonl") if "event" not in x]

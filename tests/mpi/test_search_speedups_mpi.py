@@ -6,16 +6,11 @@ children say from whom and which layers."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from ensemble.results.journal import read_lines
-from tests.conftest import ROOT, mpiexec, run_mpi
+from tests.conftest import kill_when, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -49,26 +44,10 @@ def test_discarding_and_inheritance_survive_a_kill_and_resume(tmp_path):
     cfg = tmp_path / "fast.toml"
     cfg.write_text(CONFIG)
     run_dir = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([mpiexec(), "-n", "4", sys.executable, "-m", "ensemble.run", str(cfg), "--run-dir",
-                             str(run_dir)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        end = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < end, "too few candidates finished in time"
-            journal = run_dir / "journal.jsonl"
-            lines = read_lines(journal) if journal.exists() else []
-            if sum("event" not in x for x in lines) >= 7:
-                break
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    journal = run_dir / "journal.jsonl"
+    kill_when(4, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
+              lambda: journal.exists() and sum("event" not in x for x in read_lines(journal)) >= 7,
+              180, "7 finished candidates")
     proc = run_mpi(4, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
