@@ -98,10 +98,34 @@ def run_stats(records: list[dict], events: list[dict]) -> dict:
     phases = startup_phases(records)
     if phases:
         out["startup_phases"] = phases
+    costs = member_costs(records)
+    if costs:
+        out["member_costs"] = costs
     if master_wall:
         out.update(master_busy_share=round(master_busy / master_wall, 4),
                    master_cpu_share=round(master_cpu / master_wall, 4),
                    master_cpu_us_per_result=round(1e6 * master_cpu / n, 1), journal_syncs=syncs)
+    return out
+
+
+#: a member's phases (``costs`` in its record), in the order they happen; "validation" is
+#: inside "first_epoch" and "epochs" and is shown apart
+COST_PHASES = ("build", "first_epoch", "epochs", "predict", "write", "other")
+
+
+def member_costs(records: list[dict]) -> dict:
+    """Where finished members' time went: per phase the mean seconds per member, its share of
+    their training time and the total (members whose records carry ``costs``; older
+    journals and the rehearsal trainer have none)."""
+    timed = [r["costs"] for r in records if r.get("status") == "ok" and r.get("costs")]
+    if not timed:
+        return {}
+    total = sum(sum(c.get(p, 0.0) for p in COST_PHASES) for c in timed) or 1e-9
+    out = {"members": len(timed)}
+    for phase in (*COST_PHASES, "validation"):
+        seconds = sum(c.get(phase, 0.0) for c in timed)
+        out[phase] = {"mean": round(seconds / len(timed), 4), "share": round(seconds / total, 4),
+                      "total": round(seconds, 3)}
     return out
 
 
@@ -122,4 +146,11 @@ def format_stats(stats: dict) -> str:
             ("python", "mpi_and_config", "data", "tensorflow", "first_build") if name in phases)
         if "total" in phases:
             text += f"; launch to first member training {phases['total']['slowest']:.1f} s"
+    costs = stats.get("member_costs")
+    if costs:
+        text += "\nmember time, mean of " + str(costs["members"]) + ": " + ", ".join(
+            f"{name.replace('_', ' ')} {costs[name]['mean']:.2f} s ({100 * costs[name]['share']:.0f}%)"
+            for name in COST_PHASES if costs[name]["total"] > 0)
+        if costs["validation"]["total"] > 0:
+            text += f"; validation inside the epochs {costs['validation']['mean']:.2f} s"
     return text

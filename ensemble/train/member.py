@@ -102,6 +102,46 @@ def _report_callback(report: Report, every: int):
     return ReportToMaster()
 
 
+def _phase_clock():
+    """A Keras callback that times the phases of ``fit``: the first epoch (tracing included),
+    the later ones, and the validation passes inside them."""
+    import keras
+
+    class PhaseClock(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.fit_start = self.first_end = self.fit_end = None
+            self.validation, self._val_start = 0.0, None
+
+        def on_train_begin(self, logs=None):
+            self.fit_start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            if self.first_end is None:
+                self.first_end = time.perf_counter()
+
+        def on_test_begin(self, logs=None):
+            self._val_start = time.perf_counter()
+
+        def on_test_end(self, logs=None):
+            if self._val_start is not None:
+                self.validation += time.perf_counter() - self._val_start
+
+        def on_train_end(self, logs=None):
+            self.fit_end = time.perf_counter()
+
+        def costs(self) -> dict:
+            """Seconds: ``first_epoch`` (tracing included), ``epochs`` (the later ones), and
+            ``validation`` (every epoch's validation pass, also counted in those two)."""
+            if self.fit_start is None:
+                return {}
+            end = self.fit_end or time.perf_counter()
+            first = (self.first_end or end) - self.fit_start
+            return {"first_epoch": round(first, 4), "epochs": round(end - self.fit_start - first, 4),
+                    "validation": round(self.validation, 4)}
+    return PhaseClock()
+
+
 def _poisoned(loss):
     """A loss that returns NaN, for ``ENSEMBLE_INJECT_FAILURE=<id>:nan``."""
     def nan_loss(y_true, y_pred):
@@ -145,16 +185,15 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     model.compile(optimizer=make_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss,
                   metrics=metrics, jit_compile=TENSORFLOW["jit_compile"])
     parallel = make_data_parallel(model, group) if group is not None else []
-    build_seconds = time.monotonic() - t0
-    log.debug("%s: model built in %.2f s", spec["id"], build_seconds)
     idx = member_indices(len(data["y_train"]), spec["seed"], spec.get("bootstrap", False))
     train_ds = make_dataset(data["x_train"], data["y_train"], idx, spec["batch_size"], spec["seed"],
                             y_transform=y_tf,
                             shard=(group.Get_rank(), group.Get_size()) if group is not None else None)
     val_ds = make_dataset(data["x_val"], data["y_val"], np.arange(len(data["y_val"])), 512, 0,
                           shuffle=False, y_transform=y_tf)
-    limit = _time_limit_callback(spec["member_time_limit"])
-    callbacks = parallel[:1] + [keras.callbacks.TerminateOnNaN(), limit,
+    build_seconds = time.monotonic() - t0                 # model, optimizer and both datasets
+    limit, clock = _time_limit_callback(spec["member_time_limit"]), _phase_clock()
+    callbacks = parallel[:1] + [clock, keras.callbacks.TerminateOnNaN(), limit,
                                 keras.callbacks.EarlyStopping(monitor="val_loss", patience=spec["patience"],
                                                               restore_best_weights=True)] + parallel[1:]
     reporter = None
@@ -185,6 +224,9 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     result = member_record(spec, model, data, run_dir, task, gaussian, y_shift, y_scale,
                            {k: [float(v) for v in vals] for k, vals in hist.items()}, len(losses), t0,
                            build_seconds, "master" if reporter is not None and reporter.stopped_by_master else stopped)
+    result["costs"] = {"build": round(build_seconds, 4), **clock.costs(), **result["costs"]}
+    result["costs"]["other"] = round(max(0.0, result["train_seconds"] - sum(
+        v for k, v in result["costs"].items() if k != "validation")), 4)
     if inherited is not None:
         result["inherited"] = inherited
     if reporter is not None:
@@ -201,6 +243,7 @@ def member_record(spec: dict, model, data: Mapping[str, np.ndarray], run_dir: Ru
     from ensemble.train.architecture import count_params
     member = spec["id"]
     preds, variances, predict_seconds = {}, {}, 0.0
+    t_predict = time.perf_counter()
     for split in ("val", "test"):
         t_pred = time.perf_counter()
         preds[split], variances[split] = task.predict(model, np.asarray(data[f"x_{split}"]), y_shift,
@@ -209,10 +252,13 @@ def member_record(spec: dict, model, data: Mapping[str, np.ndarray], run_dir: Ru
             predict_seconds = time.perf_counter() - t_pred
         if not np.isfinite(preds[split]).all():
             raise MemberFailed("nan_prediction", f"the trained model predicts NaN/inf on the {split} split")
+    predict_all = time.perf_counter() - t_predict
     val = task.metrics(np.asarray(data["y_val"]), preds["val"], variances["val"])
     keep_model = passes(spec.get("retain"), "models", val, member)
+    t_write = time.perf_counter()
     if keep_model:                                       # only a member that can still matter
         run_dir.save_model(member, model)
+    write_seconds = time.perf_counter() - t_write
     result = {
         "id": member, "status": "ok", "arch": spec.get("arch"), "seed": spec["seed"],
         "val": val, "test": task.metrics(np.asarray(data["y_test"]), preds["test"], variances["test"]),
@@ -221,6 +267,7 @@ def member_record(spec: dict, model, data: Mapping[str, np.ndarray], run_dir: Ru
         "model": keep_model, "path": run_dir.model_ref(member) if keep_model else None,
         "scaling": {"y_shift": y_shift, "y_scale": y_scale, "gaussian": gaussian},
         "predict_seconds_per_sample": predict_seconds / max(1, len(preds["val"])),
+        "costs": {"predict": round(predict_all, 4), "write": round(write_seconds, 4)},
     }
     result.update(candidate_payload(spec, val, preds, variances, history))
     return result

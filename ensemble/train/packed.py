@@ -225,6 +225,9 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
                                    history[i], trained[i], t0, build_seconds / k,
                                    "early_stopping" if trained[i] < spec["epochs"] else "epochs")
             record["train_seconds"] = round(train_seconds / k + time.monotonic() - t_member, 3)
+            record["costs"].update(build=round(build_seconds / k, 4),       # a pack's share, each
+                                   epochs=round((train_seconds - build_seconds) / k, 4))
+            record["costs"]["other"] = round(max(0.0, record["train_seconds"] - sum(record["costs"].values())), 4)
             record["packed"] = {"members": k, "with": [s["id"] for s in specs], "seconds": round(train_seconds, 3)}
         except Exception as exc:           # noqa: BLE001 - one member's failure is its own record
             record = failure_record(spec, exc, t0)

@@ -1,0 +1,52 @@
+"""Where a member's time goes: the phases in its record (build, first epoch with tracing,
+later epochs, validation inside them, prediction, writing) and their run-wide summary."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ensemble.results.rundir import RunDirectory
+from ensemble.results.timeline import format_stats, member_costs
+
+
+def test_a_member_record_says_where_its_time_went(tmp_path):
+    from ensemble.runtime.env import configure_tensorflow
+    from ensemble.train.member import run_member
+    configure_tensorflow(1)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 5)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    data = {"x_train": x[:120], "y_train": y[:120], "x_val": x[120:160], "y_val": y[120:160],
+            "x_test": x[160:], "y_test": y[160:]}
+    spec = {"id": "m0", "arch": "a", "layers": [{"type": "Dense", "units": 4}], "model": None, "params": {},
+            "seed": 1, "epochs": 4, "batch_size": 32, "optimizer": "adam", "learning_rate": 0.01, "patience": 9,
+            "member_time_limit": 60.0, "bootstrap": False, "loss": "auto"}
+    record = run_member(spec, data, {"task": "classification", "input_shape": [5], "n_outputs": 2},
+                        RunDirectory(tmp_path), 0)
+    costs = record["costs"]
+    assert set(costs) == {"build", "first_epoch", "epochs", "validation", "predict", "write", "other"}
+    assert all(v >= 0 for v in costs.values())
+    assert costs["first_epoch"] > costs["epochs"] / 3            # tracing: the first epoch is the dear one
+    assert costs["validation"] < costs["first_epoch"] + costs["epochs"]
+    parts = sum(v for k, v in costs.items() if k != "validation")
+    assert parts == pytest.approx(record["train_seconds"], abs=0.02)
+    assert costs["write"] > 0 and record["model"]
+
+
+def test_the_run_summary_averages_the_phases_and_skips_records_without_them():
+    records = [{"status": "ok", "costs": {"build": 1.0, "first_epoch": 2.0, "epochs": 6.0, "validation": 1.0,
+                                          "predict": 0.5, "write": 0.5, "other": 0.0}},
+               {"status": "ok", "costs": {"build": 1.0, "first_epoch": 2.0, "epochs": 2.0, "validation": 0.5,
+                                          "predict": 0.5, "write": 0.5, "other": 0.0}},
+               {"status": "ok"},                                   # an older journal, or the rehearsal trainer
+               {"status": "failed", "costs": {"build": 50.0}}]
+    costs = member_costs(records)
+    assert costs["members"] == 2
+    assert costs["epochs"]["mean"] == 4.0 and costs["epochs"]["share"] == pytest.approx(8 / 16)
+    assert costs["validation"]["mean"] == 0.75
+    assert member_costs([{"status": "ok"}]) == {}
+    line = format_stats({"members": 4, "workers": 2, "utilisation": 0.9, "startup_seconds": 1.0,
+                         "members_per_second": 1.0, "member_costs": costs})
+    assert "member time, mean of 2: build 1.00 s (12%), first epoch 2.00 s (25%), epochs 4.00 s (50%)" in line
+    assert "validation inside the epochs 0.75 s" in line
