@@ -132,11 +132,15 @@ class PopulationSource:
         task = get_task(meta["task"])
         self.metric = task.default_metric(pbt["metric"] if pbt["metric"] != "auto" else cfg["ensemble"]["metric"])
         self.up = higher_is_better(self.metric)
-        self.size = pbt["population"] or workers
+        journalled = next((len(x["members"]) for x in lines if x.get("event") == "pbt_round"), None)
+        self.size = journalled or pbt["population"] or workers      # a resumed population keeps its size
         if self.size > workers:
-            raise ConfigError(f"`pbt.population` = {pbt['population']} needs as many worker groups, but this run "
-                              f"has {workers}: every member trains every round, each held by one group; start "
-                              f"more ranks (mpirun -n {self.size * cfg['runtime']['group_size'] + 1}) or lower it")
+            why = (f"the population this run started with has {self.size} members" if journalled else
+                   f"`pbt.population` = {pbt['population']}")
+            raise ConfigError(f"{why}, which needs as many worker groups, but this job has {workers}: every "
+                              "member trains every round, each held by one group; start more ranks (mpirun -n "
+                              f"{self.size * cfg['runtime']['group_size'] + 1})"
+                              + ("" if journalled else " or lower it"))
         self.bounds = {h: tuple(pbt["ranges"].get(h, DEFAULT_BOUNDS[h])) for h in PBT_HYPERPARAMETERS}
         self.answer: Callable[[str, dict], None] | None = None
         self.on_round: Callable[[dict], None] | None = None

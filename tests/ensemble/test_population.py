@@ -237,3 +237,14 @@ def test_a_population_can_start_from_an_evolve_runs_best_candidates(tmp_path):
     assert all(w["layers"] and w["optimizer"] for w in winners)
     with pytest.raises(ConfigError, match="not a run directory"):
         search_winners(str(tmp_path), 2, META, evolve_cfg["train"])
+
+
+def test_a_resumed_population_keeps_its_size_whatever_the_ranks(tmp_path):
+    src, _, journal = source(tmp_path, workers=3)
+    specs = [src.next_spec() for _ in range(3)]
+    for spec, value in zip(specs, (0.9, 0.2, 0.5)):
+        src.decide(spec, report(1, value, 1))
+    bigger, _, _ = source(tmp_path, workers=5, lines=journal)            # population = 0: one per worker
+    assert bigger.size == 3 and len(bigger.pending) == 3
+    with pytest.raises(ConfigError, match="started with has 3 members.*mpirun -n 4"):
+        source(tmp_path, workers=2, lines=journal)
