@@ -16,20 +16,16 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
+from benchkit import mpiexec, workspace      # noqa: E402
 
 
 def variant(text: str, seed: int, exploit: str | None) -> str:
@@ -68,10 +64,8 @@ def main() -> int:
     text = Path(args.config).read_text()
     rule = re.search(r'(?m)^exploit = "([a-z]+)"', text)
     rule = rule.group(1) if rule else "truncation"
-    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_pbt_"))
-    folder.mkdir(parents=True, exist_ok=True)
     rows = []
-    try:
+    with workspace(args.keep, "bench_pbt_") as folder:
         for seed in args.seeds:
             for name, exploit in ((rule, None), ("none", "none")):
                 cfg = folder / f"pbt_{name}_{seed}.toml"
@@ -99,9 +93,6 @@ def main() -> int:
         print(f"pbt's best member beats the independent best on validation in {wins} of {len(args.seeds)} seeds; "
               f"wall time ratio pbt/independent {means[rule]['wall_seconds'] / means['none']['wall_seconds']:.2f}")
         (folder / "bench_pbt.json").write_text(json.dumps({"rows": rows, "means": means}, indent=2))
-    finally:
-        if not args.keep:
-            shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

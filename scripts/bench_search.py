@@ -23,14 +23,15 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchkit import mpiexec, workspace      # noqa: E402
 EPOCHS, PATIENCE, SEED = 20, 4, 3
 PROJECT_CONFIG = f"""
 name = "bench_search"
@@ -63,11 +64,6 @@ skip_connections = false
 [ensemble]
 metric = "accuracy"
 """
-
-
-def mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
 
 
 def project_side(folder: Path, budget: float, workers: int, extra: str = "") -> dict:
@@ -194,9 +190,7 @@ def main() -> int:
     if args.deephyper_path:
         sys.path.append(args.deephyper_path)              # after the venv: its numpy and TensorFlow win
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), args.deephyper_path]))
-    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_search_"))
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
+    with workspace(args.keep, "bench_search_") as folder:
         sides = {"deephyper": deephyper_side(folder, args.budget, args.workers),
                  "project": project_side(folder, args.budget, args.workers,
                                          '\ndiscard = "asha"' if args.asha else "")}
@@ -225,9 +219,6 @@ def main() -> int:
             ax.legend()
             ax.grid(alpha=0.3)
             fig.savefig(args.plot, dpi=100, bbox_inches="tight")
-    finally:
-        if not args.keep:
-            shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

@@ -16,21 +16,17 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchkit import mpiexec, workspace      # noqa: E402
 ARMS = {"plain": {}, "asha": {"discard": '"asha"'}, "inherit": {"inherit": "true"},
         "asha+inherit": {"discard": '"asha"', "inherit": "true"}}
-
-
-def mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
 
 
 def variant(text: str, budget: float, settings: dict) -> str:
@@ -74,10 +70,8 @@ def main() -> int:
     p.add_argument("--keep", help="folder to keep the runs in")
     args = p.parse_args()
     text = Path(args.config).read_text()
-    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_search_"))
-    folder.mkdir(parents=True, exist_ok=True)
     out = {}
-    try:
+    with workspace(args.keep, "bench_search_") as folder:
         for arm in args.arms.split(","):
             cfg = folder / f"{arm.replace('+', '_')}.toml"
             cfg.write_text(variant(text, args.budget, ARMS[arm]))
@@ -93,9 +87,6 @@ def main() -> int:
             t = reached(r["curve"], target)
             print(f"  {arm:14s} {'not reached' if t is None else f'{t:6.1f} s'}")
         (folder / "bench_search_speedups.json").write_text(json.dumps(out, indent=1))
-    finally:
-        if not args.keep:
-            shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 
