@@ -76,7 +76,12 @@ def packing_trainer(cfg: dict, data, meta: dict, run_dir: RunDirectory, rank: in
         return run_member(spec, data, meta, run_dir, rank, None, report)
 
     def train_many(specs):
-        records = train_packed(specs, data, meta, run_dir, rank)
+        try:
+            records = train_packed(specs, data, meta, run_dir, rank)
+        except Exception as exc:              # noqa: BLE001 - a pack that cannot train: one by one instead
+            log.warning(f"rank {rank}: packing {len(specs)} members failed ({type(exc).__name__}: {exc}); "
+                        "training them one by one")
+            return [run_member(spec, data, meta, run_dir, rank) for spec in specs]
         for spec, record in zip(specs, records):
             record.update({k: spec[k] for k in ("genome", "summary") if k in spec})
         return records
