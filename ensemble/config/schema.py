@@ -143,6 +143,8 @@ NUM = (int, float)
 PBT_HYPERPARAMETERS = ("learning_rate", "batch_size", "dropout", "weight_decay", "momentum")
 PBT_EXPLOIT = ("truncation", "tournament", "none")
 PBT_EXPLORE = ("perturb", "resample")
+#: what a population member is beyond its hyperparameters: a copy takes it with the weights
+PBT_WHAT = ("arch", "layers", "model", "params", "model_dir", "optimizer", "loss")
 
 TRAIN_KEYS = {
     "epochs": Key((int,), 30, _positive, doc="most epochs a member trains (early stopping may end it sooner)"),

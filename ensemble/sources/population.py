@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble.config import ConfigError, member_train_settings
-from ensemble.config.schema import PBT_HYPERPARAMETERS
+from ensemble.config.schema import PBT_HYPERPARAMETERS, PBT_WHAT as WHAT
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import CONTINUE, STOP
 from ensemble.sources.members import derive_seed
@@ -46,8 +46,6 @@ log = logging.getLogger(__name__)
 DEFAULT_BOUNDS = {"learning_rate": (1e-6, 1.0), "batch_size": (4, 4096), "dropout": (0.0, 0.9),
                   "weight_decay": (1e-7, 0.1), "momentum": (0.0, 0.999)}
 LOG_SCALE = {"learning_rate", "batch_size", "weight_decay"}
-#: what a member is, beyond its hyperparameters: copied with its weights
-WHAT = ("arch", "layers", "model", "params", "model_dir", "optimizer", "loss")
 TABLE = "pbt.csv"
 SEED_SALT = 7_000_001
 

@@ -28,17 +28,16 @@ from typing import Mapping
 import numpy as np
 
 from datafeed.pipeline import make_dataset, member_indices
+from ensemble.config.schema import PBT_WHAT as WHAT
 from ensemble.config.vocabulary import OPTIMIZERS, gaussian_head
-from ensemble.results.retention import passes
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.env import TENSORFLOW
 from ensemble.runtime.executor import Report
 from ensemble.task import get_task
-from ensemble.train.member import MemberFailed, candidate_payload, injected_failure
+from ensemble.train.member import MemberFailed, injected_failure, member_record
 
 log = logging.getLogger(__name__)
 
-WHAT = ("arch", "layers", "model", "params", "model_dir", "optimizer", "loss")
 
 
 def _layers(model):
@@ -257,38 +256,12 @@ def train_population_member(spec: dict, data: Mapping[str, np.ndarray], meta: di
             member.apply(decision["settings"])
     if not leader:
         return None
-    return _final_record(spec, member, data, run_dir, y_shift, y_scale, t0, build_seconds, epochs,
-                         {"bytes_sent": bytes_sent, "bytes_received": bytes_received, "copies": copies,
-                          "hparams": member.hparams, "arch_now": member.what.get("arch")})
-
-
-def _final_record(spec: dict, member: PopulationMember, data, run_dir: RunDirectory, y_shift: float,
-                  y_scale: float, t0: float, build_seconds: float, epochs: int, pbt: dict) -> dict:
-    """Score the member as it ends and write what the run keeps of it (as ``train_member``)."""
-    from ensemble.train.architecture import count_params
-    task, model, member_id = member.task, member.model, spec["id"]
-    preds, variances = {}, {}
-    t_pred = time.perf_counter()
-    for split in ("val", "test"):
-        preds[split], variances[split] = task.predict(model, np.asarray(data[f"x_{split}"]), y_shift, y_scale,
-                                                      member.gaussian)
-        if split == "val":
-            predict_seconds = time.perf_counter() - t_pred
-        if not np.isfinite(preds[split]).all():
-            raise MemberFailed("nan_prediction", f"the member predicts NaN/inf on the {split} split after "
-                                                 f"{epochs} epochs; lower `pbt.ranges.learning_rate`")
-    val = task.metrics(np.asarray(data["y_val"]), preds["val"], variances["val"])
-    keep_model = passes(spec.get("retain"), "models", val, member_id)
-    if keep_model:
-        run_dir.save_model(member_id, model)
-    result = {
-        "id": member_id, "status": "ok", "arch": member.what.get("arch"), "seed": spec["seed"],
-        "val": val, "test": task.metrics(np.asarray(data["y_test"]), preds["test"], variances["test"]),
-        "params": count_params(model), "epochs": epochs, "stopped": "pbt",
-        "train_seconds": round(time.monotonic() - t0, 3), "build_seconds": round(build_seconds, 3),
-        "model": keep_model, "path": run_dir.model_ref(member_id) if keep_model else None,
-        "scaling": {"y_shift": y_shift, "y_scale": y_scale, "gaussian": member.gaussian},
-        "predict_seconds_per_sample": predict_seconds / max(1, len(preds["val"])), "exchange": pbt,
-    }
-    result.update(candidate_payload(spec, val, preds, variances))
+    try:                                      # scored and written as any member ends (member_record)
+        result = member_record(spec, member.model, data, run_dir, task, member.gaussian, y_shift, y_scale, {},
+                               epochs, t0, build_seconds, "pbt")
+    except MemberFailed as exc:
+        raise MemberFailed(exc.kind, f"{exc} after {epochs} epochs; lower `pbt.ranges.learning_rate`") from None
+    result["arch"] = member.what.get("arch")      # a member that copied another took its architecture
+    result["exchange"] = {"bytes_sent": bytes_sent, "bytes_received": bytes_received, "copies": copies,
+                          "hparams": member.hparams, "arch_now": member.what.get("arch")}
     return result
