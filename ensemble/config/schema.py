@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ensemble.config.typed import ArchitectureConfig, RunConfig, TrainConfig
 from ensemble.config.vocabulary import (CALIBRATIONS, LOSSES, METRICS, OPTIMIZERS, TASKS, calibration_problem,
                                         check_layer, gaussian_head, suggest)
 
@@ -475,7 +476,14 @@ def _resolve_table(path: str, table: Table, given: dict, found: Problems) -> dic
 
 
 def resolve_config(raw: dict, *, source: str = "config", saved: bool = False,
-                   problems: Problems | None = None) -> dict:
+                   problems: Problems | None = None) -> RunConfig:
+    """Validate a parsed config dict: the typed ``RunConfig`` with every default filled in
+    (``resolve_dict`` says more)."""
+    return RunConfig.from_dict(resolve_dict(raw, source=source, saved=saved, problems=problems))
+
+
+def resolve_dict(raw: dict, *, source: str = "config", saved: bool = False,
+                 problems: Problems | None = None) -> dict:
     """Validate a parsed config dict and return it with every default filled in.
 
     ``saved``: ``raw`` is a run directory's own config.toml; runs written before each
@@ -680,7 +688,7 @@ def resolve_evolve(given: dict, saved: bool = False, problems: Problems | None =
     return out
 
 
-def load_config(path: str | Path, problems: Problems | None = None) -> dict:
+def load_config(path: str | Path, problems: Problems | None = None) -> RunConfig:
     """Parse and validate the TOML file at ``path`` (relative data paths resolve against it).
 
     With ``problems`` the settings' problems are gathered there, as ``resolve_config`` does;
@@ -693,13 +701,29 @@ def load_config(path: str | Path, problems: Problems | None = None) -> dict:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
     found = Problems() if problems is None else problems
-    cfg = locate(resolve_config(raw, source=str(path), problems=found), path.parent, found)
+    cfg = _locate(resolve_dict(raw, source=str(path), problems=found), path.parent, found)
     if problems is None:
         found.raise_any()
-    return cfg
+    return RunConfig.from_dict(cfg)
 
 
-def locate(cfg: dict, base: Path, problems: Problems | None = None) -> dict:
+def read_saved_config(path: str | Path) -> RunConfig:
+    """A run directory's own ``config.toml`` (a resolved config, perhaps written by an older
+    version: defaults of settings added since come back in). The one reader of that file."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"the run's config {str(path)!r} cannot be read: {exc}") from None
+    return resolve_config(raw, source=str(path), saved=True)
+
+
+def locate(cfg: RunConfig, base: Path, problems: Problems | None = None) -> RunConfig:
+    """``cfg`` with its relative paths resolved against ``base`` (``_locate``)."""
+    return RunConfig.from_dict(_locate(cfg.to_dict(), base, problems))
+
+
+def _locate(cfg: dict, base: Path, problems: Problems | None = None) -> dict:
     """Resolve a config's relative paths (data source, builder folders, replay file) against
     ``base``: the config file's folder, or the working directory for a config given as a
     dict (``ensemble.run_config``). A builder folder that does not exist raises, or is
@@ -745,13 +769,14 @@ def builder_folder(arch: dict, base: Path, where: str) -> str | None:
     return None
 
 
-def member_train_settings(cfg: dict, arch: dict) -> dict:
+def member_train_settings(cfg: RunConfig, arch: ArchitectureConfig) -> TrainConfig:
     """The training settings of one architecture: its own where set, else the [train] ones."""
-    return {k: (arch[k] if arch.get(k) is not None else cfg["train"][k]) for k in TRAIN_KEYS}
+    return cfg.train.replace(**{k: getattr(arch, k) for k in TRAIN_KEYS if getattr(arch, k) is not None})
 
 
-def dump_toml(cfg: dict) -> str:
+def dump_toml(config: RunConfig | dict) -> str:
     """Write a resolved config back as TOML (tables, arrays of tables, inline tables)."""
+    cfg = config.to_dict() if isinstance(config, RunConfig) else config
     lines: list[str] = []
 
     def value(v: Any) -> str:

@@ -1,0 +1,336 @@
+"""The run's config as typed, frozen objects: GENERATED from ``ensemble.config.schema`` by
+``python -m ensemble.config.codegen --write``; do not edit.
+
+``load_config`` / ``resolve_config`` return a ``RunConfig``; every setting's type, default and
+meaning live in the schema (and docs/config.md, rendered from it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ensemble.config.section import Section
+
+
+@dataclass(frozen=True)
+class DataConfig(Section):
+    """What to train on: rank 0 reads it once, splits it (seeded, stratified for classification), normalises it and broadcasts it to one shared copy per node."""
+
+    #: a built-in dataset (digits, iris, wine, breast_cancer, diabetes, california_housing_small) or a
+    #: .npz/.npy/.csv/.parquet/.h5 file (relative to the config)
+    source: str
+    #: how to read `source`; "auto": a built-in name, else by the file's suffix
+    format: str
+    #: the features: array name in an .npz, dataset path in an HDF5 file
+    x: str
+    #: the targets: array name in an .npz, dataset path in an HDF5 file, or the targets .npy file beside an
+    #: .npy `source`
+    y: str
+    #: CSV/Parquet: the target column
+    label: str
+    #: CSV/Parquet: the feature columns; empty: every column but `label`
+    features: tuple[Any, ...]
+    #: "auto": classification for integer, string or bool labels (or few distinct whole numbers), else
+    #: regression
+    task: str
+    #: share of the samples held out for validation (early stopping, ranking, ensemble selection,
+    #: calibration)
+    val_fraction: float
+    #: share of the samples held out for the final test scores, used for nothing else
+    test_fraction: float
+    #: per-feature scaling fitted on the training split only: "standard" (mean 0, std 1), "minmax" (0 to 1)
+    #: or "none"
+    normalize: str
+    #: the shape of one sample, e.g. [8, 8, 1] for Conv2D layers on 64 pixels; unset: as read
+    reshape: tuple[Any, ...] | None
+
+
+@dataclass(frozen=True)
+class TrainConfig(Section):
+    """How every member trains; each `[[architectures]]` may override any of these for its own members."""
+
+    #: most epochs a member trains (early stopping may end it sooner)
+    epochs: int
+    #: samples per gradient step (the global batch: a member group splits it over its ranks)
+    batch_size: int
+    #: the Keras optimizer, by name
+    optimizer: str
+    #: the optimizer's learning rate
+    learning_rate: float
+    #: early stopping: epochs without a better validation loss before training stops; the best epoch's
+    #: weights are kept
+    patience: int
+    #: seconds one member may train; past it the member stops and is recorded as failed (`time_limit`);
+    #: shortened to end before the run's own deadline
+    member_time_limit: float
+    #: train each member on a seeded bootstrap resample of the training split
+    bootstrap: bool
+    #: "auto": cross-entropy for classification, Gaussian NLL (a mean and a variance head) for regression (a
+    #: user builder keeps MSE unless it says "gaussian_nll"); "mse": a mean head only
+    loss: str
+
+
+@dataclass(frozen=True)
+class ArchitectureConfig(Section):
+    """In mode "ensemble": one table per architecture, each with exactly one of `layers` or `model`."""
+
+    #: the architecture's name in the leaderboard (unique); unset: arch0, arch1, ...
+    name: str
+    #: how many members (differently seeded) of this architecture
+    members: int
+    #: the hidden layers, as layer tables (see Layers below); the output head is added
+    layers: tuple[Any, ...] | None
+    #: instead of `layers`: your builder "package.module:function", called as `function(input_shape,
+    #: n_outputs, **params)`, returning the whole Keras model (softmax probabilities for classification)
+    model: str | None
+    #: folder `model`'s module is imported from (relative to the config); unset: the config's folder when the
+    #: module lies there, else PYTHONPATH
+    model_dir: str | None
+    #: keyword arguments for `model`'s builder
+    params: Mapping[str, Any]
+    #: this architecture's own `train.epochs`; unset: [train]'s
+    epochs: int | None
+    #: this architecture's own `train.batch_size`; unset: [train]'s
+    batch_size: int | None
+    #: this architecture's own `train.optimizer`; unset: [train]'s
+    optimizer: str | None
+    #: this architecture's own `train.learning_rate`; unset: [train]'s
+    learning_rate: float | None
+    #: this architecture's own `train.patience`; unset: [train]'s
+    patience: int | None
+    #: this architecture's own `train.member_time_limit`; unset: [train]'s
+    member_time_limit: float | None
+    #: this architecture's own `train.bootstrap`; unset: [train]'s
+    bootstrap: bool | None
+    #: this architecture's own `train.loss`; unset: [train]'s
+    loss: str | None
+
+
+@dataclass(frozen=True)
+class EnsembleConfig(Section):
+    """How the ensemble is chosen from the trained members and what is kept of the rest."""
+
+    #: ensemble size for `method = "top_k"`
+    k: int
+    #: "auto": Caruana's greedy selection or its bagged variant, whichever scores better on held-out
+    #: validation folds (both on `selection_metric`); "top_k": the `k` best by `metric`, equal weights
+    method: str
+    #: what members are ranked by and the ensemble reports; "auto": accuracy (classification), mse
+    #: (regression)
+    metric: str
+    #: the validation score selection optimises; "auto": a proper scoring rule (log loss; Gaussian NLL, or
+    #: mse for mean-only regression members)
+    selection_metric: str
+    #: recalibration on the validation split: "auto" recalibrates regression intervals (variance scaling or
+    #: conformal) and leaves classes as they are; "temperature" is for classification
+    calibration: str
+    #: predictions are kept for the best this many members: the pool selection chooses from
+    candidates: int
+    #: model files kept for the best this many members (plus the selected ones and a multi-objective search's
+    #: Pareto front)
+    keep_models: int
+
+
+@dataclass(frozen=True)
+class PbtConfig(Section):
+    """mode "pbt": population-based training."""
+
+    #: members trained together, each held by one worker group for the whole run; 0: one per worker group (at
+    #: most that many: every member trains every round)
+    population: int
+    #: epochs each member trains between two exploit/explore steps
+    round_epochs: int
+    #: rounds in all: every member trains `rounds * round_epochs` epochs
+    rounds: int
+    #: seconds after which no new round starts (the run's own `runtime.time_limit` counts too); unset:
+    #: `rounds` alone
+    time_limit: float | None
+    #: "truncation" (PBT): the worst `fraction` copy a member of the best `fraction`; "tournament" (LTFB):
+    #: random pairs, the loser copies the winner; "none": members train independently (the control a
+    #: benchmark compares with); a member whose loss turned NaN copies a good one under every rule
+    exploit: str
+    #: truncation: the share of the population that copies, and the share it copies from
+    fraction: float
+    #: what a copying member does to the hyperparameters it copied: "perturb" multiplies each by one of
+    #: `factors`; "resample" draws each anew from its range with probability `resample_probability`, else
+    #: perturbs it
+    explore: str
+    #: the factors a perturbed hyperparameter is multiplied by (one chosen at random)
+    factors: tuple[Any, ...]
+    #: explore = "resample": the chance each hyperparameter is drawn anew
+    resample_probability: float
+    #: the hyperparameters that evolve, of "learning_rate", "batch_size", "dropout", "weight_decay",
+    #: "momentum" (dropout: every Dropout layer's rate; momentum: optimizers that have one); each member
+    #: evolves those its optimizer and layers expose
+    hyperparameters: tuple[Any, ...]
+    #: per hyperparameter, [low, high]: the initial population draws it from there (log-uniform for
+    #: learning_rate, batch_size, weight_decay), and explore keeps it inside; unset: it starts at its
+    #: `[train]` / `[[architectures]]` value and stays within a wide default range
+    ranges: Mapping[str, Any]
+    #: the validation metric members are compared on; "auto": `ensemble.metric`
+    metric: str
+    #: "": the population is dealt round-robin from `[[architectures]]` (their `members` is not used); or a
+    #: finished mode "evolve" run directory (relative to the config): its best candidates, architecture and
+    #: hyperparameters, start the population
+    start: str
+
+
+@dataclass(frozen=True)
+class EvolveConfig(Section):
+    """mode "evolve": the search strategy and its budget; the strategy's own settings in ``settings``."""
+
+    EXTRA: ClassVar[str | None] = 'settings'
+
+    #: the search strategy; its own settings follow in the table below
+    strategy: str
+    #: how many candidates the search trains
+    evaluations: int | None
+    #: seconds after which the search breeds no more candidates; unset: no limit
+    time_limit: float | None
+    #: early discarding: "asha" stops a candidate at a rung (`discard_epochs` x `discard_factor`^k epochs)
+    #: unless it is among the best 1/`discard_factor` of those that reached the rung; "median" stops one
+    #: worse than the median of the others at the same epoch; a stopped candidate counts as a low-fidelity
+    #: evaluation and never enters the ensemble
+    discard: str
+    #: the first rung (epochs), and how often candidates report to the master
+    discard_epochs: int
+    #: asha's reduction factor: rungs this many times apart, the best 1/this go on
+    discard_factor: int
+    #: nobody is stopped at an epoch until this many candidates have reported there
+    discard_grace: int
+    #: weight inheritance: a child bred by mutation starts from its parent's trained weights in every layer
+    #: whose shape is unchanged (when the parent's model file is kept); the journal says which layers
+    inherit: bool
+    #: the chosen strategy's own settings (evolve.strategies), by name
+    settings: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class RuntimeConfig(Section):
+    """Where and how the run executes; unlike the settings that shape the results, these (and `[rehearsal]`) may change on `--resume`."""
+
+    #: threads per rank for numpy and TensorFlow
+    threads: int
+    #: console log level
+    log_level: str
+    #: every rank also logs everything to `<run dir>/logs/rank-<rank>.log`
+    debug_log: bool
+    #: Keras dtype policy for members: "mixed_float16" (NVIDIA/AMD tensor cores) or "mixed_bfloat16"
+    #: (A100/H100, MI200+, Intel GPUs, recent CPUs) compute in half precision with float32 weights; the
+    #: output head stays float32 (a user builder should give its last layer dtype="float32")
+    precision: str
+    #: TensorFlow's op determinism: true, a member trained again with the same seed, data, software, hardware
+    #: and `group_size` ends with the same weights, bit for bit (what resume and the tests rely on); false,
+    #: GPU kernels may use atomics (faster, and some ops have no deterministic kernel at all) and the same
+    #: member differs in the last bits from run to run; seeds are the same either way
+    deterministic: bool
+    #: compile each member's train step with XLA: faster on GPUs for many models, a compilation per member
+    #: first
+    jit_compile: bool
+    #: rank 0 also trains members, in a thread beside its scheduling loop, so its GPU is not idle; "auto":
+    #: when rank 0 has a GPU (and `group_size` is 1), not on CPU-only nodes where it would take a core from
+    #: the workers
+    master_trains: str | bool
+    #: ranks sharing one GPU of a node (small members): rank r of a node uses GPU r // ranks_per_gpu, and
+    #: TensorFlow grows its GPU memory as needed instead of taking the whole device
+    ranks_per_gpu: int
+    #: members a worker trains at once, packed into one graph (stacked weights, one batched matmul per layer
+    #: for all): for small Dense/Dropout networks, which leave a core or a GPU mostly idle; each packed
+    #: member's result equals what it gets alone. Mode "ensemble" only, float32; members that cannot be
+    #: packed (other layers, a user builder) train one by one
+    members_per_rank: int
+    #: ranks per member: more than 1 trains each member data-parallel (gradients allreduced); must divide the
+    #: P-1 worker ranks
+    group_size: int
+    #: compare the data every rank received with rank 0's (a checksum) before training
+    verify_broadcast: bool
+    #: split the ranks into this many pretend nodes for the shared-memory data broadcast: tests many nodes on
+    #: one machine
+    pretend_nodes: int | None
+    #: seconds the run may take: no member starts that would end after it, less `finish_reserve` (the job's
+    #: end counts as well: `ENSEMBLE_JOB_END_TIME`, set by the `ensemble.jobscript` scripts, or Slurm's
+    #: `SLURM_JOB_END_TIME`)
+    time_limit: float | None
+    #: seconds kept before the deadline for selection and writing the outputs
+    finish_reserve: float
+    #: stop handing out members once more than this share has failed (judged from 3 failures on)
+    max_failed_share: float
+    #: longest nap, in seconds, between polls of a waiting rank (MPI waits probe and sleep instead of
+    #: spinning a core)
+    poll_max_sleep: float
+    #: "keras" trains; "rehearsal" sleeps instead (no TensorFlow, see `[rehearsal]`): sizes and tests the
+    #: control plane
+    trainer: str
+    #: member specs a worker holds ahead, so it starts the next one without a round trip to the master;
+    #: "auto": by how long members take
+    specs_in_hand: str | int
+    #: journal lines are fsynced together at most this often (0: every line); a crash loses at most this many
+    #: seconds of results
+    journal_sync_seconds: float
+    #: seconds between progress summary lines (when there are too many members for a line each) and between
+    #: rewrites of status.json, the heartbeat `python -m ensemble.status` reads
+    progress_seconds: float
+    #: up to this many members, a progress line per result; more: summary lines
+    progress_lines: int
+
+
+@dataclass(frozen=True)
+class RehearsalConfig(Section):
+    """`runtime.trainer = "rehearsal"`: how long each member "trains" and what it returns."""
+
+    #: median seconds a member sleeps
+    seconds: float
+    #: sigma of the log of the sleep (log-normal); 0: every member sleeps the median
+    spread: float
+    #: a journal.jsonl (or a run directory) whose members' times are slept again, by id
+    replay: str
+    #: return made-up validation and test predictions, so selection runs as after training
+    predictions: bool
+    #: probability that a member fails
+    failure_rate: float
+    #: about how good the made-up predictions are
+    accuracy: float
+
+
+@dataclass(frozen=True)
+class RunConfig(Section):
+    """A whole run's settings, resolved: every default filled in."""
+
+    SECTIONS: ClassVar[dict[str, type[Section]]] = {'data': DataConfig, 'train': TrainConfig, 'architectures': ArchitectureConfig, 'ensemble': EnsembleConfig, 'pbt': PbtConfig, 'runtime': RuntimeConfig, 'rehearsal': RehearsalConfig, 'evolve': EvolveConfig}
+    ARRAYS: ClassVar[tuple[str, ...]] = ('architectures',)
+
+    #: the run's name: its directory is `output_dir/name` (suffixed -2, -3 if that holds a run); unset: the
+    #: config file's name
+    name: str
+    #: "ensemble": train the `[[architectures]]` listed; "evolve": search architectures (`[evolve]`,
+    #: `[search]`); "pbt": a population that trains round by round and copies its best members' weights into
+    #: its worst (`[pbt]`)
+    mode: str
+    #: seeds the data split, every member's initialisation and bootstrap, and the search
+    seed: int
+    #: folder the run directory is made in
+    output_dir: str
+    #: What to train on: rank 0 reads it once, splits it (seeded, stratified for classification), normalises
+    #: it and broadcasts it to one shared copy per node.
+    data: DataConfig
+    #: How every member trains; each `[[architectures]]` may override any of these for its own members.
+    train: TrainConfig
+    #: In mode "ensemble": one table per architecture, each with exactly one of `layers` or `model`.
+    architectures: tuple[ArchitectureConfig, ...]
+    #: How the ensemble is chosen from the trained members and what is kept of the rest.
+    ensemble: EnsembleConfig
+    #: mode "pbt": population-based training. Every round each member trains `round_epochs` epochs; then the
+    #: weak copy the strong members' weights and optimizer state (sent from worker to worker) and perturb
+    #: their hyperparameters. A copy takes the architecture with it, so a population may start from several
+    #: architectures.
+    pbt: PbtConfig
+    #: mode "evolve": the search strategy, its budget and its own settings
+    evolve: EvolveConfig
+    #: mode "evolve": the search space
+    search: Mapping[str, Any]
+    #: Where and how the run executes; unlike the settings that shape the results, these (and `[rehearsal]`)
+    #: may change on `--resume`.
+    runtime: RuntimeConfig
+    #: `runtime.trainer = "rehearsal"`: how long each member "trains" and what it returns.
+    rehearsal: RehearsalConfig

@@ -1,0 +1,208 @@
+"""A member's record and the run's events, typed: the one meaning of every journal line.
+
+Workers send their results as JSON-able dicts (the MPI boundary) and the journal holds
+one JSON line each (the disk boundary); everything in between, and every reader (the
+leaderboard, ``search.csv``, ``ensemble.json``, the report, ``ensemble.status``), works
+on ``MemberRecord`` and derives its rows and counts from ``Status`` and ``Counts``, so two
+outputs of one run cannot disagree about what happened to a member.
+
+Older journals stay readable: their discarded candidates were ``status: "ok"`` with a
+``discarded`` entry, and members stopped by ``train.member_time_limit`` were ``failed``
+with the error kind ``time_limit``; ``MemberRecord.from_json`` reads both as they are
+meant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Status(str, Enum):
+    """What became of a member. Only ``OK`` members are ranked, kept and selected."""
+
+    OK = "ok"                  #: trained to the end (or to early stopping by its own patience)
+    FAILED = "failed"          #: training raised (NaN loss, a builder error, a lost rank, ...)
+    DISCARDED = "discarded"    #: stopped by early discarding: a low-fidelity evaluation, never ranked
+    STOPPED = "stopped"        #: stopped by the master for another reason (the run's end, a population's stop)
+    LIMIT = "limit"            #: stopped by `train.member_time_limit`
+
+    @property
+    def ranked(self) -> bool:
+        """Whether the member enters the leaderboard's ranking and the ensemble's candidates."""
+        return self is Status.OK
+
+    @property
+    def evaluated(self) -> bool:
+        """Whether the member has a fitness a search learns from (a discarded one, at low fidelity)."""
+        return self in (Status.OK, Status.DISCARDED)
+
+    @property
+    def label(self) -> str:
+        """The status in words, for tables and the report."""
+        return _LABELS[self]
+
+
+_LABELS = {Status.OK: "ok", Status.FAILED: "failed", Status.DISCARDED: "discarded",
+           Status.STOPPED: "stopped by the master", Status.LIMIT: "stopped by its time limit"}
+
+#: the error kind a worker gives a member stopped by its time limit (``train.member``)
+TIME_LIMIT_KIND = "time_limit"
+
+#: the fields ``MemberRecord`` reads from a JSON line itself; every other key is kept in ``extra``
+_FIELDS = ("id", "status", "arch", "seed", "val", "test", "epochs", "params", "train_seconds", "rank", "host",
+           "started", "ended", "dispatched", "received", "error", "discarded", "genome", "summary", "costs")
+
+
+@dataclass(frozen=True)
+class MemberRecord:
+    """One member's result, as the master and every reader see it.
+
+    ``val`` and ``test`` map metric names to values (empty unless the member finished or
+    was discarded); ``error`` holds ``kind``, ``message`` (and ``traceback``) of a member
+    that failed or hit its limit; ``discarded`` where early discarding stopped it (epoch,
+    rung); ``extra`` everything else the trainer recorded (costs, scaling, model path,
+    the early-stopping epoch ``stopped``), kept as it came."""
+
+    id: str
+    status: Status
+    arch: str | None = None
+    seed: int | None = None
+    val: Mapping[str, float] = field(default_factory=dict)
+    test: Mapping[str, float] = field(default_factory=dict)
+    epochs: int | None = None
+    params: int | None = None
+    train_seconds: float | None = None
+    rank: int | None = None
+    host: str | None = None
+    started: float | None = None
+    ended: float | None = None
+    dispatched: float | None = None
+    received: float | None = None
+    error: Mapping[str, Any] | None = None
+    discarded: Mapping[str, Any] | None = None
+    genome: Any = None
+    summary: str | None = None
+    costs: Mapping[str, float] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, line: Mapping[str, Any]) -> MemberRecord:
+        """A record from a worker's result or a journal line (older journals included)."""
+        status = str(line.get("status", "failed"))
+        error = line.get("error")
+        if status == "ok" and line.get("discarded"):
+            status = Status.DISCARDED.value
+        elif status == "failed" and isinstance(error, Mapping) and error.get("kind") == TIME_LIMIT_KIND:
+            status = Status.LIMIT.value
+        try:
+            kind = Status(status)
+        except ValueError:
+            kind = Status.FAILED
+        values = {k: line[k] for k in _FIELDS if k in line and k != "status"}
+        values["id"] = str(line.get("id"))
+        for key in ("val", "test"):
+            if values.get(key) is None:
+                values.pop(key, None)
+        return cls(status=kind, extra={k: v for k, v in line.items() if k not in _FIELDS}, **values)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as its journal line (and as it crosses MPI)."""
+        out: dict[str, Any] = {"id": self.id, "status": self.status.value}
+        for f in dataclasses.fields(self):
+            if f.name in ("id", "status", "extra"):
+                continue
+            value = getattr(self, f.name)
+            if value is None or (f.name in ("val", "test") and not value):
+                continue
+            out[f.name] = dict(value) if isinstance(value, Mapping) else value
+        out.update(self.extra)
+        return out
+
+    def replace(self, **changes: Any) -> MemberRecord:
+        return dataclasses.replace(self, **changes)
+
+    # -- what readers ask ------------------------------------------------------------
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    @property
+    def error_kind(self) -> str:
+        return str((self.error or {}).get("kind", "")) if self.status not in (Status.OK, Status.DISCARDED) else ""
+
+    @property
+    def error_message(self) -> str:
+        return str((self.error or {}).get("message", ""))
+
+    def metric(self, name: str, split: str = "val") -> float | None:
+        """The member's ``split`` value of ``name``, or None (not finished, or not measured)."""
+        value = (self.val if split == "val" else self.test).get(name)
+        return None if value is None else float(value)
+
+
+def latest(records: Iterable[MemberRecord]) -> dict[str, MemberRecord]:
+    """Each member's final word, by id: an ``OK`` record wins over any other (a member failed
+    once and trained again on resume is ok), else the last one journalled."""
+    out: dict[str, MemberRecord] = {}
+    for r in records:
+        if r.id not in out or not out[r.id].ok:
+            out[r.id] = r
+    return out
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What became of a run's members, counted once for every output.
+
+    ``ended`` counts members with a final record (by id, each once); ``issued`` members
+    handed out (at least ``ended``: a member in flight when the run stopped was issued but
+    has no record)."""
+
+    ok: int = 0
+    failed: int = 0
+    discarded: int = 0
+    stopped: int = 0
+    limit: int = 0
+    issued: int = 0
+
+    @property
+    def ended(self) -> int:
+        return self.ok + self.failed + self.discarded + self.stopped + self.limit
+
+    @property
+    def not_ok(self) -> int:
+        """Members that ended without a result to rank (failed, stopped or at their limit)."""
+        return self.failed + self.stopped + self.limit
+
+    def of(self, status: Status) -> int:
+        return getattr(self, status.value)
+
+    def as_dict(self) -> dict[str, int]:
+        """For JSON outputs (``ensemble.json``, ``status --json``): one key per status, plus
+        ``ended`` and ``issued``."""
+        return {**{s.value: self.of(s) for s in Status}, "ended": self.ended, "issued": self.issued}
+
+    @classmethod
+    def of_records(cls, records: Iterable[MemberRecord], issued: int | None = None) -> Counts:
+        final = latest(records)
+        by = {s: 0 for s in Status}
+        for r in final.values():
+            by[r.status] += 1
+        ended = len(final)
+        return cls(**{s.value: n for s, n in by.items()}, issued=max(ended, issued or 0))
+
+
+def split_lines(lines: Iterable[Mapping[str, Any]]) -> tuple[list[MemberRecord], list[Mapping[str, Any]]]:
+    """Journal lines as (member records, event lines), in order."""
+    records: list[MemberRecord] = []
+    events: list[Mapping[str, Any]] = []
+    for line in lines:
+        if "event" in line:
+            events.append(line)
+        elif "id" in line:
+            records.append(MemberRecord.from_json(line))
+    return records, events
