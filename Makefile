@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 NP     ?= 4
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast evolve-demo pbt-demo install clean
+.PHONY: demo test test-fast lint evolve-demo pbt-demo install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ test: $(STAMP)
 # inner loop: everything that starts no mpiexec (about 20 s here); `make test` runs all
 test-fast: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not mpi and not slow"
+
+# ruff (rules in pyproject.toml [tool.ruff]) over every Python file, mypy over the typed
+# config and the run's records/events ([tool.mypy] files); `.ci/run` runs it after `make test`
+lint: $(STAMP)
+	$(BIN)/ruff check ensemble evolve datafeed tests scripts
+	$(BIN)/mypy
 
 clean:
 	rm -rf runs build *.egg-info .pytest_cache

@@ -6,9 +6,11 @@ training split only and kept, so ``ensemble.predict`` applies the same transform
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from datafeed.readers import DataError
+from datafeed.readers import DataError, DataSettings
 
 SPLITS = ("train", "val", "test")
 
@@ -90,24 +92,24 @@ def apply_normalizer(x: np.ndarray, shift: np.ndarray, scale: np.ndarray) -> np.
     return ((np.asarray(x, dtype=np.float32) - shift) / scale).astype(np.float32)
 
 
-def reshape_features(x: np.ndarray, shape: list[int] | None) -> np.ndarray:
+def reshape_features(x: np.ndarray, shape: Sequence[int] | None) -> np.ndarray:
     """Give each sample the configured ``data.reshape`` (e.g. [8, 8, 1] for Conv2D)."""
     if not shape:
         return x
     n_feat = int(np.prod(x.shape[1:]))
     if int(np.prod(shape)) != n_feat:
-        raise DataError(f"`data.reshape` {shape} holds {int(np.prod(shape))} values per sample, but "
+        raise DataError(f"`data.reshape` {list(shape)} holds {int(np.prod(shape))} values per sample, but "
                         f"each sample has {n_feat} (shape {list(x.shape[1:])})")
     return x.reshape((len(x), *shape))
 
 
-def prepare(x: np.ndarray, y: np.ndarray, info: dict, data: dict, seed: int) -> tuple[dict, dict]:
+def prepare(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettings, seed: int) -> tuple[dict, dict]:
     """Check, encode, split and normalise. Returns (arrays to broadcast, small metadata)."""
     arrays, meta, _ = prepare_with_rows(x, y, info, data, seed)
     return arrays, meta
 
 
-def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: dict,
+def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettings,
                       seed: int) -> tuple[dict, dict, dict[str, np.ndarray]]:
     """``prepare``, plus the split itself: ``{"train", "val", "test"}`` -> sorted int64 row
     indices into ``x``/``y`` as given (the file's rows as read), what the run saves as
@@ -115,7 +117,7 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: dict,
     x = np.asarray(x)
     y = np.asarray(y)
     check_arrays(x, y)
-    task = info.get("task") if data["task"] == "auto" and info.get("task") else infer_task(y, data["task"])
+    task = info.get("task") if data.task == "auto" and info.get("task") else infer_task(y, data.task)
     meta: dict = {"task": task, "feature_names": info.get("feature_names", [])}
     if task == "classification":
         y, names = encode_labels(y, info.get("class_names"))
@@ -130,9 +132,9 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: dict,
         if not np.isfinite(y).all():
             raise DataError("regression targets hold NaN/inf values; clean them before training")
         meta["n_outputs"] = 1 if y.ndim == 1 else int(np.prod(y.shape[1:]))
-    x = reshape_features(np.asarray(x, dtype=np.float32), data["reshape"])
-    idx = split_indices(y, task, data["val_fraction"], data["test_fraction"], seed)
-    shift, scale = fit_normalizer(x[idx["train"]], data["normalize"])
+    x = reshape_features(np.asarray(x, dtype=np.float32), data.reshape)
+    idx = split_indices(y, task, data.val_fraction, data.test_fraction, seed)
+    shift, scale = fit_normalizer(x[idx["train"]], data.normalize)
     arrays = {"x_mean": shift, "x_scale": scale}
     for split in SPLITS:
         arrays[f"x_{split}"] = apply_normalizer(x[idx[split]], shift, scale)

@@ -1,6 +1,7 @@
 """Dataset readers: one function per format in a registry, chosen by suffix or ``format``.
 
-A reader takes the ``[data]`` settings and returns ``(x, y, info)``: features as an
+A reader takes the ``[data]`` settings (any object with their attributes: the run's
+typed ``DataConfig``, or ``DataSettings`` below) and returns ``(x, y, info)``: features as an
 array with samples on axis 0, targets with the same length, and a dict of what was
 learnt on the way (feature names, class names). Only rank 0 reads.
 """
@@ -8,7 +9,7 @@ learnt on the way (feature names, class names). Only rank 0 reads.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -17,6 +18,34 @@ READERS: dict[str, Reader] = {}
 SUFFIXES = {".npz": "npz", ".npy": "npy", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
             ".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5"}
 BUILTINS = ("digits", "iris", "wine", "breast_cancer", "diabetes", "california_housing_small")
+
+
+class DataSettings(Protocol):
+    """What datafeed reads of the ``[data]`` table, read-only (``ensemble.config.DataConfig``
+    has it all; datafeed imports nothing from ``ensemble``)."""
+
+    @property
+    def source(self) -> str: ...
+    @property
+    def format(self) -> str: ...
+    @property
+    def x(self) -> str: ...
+    @property
+    def y(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def features(self) -> tuple[Any, ...]: ...
+    @property
+    def task(self) -> str: ...
+    @property
+    def val_fraction(self) -> float: ...
+    @property
+    def test_fraction(self) -> float: ...
+    @property
+    def normalize(self) -> str: ...
+    @property
+    def reshape(self) -> tuple[Any, ...] | None: ...
 
 
 class DataError(ValueError):
@@ -31,11 +60,11 @@ def reader(name: str) -> Callable[[Reader], Reader]:
     return register
 
 
-def detect_format(data: dict) -> str:
+def detect_format(data: DataSettings) -> str:
     """The format named by ``data.format``, else by the file suffix, else a built-in name."""
-    if data["format"] != "auto":
-        return data["format"]
-    src = data["source"]
+    if data.format != "auto":
+        return data.format
+    src = data.source
     if src in BUILTINS:
         return "builtin"
     fmt = SUFFIXES.get(Path(src).suffix.lower())
@@ -45,24 +74,24 @@ def detect_format(data: dict) -> str:
     return fmt
 
 
-def read_dataset(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
+def read_dataset(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     """Read the dataset the ``[data]`` table names.
 
     ``require_y=False`` (prediction inputs) returns ``y = None`` when the file has no targets
     (no ``data.y`` array/dataset/file, no ``data.label`` column) instead of raising.
     """
     fmt = detect_format(data)
-    if fmt != "builtin" and not Path(data["source"]).exists():
-        raise DataError(f"`data.source` file {data['source']!r} does not exist")
+    if fmt != "builtin" and not Path(data.source).exists():
+        raise DataError(f"`data.source` file {data.source!r} does not exist")
     if require_y:
         return READERS[fmt](data)
     return READERS[fmt](data, require_y=False)
 
 
 @reader("builtin")
-def read_builtin(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray, dict]:
+def read_builtin(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray, dict]:
     from sklearn import datasets
-    name = data["source"]
+    name = data.source
     if name not in BUILTINS:
         raise DataError(f"`data.source` {name!r} is not a built-in dataset; use one of {', '.join(BUILTINS)}")
     if name == "california_housing_small":     # no download: a synthetic regression stand-in
@@ -76,21 +105,21 @@ def read_builtin(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.nda
 
 
 @reader("npz")
-def read_npz(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
-    with np.load(data["source"], allow_pickle=False) as f:
-        keys = ("x", "y") if require_y or data["y"] in f.files else ("x",)
+def read_npz(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
+    with np.load(data.source, allow_pickle=False) as f:
+        keys = ("x", "y") if require_y or data.y in f.files else ("x",)
         for key in keys:
-            if data[key] not in f.files:
-                raise DataError(f"`data.{key}` names array {data[key]!r}, but {data['source']!r} "
+            if getattr(data, key) not in f.files:
+                raise DataError(f"`data.{key}` names array {getattr(data, key)!r}, but {data.source!r} "
                                 f"holds {', '.join(f.files)}")
-        return f[data["x"]], (f[data["y"]] if len(keys) > 1 else None), {}
+        return f[data.x], (f[data.y] if len(keys) > 1 else None), {}
 
 
 @reader("npy")
-def read_npy(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
+def read_npy(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     """``source`` is the features file; ``y`` names the targets file (relative to it)."""
-    src = Path(data["source"])
-    ypath = Path(data["y"]) if Path(data["y"]).is_absolute() else src.parent / data["y"]
+    src = Path(data.source)
+    ypath = Path(data.y) if Path(data.y).is_absolute() else src.parent / data.y
     if not ypath.suffix:
         ypath = ypath.with_suffix(".npy")
     if not ypath.exists() and not require_y:
@@ -102,28 +131,28 @@ def read_npy(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray
 
 
 @reader("hdf5")
-def read_hdf5(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
+def read_hdf5(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     import h5py
-    with h5py.File(data["source"], "r") as f:
+    with h5py.File(data.source, "r") as f:
         out = []
-        keys = ("x", "y") if require_y or data["y"] in f else ("x",)
+        keys = ("x", "y") if require_y or data.y in f else ("x",)
         for key in keys:
-            if data[key] not in f:
+            if getattr(data, key) not in f:
                 names: list[str] = []
                 f.visit(lambda n: names.append("/" + n) if isinstance(f[n], h5py.Dataset) else None)
-                raise DataError(f"`data.{key}` names HDF5 dataset {data[key]!r}, but "
-                                f"{data['source']!r} holds {', '.join(names) or 'no datasets'}")
-            out.append(f[data[key]][()])
+                raise DataError(f"`data.{key}` names HDF5 dataset {getattr(data, key)!r}, but "
+                                f"{data.source!r} holds {', '.join(names) or 'no datasets'}")
+            out.append(f[getattr(data, key)][()])
     return out[0], (out[1] if len(out) > 1 else None), {}
 
 
-def _from_frame(frame, data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
-    label = data["label"]
+def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
+    label = data.label
     has_label = label in frame.columns
     if require_y and not has_label:
         raise DataError(f"`data.label` names column {label!r}, but the file has columns "
                         f"{', '.join(map(str, frame.columns))}")
-    features = data["features"] or [c for c in frame.columns if c != label]
+    features = list(data.features) or [c for c in frame.columns if c != label]
     missing = [c for c in features if c not in frame.columns]
     if missing:
         raise DataError(f"`data.features` names columns {missing} that the file does not have; "
@@ -137,12 +166,12 @@ def _from_frame(frame, data: dict, require_y: bool = True) -> tuple[np.ndarray, 
 
 
 @reader("csv")
-def read_csv(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
+def read_csv(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     import pandas as pd
-    return _from_frame(pd.read_csv(data["source"]), data, require_y)
+    return _from_frame(pd.read_csv(data.source), data, require_y)
 
 
 @reader("parquet")
-def read_parquet(data: dict, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
+def read_parquet(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     import pandas as pd
-    return _from_frame(pd.read_parquet(data["source"]), data, require_y)
+    return _from_frame(pd.read_parquet(data.source), data, require_y)

@@ -46,7 +46,7 @@ def run_config(config: dict | str | Path, run_dir: str | Path | None = None, *, 
     from ensemble.run import main
     if isinstance(config, dict):
         cfg = locate(resolve_config(config, source="notebook"), Path.cwd())
-        name = f"<config {cfg['name']!r}>"
+        name = f"<config {cfg.name!r}>"
     else:
         cfg, name = load_config(config), str(config)
     argv = [name] + (["--run-dir", str(run_dir)] if run_dir is not None else [])

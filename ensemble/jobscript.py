@@ -415,15 +415,15 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
         cfg = load_config(args.config)
     except ConfigError as exc:
         raise JobScriptError(f"config error in {args.config}: {exc}") from None
-    rt = cfg["runtime"]
-    ranks = args.nodes * args.gpus_per_node * rt["ranks_per_gpu"]
-    if rt["group_size"] > 1 and (ranks - 1) % rt["group_size"]:
-        raise JobScriptError(f"`runtime.group_size` = {rt['group_size']} must divide the {ranks - 1} worker ranks "
+    rt = cfg.runtime
+    ranks = args.nodes * args.gpus_per_node * rt.ranks_per_gpu
+    if rt.group_size > 1 and (ranks - 1) % rt.group_size:
+        raise JobScriptError(f"`runtime.group_size` = {rt.group_size} must divide the {ranks - 1} worker ranks "
                              f"({ranks} ranks less the master); choose --nodes and --gpus-per-node so that it does, "
                              "or another group_size")
-    cpus = args.cpus_per_rank or rt["threads"]
-    if cpus < rt["threads"]:
-        raise JobScriptError(f"--cpus-per-rank {cpus} is fewer than the config's `runtime.threads` = {rt['threads']}: "
+    cpus = args.cpus_per_rank or rt.threads
+    if cpus < rt.threads:
+        raise JobScriptError(f"--cpus-per-rank {cpus} is fewer than the config's `runtime.threads` = {rt.threads}: "
                              "each rank would run more threads than it has cores; raise --cpus-per-rank or lower "
                              "runtime.threads")
     python = Path(os.path.abspath(cwd / args.python))     # not resolved: a venv's python is a symlink
@@ -431,11 +431,11 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
         raise JobScriptError(f"--python {args.python!r} does not exist; give the Python the ranks should run (the "
                              "venv or conda environment built against the cluster's MPI), or the --setup line that "
                              "makes it in the job (an environment unpacked on node-local storage)")
-    run_dir = Path(args.run_dir) if args.run_dir else Path(cfg["output_dir"]) / cfg["name"]
-    return Job(scheduler=args.scheduler, name=re.sub(r"[^A-Za-z0-9._-]", "_", cfg["name"]),
+    run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.output_dir) / cfg.name
+    return Job(scheduler=args.scheduler, name=re.sub(r"[^A-Za-z0-9._-]", "_", cfg.name),
                config=str((cwd / args.config).resolve()), run_dir=os.path.abspath(cwd / run_dir),
                workdir=str(cwd), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-               ranks_per_gpu=rt["ranks_per_gpu"], threads=rt["threads"], cpus_per_rank=cpus, minutes=minutes,
+               ranks_per_gpu=rt.ranks_per_gpu, threads=rt.threads, cpus_per_rank=cpus, minutes=minutes,
                python=str(python), account=args.account, queue=args.queue, setup=tuple(args.setup),
                directives=tuple(args.directive), command=command)
 

@@ -18,7 +18,6 @@ import json
 import logging
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 log = logging.getLogger("ensemble.reselect")
@@ -59,7 +58,7 @@ def reselect(run_dir: str | Path, overrides: dict) -> dict:
     ``[ensemble]`` settings; returns the new summary (also written as ensemble.json)."""
     from datafeed.prepare import prepare
     from datafeed.readers import read_dataset
-    from ensemble.config import ConfigError, resolve_config
+    from ensemble.config import ConfigError, read_saved_config
     from ensemble.config.schema import check_task_settings
     from ensemble.results.artifacts import Artifacts
     from ensemble.results.rundir import RunDirectory, atomic_write
@@ -72,35 +71,39 @@ def reselect(run_dir: str | Path, overrides: dict) -> dict:
             why = ("the run has not chosen an ensemble yet; finish it with `python -m ensemble.run CONFIG "
                    "--resume`" if name == rd.ENSEMBLE else "it is not a run directory of ensemble.run")
             raise ReselectError(f"{str(rd.path / name)!r} does not exist: {why}")
-    cfg = resolve_config(tomllib.loads((rd.path / rd.CONFIG).read_text()), saved=True)
+    try:
+        saved = read_saved_config(rd.path / rd.CONFIG)
+    except ConfigError as exc:
+        raise ReselectError(str(exc)) from None
     meta = json.loads((rd.path / rd.DATA).read_text())
     old = json.loads((rd.path / rd.ENSEMBLE).read_text())
-    ens = {**cfg["ensemble"], **{k: v for k, v in overrides.items() if v is not None}}
-    if ens["k"] < 1:
-        raise ReselectError(f"--k must be a positive integer, but got {ens['k']}")
+    ens = saved.ensemble.replace(**{k: v for k, v in overrides.items() if v is not None})
+    if ens.k < 1:
+        raise ReselectError(f"--k must be a positive integer, but got {ens.k}")
+    cfg = saved.replace(ensemble=ens)                # the run's config with the new [ensemble] settings
     try:
-        check_task_settings({**cfg, "ensemble": ens}, meta["task"], "the run's task is")
+        check_task_settings(cfg, meta["task"], "the run's task is")
     except ConfigError as exc:
         raise ReselectError(str(exc).replace("`ensemble.", "`--").replace("_metric`", "-metric`")) from None
 
     try:
-        x, y, info = read_dataset(cfg["data"])
-        arrays, fresh = prepare(x, y, info, cfg["data"], cfg["seed"])
+        x, y, info = read_dataset(cfg.data)
+        arrays, fresh = prepare(x, y, info, cfg.data, cfg.seed)
     except (OSError, ValueError) as exc:
-        raise ReselectError(f"cannot read the run's data {cfg['data']['source']!r} again for the targets: "
+        raise ReselectError(f"cannot read the run's data {cfg.data.source!r} again for the targets: "
                             f"{exc}") from None
     if fresh.get("sizes") != meta.get("sizes") or fresh.get("task") != meta.get("task"):
-        raise ReselectError(f"the data {cfg['data']['source']!r} is not what the run trained on (split sizes "
+        raise ReselectError(f"the data {cfg.data.source!r} is not what the run trained on (split sizes "
                             f"{fresh.get('sizes')} vs {meta.get('sizes')}); re-selection needs the same file")
 
     lines = rd.read_lines()
     records = [r for r in lines if "event" not in r]
-    artifacts = Artifacts(rd, old.get("metric") or cfg["ensemble"]["metric"], cfg["ensemble"]["candidates"],
-                          cfg["ensemble"]["keep_models"])
+    artifacts = Artifacts(rd, old.get("metric") or saved.ensemble.metric, saved.ensemble.candidates,
+                          saved.ensemble.keep_models)
     artifacts.restore(lines, tidy=False)
     try:
         with_models = [i for i in artifacts.pool()                  # the ensemble must be loadable
-                       if rd.model_path(i).is_file() or cfg["runtime"]["trainer"] == "rehearsal"]
+                       if rd.model_path(i).is_file() or cfg.runtime.trainer == "rehearsal"]
         if not with_models:
             raise ReselectError(f"no member of {str(rd.path)!r} has both stored predictions and a model file")
         n = _next_free(rd.path)
@@ -110,13 +113,13 @@ def reselect(run_dir: str | Path, overrides: dict) -> dict:
         if predictions.is_file():
             atomic_write(rd.path / f"ensemble_test_predictions-{n}.npz",
                          lambda p: p.write_bytes(predictions.read_bytes()))
-        summary = build_ensemble(rd, records, cfg, meta, arrays["y_val"], arrays["y_test"], artifacts, ens,
+        summary = build_ensemble(rd, records, cfg, meta, arrays["y_val"], arrays["y_test"], artifacts,
                                  pool=with_models)
     finally:
         artifacts.close()
     kept = {k: old[k] for k in ("run", "search", "kept", "rehearsal", "baseline") if k in old}
     summary.update(kept)
-    summary["reselected"] = {"previous": backup_json.name, "settings": {k: ens[k] for k in (
+    summary["reselected"] = {"previous": backup_json.name, "settings": {k: getattr(ens, k) for k in (
         "method", "k", "metric", "selection_metric", "calibration")}, "pool": len(with_models),
         "n_finished": len(finished_records(records)), "seconds": round(time.perf_counter() - t0, 3)}
     rd.write_json(rd.ENSEMBLE, summary)

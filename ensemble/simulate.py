@@ -14,7 +14,6 @@ share, members/s, the simulated wall time and the journal's size.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import tempfile
@@ -44,16 +43,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def with_members(cfg: dict, total: int) -> dict:
-    """``cfg`` with ``total`` members (spread over its architectures) or evaluations."""
-    cfg = copy.deepcopy(cfg)
-    if cfg["mode"] == "evolve":
-        cfg["evolve"]["evaluations"] = total
-        return cfg
-    archs = cfg["architectures"]
-    for i, arch in enumerate(archs):
-        arch["members"] = max(1, total // len(archs) + (i < total % len(archs)))
-    return cfg
+def with_members(cfg, total: int):
+    """``cfg`` with ``total`` members: spread over its architectures, and as the budget of
+    evaluations of a search (each setting is read only by the mode that uses it)."""
+    archs = cfg.architectures
+    spread = tuple(arch.replace(members=max(1, total // len(archs) + (i < total % len(archs))))
+                   for i, arch in enumerate(archs))
+    return cfg.replace(architectures=spread, evolve=cfg.evolve.replace(evaluations=total))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,18 +63,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error in {args.config}: {exc}", file=sys.stderr)
         return 2
     if args.seconds is not None:
-        cfg["rehearsal"]["seconds"] = args.seconds
+        cfg = cfg.replace(rehearsal=cfg.rehearsal.replace(seconds=args.seconds))
     if args.spread is not None:
-        cfg["rehearsal"]["spread"] = args.spread
+        cfg = cfg.replace(rehearsal=cfg.rehearsal.replace(spread=args.spread))
     if args.specs_in_hand:
-        cfg["runtime"]["specs_in_hand"] = "auto" if args.specs_in_hand == "auto" else int(args.specs_in_hand)
+        hand = "auto" if args.specs_in_hand == "auto" else int(args.specs_in_hand)
+        cfg = cfg.replace(runtime=cfg.runtime.replace(specs_in_hand=hand))
     from datafeed.prepare import prepare
     from datafeed.readers import read_dataset
     from ensemble.orchestrate.simulate import simulate
     from ensemble.results.rundir import RunDirectory
     try:
-        x, y, info = read_dataset(cfg["data"])
-        data, meta = prepare(x, y, info, cfg["data"], cfg["seed"])
+        x, y, info = read_dataset(cfg.data)
+        data, meta = prepare(x, y, info, cfg.data, cfg.seed)
     except (ConfigError, ValueError) as exc:
         print(f"data error: {exc}", file=sys.stderr)
         return 3

@@ -3,8 +3,10 @@
 Reads only files the master writes atomically or appends to (``status.json``, the
 journal, ``ensemble.json``, ``config.toml``), takes no lock and writes nothing, so it is
 safe from a login node on the shared file system while the job runs (and after). The
-journal gives what finished (exact, across resumed jobs); ``status.json`` what only the
-master knows: members in flight and queued, the job's deadline, whether it is alive.
+journal gives what became of each member (exact, across resumed jobs; counted with
+``records.Counts``, as ensemble.json and the report count them); ``status.json`` what only
+the master knows: members in flight, the job's deadline, whether it is alive. ETA and what
+is left follow the run's real budget: its evaluations or its time, whichever ends first.
 ``--watch`` reads only the journal lines appended since the last refresh.
 """
 
@@ -15,10 +17,12 @@ import json
 import math
 import sys
 import time
-import tomllib
 from pathlib import Path
 
+from ensemble.config import ConfigError, RunConfig, read_saved_config
+from ensemble.results.events import Event, EventKind
 from ensemble.results.heartbeat import FINAL, read_heartbeat
+from ensemble.results.records import Counts, MemberRecord, latest
 from ensemble.results.rundir import RunDirectory
 
 EXIT_USAGE = 2
@@ -27,19 +31,21 @@ STALE_BEATS = 3                # a running job silent for 3 heartbeats (and at l
 
 
 class JournalTail:
-    """The journal's whole lines, read incrementally: a refresh reads only what was appended
-    since the last one, and a line still being written is left for the next."""
+    """The journal's whole lines, typed and read incrementally: a refresh reads only what was
+    appended since the last one, and a line still being written is left for the next.
+    ``issued`` holds the ids a search handed out (its ``issued`` events)."""
 
     def __init__(self, path: Path):
         self.path, self.offset = path, 0
-        self.records: list[dict] = []
-        self.events: list[dict] = []
+        self.records: list[MemberRecord] = []
+        self.events: list[Event] = []
+        self.issued: set[str] = set()
 
     def read(self) -> None:
         try:
             with open(self.path, "rb") as fh:
                 if fh.seek(0, 2) < self.offset:         # a new journal (the run started over): all of it
-                    self.offset, self.records, self.events = 0, [], []
+                    self.offset, self.records, self.events, self.issued = 0, [], [], set()
                 fh.seek(self.offset)
                 chunk = fh.read()
         except FileNotFoundError:
@@ -50,8 +56,16 @@ class JournalTail:
                 item = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(item, dict):
-                (self.events if "event" in item else self.records).append(item)
+            if not isinstance(item, dict):
+                continue
+            if "event" in item:
+                event = Event.from_json(item)
+                if event is not None:
+                    self.events.append(event)
+                    if event.kind is EventKind.ISSUED and "id" in event.data:
+                        self.issued.add(str(event.data["id"]))
+            elif "id" in item:
+                self.records.append(MemberRecord.from_json(item))
         self.offset += end
 
 
@@ -60,6 +74,32 @@ def _read_json(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def read_run_config(run_dir: Path) -> RunConfig | None:
+    """The run's own config.toml, typed; None when there is none yet or it cannot be read
+    (the status of a run never fails over its config)."""
+    path = run_dir / RunDirectory.CONFIG
+    if not path.is_file():
+        return None
+    try:
+        return read_saved_config(path)
+    except ConfigError:
+        return None
+
+
+def expected_members(cfg: RunConfig | None) -> int | None:
+    """Members a run is meant to end with, from its config alone (the heartbeat's ``total``
+    wins when there is one): evolve, ``evolve.evaluations``; pbt, ``pbt.population`` (None
+    for 0: one per worker group); else the architectures' ``members``. TRANSITIONAL: moves
+    to the mode objects (``ensemble.modes``, ``Mode.expected_members``)."""
+    if cfg is None:
+        return None
+    if cfg.mode == "evolve":
+        return cfg.evolve.evaluations
+    if cfg.mode == "pbt":
+        return cfg.pbt.population or None
+    return sum(a.members for a in cfg.architectures) or None
 
 
 def _duration(seconds: float | None) -> str:
@@ -73,81 +113,107 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def time_budget(cfg: RunConfig | None, beat: dict, tail: JournalTail) -> tuple[float | None, str | None]:
+    """(when the run stops handing out members, which limit that is), or (None, None) without a
+    time limit. The job's own end is the heartbeat's ``deadline`` (``runtime.time_limit`` or the
+    scheduler's end, less ``runtime.finish_reserve``; from the config and this job's start when
+    there is no heartbeat); a search also ends ``evolve.time_limit`` seconds of searching after
+    it began, counted over its jobs (a resumed search goes on where it stopped)."""
+    opens = sorted((e for e in tail.events if e.kind is EventKind.OPEN), key=lambda e: e.data["time"])
+    ends: list[tuple[float, str]] = []
+    if beat.get("deadline") is not None:
+        ends.append((float(beat["deadline"]), "the job's time limit"))
+    elif "deadline" not in beat and cfg is not None and cfg.runtime.time_limit and opens:
+        ends.append((opens[-1].data["time"] + cfg.runtime.time_limit - cfg.runtime.finish_reserve,
+                     "`runtime.time_limit`"))
+    if cfg is not None and cfg.mode == "evolve" and cfg.evolve.time_limit and opens:
+        closes = [e.data["time"] for e in tail.events if e.kind is EventKind.CLOSE]
+        received = [r.received for r in tail.records if r.received is not None]
+        searched = 0.0
+        for n, seg in enumerate(opens[:-1]):         # the earlier jobs' search time
+            start, until = seg.data["time"], opens[n + 1].data["time"]
+            last = max([t for t in closes + received if start <= t < until], default=start)
+            searched += last - start
+        ends.append((opens[-1].data["time"] + cfg.evolve.time_limit - searched, "`evolve.time_limit`"))
+    if not ends:
+        return None, None
+    return min(ends)
+
+
 def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> dict:
-    """The run's status as one dict (what ``--json`` prints); ``tail`` is read first."""
-    from ensemble.results.summary import finished_records
-    from ensemble.results.selection import rank_members
+    """The run's status as one dict (what ``--json`` prints); ``tail`` is read first.
+
+    ``counts`` are ``Counts.as_dict()`` of the journal, the same keys and numbers as
+    ``ensemble.json``'s ``counts`` (``finished``, ``failed``, ``discarded``, ``limit``,
+    ``stopped`` and ``done`` repeat them). ``total`` is what the run expects (heartbeat, else
+    config); ``ends_by`` says which budget ends the run first, ``evaluations`` or ``time``
+    (None while that cannot be told): when it is time, ``eta_seconds`` is the time left,
+    ``queued`` is None and ``expected_more`` estimates the members that still end by then;
+    ``queued_up_to`` is the most that could still start."""
     from ensemble.config.vocabulary import PROPER_SCORES
+    from ensemble.results.selection import rank_members
     from ensemble.task.metrics import higher_is_better, metric_task
     now = time.time() if now is None else now
     tail.read()
     beat = read_heartbeat(run_dir) or {}
     summary = _read_json(run_dir / RunDirectory.ENSEMBLE)
-    cfg = {}
-    if (run_dir / RunDirectory.CONFIG).is_file():
-        cfg = tomllib.loads((run_dir / RunDirectory.CONFIG).read_text())
-    finished = finished_records(tail.records)
-    ok_ids = {r["id"] for r in finished}
-    failed = len({r["id"] for r in tail.records if r.get("status") != "ok"} - ok_ids)
+    cfg = read_run_config(run_dir)
     metric = beat.get("metric") or (summary or {}).get("metric")
-    total = beat.get("total", _expected(cfg))
-    done = len(finished) + failed
-    out: dict = {"run_dir": str(run_dir), "metric": metric, "total": total, "done": done,
-                 "finished": len(finished), "failed": failed, "running": beat.get("running"), "queued": None,
-                 "workers": beat.get("workers")}
-    if out["running"] is not None and total is not None:   # the journal may be a beat ahead of status.json
-        out["running"] = min(out["running"], max(0, total - done))
-        out["queued"] = max(0, total - done - out["running"])
-    opens = [e for e in tail.events if e.get("event") == "open"]
-    started = opens[0].get("job_started", opens[0]["time"]) if opens else beat.get("job_started")
-    out["age_seconds"] = None if started is None else round(now - started, 1)
+    total = beat.get("total") if beat.get("total") is not None else expected_members(cfg)
     state = beat.get("state")
     if state is None:
         state = "done" if summary else ("unknown" if tail.records else "starting")
     beat_age = None if "time" not in beat else now - beat["time"]
-    out["heartbeat_age_seconds"] = None if beat_age is None else round(beat_age, 1)
     if state in ("running", "finishing") and beat_age is not None and \
             beat_age > max(STALE_BEATS * beat.get("every", 10.0), 60.0):
         state = "silent"
+    ended_by_id = Counts.of_records(tail.records).ended
+    running = beat.get("running")
+    if state in FINAL:                                      # the job is over: nothing runs
+        running = 0 if running is not None else None
+    elif running is not None and total is not None:        # the journal may be a beat ahead of status.json
+        running = min(running, max(0, total - ended_by_id))
+    issued = len(tail.issued) if tail.issued else ended_by_id + (running or 0)
+    counts = Counts.of_records(tail.records, issued=issued)
+    done = counts.ended
+    out: dict = {"run_dir": str(run_dir), "metric": metric, "total": total, "counts": counts.as_dict(),
+                 "done": done, "finished": counts.ok, "failed": counts.failed, "discarded": counts.discarded,
+                 "limit": counts.limit, "stopped": counts.stopped, "issued": counts.issued, "running": running,
+                 "queued": None, "queued_up_to": None, "left": None if total is None else max(0, total - done),
+                 "workers": beat.get("workers")}
+    opens = [e for e in tail.events if e.kind is EventKind.OPEN]
+    started = opens[0].data.get("job_started", opens[0].time) if opens else beat.get("job_started")
+    out["age_seconds"] = None if started is None else round(now - started, 1)
+    out["heartbeat_age_seconds"] = None if beat_age is None else round(beat_age, 1)
     out["state"] = state
     out["ended_seconds_ago"] = None
-    closes = [e["time"] for e in tail.events if e.get("event") == "close"]
+    closes = [e.time for e in tail.events if e.kind is EventKind.CLOSE]
     ended = beat.get("time") if state in FINAL else (closes[-1] if closes and state in ("done", "unknown") else None)
     if ended is not None:                                   # an old run's age is how long it took, not how old
         out["age_seconds"] = None if started is None else round(ended - started, 1)
         out["ended_seconds_ago"] = round(now - ended, 1)
-    if state in FINAL and out["running"] is not None:       # the job is over: nothing runs, the rest waits
-        out["running"], out["queued"] = 0, None if total is None else max(0, total - done)
-    times = sorted(r["received"] for r in tail.records if "received" in r)
-    this_job = [t for t in times if opens and t >= opens[-1]["time"]]
+    times = sorted(r.received for r in tail.records if r.received is not None)
+    this_job = [t for t in times if opens and t >= opens[-1].time]
     out["members_per_second"] = None
     if this_job:
-        span = (now if state == "running" else this_job[-1]) - opens[-1]["time"]
+        span = (now if state == "running" else this_job[-1]) - opens[-1].time
         out["members_per_second"] = round(len(this_job) / span, 3) if span > 0 else None
     recent = (this_job if opens else times)[-RECENT:]          # a resumed job's rate is its own
     out["recent_members_per_second"] = (round((len(recent) - 1) / (recent[-1] - recent[0]), 3)
                                         if len(recent) >= 3 and recent[-1] > recent[0] else None)
-    rate = out["recent_members_per_second"] or out["members_per_second"]
-    left = None if total is None else max(0, total - out["done"])
-    out["eta_seconds"] = None if not left or not rate or state not in ("running",) else round(left / rate, 1)
-    deadline = beat.get("deadline")
-    out["budget_left_seconds"] = None if deadline is None or state in FINAL else round(deadline - now, 1)
-    if out["eta_seconds"] is not None and deadline is not None:
-        out["eta_seconds"] = min(out["eta_seconds"], max(0.0, deadline - now))
+    _budget(out, cfg, beat, tail, now)
     out["best"] = None
+    finished = [r for r in latest(tail.records).values() if r.status.ranked]
     if metric and finished:
-        best = rank_members([r for r in finished if metric in r.get("val", {})], metric,
-                            PROPER_SCORES[metric_task(metric)])
+        best = rank_members([r for r in finished if metric in r.val], metric, PROPER_SCORES[metric_task(metric)])
         if best:
-            out["best"] = {"id": best[0]["id"], "val": best[0]["val"][metric],
-                           "test": best[0].get("test", {}).get(metric)}
+            out["best"] = {"id": best[0].id, "val": best[0].val[metric], "test": best[0].test.get(metric)}
     if summary and "ensemble" in summary:
         out["ensemble"] = {"members": len(summary.get("members", [])),
                            "test": summary["ensemble"]["test"].get(summary.get("metric"))}
-    rounds = [e for e in tail.events if e.get("event") == "pbt_round"]
-    if cfg.get("mode") == "pbt" or rounds:                   # a population's progress is in rounds
-        out["pbt"] = {"round": rounds[-1]["round"] if rounds else 0,
-                      "rounds": cfg.get("pbt", {}).get("rounds", 10)}
+    rounds = [e.data for e in tail.events if e.kind is EventKind.PBT_ROUND]
+    if (cfg is not None and cfg.mode == "pbt") or rounds:    # a population's progress is in rounds
+        out["pbt"] = {"round": rounds[-1]["round"] if rounds else 0, "rounds": cfg.pbt.rounds if cfg else None}
         if rounds:
             values = [(m["value"], m["id"]) for m in rounds[-1]["members"] if m.get("value") is not None]
             if values:
@@ -162,13 +228,34 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     return out
 
 
-def _expected(cfg: dict) -> int | None:
-    """Members a run is meant to train, from its config alone (no heartbeat yet)."""
-    if cfg.get("mode", "ensemble") == "evolve":
-        return cfg.get("evolve", {}).get("evaluations")
-    if cfg.get("mode") == "pbt":
-        return cfg.get("pbt", {}).get("population") or None     # 0: one per worker group
-    return sum(int(a.get("members", 1)) for a in cfg.get("architectures", [])) or None
+def _budget(out: dict, cfg: RunConfig | None, beat: dict, tail: JournalTail, now: float) -> None:
+    """ETA, what is queued and which budget ends the run (see ``run_status``), into ``out``."""
+    state, left, running = out["state"], out["left"], out["running"] or 0
+    end, limit = time_budget(cfg, beat, tail)
+    time_left = None if end is None or state in FINAL else max(0.0, end - now)
+    out.update(budget_left_seconds=None if time_left is None else round(time_left, 1), time_limit=limit,
+               ends_by=None, eta_seconds=None, expected_more=None)
+    if state in FINAL:
+        return
+    rate = out["recent_members_per_second"] or out["members_per_second"]
+    to_start = None if left is None else max(0, left - running)
+    by_count = None if not left or not rate else left / rate           # seconds until `total` have ended
+    if left is not None and time_left is None:                         # no time budget: the count ends it
+        out.update(ends_by="evaluations", queued=to_start)
+    elif left is None or (by_count is not None and by_count > time_left):
+        out["ends_by"] = "time" if time_left is not None else None
+        if rate and time_left is not None:
+            more = round(rate * time_left)
+            out["expected_more"] = more if left is None else min(left, more)
+    elif by_count is not None:
+        out.update(ends_by="evaluations", queued=to_start)
+    out["queued_up_to"] = to_start
+    if state != "running":
+        return
+    if out["ends_by"] == "time":
+        out["eta_seconds"] = round(time_left, 1)
+    elif by_count is not None:
+        out["eta_seconds"] = round(by_count if time_left is None else min(by_count, time_left), 1)
 
 
 def format_status(s: dict) -> str:
@@ -193,24 +280,39 @@ def format_status(s: dict) -> str:
     elif s["age_seconds"] is not None:
         head += f", age {_duration(s['age_seconds'])}"
     lines = [f"{name}: {head}"] + ([note] if note else [])
-    parts = [f"{s['finished']} finished", f"{s['failed']} failed"]
-    if s["running"] is not None and state in ("running", "finishing"):
+    c = s["counts"]
+    parts = [Counts(**{k: c[k] for k in ("ok", "failed", "discarded", "stopped", "limit", "issued")}).summary()]
+    live = state in ("running", "finishing")
+    if s["running"] is not None and live:
         parts.append(f"{s['running']} running")
-    if s["queued"] is not None and state in ("running", "finishing"):
+    if s["queued"] is not None and live:
         parts.append(f"{s['queued']} queued")
-    lines.append(f"members: {', '.join(parts)}" + (f" of {total}" if total else "")
-                 + (f" on {s['workers']} workers" if s["workers"] else ""))
+    elif s["queued_up_to"] and live and s["ends_by"] != "time":
+        parts.append(f"up to {s['queued_up_to']} queued")
+    text = f"members: {', '.join(parts)}" + (f" of {total}" if total else "") \
+        + (f" on {s['workers']} workers" if s["workers"] else "")
+    if c["issued"] > c["ended"] + (s["running"] or 0):
+        text += f" ({c['issued']} handed out)"
+    lines.append(text)
+    if live and s["ends_by"] == "time":
+        more = f"about {s['expected_more']} more members end" if s["expected_more"] is not None else "members end"
+        lines.append(f"budget: {more} before {s['time_limit']} ends the run"
+                     + (f" (of {s['left']} left to {total})" if s["left"] is not None else ""))
+    elif state in ("stopped", "silent", "failed") and s["left"]:
+        lines.append(f"{s['left']} of {total} members not trained yet; --resume trains them")
     rates = [f"{s['recent_members_per_second']:.2f}/s recently" if s["recent_members_per_second"] else None,
              f"{s['members_per_second']:.2f}/s this job" if s["members_per_second"] else None]
     rates = [r for r in rates if r]
     if rates or s["eta_seconds"] is not None:
         lines.append("rate: " + (", ".join(rates) or "?")
-                     + (f"; ETA {_duration(s['eta_seconds'])}" if s["eta_seconds"] is not None else ""))
+                     + (f"; ETA {_duration(s['eta_seconds'])}" if s["eta_seconds"] is not None else "")
+                     + (" (the time budget ends first)" if s["ends_by"] == "time" and s["eta_seconds"] is not None
+                        else ""))
     if s["budget_left_seconds"] is not None and state in ("running", "silent"):
         lines.append(f"budget: {_duration(s['budget_left_seconds'])} left before the job stops handing out members")
     if s.get("pbt"):
         p = s["pbt"]
-        lines.append(f"population: round {p['round']} of {p['rounds']} done"
+        lines.append(f"population: round {p['round']} of {p['rounds'] or '?'} done"
                      + (f", best {p['best']} val {p['metric']} {p['value']:.4f}, {p['copies']} copies so far"
                         if "best" in p else ""))
     if s["best"]:

@@ -2,7 +2,7 @@
 
 Typical use on the master::
 
-    space = SearchSpace.from_config(cfg.get("search", {}), input_rank=len(x.shape) - 1)
+    space = SearchSpace.from_config(cfg.search, input_rank=len(x.shape) - 1)
     strategy = make_strategy("regularized", space, x.shape[1:], n_outputs, rng_seed=0,
                              budget_evaluations=200, budget_seconds=None)
     g = strategy.ask()                       # None: budget spent or wait for results

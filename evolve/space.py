@@ -15,6 +15,7 @@ the size. docs/search.md has the table, with the defaults.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -133,7 +134,7 @@ class SearchSpace:
         return self.input_rank >= 2
 
     @classmethod
-    def from_config(cls, d: dict | None, input_rank: int) -> "SearchSpace":
+    def from_config(cls, d: Mapping[str, Any] | None, input_rank: int) -> "SearchSpace":
         """Validate the ``[search]`` table; ``input_rank`` is the rank of one sample."""
         d = dict(d or {})
         if isinstance(input_rank, bool) or input_rank not in (1, 2, 3, 4):

@@ -43,11 +43,10 @@ def main() -> int:
     from ensemble.train.packed import pack_key, train_packed
 
     cfg = load_config(args.config)
-    arch = next(a for a in cfg["architectures"] if a["name"] == args.arch)
-    arch["members"] = args.members
-    cfg["architectures"] = [arch]
-    x, y, info = read_dataset(cfg["data"])
-    data, meta, _ = prepare_with_rows(x, y, info, cfg["data"], cfg["seed"])
+    arch = next(a for a in cfg.architectures if a.name == args.arch)
+    cfg = cfg.replace(architectures=(arch.replace(members=args.members),))
+    x, y, info = read_dataset(cfg.data)
+    data, meta, _ = prepare_with_rows(x, y, info, cfg.data, cfg.seed)
     specs = list(member_specs(cfg))
     if pack_key(specs[0]) is None:
         raise SystemExit(f"architecture {args.arch!r} cannot be packed (Dense and Dropout layers only)")

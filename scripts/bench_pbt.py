@@ -24,8 +24,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
 
 from benchkit import mpiexec, workspace      # noqa: E402
+
+from ensemble.results.records import MemberRecord  # noqa: E402
 
 
 def variant(text: str, seed: int, exploit: str | None) -> str:
@@ -46,7 +49,7 @@ def run(config: Path, run_dir: Path, n: int) -> dict:
     summary = json.loads((run_dir / "ensemble.json").read_text())
     metric = summary["metric"]
     records = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
-    members = [r for r in records if "event" not in r and r.get("status") == "ok"]
+    members = [r for r in records if "event" not in r and MemberRecord.from_json(r).ok]
     best = max(members, key=lambda r: r["val"][metric])
     return {"wall_seconds": round(wall, 1), "members": len(members), "best_id": best["id"],
             "best_val": best["val"][metric], "best_test": best["test"][metric],

@@ -30,8 +30,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
 
 from benchkit import mpiexec, workspace      # noqa: E402
+
+from ensemble.results.records import MemberRecord  # noqa: E402
 EPOCHS, PATIENCE, SEED = 20, 4, 3
 PROJECT_CONFIG = f"""
 name = "bench_search"
@@ -78,10 +81,11 @@ def project_side(folder: Path, budget: float, workers: int, extra: str = "") -> 
     if proc.returncode != 0:
         raise SystemExit(f"the project's search failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     records = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
-    done = sorted((r for r in records if "event" not in r and r.get("status") == "ok"), key=lambda r: r["received"])
+    done = sorted((r for r in records if "event" not in r and MemberRecord.from_json(r).status.evaluated),
+                  key=lambda r: r["received"])                 # finished or discarded: evaluations
     curve, best = [], -1.0
     for r in done:
-        if not r.get("discarded"):
+        if MemberRecord.from_json(r).ok:
             best = max(best, r["val"]["accuracy"])
         curve.append((r["received"] - launched, best))
     summary = json.loads((run_dir / "ensemble.json").read_text())
@@ -98,8 +102,8 @@ def split_arrays() -> dict:
     from ensemble.config import resolve_config
     import tomllib
     cfg = resolve_config(tomllib.loads(PROJECT_CONFIG))
-    x, y, info = read_dataset(cfg["data"])
-    arrays, _, _ = prepare_with_rows(x, y, info, cfg["data"], cfg["seed"])
+    x, y, info = read_dataset(cfg.data)
+    arrays, _, _ = prepare_with_rows(x, y, info, cfg.data, cfg.seed)
     return {k: arrays[k] for k in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")}
 
 

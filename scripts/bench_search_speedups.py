@@ -23,8 +23,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
 
 from benchkit import mpiexec, workspace      # noqa: E402
+
+from ensemble.results.records import MemberRecord, Status  # noqa: E402
 ARMS = {"plain": {}, "asha": {"discard": '"asha"'}, "inherit": {"inherit": "true"},
         "asha+inherit": {"discard": '"asha"', "inherit": "true"}}
 
@@ -44,14 +47,15 @@ def run(config: Path, run_dir: Path, n: int) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"{config} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     records = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
-    done = [r for r in records if "event" not in r and r.get("status") == "ok"]
+    done = [r for r in records if "event" not in r and MemberRecord.from_json(r).status.evaluated]
     curve, best = [], -1.0
     for r in sorted(done, key=lambda r: r["received"]):
-        if not r.get("discarded"):
+        if MemberRecord.from_json(r).ok:
             best = max(best, r["val"]["accuracy"])
         curve.append((r["received"] - launched, best))
     summary = json.loads((run_dir / "ensemble.json").read_text())
-    return {"evaluations": len(done), "discarded": sum(bool(r.get("discarded")) for r in done),
+    return {"evaluations": len(done),
+            "discarded": sum(MemberRecord.from_json(r).status is Status.DISCARDED for r in done),
             "inherited": sum(bool((r.get("inherited") or {}).get("layers")) for r in done),
             "best_val": best, "curve": curve, "best_test": summary["best_member"]["test"]["accuracy"],
             "ensemble_test": summary["ensemble"]["test"]["accuracy"]}

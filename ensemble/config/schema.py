@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ensemble.config.typed import ArchitectureConfig, RunConfig, TrainConfig
-from ensemble.config.vocabulary import (CALIBRATIONS, LOSSES, METRICS, OPTIMIZERS, TASKS, calibration_problem,
+from ensemble.config.vocabulary import (CALIBRATIONS, LOSSES, METRICS, MODES, OPTIMIZERS, TASKS, calibration_problem,
                                         check_layer, gaussian_head, suggest)
 
 
@@ -170,7 +170,7 @@ SCHEMA = Table({
     "name": Key((str,), None, lambda v: None if v and "/" not in v else "must be a non-empty name without '/'",
                 doc="the run's name: its directory is `output_dir/name` (suffixed -2, -3 if that holds a run); "
                     "unset: the config file's name"),
-    "mode": Key((str,), "ensemble", _one_of("ensemble", "evolve", "pbt"),
+    "mode": Key((str,), "ensemble", _one_of(*MODES),
                 doc="\"ensemble\": train the `[[architectures]]` listed; \"evolve\": search architectures "
                     "(`[evolve]`, `[search]`); \"pbt\": a population that trains round by round and copies "
                     "its best members' weights into its worst (`[pbt]`)"),
@@ -353,9 +353,12 @@ SCHEMA = Table({
                               doc="longest nap, in seconds, between polls of a waiting rank (MPI waits probe "
                                   "and sleep instead of spinning a core)"),
         # "keras" trains; "rehearsal" sleeps instead (no TensorFlow): sizes and tests the control plane
-        "trainer": Key((str,), "keras", _one_of("keras", "rehearsal"),
+        "trainer": Key((str,), "keras", lambda v: None if v in ("keras", "rehearsal") or _model_ref(v) is None
+                       else 'must be "keras", "rehearsal" or a trainer factory "package.module:function"',
                        doc="\"keras\" trains; \"rehearsal\" sleeps instead (no TensorFlow, see `[rehearsal]`): "
-                           "sizes and tests the control plane"),
+                           "sizes and tests the control plane; or your own trainer, \"package.module:function\", "
+                           "called as `function(cfg, meta, data, run_dir, rank, group)` on every worker and "
+                           "returning `train(spec, report) -> record` (docs/architecture.md, the Trainer seam)"),
         "specs_in_hand": Key((str, int), "auto", lambda v: None if v == "auto" or (
             isinstance(v, int) and v > 0) else 'must be "auto" or a positive integer',
             doc="member specs a worker holds ahead, so it starts the next one without a round trip to the "

@@ -260,7 +260,9 @@ class RuntimeConfig(Section):
     #: spinning a core)
     poll_max_sleep: float
     #: "keras" trains; "rehearsal" sleeps instead (no TensorFlow, see `[rehearsal]`): sizes and tests the
-    #: control plane
+    #: control plane; or your own trainer, "package.module:function", called as `function(cfg, meta, data,
+    #: run_dir, rank, group)` on every worker and returning `train(spec, report) -> record`
+    #: (docs/architecture.md, the Trainer seam)
     trainer: str
     #: member specs a worker holds ahead, so it starts the next one without a round trip to the master;
     #: "auto": by how long members take

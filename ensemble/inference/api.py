@@ -10,6 +10,7 @@ data file: a DataFrame or structured array (columns matched by name), or a plain
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +18,9 @@ from ensemble.inference.combine import predict_arrays, score
 from ensemble.inference.inputs import data_input, encode_targets
 from ensemble.inference.load import EnsembleRun, load_run
 from ensemble.inference.outputs import prediction_frame
+
+if TYPE_CHECKING:
+    from ensemble.config import RunConfig
 
 
 class Ensemble:
@@ -40,8 +44,9 @@ class Ensemble:
         return self._run.task
 
     @property
-    def config(self) -> dict:
-        """The run's resolved config (every default filled in), as ``config.toml`` holds it."""
+    def config(self) -> RunConfig:
+        """The run's resolved config (every default filled in), as ``config.toml`` holds it:
+        typed and read-only (``ens.config.train.epochs``; ``.to_dict()`` for the plain tables)."""
         return self._run.config
 
     @property
@@ -111,10 +116,10 @@ class Ensemble:
         if not (self.path / rd.SPLITS).is_file():
             raise FileNotFoundError(f"{self.path / rd.SPLITS} does not exist: the run was written before "
                                     "splits were saved")
-        x, y, _ = read_dataset(self.config["data"])
+        x, y, _ = read_dataset(self.config.data)
         rows = rd.load_splits()[split]
         if rows.size and rows.max() >= len(x):
-            raise ValueError(f"the data {self.config['data']['source']!r} has {len(x)} rows, fewer than the "
+            raise ValueError(f"the data {self.config.data.source!r} has {len(x)} rows, fewer than the "
                              f"run's split refers to: it is not the file the run trained on")
         return np.asarray(x)[rows], np.asarray(y)[rows]
 

@@ -47,7 +47,7 @@ def build_ensemble_model(run: EnsembleRun):
     configure_tensorflow(1)
     shape = run.input_shape
     flat = int(np.prod(shape))
-    raw_shape = (flat,) if run.config["data"].get("reshape") else shape
+    raw_shape = (flat,) if run.config.data.reshape else shape
     inputs = keras.Input(shape=raw_shape, name="features")
     z = inputs if len(raw_shape) == 1 else keras.layers.Flatten(name="flatten_features")(inputs)
     z = _normalize(z, run.shift, run.scale)

@@ -18,11 +18,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
 from ensemble.inference.load import EnsembleRun, PredictError
+
+if TYPE_CHECKING:
+    from ensemble.config import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +110,7 @@ def frame_input(run: EnsembleRun, frame, source: str = "the DataFrame", label: s
     beside the table, e.g. an HDF5 ``data.y`` dataset) is used if given.
     """
     import pandas as pd
-    label = run.config["data"]["label"] if label is None else label
+    label = run.config.data.label if label is None else label
     cols = columns or match_columns(run, frame.columns, source, label, keep)
     by_name = {str(c): c for c in frame.columns}
     bad = [f"{f!r} ({frame[by_name[f]].dtype})" for f in cols.features
@@ -158,16 +161,14 @@ def data_input(run: EnsembleRun, data, label: str | None = None, keep: Iterable[
 
 
 def input_settings(run: EnsembleRun, source: str, fmt: str | None = None, x: str | None = None,
-                   y: str | None = None, label: str | None = None) -> dict:
-    """The run's ``[data]`` table with ``source`` (and any overrides) for a file to predict on."""
+                   y: str | None = None, label: str | None = None) -> DataConfig:
+    """The run's ``[data]`` settings with ``source`` (and any overrides) for a file to predict on."""
     from datafeed.readers import BUILTINS, SUFFIXES
-    data = dict(run.config["data"], source=str(source))
+    data = run.config.data
     detectable = source in BUILTINS or Path(source).suffix.lower() in SUFFIXES
-    data["format"] = fmt or ("auto" if detectable else data.get("format", "auto"))
-    for key, value in (("x", x), ("y", y), ("label", label)):
-        if value is not None:
-            data[key] = value
-    return data
+    changes = {"source": str(source), "format": fmt or ("auto" if detectable else data.format)}
+    changes.update({key: value for key, value in (("x", x), ("y", y), ("label", label)) if value is not None})
+    return data.replace(**changes)
 
 
 def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input") -> np.ndarray:
@@ -192,7 +193,7 @@ def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input")
                            "same features as in training")
     squeeze = tuple(d for d in shape if d != 1)
     if sample not in ((width,), shape) and tuple(d for d in sample if d != 1) != squeeze \
-            and not run.config["data"].get("reshape"):
+            and not run.config.data.reshape:
         raise PredictError(f"{source} has samples of shape {list(sample)}, but the ensemble was trained on "
                            f"input shape {list(shape)}; give samples of that shape or flat ({width} values)")
     bad = ~np.isfinite(x.reshape(len(x), -1).astype(np.float64))
@@ -265,12 +266,12 @@ def load_input(run: EnsembleRun, source: str, fmt: str | None = None, x: str | N
             return _read_table(run, data, kind, keep, name)
         frame = _pandas_hdf5(data, name) if kind == "hdf5" else None
         if frame is not None:
-            return frame_input(run, frame, name, data["label"], keep)
+            return frame_input(run, frame, name, data.label, keep)
         x_raw, y_raw, _ = read_dataset(data, require_y=False)
     except DataError as exc:
         raise _cli_error(exc) from None
     if x_raw.dtype.names:                        # a compound dataset / structured array: named fields
-        return frame_input(run, structured_frame(x_raw, name), name, data["label"], keep, y_raw)
+        return frame_input(run, structured_frame(x_raw, name), name, data.label, keep, y_raw)
     if keep:
         raise PredictError(f"--keep {', '.join(keep)}: {name} holds a plain array ({kind}) without column "
                            "names, so there is no column to keep; use a CSV/Parquet file or a compound "
@@ -286,31 +287,31 @@ def read_input(run: EnsembleRun, source: str, fmt: str | None = None, x: str | N
     return got.x, got.y
 
 
-def _read_table(run: EnsembleRun, data: dict, kind: str, keep: list[str], source: str) -> PredictInput:
+def _read_table(run: EnsembleRun, data: DataConfig, kind: str, keep: list[str], source: str) -> PredictInput:
     """CSV/Parquet: names from the header, then only the columns used; kept CSV columns that are
     not features are read as text, exactly as written (leading zeros stay)."""
     import pandas as pd
-    path = data["source"]
+    path = data.source
     if kind == "csv":
         header = pd.read_csv(path, nrows=0).columns
     else:
         import pyarrow.parquet as pq
         header = pq.read_schema(path).names
-    cols = match_columns(run, header, source, data["label"], keep)
+    cols = match_columns(run, header, source, data.label, keep)
     if kind == "csv":
         text = {k: str for k in cols.keep if k not in cols.features and k != cols.label}
         frame = pd.read_csv(path, usecols=cols.wanted(), dtype=text)
     else:
         frame = pd.read_parquet(path, columns=cols.wanted())
-    return frame_input(run, frame, source, data["label"], columns=cols)
+    return frame_input(run, frame, source, data.label, columns=cols)
 
 
-def _pandas_hdf5(data: dict, source: str):
+def _pandas_hdf5(data: DataConfig, source: str):
     """The DataFrame of a pandas HDF5 table (``df.to_hdf``) at ``data.x``, or None for a dataset."""
     import h5py
     try:
-        with h5py.File(data["source"], "r") as f:
-            node = f.get(data["x"])
+        with h5py.File(data.source, "r") as f:
+            node = f.get(data.x)
             is_pandas = isinstance(node, h5py.Group) and "pandas_type" in node.attrs
     except OSError:
         return None                              # not HDF5: the reader says so
@@ -319,23 +320,23 @@ def _pandas_hdf5(data: dict, source: str):
     try:
         import tables  # noqa: F401 - pandas reads its HDF5 tables through PyTables
     except ImportError:
-        raise PredictError(f"{source}: {data['x']!r} is a pandas HDF5 table (written by DataFrame.to_hdf), "
+        raise PredictError(f"{source}: {data.x!r} is a pandas HDF5 table (written by DataFrame.to_hdf), "
                            "which needs the `tables` package to read, and it is not installed; install it "
                            "(pip install tables), or give the table as Parquet/CSV or as an HDF5 compound "
                            "dataset (h5py)") from None
     import pandas as pd
-    return pd.read_hdf(data["source"], key=data["x"])
+    return pd.read_hdf(data.source, key=data.x)
 
 
 def _test_split(run: EnsembleRun) -> tuple[np.ndarray, np.ndarray]:
     from datafeed.prepare import prepare
     from datafeed.readers import read_dataset
-    data = run.config["data"]
+    data = run.config.data
     x, y, info = read_dataset(data)
-    arrays, _ = prepare(x, y, info, data, run.config["seed"])
+    arrays, _ = prepare(x, y, info, data, run.config.seed)
     if arrays["x_mean"].shape != run.shift.shape or not (
             np.allclose(arrays["x_mean"], run.shift) and np.allclose(arrays["x_scale"], run.scale)):
-        raise PredictError(f"the training data {data['source']!r} has changed since the run: its "
+        raise PredictError(f"the training data {data.source!r} has changed since the run: its "
                            "normalisation differs from normalization.npz, so --data test cannot "
                            "regenerate the run's test split")
     return arrays["x_test"], arrays["y_test"]

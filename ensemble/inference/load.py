@@ -8,13 +8,16 @@ broken run fails here with a message that says what to do, before any model is l
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ensemble.results.rundir import RunDirectory
+
+if TYPE_CHECKING:
+    from ensemble.config import RunConfig
 
 
 class PredictError(ValueError):
@@ -36,7 +39,7 @@ class Member:
 class EnsembleRun:
     """What prediction needs from a run directory; small, picklable, no TensorFlow."""
     path: str
-    config: dict
+    config: RunConfig
     meta: dict
     members: tuple[Member, ...]
     shift: np.ndarray
@@ -94,8 +97,11 @@ def load_run(run_dir: str | Path) -> EnsembleRun:
             raise PredictError(f"{str(path / name)!r} does not exist: {why}")
     summary = _read_json(path / rd.ENSEMBLE)
     meta = _read_json(path / rd.DATA)
-    from ensemble.config import resolve_config
-    config = resolve_config(tomllib.loads((path / rd.CONFIG).read_text()), saved=True)   # defaults back in
+    from ensemble.config import ConfigError, read_saved_config
+    try:
+        config = read_saved_config(path / rd.CONFIG)                 # defaults back in
+    except ConfigError as exc:
+        raise PredictError(str(exc)) from None
     shift, scale = (a.astype(np.float32) for a in rd.load_normalization())
     entries = [m for m in summary.get("members", []) if float(m.get("weight", 0.0)) > 0]
     total = sum(float(m["weight"]) for m in entries)

@@ -103,7 +103,7 @@ def check_pbt_start(cfg: dict, meta: dict, found: Problems) -> list[dict]:
     """``pbt.start``: the evolve run whose best candidates start the population must be there."""
     from ensemble.sources.population import search_winners
     try:
-        search_winners(cfg["pbt"]["start"], 1, meta, cfg["train"])
+        search_winners(cfg.pbt.start, 1, meta, cfg.train.to_dict())
         print(f"\nStarting population: the best candidates of {cfg['pbt']['start']}")
     except (ConfigError, ValueError) as exc:
         found.add(str(exc), "pbt.start")
@@ -186,7 +186,7 @@ def check_architectures(cfg: dict, arrays: dict, meta: dict, found: Problems) ->
             print(f"  {arch['name']}: not built (see the problems)")
             continue
         spec = {"layers": arch["layers"], "model": arch["model"], "params": arch["params"],
-                **member_train_settings(cfg, arch)}
+                **member_train_settings(cfg, arch).to_dict()}
         if arch["layers"]:
             msg = check_input_rank(arch["layers"], meta["input_shape"], f"{where}.layers")
             if msg:

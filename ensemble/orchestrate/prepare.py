@@ -8,7 +8,7 @@ import shutil
 import tomllib
 from pathlib import Path
 
-from ensemble.config import ConfigError, dump_toml, resolve_config
+from ensemble.config import ConfigError, RunConfig, dump_toml, read_saved_config
 from ensemble.config.schema import check_task_settings
 from ensemble.results.rundir import RunDirectory
 
@@ -46,7 +46,7 @@ def prepare_run(cfg: dict, args) -> tuple[dict, dict, RunDirectory]:
         check_search(cfg, meta)
     if cfg["mode"] == "pbt" and cfg["pbt"]["start"]:      # the evolve run that starts the population
         from ensemble.sources.population import search_winners
-        search_winners(cfg["pbt"]["start"], 1, meta, cfg["train"])
+        search_winners(cfg.pbt.start, 1, meta, cfg.train.to_dict())
     run_dir = RunDirectory(choose_run_dir(cfg, args))
     if args.resume:
         check_same_run(cfg, run_dir)
@@ -82,7 +82,7 @@ def check_builds(cfg: dict, arrays: dict, meta: dict) -> None:
     configure_tensorflow(cfg["runtime"]["threads"])
     for i, arch in builders:
         spec = {"layers": arch["layers"], "model": arch["model"], "params": arch["params"],
-                **member_train_settings(cfg, arch)}
+                **member_train_settings(cfg, arch).to_dict()}
         x = arrays["x_train"][:min(spec["batch_size"], BUILD_CHECK_BATCH)]
         try:
             check_architecture(spec, x, meta["n_outputs"], meta["task"])
@@ -93,15 +93,15 @@ def check_builds(cfg: dict, arrays: dict, meta: dict) -> None:
 RESULT_SETTINGS = ("mode", "seed", "data", "train", "architectures", "evolve", "search", "pbt", "ensemble")
 
 
-def check_same_run(cfg: dict, run_dir: RunDirectory | Path) -> None:
+def check_same_run(cfg: RunConfig, run_dir: RunDirectory | Path) -> None:
     """--resume must not mix members of two different configs in one run."""
     run_dir = RunDirectory(run_dir) if not isinstance(run_dir, RunDirectory) else run_dir
     saved_path = run_dir / run_dir.CONFIG
     if not saved_path.exists():
         return
-    saved = resolve_config(tomllib.loads(saved_path.read_text()), saved=True)
+    saved, given = read_saved_config(saved_path).to_dict(), cfg.to_dict()
     for key in RESULT_SETTINGS:
-        if _comparable(key, saved[key]) != _comparable(key, cfg[key]):
+        if _comparable(key, saved[key]) != _comparable(key, given[key]):
             raise ConfigError(f"--resume: `{key}` differs from the run's saved config.toml in "
                               f"{str(run_dir.path)!r}; resume with the config the run started with "
                               "(only [runtime] settings may change)")

@@ -12,22 +12,23 @@ import math
 import time
 from collections.abc import Callable
 
+from ensemble.results.records import MemberRecord, Status
 from ensemble.task.metrics import higher_is_better
 
 log = logging.getLogger(__name__)
 
 
-def result_line(result: dict, done: int, total: int | None, metric: str, elapsed: float) -> str:
-    head = f"[{done:>4}/{total if total else '?'}] {result['id']:<24}"
-    if result["status"] == "ok":
-        val = result["val"].get(metric, float("nan"))
-        body = (f"val {metric} {val:.4f}  {result['epochs']:>3} epochs  {result['params']:>8} params  "
-                f"{result['train_seconds']:6.1f} s")
-        if result.get("discarded"):
-            body += f"  discarded ({result['discarded']['rule']} at epoch {result['discarded']['epoch']})"
-    else:
-        body = f"FAILED {result['error']['kind']}: {result['error']['message']}"     # whole: it says what to fix
-    return f"{head} {body}  rank {result.get('rank')}  +{elapsed:6.1f} s"
+def result_line(result: MemberRecord, done: int, total: int | None, metric: str, elapsed: float) -> str:
+    head = f"[{done:>4}/{total if total else '?'}] {result.id:<24}"
+    if result.status.evaluated:
+        val = result.val.get(metric, float("nan"))
+        body = (f"val {metric} {val:.4f}  {result.epochs or 0:>3} epochs  {result.params or 0:>8} params  "
+                f"{result.train_seconds or 0.0:6.1f} s")
+        if result.discarded:
+            body += f"  discarded ({result.discarded['rule']} at epoch {result.discarded['epoch']})"
+    else:                                                   # whole: the message says what to fix
+        body = f"{result.status.label.upper()} {result.error_kind}: {result.error_message}"
+    return f"{head} {body}  rank {result.rank}  +{elapsed:6.1f} s"
 
 
 def _duration(seconds: float) -> str:
@@ -45,7 +46,7 @@ class Progress:
     def __init__(self, total: int | None, metric: str, workers: int, done: int = 0, lines: int = 100,
                  every: float = 10.0, clock: Callable[[], float] = time.time):
         self.total, self.metric, self.workers = total, metric, max(1, workers)
-        self.done, self.failed, self.new = done, 0, 0
+        self.done, self.failed, self.discarded, self.new = done, 0, 0, 0
         self.handed = 0                                  # specs this job handed out
         self.best: dict | None = None                    # {"id", "value"} on the validation metric
         self.higher = higher_is_better(metric)
@@ -64,27 +65,28 @@ class Progress:
         workers, both from specs out and not back; queued (None for an open-ended search)."""
         out = self.handed - self.new
         running = min(out, self.workers)
-        return {"done": self.done, "failed": self.failed, "running": running, "held_ahead": out - running,
+        return {"done": self.done, "failed": self.failed, "discarded": self.discarded, "running": running, "held_ahead": out - running,
                 "queued": None if self.total is None else max(0, self.total - self.done - running),
                 "best": self.best}
 
-    def _observe_best(self, r: dict) -> None:
-        value = r.get("val", {}).get(self.metric) if r.get("status") == "ok" else None
+    def _observe_best(self, r: MemberRecord) -> None:
+        value = r.metric(self.metric) if r.status.ranked else None
         if value is None or not math.isfinite(value):
             return
         if self.best is None or (value > self.best["value"] if self.higher else value < self.best["value"]):
-            self.best = {"id": r["id"], "value": value}
+            self.best = {"id": r.id, "value": value}
 
-    def add(self, results: list[dict]) -> None:
+    def add(self, results: list[MemberRecord]) -> None:
         now = self.clock()
         for r in results:
             self.done += 1
             self.new += 1
-            self.failed += r.get("status") != "ok"
+            self.failed += not r.status.evaluated
+            self.discarded += r.status is Status.DISCARDED
             self._observe_best(r)
-            if "started" in r:
-                self.first_start = r["started"] if self.first_start is None else min(self.first_start, r["started"])
-                self.trained += r["ended"] - r["started"]
+            if r.started is not None and r.ended is not None:
+                self.first_start = r.started if self.first_start is None else min(self.first_start, r.started)
+                self.trained += r.ended - r.started
             if self.per_result or log.isEnabledFor(logging.DEBUG):
                 line = result_line(r, self.done, self.total, self.metric, now - self.t0)
                 log.log(logging.INFO if self.per_result else logging.DEBUG, line)

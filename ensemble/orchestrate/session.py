@@ -1,6 +1,13 @@
-"""The two sides of a run once the config is valid and the data is shared: the master
-(rank 0) and the workers. Kept apart from ``ensemble.run`` so the entry point stays a
-thin sequence of steps and these pieces can be driven from tests without a command line.
+"""One master session for real and simulated runs, and the workers' side.
+
+``MasterSession`` is the master (rank 0) of every run: it reads the journal on resume,
+asks the run's mode for its Source and Decider, binds them to the journal and the
+executor (``Hooks``), journals the segment's ``open`` and ``close`` events, runs the
+dispatch loop with the budget, retention and progress, and selects and writes the
+ensemble. What differs between a real and a simulated run is injected: the executor
+(serial, MPI, or ``orchestrate.simulate.SimExecutor``), the clock (the wall clock or a
+virtual one) and whether a heartbeat (``status.json``) is kept. So ``ensemble.simulate``
+runs any config the real run accepts: early discarding, PBT rounds, retention.
 """
 
 from __future__ import annotations
@@ -9,133 +16,59 @@ import logging
 import socket
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
+from typing import Any
 
 import numpy as np
 
+from ensemble.config import RunConfig
+from ensemble.modes import Mode, RunContext, make_trainer, mode_of
 from ensemble.orchestrate.dispatch import dispatch
 from ensemble.orchestrate.progress import Progress
 from ensemble.results.artifacts import Artifacts
+from ensemble.results.events import Event, close_event, open_event
 from ensemble.results.heartbeat import Heartbeat
+from ensemble.results.journal import Journal
+from ensemble.results.records import MemberRecord
 from ensemble.results.report import report_line
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.summary import finalize, format_comparison
 from ensemble.results.timeline import format_stats, run_stats
 from ensemble.runtime.budget import RunBudget
+from ensemble.runtime.executor import Executor, MpiExecutor, SerialExecutor, serve
 from ensemble.runtime.scheduler import job_end_time
-from ensemble.runtime.executor import MpiExecutor, SerialExecutor, go_on, serve
-from ensemble.sources import SpecList, member_count, member_specs
-from ensemble.sources.discard import EarlyDiscard
+from ensemble.sources.base import Hooks
 from ensemble.task import get_task
 
 log = logging.getLogger(__name__)
 
-
-def make_trainer(cfg: dict, meta: dict, data, run_dir: RunDirectory, rank: int, group=None, comm=None):
-    """A function (spec, report) -> journal record that trains on this rank: Keras (imports
-    TensorFlow once) or, with ``runtime.trainer = "rehearsal"``, a sleeping stand-in. In
-    mode "pbt" a member trains round by round and its state travels on ``comm``."""
-    from ensemble.train.member import guarded
-    if cfg["runtime"]["trainer"] == "rehearsal":
-        from ensemble.train.rehearsal import RehearsalTrainer
-        rehearse = RehearsalTrainer(cfg, meta, data, leader=group is None or group.Get_rank() == 0)
-        return lambda spec, report: guarded(lambda: rehearse(spec, report), spec, rank)
-    from ensemble.runtime.env import configure_tensorflow
-    from ensemble.train.member import run_member
-    rt = cfg["runtime"]
-    configure_tensorflow(rt["threads"], rt["precision"], rt["jit_compile"], rt["deterministic"])
-    if group is not None and group.Get_size() == 1:
-        group = None                                  # G = 1: no communication at all
-    if cfg["mode"] == "pbt":
-        from ensemble.train.population import train_population_member
-        sleep = rt["poll_max_sleep"]
-        return lambda spec, report: guarded(lambda: train_population_member(
-            spec, data, meta, run_dir, comm, group, report, sleep), spec, rank)
-    if packs(cfg) and group is None:
-        return packing_trainer(cfg, data, meta, run_dir, rank)
-    return lambda spec, report: run_member(spec, data, meta, run_dir, rank, group, report)
+#: ``runtime.trainer`` of a run whose members are trained for real (not rehearsed)
+KERAS = "keras"
 
 
-def packs(cfg: dict) -> bool:
-    """Whether workers pack members (``runtime.members_per_rank`` > 1): in mode "ensemble", in
-    float32. A search does not: it would breed two packs' worth of candidates per worker
-    before their parents are trained (and candidates that report to the master, as early
-    discarding needs, cannot pack); a population trains one member per group."""
-    rt = cfg["runtime"]
-    return rt["members_per_rank"] > 1 and cfg["mode"] == "ensemble" and rt["precision"] == "float32"
+def history_of(lines: list[dict]) -> list[MemberRecord | Event]:
+    """The journal's lines as typed records and events, in order (unknown events dropped)."""
+    out: list[MemberRecord | Event] = []
+    for line in lines:
+        if "event" in line:
+            event = Event.from_json(line)
+            if event is not None:
+                out.append(event)
+        elif "id" in line:
+            out.append(MemberRecord.from_json(line))
+    return out
 
 
-def packing_trainer(cfg: dict, data, meta: dict, run_dir: RunDirectory, rank: int):
-    """``runtime.members_per_rank = K``: a trainer that trains one spec as usual and, through
-    ``train_many``, up to K specs of equal ``pack_key`` packed into one graph
-    (``ensemble.train.packed``); ``serve`` packs what the worker holds."""
-    from ensemble.train.member import run_member
-    from ensemble.train.packed import pack_key, train_packed
-
-    def train(spec, report):
-        return run_member(spec, data, meta, run_dir, rank, None, report)
-
-    def train_many(specs):
-        try:
-            records = train_packed(specs, data, meta, run_dir, rank)
-        except Exception as exc:              # noqa: BLE001 - a pack that cannot train: one by one instead
-            log.warning(f"rank {rank}: packing {len(specs)} members failed ({type(exc).__name__}: {exc}); "
-                        "training them one by one")
-            return [run_member(spec, data, meta, run_dir, rank) for spec in specs]
-        for spec, record in zip(specs, records):
-            record.update({k: spec[k] for k in ("genome", "summary") if k in spec})
-        return records
-    train.pack, train.pack_key, train.train_many = cfg["runtime"]["members_per_rank"], pack_key, train_many
-    return train
+def in_hand(cfg: RunConfig, mode: Mode) -> int | None:
+    """Specs a worker holds ahead (None: auto); a worker that packs holds a pack in
+    training and the next one in hand."""
+    rt = cfg.runtime
+    hand = None if rt.specs_in_hand == "auto" else int(rt.specs_in_hand)
+    return max(2 * rt.members_per_rank, hand or 1) if mode.packs(cfg) else hand
 
 
-def make_source(cfg: dict, meta: dict, run_dir: RunDirectory, lines: list[dict], lost: set[str] = frozenset(),
-                workers: int = 1):
-    """(spec source, members expected or None) for the config's mode, from the journal's
-    ``lines`` so far (records and events, in order); members in ``lost`` (finished, but
-    their kept artifacts are gone) are trained again. ``workers``: the slots members train
-    in (a population has at most one member per slot)."""
-    if cfg["mode"] == "pbt":
-        from ensemble.sources.population import PopulationSource
-        source = PopulationSource(cfg, meta, run_dir, lines, workers)
-        return source, source.total
-    if cfg["mode"] == "evolve":
-        from ensemble.sources.search import SearchSource
-        source = SearchSource(cfg, meta, run_dir, lines, lost)
-        return source, source.total
-    done = {r["id"] for r in lines if "event" not in r and r.get("status") == "ok"} - set(lost)
-    return SpecList(member_specs(cfg, done), done), member_count(cfg)
-
-
-def make_artifacts(cfg: dict, meta: dict, run_dir: RunDirectory, metric: str) -> Artifacts:
-    """The run's retention (``ensemble.candidates``, ``ensemble.keep_models``); a
-    multi-objective search also keeps its Pareto front's models."""
-    objectives = None
-    if cfg["mode"] == "evolve":
-        from ensemble.sources.search import pareto_objectives
-        objectives = pareto_objectives(cfg, meta)
-    ens = cfg["ensemble"]
-    return Artifacts(run_dir, metric, ens["candidates"], ens["keep_models"], objectives)
-
-
-def in_hand(runtime: dict) -> int | None:
-    """``runtime.specs_in_hand`` for the executor: None is auto."""
-    return None if runtime["specs_in_hand"] == "auto" else runtime["specs_in_hand"]
-
-
-def open_event(cfg: dict, executor, ranks: int, job_started: float, command: list[str] | None = None) -> dict:
-    """The journal line that starts a segment: when, on how many workers (see results.timeline),
-    and how the job was started (command line, versions: the report's "how the run was made")."""
-    from ensemble.runtime.env import environment
-    from ensemble.runtime.mpi import library_version
-    rt = cfg["runtime"]
-    return {"event": "open", "time": round(time.time(), 4), "job_started": round(job_started, 4),
-            "workers": executor.workers, "group_size": rt["group_size"], "ranks": ranks,
-            "host": socket.gethostname(), "trainer": rt["trainer"], "specs_in_hand": rt["specs_in_hand"],
-            "environment": environment(command if command is not None else sys.argv[1:], library_version())}
-
-
-def baseline_section(meta: dict, data, seed: int) -> dict:
+def baseline_section(meta: dict, data: Any, seed: int) -> dict:
     """The linear baseline's row for ensemble.json (``task.baseline``); never fails the run."""
     from ensemble.task.baseline import NAMES, linear_baseline
     try:
@@ -144,136 +77,193 @@ def baseline_section(meta: dict, data, seed: int) -> dict:
         return {"model": NAMES.get(meta["task"], "linear model"), "skipped": f"{type(exc).__name__}: {exc}"}
 
 
-def run_master_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, resume: bool,
-                    leaders: list[int], job_started: float | None = None, command: list[str] | None = None,
-                    master_trains: bool = False) -> int:
-    """Rank 0: schedule members, journal results, build and report the ensemble. ``command``:
-    the job's arguments, for the journal (default ``sys.argv[1:]``); ``master_trains``: rank 0
-    also trains, in a thread (``runtime.executor.LocalWorker``)."""
-    t0 = time.monotonic()
-    job_started = time.time() if job_started is None else job_started
-    t_resume = time.perf_counter()
-    lines = run_dir.read_lines() if resume else []
-    previous = [x for x in lines if "event" not in x]
-    events = [x for x in lines if "event" in x]
-    metric = get_task(meta["task"]).default_metric(cfg["ensemble"]["metric"])
-    artifacts = make_artifacts(cfg, meta, run_dir, metric)
-    lost = artifacts.restore(lines) if resume else set()
-    done_ids = {r["id"] for r in previous if r.get("status") == "ok"} - lost
-    source, total = make_source(cfg, meta, run_dir, lines, lost, workers=len(leaders) + master_trains or 1)
-    del lines
-    resume_seconds = round(time.perf_counter() - t_resume, 3)
-    rt = cfg["runtime"]
-    group_size = rt["group_size"]
-    log.info(f"run {run_dir.path}: {meta['task']} on {meta['sizes']} samples, {total or '?'} members, "
-             f"{len(leaders) or 'no'} {'groups of ' + str(group_size) + ' ranks' if group_size > 1 else 'workers'}"
-             f"{' (serial)' if not leaders else ''}{' and the master' if master_trains else ''}"
-             + (f", resuming with {len(done_ids)} finished (state read in {resume_seconds:.1f} s)"
-                if resume else "")
-             + (" [rehearsal: members sleep, nothing is trained]" if rt["trainer"] == "rehearsal" else ""))
-    records = list(previous)
-    if leaders:
-        local = (lambda: make_trainer(cfg, meta, data, run_dir, 0)) if master_trains else None
-        hand = in_hand(rt) if not packs(cfg) else \
-            max(2 * rt["members_per_rank"], in_hand(rt) or 1)     # a pack in training, the next one in hand
-        executor = MpiExecutor(comm, leaders, rt["poll_max_sleep"], hand, local=local,
-                               block=rt["members_per_rank"] if packs(cfg) else 1)
-    else:
-        executor = SerialExecutor(lambda: make_trainer(cfg, meta, data, run_dir, 0))
-    budget = RunBudget(rt["time_limit"], rt["finish_reserve"], rt["max_failed_share"], end_time=job_end_time())
-    progress = Progress(total, metric, executor.workers, len(done_ids), rt["progress_lines"],
-                        rt["progress_seconds"])
-    beat = Heartbeat(run_dir.path, rt["progress_seconds"], progress.counts, job_started=round(job_started, 3),
-                     total=total, workers=executor.workers, metric=metric, deadline=budget.deadline,
-                     time_limit=rt["time_limit"], resumed_with=len(done_ids))
+class MasterSession:
+    """Rank 0 of a run (real or simulated). ``executor`` trains; ``clock`` is the master's;
+    ``budget`` must use the same clock; ``heartbeat``: keep ``status.json`` (a real job);
+    ``predictions``: members return predictions, so an ensemble is selected."""
 
-    def idle() -> None:
-        journal.sync_if_due()
-        beat.beat()
-    with beat, run_dir.journal(rt["journal_sync_seconds"], before_sync=artifacts.store.sync) as journal:
-        opened = open_event(cfg, executor, comm.Get_size(), job_started, command)
-        if resume:
-            opened["resume_seconds"] = resume_seconds
-        journal.event(opened)
-        if cfg["mode"] == "evolve":
-            source.on_issue = journal.append      # each candidate's genome as it goes out: resume re-issues it
-        decide = go_on
-        discard = EarlyDiscard.from_config(cfg, metric)
-        if discard is not None:                   # the search stops candidates that cannot reach the top
-            discard.replay(previous)
-            decide, source.discard = discard.decide, discard
-        if cfg["mode"] == "pbt":                  # rounds: the lineage is on disk before anyone is answered
-            source.on_round, source.answer, source.deadline = journal.event, executor.answer, budget.deadline
-            decide = source.decide
+    def __init__(self, cfg: RunConfig, meta: dict, data: Any, run_dir: RunDirectory, executor: Executor,
+                 budget: RunBudget, *, resume: bool = False, clock: Callable[[], float] = time.time,
+                 heartbeat: bool = True, predictions: bool = True, open_fields: dict | None = None,
+                 job_started: float | None = None, serial: bool = False, master_trains: bool = False):
+        self.cfg, self.meta, self.data, self.run_dir = cfg, meta, data, run_dir
+        self.executor, self.budget, self.clock = executor, budget, clock
+        self.resume, self.keep_beat, self.predictions, self.serial = resume, heartbeat, predictions, serial
+        self.master_trains = master_trains
+        self.mode = mode_of(cfg)
+        self.job_started = clock() if job_started is None else job_started
+        self.open_fields = open_fields or {}
+        self.records: list[MemberRecord] = []
+        self.events: list[dict] = []
+        self.account: dict = {}
 
-        def on_results(results: list[dict]) -> None:
-            released = artifacts.accept(results)          # candidates' arrays to the store
-            journal.extend(results + released)
-            artifacts.remove_released()                   # after the line that says so
-            records.extend(results)
-            for result in results:
-                budget.observe(result)
-            progress.add(results)
-            beat.beat(late=True)        # a loop never idle (results always waiting) still beats, if less often
-        # a serial master trains the members itself, with no idle moments: a thread beats for it
-        with beat.kept_alive("running") if not leaders else nullcontext():
-            account = dispatch(executor, source, on_results, should_stop=budget.should_stop,
-                               adjust=lambda spec: progress.hand_out(artifacts.stamp(budget.cap(
-                                   discard.stamp(spec) if discard is not None else spec))), idle=idle,
-                               decide=decide)
-        closed = {"event": "close", "time": round(time.time(), 4), **account,
-                  "journal_syncs": journal.syncs + 1, "journal_bytes": journal.bytes}
-        if account["master_busy_seconds"] is None:          # the serial master trains: no master share
-            closed["master_wall_seconds"] = None
-        journal.event(closed)
-    events += [opened, closed]
-    with beat.kept_alive("finishing"):
+    # -- the run -----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Dispatch until the source runs dry or the budget ends, then select and write the
+        ensemble. Returns the process's exit code (0, or 4 when too many members failed)."""
+        cfg, rt = self.cfg, self.cfg.runtime
+        t0 = time.monotonic()
+        t_resume = time.perf_counter()
+        lines = self.run_dir.read_lines() if self.resume else []
+        metric = get_task(self.meta["task"]).default_metric(cfg.ensemble.metric)
+        ens = cfg.ensemble
+        artifacts = Artifacts(self.run_dir, metric, ens.candidates, ens.keep_models,
+                              self.mode.pareto(cfg, self.meta))
+        lost = artifacts.restore(lines) if self.resume else set()
+        history = history_of(lines)
+        del lines
+        previous = [x for x in history if isinstance(x, MemberRecord)]
+        self.events = [x.to_json() for x in history if isinstance(x, Event)]
+        done_ids = {r.id for r in previous if r.ok} - lost
+        workers = self.executor.workers
+        source, decider = self.mode.make(RunContext(cfg, self.meta, self.run_dir, history, frozenset(lost),
+                                                    workers, metric))
+        del history
+        total = source.total
+        resume_seconds = round(time.perf_counter() - t_resume, 3)
+        self._announce(total, len(done_ids), resume_seconds if self.resume else None)
+        self.records = list(previous)
+        progress = Progress(total, metric, workers, len(done_ids), rt.progress_lines, rt.progress_seconds,
+                            clock=self.clock)
+        beat = Heartbeat(self.run_dir.path, rt.progress_seconds, progress.counts,
+                         job_started=round(self.job_started, 3), total=total, workers=workers, metric=metric,
+                         deadline=self.budget.deadline, time_limit=rt.time_limit, resumed_with=len(done_ids)) if self.keep_beat else None
+        journal_cm = Journal(self.run_dir.path / self.run_dir.JOURNAL, rt.journal_sync_seconds, clock=self.clock,
+                             before_sync=artifacts.store.sync)
+        with beat if beat is not None else nullcontext(), journal_cm as journal:
+            opened = open_event(workers=workers, group_size=rt.group_size, ranks=self.open_fields.pop("ranks", 1),
+                                host=self.open_fields.pop("host", socket.gethostname()), trainer=rt.trainer,
+                                specs_in_hand=rt.specs_in_hand, job_started=self.job_started, now=self.clock(),
+                                **self.open_fields, **({"resume_seconds": resume_seconds} if self.resume else {}))
+            journal.event(opened)
+            hooks = Hooks(event=journal.event, answer=self.executor.answer, deadline=lambda: self.budget.deadline,
+                          clock=self.clock)
+            source.bind(hooks)
+            decider.bind(hooks)
+
+            def idle() -> None:
+                journal.sync_if_due()
+                if beat is not None:
+                    beat.beat()
+
+            def on_results(records: list[MemberRecord]) -> None:
+                out = [r.to_json() for r in records]
+                released = artifacts.accept(out)              # candidates' arrays to the store
+                journal.extend(out + released)
+                artifacts.remove_released()                   # after the line that says so
+                kept = [MemberRecord.from_json(x) for x in out]   # as journalled: without the arrays
+                self.records.extend(kept)
+                for record in kept:
+                    self.budget.observe(record.status.evaluated, record.train_seconds)
+                progress.add(kept)
+                if beat is not None:
+                    beat.beat(late=True)      # a loop never idle (results always waiting) still beats, if less often
+
+            alive = beat.kept_alive("running") if beat is not None and self.serial else nullcontext()
+            with alive:      # a serial master trains the members itself, with no idle moments: a thread beats
+                self.account = dispatch(
+                    self.executor, source, on_results, decider=decider, should_stop=self.budget.should_stop,
+                    adjust=lambda spec: progress.hand_out(artifacts.stamp(self.budget.cap(spec))), idle=idle,
+                    clock=self.clock)
+            account = dict(self.account)
+            if account["master_busy_seconds"] is None:          # the serial master trains: no master share
+                account["master_wall_seconds"] = None
+            closed = close_event(account, journal_syncs=journal.syncs + 1, journal_bytes=journal.bytes,
+                                 now=self.clock())
+            journal.event(closed)
+            self.journal_bytes = journal.bytes
+        self.events += [opened, closed]
+        with beat.kept_alive("finishing") if beat is not None else nullcontext():
+            return self._finish(source, progress, artifacts, beat, t0)
+
+    def _announce(self, total: int | None, done: int, resume_seconds: float | None) -> None:
+        rt = self.cfg.runtime
+        workers = self.executor.workers - self.master_trains
+        log.info(f"run {self.run_dir.path}: {self.meta['task']} on {self.meta['sizes']} samples, {total or '?'} "
+                 f"members, {workers} {'groups of ' + str(rt.group_size) + ' ranks' if rt.group_size > 1 else 'workers'}"
+                 f"{' (serial)' if self.serial else ''}{' and the master' if self.master_trains else ''}"
+                 + (f", resuming with {done} finished (state read in {resume_seconds:.1f} s)"
+                    if resume_seconds is not None else "")
+                 + (" [rehearsal: members sleep, nothing is trained]" if rt.trainer == "rehearsal" else ""))
+
+    def _finish(self, source, progress: Progress, artifacts: Artifacts, beat: Heartbeat | None, t0: float) -> int:
+        cfg = self.cfg
+        budget, records = self.budget, self.records
         if not progress.per_result:
             log.info(progress.summary())
         code = 0
         if budget.reason:
-            failed = [r for r in records if r.get("status") != "ok"]
-            kinds = sorted({r["error"]["kind"] for r in failed if "error" in r})
+            failed = [r for r in records if not r.status.evaluated]
+            kinds = sorted({r.error_kind for r in failed if r.error_kind})
             log.warning(f"stopped early: {budget.reason}" + (f"\nfailures: {len(failed)} ({', '.join(kinds)})"
                                                              if failed else ""))
             code = 4 if budget.n_failed and "failed" in budget.reason else 0
-        stats = run_stats(records, events)
+        stats = run_stats(records, self.events)
         log.info(format_stats(stats))
-        extra = {"run": stats}
-        if cfg["mode"] == "evolve":
-            extra["search"] = source.finish(records)
-        if cfg["mode"] == "pbt":
-            extra["pbt"] = source.finish()
-            extra["pbt"]["master_report_bytes"] = getattr(executor, "report_bytes", 0)
-        predictions = rt["trainer"] != "rehearsal" or cfg["rehearsal"]["predictions"]
-        if predictions:
-            extra["baseline"] = baseline_section(meta, data, cfg["seed"])
+        extra: dict = {"run": stats, **source.finish(records)}
+        if "pbt" in extra:
+            extra["pbt"]["master_report_bytes"] = self.executor.report_bytes
+        if self.predictions:
+            extra["baseline"] = baseline_section(self.meta, self.data, cfg.seed)
         try:
-            summary = finalize(run_dir, records, cfg, meta, np.asarray(data["y_val"]), np.asarray(data["y_test"]),
-                               extra, ensemble=predictions, artifacts=artifacts, prune=not budget.reason)
+            summary = finalize(self.run_dir, records, cfg, self.meta, np.asarray(self.data["y_val"]),
+                               np.asarray(self.data["y_test"]), extra, ensemble=self.predictions,
+                               artifacts=artifacts, prune=not budget.reason)
         except RuntimeError as exc:
             log.error(f"error: {exc}")
-            beat.final("failed", error=str(exc))
-            log.info(report_line(run_dir.path))              # the failures, listed with their messages
+            if beat is not None:
+                beat.final("failed", error=str(exc))
+            log.info(report_line(self.run_dir.path))              # the failures, listed with their messages
             return code or 1
         finally:
             artifacts.close()
-        if predictions:
+        self.summary = summary
+        if self.predictions:
             log.info(format_comparison(summary))
         else:
-            log.info("rehearsal without predictions (`rehearsal.predictions = false`): no ensemble selected")
-        log.info(f"wrote {run_dir.path}/ensemble.json, leaderboard.csv, journal.jsonl  "
+            log.info("no predictions (a rehearsal with `rehearsal.predictions = false`, or a simulation): "
+                     "no ensemble selected")
+        log.info(f"wrote {self.run_dir.path}/ensemble.json, leaderboard.csv, journal.jsonl  "
                  f"({time.monotonic() - t0:.1f} s)")
-        beat.final("stopped" if budget.reason else "done", reason=budget.reason)
-        log.info(report_line(run_dir.path))
+        if beat is not None:
+            beat.final("stopped" if budget.reason else "done", reason=budget.reason)
+        log.info(report_line(self.run_dir.path))
         return code
 
 
-def run_worker_side(comm, cfg: dict, meta: dict, data, run_dir: RunDirectory, group,
+def run_master_side(comm, cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, resume: bool,
+                    leaders: list[int], job_started: float | None = None, command: list[str] | None = None,
+                    master_trains: bool = False) -> int:
+    """Rank 0 of a real job: the MPI executor over the worker groups (or, alone, the serial
+    one), the wall clock, the job's budget; then the master session. ``command``: the job's
+    arguments, for the journal (default ``sys.argv[1:]``); ``master_trains``: rank 0 also
+    trains, in a thread (``runtime.executor.LocalWorker``)."""
+    from ensemble.runtime.env import environment
+    from ensemble.runtime.mpi import library_version
+    rt = cfg.runtime
+    mode = mode_of(cfg)
+    executor: Executor
+    if leaders:
+        local = (lambda: make_trainer(cfg, meta, data, run_dir, 0)) if master_trains else None
+        executor = MpiExecutor(comm, leaders, rt.poll_max_sleep, in_hand(cfg, mode), local=local,
+                               block=rt.members_per_rank if mode.packs(cfg) else 1)
+    else:
+        executor = SerialExecutor(lambda: make_trainer(cfg, meta, data, run_dir, 0))
+    budget = RunBudget(rt.time_limit, rt.finish_reserve, rt.max_failed_share, end_time=job_end_time())
+    predictions = rt.trainer != "rehearsal" or cfg.rehearsal.predictions
+    fields = {"ranks": comm.Get_size(), "host": socket.gethostname(),
+              "environment": environment(command if command is not None else sys.argv[1:], library_version())}
+    session = MasterSession(cfg, meta, data, run_dir, executor, budget, resume=resume, predictions=predictions,
+                            open_fields=fields, job_started=job_started, serial=not leaders,
+                            master_trains=master_trains)
+    return session.run()
+
+
+def run_worker_side(comm, cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, group,
                     stamps: dict | None = None) -> None:
     """Ranks > 0: train what the master (through the group leader) sends until it says stop.
     ``stamps``: when this process reached each start-up step; the first result carries them
     with the trainer's set-up (TensorFlow imported) added (``results.timeline``)."""
     trainer = make_trainer(cfg, meta, data, run_dir, comm.Get_rank(), group, comm)
     stamps = {**(stamps or {}), "trainer": round(time.time(), 3)}
-    serve(comm, trainer, cfg["runtime"]["poll_max_sleep"], group, startup=stamps)
+    serve(comm, trainer, cfg.runtime.poll_max_sleep, group, startup=stamps)

@@ -1,11 +1,16 @@
 """A run on a virtual clock: the real master code, simulated workers, no MPI, no sleeping.
 
-``simulate`` drives the same ``dispatch`` loop, spec sources (ensemble list or any
-evolution strategy), budget, journal (real file, group commit on the virtual clock) and
-``run_stats`` as a real run, with a ``SimExecutor`` in place of the MPI one:
+``simulate`` runs the real master session (``orchestrate.session.MasterSession``: the
+mode's source and decider, budget, retention, journal with group commit on the virtual
+clock, ``run_stats``) with a ``SimExecutor`` in place of the MPI one, so any config a real
+run accepts simulates: early discarding and PBT rounds included.
 
 - a member's duration comes from the rehearsal settings (log-normal) or a replayed
   journal (``ensemble.train.rehearsal.member_seconds``); its record is a rehearsal record;
+- a member that reports (``report_every`` epochs: early discarding, PBT rounds) reports at
+  the matching share of its duration, with a made-up learning curve towards its record's
+  quality; it waits for the master's answer (a held report waits for ``answer``), and a
+  stop ends it there;
 - a spec reaches its worker ``latency`` seconds after the master sends it, a result the
   master ``latency`` after the member ends; each message costs the master
   ``message_seconds`` (a send or a receive: measure it with ``scripts/bench_dispatch.py``'s
@@ -15,26 +20,28 @@ evolution strategy), budget, journal (real file, group commit on the virtual clo
   while it is busy queue up as they would on a real machine.
 
 Not simulated: start-up (the utilisation it reports is after start-up, as the journal's),
-in-training reports, failures of ranks, the file system's fsync latency beyond this machine's.
+the cost of moving a PBT member's state, failures of ranks, the file system's fsync
+latency beyond this machine's.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from ensemble.orchestrate.dispatch import dispatch
-from ensemble.results.journal import Journal
+import numpy as np
+
+from ensemble.config import RunConfig
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.timeline import run_stats
 from ensemble.runtime.budget import RunBudget
-from ensemble.runtime.executor import Decide, Slots, result_seconds
+from ensemble.runtime.executor import Decide, Slots, check_decision, result_seconds
 from ensemble.train.member import guarded
-
-
-KEPT = ("started", "ended", "received", "status")
 
 
 class VirtualClock:
@@ -53,19 +60,33 @@ class VirtualClock:
 
 
 class SimExecutor:
-    """The Executor protocol over ``workers`` simulated workers (see the module docstring)."""
+    """The Executor seam over ``workers`` simulated workers (see the module docstring).
 
-    def __init__(self, workers: int, duration: Callable[[dict], float], record: Callable[[dict, float], dict],
+    Every worker runs the specs it holds one after another; ``events`` is the heap of what
+    happens next: a spec arriving at its worker, a report or a result arriving at the
+    master, a decision arriving at a worker."""
+
+    def __init__(self, workers: int, duration: Callable[[dict], float], record: Callable[[dict, float, int, str], dict],
                  clock: VirtualClock, *, in_hand: int | None = None, latency: float = 0.0,
-                 message_seconds: float = 0.0, group_size: int = 1, batch: int = 256):
+                 message_seconds: float = 0.0, group_size: int = 1, batch: int = 256,
+                 curve: Callable[[dict, int, int], dict] | None = None):
         self.workers, self.duration, self.record, self.clock = workers, duration, record, clock
         self.latency, self.message_seconds, self.group_size, self.batch = latency, message_seconds, group_size, batch
+        self.curve = curve if curve is not None else (lambda spec, epoch, epochs: {})
         self.slots = Slots(workers, in_hand)
-        self.free_at = [0.0] * workers
+        self.queues: list[deque] = [deque() for _ in range(workers)]
+        self.running: list[dict | None] = [None] * workers
         self.events: list[tuple] = []
         self.seq = 0
-        self.idle_seconds = 0.0
+        self.idle_seconds: float | None = 0.0
+        self.report_bytes = 0
         self.messages = 0
+        self.held: dict[str, int] = {}                 # spec id -> its worker, while the master holds its report
+        self._decide: Decide | None = None
+
+    def _push(self, t: float, kind: str, worker: int, item: Any = None) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, worker, item))
 
     def free(self) -> int:
         return len(self.slots.ready)
@@ -77,84 +98,154 @@ class SimExecutor:
         sent = self.clock() + self.message_seconds
         self.clock.set(sent)
         worker = self.slots.take(spec)
-        start = max(sent + self.latency, self.free_at[worker])
-        end = start + self.duration(spec)
-        self.free_at[worker] = end
-        self.seq += 1
-        heapq.heappush(self.events, (end + self.latency, self.seq, worker, spec, start, end))
+        self._push(sent + self.latency, "arrive", worker, spec)
         self.messages += 1
 
-    def _result(self, worker: int, spec: dict, start: float, end: float) -> dict:
-        result = self.record(spec, end - start)
-        result.update(started=round(start, 4), ended=round(end, 4), worker=worker,
+    # -- a worker's side ---------------------------------------------------------------------
+    def _start_next(self, worker: int, t: float) -> None:
+        if self.running[worker] is not None or not self.queues[worker]:
+            return
+        spec = self.queues[worker].popleft()
+        epochs = max(1, int(spec.get("epochs", 1)))
+        every = int(spec.get("report_every") or 0)
+        state = {"spec": spec, "start": t, "seconds": self.duration(spec), "epochs": epochs, "every": every,
+                 "epoch": 0}
+        self.running[worker] = state
+        self._advance(worker, t)
+
+    def _advance(self, worker: int, t: float) -> None:
+        """The member trains on from ``t``: to its next report, or to its end."""
+        state = self.running[worker]
+        per_epoch = state["seconds"] / state["epochs"]
+        nxt = state["epoch"] + state["every"] if state["every"] else state["epochs"]
+        if nxt >= state["epochs"]:
+            self._push(t + (state["epochs"] - state["epoch"]) * per_epoch, "end", worker, state)
+            return
+        when = t + (nxt - state["epoch"]) * per_epoch
+        state["epoch"] = nxt
+        self._push(when + self.latency, "report", worker, nxt)
+
+    def _end(self, worker: int, t: float, epochs: int, stopped: str) -> None:
+        state = self.running[worker]
+        spec = state["spec"]
+        result = self.record(spec, t - state["start"], epochs, stopped)
+        result.update(started=round(state["start"], 4), ended=round(t, 4), worker=worker,
                       rank=1 + worker * self.group_size, host=f"sim{worker}")
-        self.slots.done(worker, result_seconds(result))
-        return result
+        self.running[worker] = None
+        self._push(t + self.latency, "result", worker, result)
+        self._start_next(worker, t)
+
+    def answer(self, spec_id: str, decision: dict) -> None:
+        """A decision for a held report reaches its worker ``latency`` from now."""
+        worker = self.held.pop(spec_id)
+        self.messages += 1
+        self._push(self.clock() + self.message_seconds + self.latency, "decision", worker, check_decision(decision))
+
+    # -- the master's side -------------------------------------------------------------------
+    def _handle(self, t: float, kind: str, worker: int, item: Any, results: list[dict]) -> None:
+        if kind == "arrive":
+            self.queues[worker].append(item)
+            self._start_next(worker, t)
+        elif kind == "end":
+            if self.running[worker] is item:
+                self._end(worker, t, item["epochs"], "epochs")
+        elif kind == "report":                         # at the master (``t``: its arrival)
+            state = self.running[worker]
+            spec = state["spec"]
+            payload = {"epoch": item, "round": item // max(1, state["every"]), "rank": 1 + worker * self.group_size,
+                       **self.curve(spec, item, state["epochs"])}
+            self.messages += 1
+            self.report_bytes += 200
+            decision = self._decide(spec, payload)
+            if decision is None:
+                self.held[spec["id"]] = worker
+            else:
+                self._push(t + self.message_seconds + self.latency, "decision", worker, check_decision(decision))
+        elif kind == "decision":                       # at the worker
+            state = self.running[worker]
+            if item["action"] == "stop":
+                self._end(worker, t, state["epoch"], "master")
+            else:
+                self._advance(worker, t)
+        elif kind == "result":
+            self.slots.done(worker, result_seconds(item))
+            results.append(item)
 
     def wait(self, decide: Decide, idle: Callable[[], None] | None = None) -> list[dict]:
-        now = self.clock()
-        arrival = self.events[0][0]
-        if arrival > now:                        # nothing in yet: the master waits
-            self.idle_seconds += arrival - now
-            if idle is not None:                 # group commit ticks at least once a wait
-                self.clock.set(min(arrival, now + 1.0))
-                idle()
-            now = arrival
-        results = []
-        while self.events and self.events[0][0] <= now and len(results) < self.batch:
-            _, _, worker, spec, start, end = heapq.heappop(self.events)
-            results.append(self._result(worker, spec, start, end))
+        self._decide = decide
+        results: list[dict] = []
+        while self.events and len(results) < self.batch:
+            t = self.events[0][0]
+            now = self.clock()
+            if t > now:
+                if results:                             # everything already in goes back now
+                    break
+                self.idle_seconds += t - now            # nothing in yet: the master waits
+                if idle is not None:                    # group commit ticks at least once a wait
+                    self.clock.set(min(t, now + 1.0))
+                    idle()
+                self.clock.set(max(t, self.clock()))
+            _, _, kind, worker, item = heapq.heappop(self.events)
+            self._handle(max(t, 0.0), kind, worker, item, results)
+            if not self.events and not results and self.held:
+                raise RuntimeError(f"simulation: {len(self.held)} member(s) wait for an answer that never comes")
         self.messages += len(results)
-        self.clock.set(now + self.message_seconds * len(results))
+        self.clock.set(self.clock() + self.message_seconds * len(results))
         return results
 
     def shutdown(self) -> None:
         self.events.clear()
 
 
-def simulate(cfg: dict, meta: dict, data, run_dir: RunDirectory, workers: int, *, latency: float = 0.0,
+def learning_curve(metric: str, accuracy: float) -> Callable[[dict, int, int], dict]:
+    """A made-up report payload for a simulated member at ``epoch`` of ``epochs``: its
+    validation value climbs towards a quality drawn from its seed (as its record's)."""
+    from ensemble.task.metrics import higher_is_better
+    up = higher_is_better(metric)
+
+    def curve(spec: dict, epoch: int, epochs: int) -> dict:
+        rng = np.random.default_rng([spec["seed"], 29])
+        quality = float(np.clip(accuracy + rng.normal(0.0, 0.05), 0.0, 1.0))
+        value = quality * (1.0 - 0.5 * math.exp(-3.0 * epoch / epochs))
+        shown = value if up else 1.0 - value
+        return {"ok": True, "val": {metric: shown},
+                "logs": {"loss": 1.0 - value, "val_loss": 1.0 - value, f"val_{metric}": shown}}
+    return curve
+
+
+def simulate(cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, workers: int, *, latency: float = 0.0,
              message_seconds: float = 0.0, replay: str | Path | None = None, speed: float = 1.0) -> dict:
-    """Run ``cfg`` (its spec source, budget, journal) on ``workers`` simulated workers;
-    returns ``run_stats`` of the journal it wrote, with the master's account and timings."""
-    from ensemble.orchestrate.session import in_hand, make_source
+    """Run ``cfg`` through the real master session on ``workers`` simulated workers; returns
+    ``run_stats`` of the journal it wrote, with the master's account and timings."""
+    from ensemble.modes import mode_of
+    from ensemble.orchestrate.session import MasterSession, in_hand
+    from ensemble.task import get_task
     from ensemble.train.rehearsal import RehearsalTrainer, member_seconds, replay_durations
 
-    rt = cfg["runtime"]
-    settings = {**cfg["rehearsal"], "predictions": False}      # no member files
-    trainer = RehearsalTrainer({**cfg, "rehearsal": settings}, meta, data)
+    rt = cfg.runtime
+    settings = cfg.rehearsal.replace(predictions=False)          # no member files
+    sim_cfg = cfg.replace(rehearsal=settings)
+    trainer = RehearsalTrainer(sim_cfg, meta, data)
     durations = replay_durations(replay) if replay else None
-    source, total = make_source(cfg, meta, run_dir, [])
     clock = VirtualClock(0.0, speed)
+    metric = get_task(meta["task"]).default_metric(cfg.ensemble.metric)
     executor = SimExecutor(workers, lambda spec: member_seconds(spec, settings, durations),
-                           lambda spec, seconds: guarded(lambda: trainer.record(spec, seconds), spec, 0),
-                           clock, in_hand=in_hand(rt), latency=latency, message_seconds=message_seconds,
-                           group_size=rt["group_size"])
-    budget = RunBudget(rt["time_limit"], rt["finish_reserve"], rt["max_failed_share"], clock=clock)
-    records: list[dict] = []
+                           lambda spec, seconds, epochs, stopped: guarded(
+                               lambda: trainer.record(spec, seconds, epochs, stopped), spec, 0),
+                           clock, in_hand=in_hand(cfg, mode_of(cfg)), latency=latency,
+                           message_seconds=message_seconds, group_size=rt.group_size,
+                           curve=learning_curve(metric, settings.accuracy))
+    budget = RunBudget(rt.time_limit, rt.finish_reserve, rt.max_failed_share, clock=clock)
     real0 = time.perf_counter()
-    with Journal(run_dir / run_dir.JOURNAL, rt["journal_sync_seconds"], clock=clock) as journal:
-        opened = {"event": "open", "time": 0.0, "job_started": 0.0, "workers": workers,
-                  "group_size": rt["group_size"], "ranks": 1 + workers * rt["group_size"], "host": "simulated",
-                  "trainer": "simulated", "specs_in_hand": rt["specs_in_hand"]}
-        journal.event(opened)
-        clock.set(0.0)
-
-        def on_results(results: list[dict]) -> None:
-            journal.extend(results)
-            records.extend({k: r.get(k) for k in KEPT} for r in results)     # what run_stats reads
-            for result in results:
-                budget.observe(result)
-        account = dispatch(executor, source, on_results, should_stop=budget.should_stop, adjust=budget.cap,
-                           idle=journal.sync_if_due, clock=clock)
-        wall = clock()
-        busy = wall - executor.idle_seconds
-        closed = {"event": "close", "time": round(wall, 4), "results": account["results"],
-                  "master_wall_seconds": round(wall, 4), "master_busy_seconds": round(busy, 4),
-                  "master_cpu_seconds": round(busy, 4), "journal_syncs": journal.syncs + 1,
-                  "journal_bytes": journal.bytes}
-        journal.event(closed)
-    stats = run_stats(records, [opened, closed])
-    stats.update(simulated_seconds=round(wall, 3), real_seconds=round(time.perf_counter() - real0, 3),
-                 journal_bytes=journal.bytes, messages=executor.messages, latency=latency,
-                 message_seconds=message_seconds, expected_members=total)
+    session = MasterSession(sim_cfg, meta, data, run_dir, executor, budget, clock=clock, heartbeat=False,
+                            predictions=False, job_started=0.0,
+                            open_fields={"ranks": 1 + workers * rt.group_size, "host": "simulated"})
+    clock.set(0.0)
+    session.run()
+    wall = session.account["master_wall_seconds"]
+    stats = run_stats(session.records, session.events)
+    stats.update(simulated_seconds=round(clock(), 3), real_seconds=round(time.perf_counter() - real0, 3),
+                 journal_bytes=session.journal_bytes, messages=executor.messages, latency=latency,
+                 message_seconds=message_seconds, expected_members=mode_of(cfg).expected_members(cfg, workers),
+                 master_loop_seconds=wall)
     return stats

@@ -4,9 +4,10 @@ Workers send the predictions of a member that can enter the candidate set inside
 result (``payload``), and write its model (``models/<id>.keras``) only when it can enter
 the kept models (the bars ``Retention.wire`` put in its spec). The master:
 
-- ``accept``: offers every finished member to the ``Retention``; appends a candidate's
-  arrays to the packed store (``store/``); sets the record's ``stored`` and ``model``
-  (what is kept once it is journalled); returns a ``released`` journal line naming the
+- ``accept``: offers every finished member (``Status.OK``; a discarded candidate is no
+  candidate) to the ``Retention``; appends a candidate's arrays to the packed store
+  (``store/``); replaces each record by the one to journal: its ``payload`` dropped, its
+  ``stored`` and ``model`` set (what is kept); returns a ``released`` journal line naming the
   members pushed out, whose model files ``remove_released`` deletes *after* that line is
   written (so a crash in between leaves a stray file, cleaned on resume, never a kept
   member without its model);
@@ -24,10 +25,13 @@ Every member's metrics, spec and timings stay in the journal whatever is removed
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
+from ensemble.results.events import Event, EventKind
+from ensemble.results.records import MemberRecord, as_record
 from ensemble.results.retention import Retention
 from ensemble.results.rundir import RunDirectory
 
@@ -36,7 +40,7 @@ log = logging.getLogger(__name__)
 
 class Artifacts:
     def __init__(self, run_dir: RunDirectory, metric: str, candidates: int, keep_models: int,
-                 objectives: Callable[[dict], tuple | None] | None = None):
+                 objectives: Callable[[MemberRecord], tuple | None] | None = None):
         self.run_dir = run_dir
         self.metric = metric
         self.objectives = objectives
@@ -51,39 +55,44 @@ class Artifacts:
         spec["retain"] = self.retention.wire()
         return spec
 
-    def accept(self, results: list[dict]) -> list[dict]:
-        """Keep what enters (see the module docstring); returns the journal lines to add."""
+    def accept(self, results: list[MemberRecord]) -> list[dict]:
+        """Keep what enters (see the module docstring); returns the journal lines to add.
+
+        Each item of ``results`` is replaced, in the list, by the record to journal (its
+        ``payload`` dropped, ``stored`` and ``model`` set). TRANSITIONAL: a plain result dict
+        is updated in place instead, until the master hands records."""
         released_p, released_m = [], []
-        for r in results:
-            payload = r.pop("payload", None)
-            wrote_model = bool(r.get("model"))
-            if r.get("status") != "ok" or r.get("discarded"):      # a discarded candidate is no candidate
-                if r.get("discarded") and wrote_model:
-                    self._to_remove.append(r["id"])
-                r["stored"] = r["model"] = False
-                continue
-            objectives = self.objectives(r) if self.objectives else None
-            val = r.get("val") or {}
-            d = self.retention.offer(r["id"], val.get(self.metric), objectives, val.get(self.retention.tie))
-            if d.predictions and payload is None:          # a worker without bars that sent nothing
-                self.retention.discard(r["id"])
-                d.predictions = d.model = False
-            if d.predictions:
-                self.store.put(r["id"], payload["arrays"], payload.get("meta"))
-            r["stored"] = d.predictions
-            r["model"] = d.model and wrote_model
-            if wrote_model and not r["model"]:
-                self._to_remove.append(r["id"])                # written under a stale bar: never kept
-            if d.model:
-                self.has_model[r["id"]] = wrote_model
-            released_p += d.released_predictions
-            released_m += d.released_models
+        for n, item in enumerate(results):
+            r = as_record(item)
+            payload = r.extra.get("payload")
+            wrote_model = r.has_model
+            stored = model = False
+            if r.status.ranked:
+                objectives = self.objectives(r) if self.objectives else None
+                d = self.retention.offer(r.id, r.val.get(self.metric), objectives, r.val.get(self.retention.tie))
+                if d.predictions and payload is None:          # a worker without bars that sent nothing
+                    self.retention.discard(r.id)
+                    d.predictions = d.model = False
+                if d.predictions:
+                    self.store.put(r.id, payload["arrays"], payload.get("meta"))
+                stored, model = d.predictions, d.model and wrote_model
+                if d.model:
+                    self.has_model[r.id] = wrote_model
+                released_p += d.released_predictions
+                released_m += d.released_models
+            if wrote_model and not model:                      # not ranked, or under a stale bar: never kept
+                self._to_remove.append(r.id)
+            if isinstance(item, MemberRecord):
+                results[n] = r.with_extra(drop=("payload",), stored=stored, model=model)
+            else:
+                item.pop("payload", None)
+                item["stored"], item["model"] = stored, model
         for i in released_m:
             if self.has_model.pop(i, False):
                 self._to_remove.append(i)
         if not (released_p or released_m):
             return []
-        return [{"event": "released", "predictions": released_p, "models": released_m}]
+        return [Event(EventKind.RELEASED, {"predictions": released_p, "models": released_m}).to_json()]
 
     def remove_released(self) -> None:
         """Delete the model files of members no longer kept (call once their line is journalled)."""
@@ -92,39 +101,41 @@ class Artifacts:
         self._to_remove.clear()
 
     # -- resume ---------------------------------------------------------------------------
-    def restore(self, lines: Iterable[dict], tidy: bool = True) -> set[str]:
-        """Rebuild the kept sets from the journal's lines (in order); returns the ids of
-        members that were kept but lost their stored predictions or model file. With
-        ``tidy``, model files of members no longer kept are deleted (a resume); without,
-        nothing on disk changes (a re-selection reads only)."""
-        kept_p: dict[str, dict] = {}
-        kept_m: dict[str, dict] = {}
-        for item in lines:
-            if "event" in item:
-                if item["event"] == "released":
-                    for i in item.get("predictions", ()):
+    def restore(self, history: Iterable[MemberRecord | Event | Mapping[str, Any]], tidy: bool = True) -> set[str]:
+        """Rebuild the kept sets from the journal (``RunDirectory.history()``, in order; raw
+        lines are read as records and events); returns the ids of members that were kept
+        but lost their stored predictions or model file. With ``tidy``, model files of
+        members no longer kept are deleted (a resume); without, nothing on disk changes (a
+        re-selection reads only)."""
+        kept_p: dict[str, MemberRecord] = {}
+        kept_m: dict[str, MemberRecord] = {}
+        for item in history:
+            if isinstance(item, Event) or (not isinstance(item, MemberRecord) and "event" in item):
+                event = item if isinstance(item, Event) else Event.from_json(item)
+                if event is not None and event.kind is EventKind.RELEASED:
+                    for i in event.data.get("predictions", ()):
                         kept_p.pop(i, None)
-                    for i in item.get("models", ()):
+                    for i in event.data.get("models", ()):
                         kept_m.pop(i, None)
                 continue
-            if item.get("status") != "ok":
+            r = as_record(item)
+            if not r.status.ranked:
                 continue
-            kept_p.pop(item["id"], None)
-            kept_m.pop(item["id"], None)
-            if item.get("stored"):
-                kept_p[item["id"]] = item
-            if item.get("model"):
-                kept_m[item["id"]] = item
+            kept_p.pop(r.id, None)
+            kept_m.pop(r.id, None)
+            if r.stored:
+                kept_p[r.id] = r
+            if r.has_model:
+                kept_m[r.id] = r
         lost = {i for i in kept_p if i not in self.store}
         lost |= {i for i in kept_m if not self.run_dir.model_path(i).is_file()}
         for i, r in {**kept_m, **kept_p}.items():
             if i in lost:
                 continue
-            val = r.get("val") or {}
-            self.retention.restore(i, val.get(self.metric), self.objectives(r) if self.objectives else None,
-                                   val.get(self.retention.tie))
+            self.retention.restore(i, r.val.get(self.metric), self.objectives(r) if self.objectives else None,
+                                   r.val.get(self.retention.tie))
             if i in self.retention:
-                self.has_model[i] = bool(r.get("model"))
+                self.has_model[i] = r.has_model
         models = self.retention.models()
         for path in self.run_dir.model_files() if tidy else ():   # stray files: released, or never kept
             member_id = path.name[: -len(RunDirectory.MODEL_SUFFIX)]
@@ -158,7 +169,7 @@ class Artifacts:
         for i in models:
             if self.has_model.pop(i, False):
                 self._to_remove.append(i)
-        line = {"event": "released", "predictions": predictions, "models": models, "reason": "final"} \
+        line = Event(EventKind.RELEASED, {"predictions": predictions, "models": models, "reason": "final"}).to_json() \
             if models or predictions else None
         return {"line": line, "models": len(models), "predictions": len(predictions)}
 

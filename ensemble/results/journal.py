@@ -15,6 +15,12 @@ files were released (``released``, retention); in a search, each candidate's gen
 it is handed out (``issued``, so a resume re-issues the ones in flight). With the
 members' ``dispatched``/``started``/``ended`` times they make a run's utilisation
 computable from the journal alone (``ensemble.results.timeline``).
+
+Lines are JSON only here: ``extend`` takes ``MemberRecord`` and ``Event`` objects (or plain
+dicts) and writes their JSON; ``read_history`` gives them back typed, in order, and is what
+every reader of a run uses (``RunDirectory.history`` / ``RunDirectory.records``).
+``read_lines`` and ``read_journal`` return the raw dicts, for tools that want the lines as
+written.
 """
 
 from __future__ import annotations
@@ -22,8 +28,20 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
+
+from ensemble.results.events import Event
+from ensemble.results.records import MemberRecord
+
+#: a journal line as the code sees it: a member's record or a run event
+Entry = MemberRecord | Event
+
+
+def line_of(item: Entry | Mapping[str, Any]) -> Mapping[str, Any]:
+    """The JSON-able line of a record, an event or an already plain dict."""
+    return item.to_json() if isinstance(item, MemberRecord | Event) else item
 
 
 class Journal:
@@ -64,21 +82,22 @@ class Journal:
             fh.flush()
             os.fsync(fh.fileno())
 
-    def extend(self, records: list[dict]) -> None:
-        """Append ``records`` in one write; fsync now if the last one is older than ``sync_seconds``."""
-        if not records:
+    def extend(self, records: Iterable[Entry | Mapping[str, Any]]) -> None:
+        """Append ``records`` (member records, events or their plain lines) in one write; fsync
+        now if the last one is older than ``sync_seconds``."""
+        text = "".join(json.dumps(line_of(r), sort_keys=True, allow_nan=True) + "\n" for r in records)
+        if not text:
             return
-        text = "".join(json.dumps(r, sort_keys=True, allow_nan=True) + "\n" for r in records)
         self._fh.write(text)
         self._fh.flush()
         self.bytes += len(text.encode("utf-8"))
         self._dirty = True
         self.sync_if_due()
 
-    def append(self, record: dict) -> None:
+    def append(self, record: Entry | Mapping[str, Any]) -> None:
         self.extend([record])
 
-    def event(self, record: dict) -> None:
+    def event(self, record: Event | Mapping[str, Any]) -> None:
         """A run event line (not a member; it has an ``event`` key), synced at once."""
         self.extend([record])
         self.sync()
@@ -133,3 +152,27 @@ def read_journal(path: str | Path, events: bool = False) -> list[dict] | tuple[l
     for item in read_lines(path):
         (marks if "event" in item else records).append(item)
     return (records, marks) if events else records
+
+
+def read_history(path: str | Path) -> list[Entry]:
+    """The journal typed, in order: a ``MemberRecord`` per member line (older journals read as
+    meant, ``MemberRecord.from_json``) and an ``Event`` per event line (kinds this version
+    does not know are left out); torn or corrupt lines are skipped."""
+    out: list[Entry] = []
+    for item in read_lines(path):
+        if "event" in item:
+            event = Event.from_json(item)
+            if event is not None:
+                out.append(event)
+        elif "id" in item:
+            out.append(MemberRecord.from_json(item))
+    return out
+
+
+def split_history(history: Iterable[Entry]) -> tuple[list[MemberRecord], list[Event]]:
+    """(member records, events) of a typed journal, each in order."""
+    records: list[MemberRecord] = []
+    events: list[Event] = []
+    for item in history:
+        (records if isinstance(item, MemberRecord) else events).append(item)
+    return records, events

@@ -143,6 +143,31 @@ class MemberRecord:
         value = (self.val if split == "val" else self.test).get(name)
         return None if value is None else float(value)
 
+    @property
+    def stored(self) -> bool:
+        """Whether the master stored the member's predictions (a selection candidate)."""
+        return bool(self.extra.get("stored"))
+
+    @property
+    def has_model(self) -> bool:
+        """Whether the member's model file is kept (``models/<id>.keras``)."""
+        return bool(self.extra.get("model"))
+
+    def with_extra(self, drop: Iterable[str] = (), **values: Any) -> MemberRecord:
+        """A copy whose ``extra`` has ``values`` set and the keys ``drop`` removed."""
+        gone = set(drop)
+        return self.replace(extra={**{k: v for k, v in self.extra.items() if k not in gone}, **values})
+
+
+def as_record(item: MemberRecord | Mapping[str, Any]) -> MemberRecord:
+    """``item`` as a record: a journal line or a worker's result is read with ``from_json``."""
+    return item if isinstance(item, MemberRecord) else MemberRecord.from_json(item)
+
+
+def as_records(items: Iterable[MemberRecord | Mapping[str, Any]]) -> list[MemberRecord]:
+    """Records of ``items``, event lines among them left out (a journal's lines as read)."""
+    return [as_record(x) for x in items if isinstance(x, MemberRecord) or "event" not in x]
+
 
 def latest(records: Iterable[MemberRecord]) -> dict[str, MemberRecord]:
     """Each member's final word, by id: an ``OK`` record wins over any other (a member failed
@@ -152,6 +177,11 @@ def latest(records: Iterable[MemberRecord]) -> dict[str, MemberRecord]:
         if r.id not in out or not out[r.id].ok:
             out[r.id] = r
     return out
+
+
+#: how ``Counts.summary`` names each status it counts
+_COUNTED = {Status.OK: "finished", Status.FAILED: "failed", Status.DISCARDED: "discarded early",
+            Status.STOPPED: "stopped by the master", Status.LIMIT: "stopped by their time limit"}
 
 
 @dataclass(frozen=True)
@@ -186,8 +216,18 @@ class Counts:
         ``ended`` and ``issued``."""
         return {**{s.value: self.of(s) for s in Status}, "ended": self.ended, "issued": self.issued}
 
+    def summary(self) -> str:
+        """The counts in words, as ``ensemble.status`` and the report say them: finished (ok) and
+        failed always, the other statuses when there are any."""
+        parts = [f"{self.ok} finished", f"{self.failed} failed"]
+        parts += [f"{self.of(s)} {_COUNTED[s]}" for s in (Status.DISCARDED, Status.LIMIT, Status.STOPPED)
+                  if self.of(s)]
+        return ", ".join(parts)
+
     @classmethod
     def of_records(cls, records: Iterable[MemberRecord], issued: int | None = None) -> Counts:
+        """The counts of ``records`` (each member once, by its final word: ``latest``); ``issued``:
+        members handed out, when the caller knows (a search's ``issued`` events)."""
         final = latest(records)
         by = {s: 0 for s in Status}
         for r in final.values():

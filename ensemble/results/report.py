@@ -25,17 +25,17 @@ import io
 import json
 import math
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ensemble.config import ConfigError, RunConfig, read_saved_config
 from ensemble.config.vocabulary import PROPER_SCORES
-from ensemble.results.journal import read_journal
+from ensemble.results.events import Event, EventKind
+from ensemble.results.records import Counts, MemberRecord, Status, latest
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.selection import rank_members
-from ensemble.results.summary import finished_records
 from ensemble.results.timeline import run_stats
 from ensemble.task import get_task
 from ensemble.task.metrics import higher_is_better, metric_task
@@ -47,14 +47,17 @@ MAX_LANES = 64           # timeline: the first 64 ranks (the title says how many
 
 @dataclass
 class RunView:
-    """What the report reads from a run directory; every part but the path may be missing."""
+    """What the report reads from a run directory; every part but the path may be missing.
+    ``records`` and ``events`` are the journal typed (``RunDirectory.records``); every count
+    and plot derives from their ``Status`` (``counts``: ``records.Counts``, as ensemble.json
+    and ``ensemble.status`` count)."""
     path: Path
-    config: dict = field(default_factory=dict)
+    config: RunConfig | None = None
     config_text: str = ""
     meta: dict = field(default_factory=dict)
     summary: dict | None = None
-    records: list[dict] = field(default_factory=list)
-    events: list[dict] = field(default_factory=list)
+    records: list[MemberRecord] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     test: dict | None = None                      # ensemble_test_predictions.npz
     metric: str | None = None
 
@@ -63,27 +66,38 @@ class RunView:
         return (self.summary or {}).get("task") or self.meta.get("task")
 
     @property
-    def finished(self) -> list[dict]:
-        return finished_records(self.records)
+    def mode(self) -> str | None:
+        return None if self.config is None else self.config.mode
 
     @property
-    def failed(self) -> list[dict]:
-        ok = {r["id"] for r in self.finished}
-        last = {}
-        for r in self.records:
-            if r.get("status") != "ok" and r["id"] not in ok:
-                last[r["id"]] = r
-        return list(last.values())
+    def final(self) -> list[MemberRecord]:
+        """Each member's final record (``records.latest``), in journal order."""
+        return list(latest(self.records).values())
+
+    @property
+    def counts(self) -> Counts:
+        issued = {e.data.get("id") for e in self.events if e.kind is EventKind.ISSUED}
+        return Counts.of_records(self.records, issued=len(issued))
+
+    @property
+    def finished(self) -> list[MemberRecord]:
+        """Members that finished (``Status.OK``): the only ones ranked, plotted as results and selected."""
+        return [r for r in self.final if r.status.ranked]
+
+    @property
+    def failed(self) -> list[MemberRecord]:
+        """Members that ended without a result: failed, stopped or at their time limit."""
+        return [r for r in self.final if not r.status.evaluated]
 
     @property
     def selected(self) -> dict[str, float]:
         return {m["id"]: float(m["weight"]) for m in (self.summary or {}).get("members", [])}
 
-    def ranked(self) -> list[dict]:
+    def ranked(self) -> list[MemberRecord]:
         metric = self.metric
         if not metric:
             return self.finished
-        return rank_members([r for r in self.finished if metric in r.get("val", {})], metric,
+        return rank_members([r for r in self.finished if metric in r.val], metric,
                             PROPER_SCORES[metric_task(metric)])
 
 
@@ -95,10 +109,13 @@ def read_view(run_dir: str | Path) -> RunView:
         raise FileNotFoundError(f"{str(rd.path)!r} is not a run directory of ensemble.run (no "
                                 f"{rd.JOURNAL}); pass the folder a run wrote (runs/<name> or its --run-dir)")
     view = RunView(rd.path)
-    view.records, view.events = read_journal(rd.path / rd.JOURNAL, events=True)
+    view.records, view.events = rd.records()
     if (rd.path / rd.CONFIG).is_file():
         view.config_text = (rd.path / rd.CONFIG).read_text()
-        view.config = tomllib.loads(view.config_text)
+        try:
+            view.config = read_saved_config(rd.path / rd.CONFIG)
+        except ConfigError:                     # the page still shows the text
+            view.config = None
     for name, attr in ((rd.DATA, "meta"), (rd.ENSEMBLE, "summary")):
         try:
             setattr(view, attr, json.loads((rd.path / name).read_text()))
@@ -113,7 +130,9 @@ def read_view(run_dir: str | Path) -> RunView:
 
 def _configured_metric(view: RunView) -> str | None:
     """The metric the config names, ``auto`` resolved by the task (None while it is unknown)."""
-    setting = view.config.get("ensemble", {}).get("metric", "auto")
+    if view.config is None:
+        return None
+    setting = view.config.ensemble.metric
     if setting != "auto":
         return setting
     return get_task(view.task).default_metric(setting) if view.task else None
@@ -135,17 +154,17 @@ def plot_leaderboard(view: RunView):
     fig = _figure(8.5, 4.2)
     ax = fig.subplots()
     x = np.arange(len(shown))
-    val = [r["val"].get(metric, np.nan) for r in shown]
-    test = [r.get("test", {}).get(metric, np.nan) for r in shown]
+    val = [r.val.get(metric, np.nan) for r in shown]
+    test = [r.test.get(metric, np.nan) for r in shown]
     ax.plot(x, val, "o", color="#1f77b4", label="member, validation")
     ax.plot(x, test, "s", color="#ff7f0e", mfc="none", label="member, test")
     chosen = view.selected
-    picked = [i for i, r in enumerate(shown) if r["id"] in chosen]
+    picked = [i for i, r in enumerate(shown) if r.id in chosen]
     if picked:
         ax.plot(picked, [val[i] for i in picked], "*", ms=15, color="#2ca02c", zorder=3,
                 label="selected (weight above)")
         for i in picked:
-            ax.annotate(f"{chosen[shown[i]['id']]:.2f}", (i, val[i]), textcoords="offset points",
+            ax.annotate(f"{chosen[shown[i].id]:.2f}", (i, val[i]), textcoords="offset points",
                         xytext=(0, 9), ha="center", fontsize=7, color="#2ca02c")
     ens = (view.summary or {}).get("ensemble", {})
     for split, style in (("test", "-"), ("val", "--")):
@@ -155,7 +174,7 @@ def plot_leaderboard(view: RunView):
     base = (view.summary or {}).get("baseline", {}).get("test", {}).get(metric)
     if base is not None:
         ax.axhline(base, color="#7f7f7f", ls=":", lw=1.5, label=f"{view.summary['baseline']['model']}, test")
-    ax.set_xticks(x, [r["id"] for r in shown], rotation=70, fontsize=7)
+    ax.set_xticks(x, [r.id for r in shown], rotation=70, fontsize=7)
     ax.set_ylabel(metric)
     more = f" (the best {len(shown)} of {len(ranked)})" if len(ranked) > len(shown) else ""
     ax.set_title(f"Leaderboard: {metric} by member{more}, ranked on validation")
@@ -271,22 +290,24 @@ def plot_regression(view: RunView):
 
 def _t0(view: RunView) -> float:
     """When the run's first job started (its processes, before imports and the data broadcast)."""
-    opens = [e.get("job_started", e["time"]) for e in view.events if e.get("event") == "open"]
-    times = [r["started"] for r in view.records if "started" in r]
+    opens = [e.data.get("job_started", e.time) for e in view.events if e.kind is EventKind.OPEN]
+    times = [r.started for r in view.records if r.started is not None]
     return min(opens + times) if opens or times else 0.0
 
 
 def plot_search(view: RunView):
-    """Every evaluation's validation metric and the best so far, against evaluations and
-    against wall time since the run began; failures at the bottom as crosses."""
+    """Every finished evaluation's validation metric and the best so far, against evaluations
+    and against wall time since the run began; candidates discarded early (a low-fidelity
+    value, not a result) and failures at the bottom, as ticks and crosses."""
     metric = view.metric
-    if view.config.get("mode") != "evolve" or not view.records or not metric:
+    if view.mode != "evolve" or not view.records or not metric:
         return None
-    evaluated = sorted(view.records, key=lambda r: r.get("received", 0.0))
+    evaluated = sorted(view.final, key=lambda r: r.received or 0.0)
     t0 = _t0(view)
     higher = higher_is_better(metric)
-    values = np.array([r["val"].get(metric, np.nan) if r.get("status") == "ok" else np.nan for r in evaluated])
-    wall = np.array([r.get("received", t0) - t0 for r in evaluated])
+    values = np.array([r.val.get(metric, np.nan) if r.status.ranked else np.nan for r in evaluated])
+    discarded = np.array([r.status is Status.DISCARDED for r in evaluated])
+    wall = np.array([(r.received if r.received is not None else t0) - t0 for r in evaluated])
     best = (np.fmax if higher else np.fmin).accumulate(np.where(np.isnan(values), -np.inf if higher else np.inf,
                                                                 values))
     best = np.where(np.isfinite(best), best, np.nan)
@@ -299,15 +320,20 @@ def plot_search(view: RunView):
                          (axes[1], wall, "wall time since the job began (s)")):
         ax.plot(x[ok], values[ok], "o", ms=4, color="#1f77b4", alpha=0.7, label="evaluation")
         ax.step(x, best, where="post", color="#2ca02c", lw=1.8, label="best so far")
-        if (~ok).any():
-            ax.plot(x[~ok], np.full((~ok).sum(), floor), "x", color="#d62728", label="failed")
+        if discarded.any():
+            ax.plot(x[discarded], np.full(discarded.sum(), floor), "|", ms=9, color="#7f7f7f",
+                    label="discarded early")
+        failed = ~ok & ~discarded
+        if failed.any():
+            ax.plot(x[failed], np.full(failed.sum(), floor), "x", color="#d62728", label="failed")
         ax.set(xlabel=label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"validation {metric}")
     axes[0].legend(fontsize=7)
-    strategy = view.config.get("evolve", {}).get("strategy", "")
-    fig.suptitle(f"Search ({strategy}): {len(evaluated)} evaluations, best validation {metric} "
-                 f"{np.nanmax(values) if higher else np.nanmin(values):.4f}" if ok.any() else "Search")
+    strategy = view.config.evolve.strategy if view.config is not None else ""
+    fig.suptitle(f"Search ({strategy}): {len(evaluated)} evaluations ({view.counts.summary()})"
+                 + (f", best validation {metric} {np.nanmax(values) if higher else np.nanmin(values):.4f}"
+                    if ok.any() else ""))
     return fig
 
 
@@ -315,7 +341,7 @@ def plot_population(view: RunView):
     """mode "pbt": each member's validation metric round by round (one line per member), a
     grey arrow from the donor to the receiver at every copy; and the learning rate each
     member trained with, on a log scale."""
-    rounds = [e for e in view.events if e.get("event") == "pbt_round"]
+    rounds = [e.data for e in view.events if e.kind is EventKind.PBT_ROUND]
     if not rounds:
         return None
     by_member: dict[str, list[tuple[int, float, float | None]]] = {}
@@ -362,16 +388,21 @@ def pareto_front(cost: np.ndarray, value: np.ndarray, higher: bool) -> np.ndarra
     return np.array(front, dtype=int)
 
 
+def _cost(r: MemberRecord, key: str) -> float | None:
+    """A member's cost by name: its parameters, training seconds, or another recorded number."""
+    return {"params": r.params, "train_seconds": r.train_seconds}.get(key, r.extra.get(key))
+
+
 def plot_costs(view: RunView):
     """Parameter count and training time (or inference time per sample, the second objective
     of a multi-objective search) against the validation metric, each with its Pareto front."""
     metric, ranked = view.metric, view.finished
-    ranked = [r for r in ranked if metric and metric in r.get("val", {})]
+    ranked = [r for r in ranked if metric and metric in r.val]
     if len(ranked) < 2:
         return None
     higher = higher_is_better(metric)
-    value = np.array([r["val"][metric] for r in ranked])
-    second = view.config.get("evolve", {}).get("objectives") if view.config.get("mode") == "evolve" else None
+    value = np.array([r.val[metric] for r in ranked])
+    second = view.config.evolve.settings.get("objectives") if view.mode == "evolve" else None
     costs = [("params", "parameters", True)]
     costs.append(("predict_seconds_per_sample", "inference seconds per sample", True) if second == "metric_time"
                  else ("train_seconds", "training seconds", False))
@@ -379,7 +410,7 @@ def plot_costs(view: RunView):
     axes = fig.subplots(1, 2, sharey=True)
     chosen = view.selected
     for ax, (key, label, log) in zip(axes, costs):
-        cost = np.array([float(r.get(key) or np.nan) for r in ranked])
+        cost = np.array([float(_cost(r, key) or np.nan) for r in ranked])
         good = np.isfinite(cost) & (cost > 0 if log else np.isfinite(cost))
         if not good.any():
             ax.set_title(f"no {label} recorded")
@@ -388,7 +419,7 @@ def plot_costs(view: RunView):
         ax.scatter(c, v, s=14, color="#1f77b4", alpha=0.7, label="member")
         front = pareto_front(c, v, higher)
         ax.step(c[front], v[front], where="post", color="#d62728", lw=1.2, label="Pareto front")
-        picked = [i for i, r in enumerate(np.array(ranked, dtype=object)[good]) if r["id"] in chosen]
+        picked = [i for i, r in enumerate(r for r, g in zip(ranked, good) if g) if r.id in chosen]
         if picked:
             ax.plot(c[picked], v[picked], "*", ms=12, color="#2ca02c", label="selected")
         if log:
@@ -403,37 +434,38 @@ def plot_costs(view: RunView):
 
 
 def plot_timeline(view: RunView):
-    """One lane per rank, one bar per member from its start to its end (failed in red);
-    the gaps are the idle time. Utilisation (``results.timeline``) in the title."""
-    timed = [r for r in view.records if "started" in r and "ended" in r]
+    """One lane per rank, one bar per training from its start to its end (blue: finished;
+    light blue: discarded early; red: failed, stopped or at its time limit); the gaps are
+    the idle time. Utilisation (``results.timeline``) in the title."""
+    timed = [r for r in view.records if r.started is not None and r.ended is not None]
     if not timed:
         return None
     t0 = _t0(view)
-    ranks = sorted({int(r.get("rank", 0)) for r in timed})
+    ranks = sorted({int(r.rank or 0) for r in timed})
     lanes = {rank: i for i, rank in enumerate(ranks[:MAX_LANES])}
     fig = _figure(9.5, max(2.5, min(9.0, 0.28 * len(lanes) + 1.6)))
     ax = fig.subplots()
-    for color, status_ok in (("#1f77b4", True), ("#d62728", False)):
-        per_lane: dict[int, list] = {}
-        for r in timed:
-            lane = lanes.get(int(r.get("rank", 0)))
-            if lane is not None and (r.get("status") == "ok") == status_ok:
-                per_lane.setdefault(lane, []).append((r["started"] - t0, max(r["ended"] - r["started"], 1e-3)))
-        for lane, bars in per_lane.items():
-            ax.broken_barh(bars, (lane - 0.4, 0.8), facecolors=color, edgecolors="none")
+    per_lane: dict[tuple[str, int], list] = {}
+    for r in timed:
+        lane = lanes.get(int(r.rank or 0))
+        color = "#1f77b4" if r.status.ranked else "#9ecae1" if r.status.evaluated else "#d62728"
+        if lane is not None:
+            per_lane.setdefault((color, lane), []).append((r.started - t0, max(r.ended - r.started, 1e-3)))
+    for (color, lane), bars in per_lane.items():
+        ax.broken_barh(bars, (lane - 0.4, 0.8), facecolors=color, edgecolors="none")
     for e in view.events:                 # each job's start-up: imports, data broadcast, until the open
-        if e.get("event") == "open":
-            start = e.get("job_started", e["time"]) - t0
-            ax.axvspan(start, e["time"] - t0, color="#ddd", zorder=0)
+        if e.kind is EventKind.OPEN:
+            start = e.data.get("job_started", e.time) - t0
+            ax.axvspan(start, e.time - t0, color="#ddd", zorder=0)
             ax.axvline(start, color="#999", ls="--", lw=1)
     ax.set_yticks(range(len(lanes)), [f"rank {r}" for r in lanes], fontsize=7 if len(lanes) < 24 else 5)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds since the job began (grey: start-up; blue: a member training; red: failed; "
-                  "white: idle)")
+    ax.set_xlabel("seconds since the job began (grey: start-up; blue: a member training; light blue: discarded "
+                  "early; red: failed; white: idle)")
     stats = (view.summary or {}).get("run") or run_stats(view.records, view.events)
     util = stats.get("utilisation")
     more = f", first {len(lanes)} of {len(ranks)} ranks shown" if len(ranks) > len(lanes) else ""
-    ax.set_title(f"Timeline: {len(timed)} members on {len(ranks)} ranks"
+    ax.set_title(f"Timeline: {len(timed)} trainings on {len(ranks)} ranks"
                  + (f", utilisation {util:.1%}" if util is not None else "") + more)
     ax.grid(alpha=0.3, axis="x")
     return fig
@@ -516,14 +548,14 @@ def _failures(view: RunView) -> str:
     failed = view.failed
     if not failed:
         return "<p>No member failed.</p>"
-    rows = [[r["id"], r.get("status"), r.get("error", {}).get("kind", ""), r.get("rank", ""),
-             r.get("error", {}).get("message", "")] for r in failed[:200]]
+    rows = [[r.id, r.status.label, r.error_kind, "" if r.rank is None else r.rank, r.error_message]
+            for r in failed[:200]]
     more = f"<p>The first 200 of {len(failed)} are listed; the journal has all.</p>" if len(failed) > 200 else ""
     return _table(["member", "status", "kind", "rank", "error"], rows) + more
 
 
 def _how(view: RunView) -> str:
-    opens = [e for e in view.events if e.get("event") == "open"]
+    opens = [e.data for e in view.events if e.kind is EventKind.OPEN]
     rows = []
     for n, e in enumerate(opens, 1):
         env = e.get("environment", {})
@@ -552,15 +584,18 @@ img{max-width:100%;border:1px solid #eee}pre{background:#f6f6f6;padding:.8em;ove
 
 def render(view: RunView, images: dict[str, bytes | str]) -> str:
     """The HTML page: ``images`` maps each plot's name to its PNG bytes or an error text."""
-    name = view.config.get("name") or view.path.name
-    mode = view.config.get("mode", "ensemble")
+    name = view.config.name if view.config is not None else view.path.name
+    mode = view.mode or "unknown"
     sizes = view.meta.get("sizes", {})
     state = "finished" if view.summary else "not finished (or stopped before choosing an ensemble)"
+    counts = view.counts
+    handed = f" of {counts.issued} handed out" if counts.issued > counts.ended else ""
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(name)}: run report</title>"
              f"<style>{STYLE}</style></head><body>",
              f"<h1>Run report: {html.escape(name)}</h1>",
-             f"<p>{html.escape(str(view.task))} ({html.escape(mode)} mode); {len(view.finished)} members finished, "
-             f"{len(view.failed)} failed; split sizes {html.escape(json.dumps(sizes))}; run {state}. "
+             f"<p class='counts' data-counts='{html.escape(json.dumps(counts.as_dict()))}'>"
+             f"{html.escape(str(view.task))} ({html.escape(mode)} mode); members: {counts.summary()}{handed}; "
+             f"split sizes {html.escape(json.dumps(sizes))}; run {state}. "
              f"Written {time.strftime('%Y-%m-%d %H:%M:%S')} from <code>{html.escape(str(view.path))}</code>.</p>",
              "<h2>The answer</h2>", _answer(view), _notes(view)]
     titles = {"leaderboard": "Leaderboard", "classification": "Uncertainty: calibration and confidence",

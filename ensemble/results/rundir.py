@@ -28,7 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble.results.journal import Journal, read_journal, read_lines
+from ensemble.results.events import Event
+from ensemble.results.journal import Entry, Journal, read_history, read_journal, read_lines, split_history
+from ensemble.results.records import MemberRecord
 from ensemble.results.store import PackStore
 
 
@@ -117,12 +119,24 @@ class RunDirectory:
         fsynced at most every ``sync_seconds`` (0: on every append), ``before_sync()`` first."""
         return Journal(self.path / self.JOURNAL, sync_seconds, before_sync=before_sync)
 
+    def history(self) -> list[Entry]:
+        """The journal, typed and in order: ``MemberRecord``s and ``Event``s (what a resume
+        replays)."""
+        return read_history(self.path / self.JOURNAL)
+
+    def records(self) -> tuple[list[MemberRecord], list[Event]]:
+        """The journal's member records and its events, typed, each in order: the one reader
+        every summary, table, plot and count of a run starts from."""
+        return split_history(self.history())
+
     def read_journal(self, events: bool = False):
-        """The member records (and, with ``events``, the run's event lines)."""
+        """The member records (and, with ``events``, the run's event lines) as raw dicts;
+        readers use ``records()``."""
         return read_journal(self.path / self.JOURNAL, events)
 
     def read_lines(self) -> list[dict]:
-        """Every whole journal line, records and events, in order."""
+        """Every whole journal line, records and events, in order, as raw dicts (``history()``
+        gives them typed)."""
         return read_lines(self.path / self.JOURNAL)
 
     # -- members ----------------------------------------------------------------------

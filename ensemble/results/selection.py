@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ensemble.results.records import MemberRecord
 from ensemble.task.metrics import higher_is_better, metric_task, score, score_unchecked
 
 __all__ = ["bagged_selection", "choose_ensemble", "effective_size", "ensemble_score",
@@ -80,21 +81,21 @@ def _ranked_ids(scores: Mapping[Any, Any], metric: str) -> list[Any]:
     return sorted(kept, key=lambda i: _sort_key(finite[i], i, higher))
 
 
-def rank_members(records: Iterable[Mapping[str, Any]], metric: str,
-                 tie: str | None = None) -> list[Mapping[str, Any]]:
-    """Member records (each with "id" and "val": {metric: value}) sorted best first
-    by validation `metric`; ties by validation `tie` (a proper score, lower is better),
-    then by id; a record whose value is missing or not finite (NaN, inf, a failed
-    member with no "val") goes last. Returns a new list of the same record objects."""
+def rank_members(records: Iterable[Any], metric: str, tie: str | None = None) -> list[Any]:
+    """Member records (``MemberRecord``s, or mappings with "id" and "val": {metric: value})
+    sorted best first by validation `metric`; ties by validation `tie` (a proper score,
+    lower is better), then by id; a record whose value is missing or not finite (NaN, inf,
+    a failed member with no "val") goes last. Returns a new list of the same record objects."""
     higher = higher_is_better(metric)
     records = list(records)
     for i, rec in enumerate(records):
-        if "id" not in rec:
+        if not isinstance(rec, MemberRecord) and "id" not in rec:
             raise ValueError(f"member record {i} has no 'id': {dict(rec)!r}")
 
-    def key(rec: Mapping[str, Any]) -> tuple:
-        val = rec.get("val") or {}
-        return rank_key(val.get(metric), rec["id"], higher, val.get(tie) if tie else None)
+    def key(rec: Any) -> tuple:
+        typed = isinstance(rec, MemberRecord)
+        val = (rec.val if typed else rec.get("val")) or {}
+        return rank_key(val.get(metric), rec.id if typed else rec["id"], higher, val.get(tie) if tie else None)
 
     return sorted(records, key=key)
 

@@ -1,18 +1,24 @@
 """End of a run: leaderboard, ensemble selection and averaging, ensemble.json, console table.
 
-Works from the journal records and the candidates' predictions in the packed store, so it
-needs no TensorFlow; its cost depends on ``ensemble.candidates``, not on how many members
-were trained.
+Works from the members' records (``MemberRecord``; a plain journal line is read as one)
+and the candidates' predictions in the packed store, so it needs no TensorFlow; its cost
+depends on ``ensemble.candidates``, not on how many members were trained. Every count it
+writes (``ensemble.json``'s ``counts``, the leaderboard's ``status`` column) comes from
+``Status`` and ``Counts``, as ``ensemble.status`` and the report do.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from ensemble.config import EnsembleConfig, RunConfig
 from ensemble.results.artifacts import Artifacts
+from ensemble.results.records import Counts, MemberRecord, Status, as_records, latest
 from ensemble.results.rundir import RunDirectory
 from ensemble.config.vocabulary import PROPER_SCORES, proper_score
 from ensemble.results.selection import choose_ensemble, rank_members
@@ -22,56 +28,55 @@ from ensemble.task.calibration import fit as fit_calibration
 from ensemble.task.metrics import higher_is_better, metric_task
 
 
-def finished_records(records: list[dict]) -> list[dict]:
-    """The last 'ok' record of each member id (a resumed run may hold earlier failures),
-    less the candidates the search discarded early (``evolve.discard``): trained only part
-    of the way, they are ranked by no one and selected by no one."""
-    last = {}
-    for r in records:
-        if r.get("status") == "ok":
-            last[r["id"]] = r
-    return [r for r in last.values() if not r.get("discarded")]
+Records = Iterable[MemberRecord | Mapping[str, Any]]
 
 
-def discarded_records(records: list[dict]) -> list[dict]:
-    """The search's candidates stopped early, last record of each."""
-    last = {}
-    for r in records:
-        if r.get("status") == "ok" and r.get("discarded"):
-            last[r["id"]] = r
-    return list(last.values())
+def finished_records(records: Records) -> list[MemberRecord]:
+    """Each member that finished (``Status.OK``), by its final record (``latest``: a resumed
+    run may hold earlier failures): the members that are ranked and may be selected. A
+    candidate the search discarded early (``evolve.discard``) is trained only part of the way
+    and is not one of them."""
+    return [r for r in latest(as_records(records)).values() if r.status.ranked]
 
 
-def leaderboard(records: list[dict], metric: str) -> pd.DataFrame:
-    """Finished members ranked by the validation metric, then failed ones."""
+def discarded_records(records: Records) -> list[MemberRecord]:
+    """The search's candidates stopped early (``Status.DISCARDED``), final record of each."""
+    return [r for r in latest(as_records(records)).values() if r.status is Status.DISCARDED]
+
+
+def leaderboard(records: Records, metric: str) -> pd.DataFrame:
+    """One row per member, by its final record: finished members ranked by the validation
+    metric, then the discarded candidates, then those that failed, were stopped or hit
+    their time limit. ``status`` is the ``Status`` value, as ``ensemble.json``'s counts name it."""
+    final = latest(as_records(records))
     rows = []
-    ranked = rank_members(finished_records(records), metric, PROPER_SCORES[metric_task(metric)])
+    ranked = rank_members([r for r in final.values() if r.status.ranked], metric, PROPER_SCORES[metric_task(metric)])
     for pos, r in enumerate(ranked, 1):
-        row = {"rank": pos, "id": r["id"], "arch": r.get("arch"), "status": "ok"}
-        row.update({f"val_{k}": v for k, v in r["val"].items()})
-        row.update({f"test_{k}": v for k, v in r["test"].items()})
-        row.update({k: r.get(k) for k in ("params", "epochs", "stopped", "train_seconds", "seed")})
-        row["mpi_rank"] = r.get("rank")
-        if r.get("summary"):
-            row["genome"] = r["summary"]
+        row = {"rank": pos, "id": r.id, "arch": r.arch, "status": r.status.value}
+        row.update({f"val_{k}": v for k, v in r.val.items()})
+        row.update({f"test_{k}": v for k, v in r.test.items()})
+        row.update(params=r.params, epochs=r.epochs, stopped=r.extra.get("stopped"), train_seconds=r.train_seconds,
+                   seed=r.seed, mpi_rank=r.rank)
+        if r.summary:
+            row["genome"] = r.summary
         rows.append(row)
-    for r in discarded_records(records):
-        rows.append({"rank": None, "id": r["id"], "arch": r.get("arch"), "status": "discarded",
-                     **{f"val_{k}": v for k, v in r["val"].items()}, "epochs": r.get("epochs"),
-                     "discarded_at_epoch": r["discarded"]["epoch"], "genome": r.get("summary")})
-    ok = {r["id"] for r in records if r.get("status") == "ok"}
-    for r in records:
-        if r.get("status") != "ok" and r["id"] not in ok:
-            rows.append({"rank": None, "id": r["id"], "arch": r.get("arch"), "status": r.get("status"),
-                         "error": r.get("error", {}).get("message")})
+    for r in final.values():
+        if r.status is Status.DISCARDED:
+            rows.append({"rank": None, "id": r.id, "arch": r.arch, "status": r.status.value,
+                         **{f"val_{k}": v for k, v in r.val.items()}, "epochs": r.epochs,
+                         "discarded_at_epoch": (r.discarded or {}).get("epoch"), "genome": r.summary})
+    for r in final.values():
+        if not r.status.evaluated:
+            rows.append({"rank": None, "id": r.id, "arch": r.arch, "status": r.status.value,
+                         "error_kind": r.error_kind, "error": r.error_message})
     return pd.DataFrame(rows)
 
 
-def selection_metric(cfg: dict, task: str, gaussian: bool) -> str:
+def selection_metric(settings: EnsembleConfig, task: str, gaussian: bool) -> str:
     """The score selection minimises: ``ensemble.selection_metric``, or with "auto" the
     task's proper scoring rule (log loss; Gaussian NLL when the candidates predict a
     variance, else MSE)."""
-    setting = cfg["ensemble"].get("selection_metric", "auto")
+    setting = settings.selection_metric
     if setting == "nll" and not gaussian:
         raise RuntimeError("`ensemble.selection_metric = \"nll\"` needs every candidate to predict a variance, "
                            "but some do not; set it to \"auto\" or \"mse\"")
@@ -85,22 +90,46 @@ def _selection_table(ids: list, choice: dict) -> dict:
             "picks": len(ids), "cv": choice["cv"], "fallback_to_best_member": choice["fallback"]}
 
 
-def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: dict,
+def _settings(cfg: RunConfig, ens: EnsembleConfig | Mapping[str, Any] | None) -> EnsembleConfig:
+    """``cfg.ensemble`` with ``ens`` instead (a whole section, or the settings it changes)."""
+    if ens is None or isinstance(ens, EnsembleConfig):
+        return ens or cfg.ensemble
+    return cfg.ensemble.replace(**{k: v for k, v in ens.items() if v is not None})
+
+
+def counts_of(records: Records, issued: int | None = None) -> Counts:
+    """The run's counts, as ``ensemble.json`` writes them (``counts``)."""
+    return Counts.of_records(as_records(records), issued=issued)
+
+
+def _count_fields(counts: Counts) -> dict:
+    """``counts`` (one key per ``Status`` value, ``ended``, ``issued``), and the older keys,
+    derived from it: ``n_finished`` (ok), ``n_failed`` (ended without a result: failed,
+    stopped or at their time limit), ``n_discarded``."""
+    return {"counts": counts.as_dict(), "n_finished": counts.ok, "n_failed": counts.not_ok,
+            "n_discarded": counts.discarded}
+
+
+def build_ensemble(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta: dict,
                    y_val: np.ndarray, y_test: np.ndarray, artifacts: Artifacts,
-                   ens: dict | None = None, pool: list[str] | None = None) -> dict:
+                   ens: EnsembleConfig | Mapping[str, Any] | None = None, pool: list[str] | None = None,
+                   issued: int | None = None) -> dict:
     """Select members among the kept candidates on their validation predictions (a proper
     score by default, see ``selection.choose_ensemble``), average them, recalibrate the
     uncertainty on validation (``task.calibration``), score on the test split. Reads at
     most ``ensemble.candidates`` members' arrays, however many were trained. ``ens``
-    overrides ``cfg["ensemble"]`` and ``pool`` the candidates (re-selection of a finished run)."""
-    ens = {**cfg["ensemble"], **(ens or {})}
+    overrides ``cfg.ensemble`` (a section, or the settings it changes) and ``pool`` the
+    candidates (re-selection of a finished run); ``issued``: members handed out (``counts``)."""
+    settings = _settings(cfg, ens)
+    records = as_records(records)
     task = get_task(meta["task"])
-    metric = task.default_metric(ens["metric"])
+    metric = task.default_metric(settings.metric)
     finished = finished_records(records)
+    counts = counts_of(records, issued)
     if not finished:
-        raise RuntimeError(f"no member finished (of {len(records)} tried); see "
+        raise RuntimeError(f"no member finished ({counts.summary()}); see "
                            f"{run_dir / run_dir.JOURNAL} for each failure")
-    by_id = {r["id"]: r for r in finished}
+    by_id = {r.id: r for r in finished}
     tie = PROPER_SCORES[task.name]
     best = rank_members(finished, metric, tie)[0]
     pool = artifacts.pool() if pool is None else pool
@@ -111,64 +140,63 @@ def build_ensemble(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: 
     val_preds = {i: arrays[i]["val_pred"] for i in pool}
     val_vars = {i: arrays[i].get("val_var") for i in pool}
     gaussian = all(v is not None for v in val_vars.values())
-    choice = choose_ensemble(val_preds, y_val, selection_metric({"ensemble": ens}, task.name, gaussian),
-                             method=ens["method"], rank_metric=metric, k=ens["k"],
-                             val_vars=val_vars if gaussian else None, seed=cfg.get("seed", 0))
+    choice = choose_ensemble(val_preds, y_val, selection_metric(settings, task.name, gaussian),
+                             method=settings.method, rank_metric=metric, k=settings.k,
+                             val_vars=val_vars if gaussian else None, seed=cfg.seed)
     weights = choice["weights"]
     ids = list(weights)
     w = np.array([weights[i] for i in ids])
     members = []
     for i in ids:
         entry = {"id": i, "weight": float(weights[i])}
-        if by_id[i].get("model"):
+        if by_id[i].has_model:
             entry["model"] = run_dir.model_ref(i)
-        if by_id[i].get("scaling"):
-            entry.update(by_id[i]["scaling"])
+        if by_id[i].extra.get("scaling"):
+            entry.update(by_id[i].extra["scaling"])
         members.append(entry)
     out = {"task": task.name, "metric": metric, "method": choice["method"], "members": members,
-           "n_finished": len(finished), "n_failed": len({r["id"] for r in records} - {r["id"] for r in records if r.get("status") == "ok"}),
-           "n_discarded": len(discarded_records(records)),
-           "n_candidates": len(pool), "selection": _selection_table(ids, choice)}
+           **_count_fields(counts), "n_candidates": len(pool), "selection": _selection_table(ids, choice)}
     raw = {s: task.combine_outputs([(arrays[i][f"{s}_pred"], arrays[i].get(f"{s}_var")) for i in ids], w)
            for s in ("val", "test")}
     targets = {"val": y_val, "test": y_test}
-    calibration = fit_calibration(task.name, y_val, raw["val"], ens.get("calibration", "auto"), cfg.get("seed", 0))
+    calibration = fit_calibration(task.name, y_val, raw["val"], settings.calibration, cfg.seed)
     stats = {s: apply_calibration(task.name, raw[s], calibration) for s in raw}
     out["ensemble"] = {s: task.ensemble_metrics(targets[s], stats[s], gaussian) for s in stats}
     out["calibration"] = {"method": "none"} if calibration is None else dict(calibration)
     out["calibration"]["before"] = {
         s: task.ensemble_metrics(targets[s], apply_calibration(task.name, raw[s], None), gaussian)
         for s in raw}
-    out["best_member"] = {"id": best["id"], "val": best["val"], "test": best["test"]}
+    out["best_member"] = {"id": best.id, "val": dict(best.val), "test": dict(best.test)}
     per_sample = task.per_sample(stats["test"])
-    if best["id"] in arrays:              # the report sets the ensemble's reliability beside its own
-        alone = task.combine_outputs([(arrays[best["id"]]["test_pred"], arrays[best["id"]].get("test_var"))],
+    if best.id in arrays:                 # the report sets the ensemble's reliability beside its own
+        alone = task.combine_outputs([(arrays[best.id]["test_pred"], arrays[best.id].get("test_var"))],
                                      np.ones(1))
         per_sample.update({f"best_{k}": v for k, v in task.per_sample(alone).items()})
     run_dir.write_npz(run_dir.TEST_PREDICTIONS, y=y_test, **per_sample)
     return out
 
 
-def finalize(run_dir: RunDirectory, records: list[dict], cfg: dict, meta: dict,
+def finalize(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta: dict,
              y_val: np.ndarray, y_test: np.ndarray, extra: dict | None = None, ensemble: bool = True,
-             artifacts: Artifacts | None = None, prune: bool = True) -> dict:
+             artifacts: Artifacts | None = None, prune: bool = True, issued: int | None = None) -> dict:
     """Write leaderboard.csv and ensemble.json (with ``extra`` sections); return the summary.
     Without ``ensemble`` (a rehearsal that saved no predictions) no members are selected.
     With ``artifacts`` and ``prune`` (the run is complete), what the ensemble does not need
     is then removed (``Artifacts.prune``); a run that stopped early keeps every candidate,
-    so that its resume selects as an uninterrupted run would."""
+    so that its resume selects as an uninterrupted run would. ``issued``: members handed
+    out, when the caller knows (a search's ``issued`` events), for ``counts``."""
     t0 = time.perf_counter()
+    records = as_records(records)
     task = get_task(meta["task"])
-    metric = task.default_metric(cfg["ensemble"]["metric"])
+    metric = task.default_metric(cfg.ensemble.metric)
     board = leaderboard(records, metric)
     run_dir.write_text(run_dir.LEADERBOARD, board.to_csv(index=False))
     t_select = time.perf_counter()
     if ensemble:
-        summary = build_ensemble(run_dir, records, cfg, meta, y_val, y_test, artifacts)
+        summary = build_ensemble(run_dir, records, cfg, meta, y_val, y_test, artifacts, issued=issued)
     else:
-        ok = finished_records(records)
-        summary = {"task": task.name, "metric": metric, "method": None, "members": [], "n_finished": len(ok),
-                   "n_failed": len({r["id"] for r in records} - {r["id"] for r in ok}), "rehearsal": True}
+        summary = {"task": task.name, "metric": metric, "method": None, "members": [],
+                   **_count_fields(counts_of(records, issued)), "rehearsal": True}
     select_seconds = time.perf_counter() - t_select
     summary.update(extra or {})
     if artifacts is not None:

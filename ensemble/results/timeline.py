@@ -4,6 +4,7 @@ Each member record carries ``dispatched`` and ``received`` (master clock), ``sta
 and ``ended`` (the worker's clock), ``worker`` (group index), ``rank`` and ``host``; the
 journal's ``open`` and ``close`` event lines give the number of workers and the master's
 own time. A resumed run has one segment per job, each from its ``open`` event to the next.
+Records are ``MemberRecord``s and events ``Event``s (plain journal lines are read as them).
 
 Per segment: startup is the time from the job's start to the first member's start;
 the time available is workers x (last result - first start); utilisation is the time
@@ -14,23 +15,41 @@ worker that waits for work, starts late, or idles at the end counts against it.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-TIMED = ("started", "ended", "received")
+from ensemble.results.events import Event, EventKind
+from ensemble.results.records import MemberRecord, as_records
 
 
-def _segments(records: list[dict], events: list[dict]) -> list[tuple[dict, dict | None, list[dict]]]:
-    opens = sorted((e for e in events if e.get("event") == "open"), key=lambda e: e["time"])
-    closes = sorted((e for e in events if e.get("event") == "close"), key=lambda e: e["time"])
-    timed = sorted((r for r in records if all(k in r for k in TIMED)), key=lambda r: r["received"])
+def as_events(events: Iterable[Event | Mapping[str, Any]]) -> list[Event]:
+    """``events`` typed (a plain line is read with ``Event.from_json``; unknown kinds left out)."""
+    out = []
+    for e in events:
+        event = e if isinstance(e, Event) else Event.from_json(e)
+        if event is not None:
+            out.append(event)
+    return out
+
+
+def _timed(r: MemberRecord) -> bool:
+    return r.started is not None and r.ended is not None and r.received is not None
+
+
+def _segments(records: list[MemberRecord], events: list[Event]) \
+        -> list[tuple[Event, Event | None, list[MemberRecord]]]:
+    opens = sorted((e for e in events if e.kind is EventKind.OPEN), key=lambda e: e.data["time"])
+    closes = sorted((e for e in events if e.kind is EventKind.CLOSE), key=lambda e: e.data["time"])
+    timed = sorted((r for r in records if _timed(r)), key=lambda r: r.received)
     out, i = [], 0
     for n, seg in enumerate(opens):
-        until = opens[n + 1]["time"] if n + 1 < len(opens) else math.inf
+        until = opens[n + 1].data["time"] if n + 1 < len(opens) else math.inf
         mine = []
-        while i < len(timed) and timed[i]["received"] < until:
-            if timed[i]["received"] >= seg["time"]:
+        while i < len(timed) and timed[i].received < until:
+            if timed[i].received >= seg.data["time"]:
                 mine.append(timed[i])
             i += 1
-        close = next((c for c in closes if seg["time"] <= c["time"] < until), None)
+        close = next((c for c in closes if seg.data["time"] <= c.data["time"] < until), None)
         out.append((seg, close, mine))
     return out
 
@@ -40,31 +59,36 @@ PHASES = (("python", "process", "main"), ("mpi_and_config", "main", "mpi_and_con
           ("data", "mpi_and_config", "data"), ("tensorflow", "data", "trainer"))
 
 
-def startup_phases(records: list[dict]) -> dict:
+def startup_phases(records: Iterable[MemberRecord | Mapping[str, Any]]) -> dict:
     """Where a job's start-up went, from the stamps each worker's first result carries:
     python (interpreter and imports before ``main``), mpi_and_config, data (rank 0 reads,
     every rank receives its node's copy), tensorflow (the trainer's set-up: importing and
     configuring TensorFlow), first_build (model build of the first member), and total
     (process creation to the first member's start). Each as the slowest worker's and the
     mean over workers, in seconds; ``{}`` without stamps (rehearsal runs have no TensorFlow)."""
-    firsts = [r for r in records if isinstance(r.get("startup"), dict) and "started" in r]
+    firsts = [r for r in as_records(records) if isinstance(r.extra.get("startup"), Mapping) and r.started is not None]
     per_phase: dict[str, list[float]] = {}
     for r in firsts:
-        st = r["startup"]
+        st = r.extra["startup"]
+        build = r.extra.get("build_seconds")
         for name, a, b in PHASES:
             if st.get(a) is not None and st.get(b) is not None:
                 per_phase.setdefault(name, []).append(max(0.0, st[b] - st[a]))
-        if r.get("build_seconds") is not None:
-            per_phase.setdefault("first_build", []).append(r["build_seconds"])
+        if build is not None:
+            per_phase.setdefault("first_build", []).append(build)
         begin = st.get("process") if st.get("process") is not None else st.get("main")
         if begin is not None:
-            per_phase.setdefault("total", []).append(max(0.0, r["started"] + r.get("build_seconds", 0.0) - begin))
+            per_phase.setdefault("total", []).append(max(0.0, r.started + (build or 0.0) - begin))
     return {name: {"slowest": round(max(v), 3), "mean": round(sum(v) / len(v), 3)}
             for name, v in per_phase.items()}
 
 
-def run_stats(records: list[dict], events: list[dict]) -> dict:
-    """The run's utilisation, startup, members/s and master load (see the module docstring)."""
+def run_stats(records: Iterable[MemberRecord | Mapping[str, Any]], events: Iterable[Event | Mapping[str, Any]]) -> dict:
+    """The run's utilisation, startup, members/s and master load (see the module docstring).
+    ``members`` counts the timed trainings (a member trained again on resume twice) and
+    ``failed`` those that ended without a result (not ``Status.evaluated``); the run's
+    counts of members are ``records.Counts``."""
+    records, events = as_records(records), as_events(events)
     n = failed = 0
     training = available = working = startup = 0.0
     master_busy = master_cpu = master_wall = 0.0
@@ -73,21 +97,22 @@ def run_stats(records: list[dict], events: list[dict]) -> dict:
         if not mine:
             continue
         segments += 1
-        workers = seg["workers"]
-        first = min(r["started"] for r in mine)
-        last = max(r["received"] for r in mine)
+        workers = seg.data["workers"]
+        first = min(r.started for r in mine)
+        last = max(r.received for r in mine)
         span = max(last - first, 1e-9)
-        training += sum(r["ended"] - r["started"] for r in mine)
+        training += sum(r.ended - r.started for r in mine)
         available += workers * span
         working += span
-        startup += max(0.0, first - seg.get("job_started", seg["time"]))
+        startup += max(0.0, first - seg.data.get("job_started", seg.data["time"]))
         n += len(mine)
-        failed += sum(r.get("status") != "ok" for r in mine)
-        if close is not None and close.get("master_wall_seconds"):
-            master_busy += close["master_busy_seconds"]
-            master_cpu += close["master_cpu_seconds"]
-            master_wall += close["master_wall_seconds"]
-            syncs += close.get("journal_syncs", 0)
+        failed += sum(not r.status.evaluated for r in mine)
+        shut = close.data if close is not None else {}
+        if shut.get("master_wall_seconds"):
+            master_busy += shut["master_busy_seconds"]
+            master_cpu += shut["master_cpu_seconds"]
+            master_wall += shut["master_wall_seconds"]
+            syncs += shut.get("journal_syncs", 0)
     if not n:
         return {}
     out = {"members": n, "failed": failed, "workers": workers, "segments": segments,
@@ -113,11 +138,11 @@ def run_stats(records: list[dict], events: list[dict]) -> dict:
 COST_PHASES = ("build", "first_epoch", "epochs", "predict", "write", "other")
 
 
-def member_costs(records: list[dict]) -> dict:
+def member_costs(records: Iterable[MemberRecord | Mapping[str, Any]]) -> dict:
     """Where finished members' time went: per phase the mean seconds per member, its share of
     their training time and the total (members whose records carry ``costs``; older
     journals and the rehearsal trainer have none)."""
-    timed = [r["costs"] for r in records if r.get("status") == "ok" and r.get("costs")]
+    timed = [r.costs for r in as_records(records) if r.ok and r.costs]
     if not timed:
         return {}
     total = sum(sum(c.get(p, 0.0) for p in COST_PHASES) for c in timed) or 1e-9

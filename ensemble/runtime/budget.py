@@ -28,10 +28,12 @@ class RunBudget:
         self.n_ok = self.n_failed = 0
         self.reason: str | None = None
 
-    def observe(self, result: dict) -> None:
-        if result.get("status") == "ok":
+    def observe(self, evaluated: bool, seconds: float | None) -> None:
+        """A member ended after ``seconds`` of training: ``evaluated`` (finished, or stopped by
+        early discarding, which is no failure), else it failed or hit its limit."""
+        if evaluated:
             self.n_ok += 1
-            self.slowest = max(self.slowest, float(result.get("train_seconds", 0.0)))
+            self.slowest = max(self.slowest, float(seconds or 0.0))
         else:
             self.n_failed += 1
         total = self.n_ok + self.n_failed

@@ -24,7 +24,7 @@ import pickle
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,47 @@ Decide = Callable[[dict, dict], "dict | None"]
 #: the function a trainer calls with a report; returns the master's decision
 Report = Callable[[dict], dict]
 #: (spec, report) -> result record (or None on a group rank that is not the leader)
-Trainer = Callable[[dict, Report], "dict | None"]
+TrainFn = Callable[[dict, Report], "dict | None"]
+
+
+class Trainer(Protocol):
+    """The Trainer seam: what a worker (``serve``) and the executors call to train members.
+
+    ``trainer(spec, report)`` trains one member and returns its record (a JSON-able dict,
+    the MPI boundary; None on a group rank that is not the leader). A trainer that packs
+    (``pack`` > 1) trains up to ``pack`` specs of equal ``pack_key`` at once with
+    ``train_many``; a ``pack_key`` of None means "alone"."""
+
+    pack: int
+
+    def __call__(self, spec: dict, report: Report) -> dict | None: ...
+
+    def pack_key(self, spec: dict) -> Any: ...
+
+    def train_many(self, specs: list[dict]) -> list[dict]: ...
+
+
+class OneByOne:
+    """A Trainer from a plain function ``(spec, report) -> record``: no packing."""
+
+    pack = 1
+
+    def __init__(self, train: TrainFn):
+        self._train = train
+
+    def __call__(self, spec: dict, report: Report) -> dict | None:
+        return self._train(spec, report)
+
+    def pack_key(self, spec: dict) -> Any:
+        return None
+
+    def train_many(self, specs: list[dict]) -> list[dict]:
+        return [r for r in (self._train(spec, go_on_report) for spec in specs) if r is not None]
+
+
+def go_on_report(payload: dict) -> dict:
+    """The report function of a member nobody decides about."""
+    return CONTINUE
 
 
 def go_on(spec: dict, payload: dict) -> dict:
@@ -55,7 +95,16 @@ def check_decision(decision: dict) -> dict:
 
 
 class Executor(Protocol):
-    """What the master's loop needs from wherever members are trained."""
+    """What the master's loop needs from wherever members are trained (the Executor seam;
+    ``tests/ensemble/test_seams.py`` runs one contract suite on every implementation)."""
+
+    #: workers (member groups) members train on
+    workers: int
+    #: seconds ``wait`` spent with nothing to do, or None where the executor cannot tell (it
+    #: trains in the master's own thread)
+    idle_seconds: float | None
+    #: bytes of in-training reports received (the master's share of the traffic)
+    report_bytes: int
 
     def free(self) -> int:
         """How many more specs can be handed out now."""
@@ -117,6 +166,8 @@ class SerialExecutor:
         self._make_trainer, self._trainer = make_trainer, None
         self._queue: deque[dict] = deque()
         self.workers = 1
+        self.idle_seconds: float | None = None       # the master trains: it is never idle
+        self.report_bytes = 0
 
     def free(self) -> int:
         return 0 if self._queue else 1
@@ -440,7 +491,7 @@ def _pack_with(train: Trainer, spec: dict, inbox: deque, refill: Callable[[], No
     most, equal ``train.pack_key``), taken out of ``inbox`` in order; just ``[spec]`` when the
     trainer does not pack or nothing matches. ``refill()`` moves specs that have arrived into
     ``inbox``; a pack not full yet waits up to ``PACK_WAIT`` for more (a stop ends the wait)."""
-    size = getattr(train, "pack", 1)
+    size = train.pack
     key = train.pack_key(spec) if size > 1 else None
     if key is None:
         return [spec]

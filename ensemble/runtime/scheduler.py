@@ -15,9 +15,6 @@ import math
 import os
 from collections.abc import Mapping
 
-#: where the end is read, first found wins: ours (any scheduler), then Slurm's own
-END_TIME_VARIABLES = ("ENSEMBLE_JOB_END_TIME", "SLURM_JOB_END_TIME")
-
 
 def job_end_time(environ: Mapping[str, str] = os.environ) -> float | None:
     """The job's end as a UNIX time, or None outside a job with a known end.

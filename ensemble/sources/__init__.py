@@ -6,10 +6,11 @@ worker is free and ``tell(result)``s every result (ask/tell, as optuna's study):
 - ``population.PopulationSource``: population-based training (mode = "pbt"), whose
   ``decide`` holds each round's reports and answers them together.
 
-A new source (a replayed list, a Bayesian optimiser, ...) is a class with these two
-methods; see docs/architecture.md. No MPI and no TensorFlow here.
+A new source (a replayed list, a Bayesian optimiser, ...) implements ``base.Source``
+(and a new in-training rule ``base.Decider``); see docs/architecture.md. No MPI and no TensorFlow here.
 """
 
-from ensemble.sources.members import SpecList, SpecSource, derive_seed, member_count, member_specs
+from ensemble.sources.base import Decider, GoOn, Hooks, Source
+from ensemble.sources.members import SpecList, derive_seed, member_count, member_specs
 
-__all__ = ["SpecList", "SpecSource", "derive_seed", "member_count", "member_specs"]
+__all__ = ["Decider", "GoOn", "Hooks", "Source", "SpecList", "derive_seed", "member_count", "member_specs"]

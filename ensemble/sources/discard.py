@@ -26,15 +26,19 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Iterable
 
+from ensemble.config import EvolveConfig
+from ensemble.results.records import MemberRecord, Status
 from ensemble.runtime.executor import CONTINUE, STOP
+from ensemble.sources.base import Hooks
 from ensemble.task.metrics import higher_is_better
 
 RULES = ("off", "asha", "median")
 
 
 class EarlyDiscard:
-    """The master's ``decide`` for in-training reports of search candidates."""
+    """The master's Decider for in-training reports of search candidates."""
 
     def __init__(self, rule: str, first: int, factor: int, grace: int, metric: str):
         if rule not in RULES:
@@ -47,11 +51,14 @@ class EarlyDiscard:
         self.reported: dict[str, dict[int, float]] = {}   # candidate id -> its scores at the rungs so far
 
     @classmethod
-    def from_config(cls, cfg: dict, metric: str) -> "EarlyDiscard | None":
-        ev = cfg["evolve"]
-        if cfg["mode"] != "evolve" or ev.get("discard", "off") == "off":
+    def from_config(cls, ev: EvolveConfig, metric: str) -> "EarlyDiscard | None":
+        """The rule ``[evolve]`` asks for, or None for ``discard = "off"``."""
+        if ev.discard == "off":
             return None
-        return cls(ev["discard"], ev["discard_epochs"], ev["discard_factor"], ev["discard_grace"], metric)
+        return cls(ev.discard, ev.discard_epochs, ev.discard_factor, ev.discard_grace, metric)
+
+    def bind(self, hooks: Hooks) -> None:
+        pass
 
     def rungs(self, epochs: int) -> list[int]:
         """The epochs a candidate of ``epochs`` epochs is judged at ("asha"; "median" judges
@@ -112,18 +119,20 @@ class EarlyDiscard:
                                     "key": self.key if self.key in payload.get("logs", {}) else "val_loss"}
         return STOP
 
-    def mark(self, result: dict) -> None:
-        """A result: say in it whether (and where) it was discarded, and what it scored at the
-        rungs it reached (``rungs``: epoch -> score, higher better), so ``--resume`` knows them."""
-        where = self.stopped.pop(result["id"], None)
-        if where is not None and result.get("status") == "ok":
-            result["discarded"] = where
-        scores = self.reported.pop(result["id"], None)
+    def mark(self, record: MemberRecord) -> MemberRecord:
+        """A member ended: its record says whether (and where) it was discarded, and what it
+        scored at the rungs it reached (``rungs``: epoch -> score, higher better), so
+        ``--resume`` knows them."""
+        where = self.stopped.pop(record.id, None)
+        if where is not None and record.status is Status.OK:
+            record = record.replace(status=Status.DISCARDED, discarded=where)
+        scores = self.reported.pop(record.id, None)
         if scores:
-            result["rungs"] = {str(e): v for e, v in scores.items()}
+            record = record.replace(extra={**record.extra, "rungs": {str(e): v for e, v in scores.items()}})
+        return record
 
-    def replay(self, records: list[dict]) -> None:
+    def replay(self, records: Iterable[MemberRecord]) -> None:
         """``--resume``: the rungs as the journal's results left them."""
         for r in records:
-            for epoch, score in (r.get("rungs") or {}).items():
+            for epoch, score in (r.extra.get("rungs") or {}).items():
                 bisect.insort(self.seen.setdefault(int(epoch), []), float(score))

@@ -4,19 +4,11 @@ spec source of an ensemble run: the fixed member list."""
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator
-from typing import Protocol
+from typing import Any
 
-from ensemble.config import member_train_settings
-
-
-class SpecSource(Protocol):
-    """What the master needs from an ensemble list or a search strategy."""
-
-    def next_spec(self) -> dict | None:
-        """The next spec to train, or None when nothing can be handed out now."""
-
-    def tell(self, result: dict) -> None:
-        """A result has arrived (finished or failed)."""
+from ensemble.config import RunConfig, member_train_settings
+from ensemble.results.records import MemberRecord
+from ensemble.sources.base import Hooks
 
 
 _M32 = 0xFFFFFFFF
@@ -61,39 +53,47 @@ def derive_seed(*parts: int) -> int:
     return (value ^ (value >> 16)) & 0x7FFFFFFF
 
 
-def member_count(cfg: dict) -> int:
-    return sum(arch["members"] for arch in cfg["architectures"])
+def member_count(cfg: RunConfig) -> int:
+    return sum(arch.members for arch in cfg.architectures)
 
 
-def member_specs(cfg: dict, skip: Collection[str] = frozenset()) -> Iterator[dict]:
+def member_specs(cfg: RunConfig, skip: Collection[str] = frozenset()) -> Iterator[dict]:
     """Every member of an ensemble run, in a fixed order: per architecture, ``members`` seeds,
     less the ids in ``skip``. Made one at a time, as they are handed out: a list of 100,000
     members costs no memory, and skipping 100,000 finished ones costs no seeds."""
-    for a, arch in enumerate(cfg["architectures"]):
-        settings = member_train_settings(cfg, arch)
-        for j in range(arch["members"]):
-            member_id = f"{arch['name']}-{j:03d}"
+    for a, arch in enumerate(cfg.architectures):
+        settings = member_train_settings(cfg, arch).to_dict()
+        layers = None if arch.layers is None else [dict(layer) for layer in arch.to_dict()["layers"]]
+        for j in range(arch.members):
+            member_id = f"{arch.name}-{j:03d}"
             if member_id in skip:
                 continue
             yield {
                 "id": member_id,
-                "arch": arch["name"],
-                "layers": arch["layers"],
-                "model": arch["model"],
-                "params": arch["params"],
-                "seed": derive_seed(cfg["seed"], a, j),
+                "arch": arch.name,
+                "layers": layers,
+                "model": arch.model,
+                "params": dict(arch.params),
+                "seed": derive_seed(cfg.seed, a, j),
                 **settings,
             }
 
 
 class SpecList:
-    """The fixed member list of an ensemble run, minus members already finished."""
+    """The fixed member list of an ensemble run, minus members already finished (a Source)."""
 
-    def __init__(self, specs: Iterable[dict], done_ids: set[str] = frozenset()):
+    def __init__(self, specs: Iterable[dict], done_ids: Collection[str] = frozenset(), total: int | None = None):
         self.pending = (s for s in specs if s["id"] not in done_ids)
+        self.total = total
+
+    def bind(self, hooks: Hooks) -> None:
+        pass
 
     def next_spec(self) -> dict | None:
         return next(self.pending, None)
 
-    def tell(self, result: dict) -> None:
-        pass
+    def tell(self, record: MemberRecord) -> MemberRecord:
+        return record
+
+    def finish(self, records: list[MemberRecord]) -> dict[str, Any]:
+        return {}

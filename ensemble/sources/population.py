@@ -32,9 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble.config import ConfigError, member_train_settings
+from ensemble.config import ConfigError, RunConfig, member_train_settings
 from ensemble.config.schema import PBT_HYPERPARAMETERS, PBT_WHAT as WHAT
+from ensemble.results.events import Event, EventKind
+from ensemble.results.records import MemberRecord
 from ensemble.results.rundir import RunDirectory
+from ensemble.sources.base import Hooks
 from ensemble.runtime.executor import CONTINUE, STOP
 from ensemble.sources.members import derive_seed
 from ensemble.task import get_task
@@ -49,11 +52,6 @@ LOG_SCALE = {"learning_rate", "batch_size", "weight_decay"}
 TABLE = "pbt.csv"
 SEED_SALT = 7_000_001
 
-
-def checkpoint_name(member_id: str, round_: int) -> str:
-    """The file (in the run directory) a member's state after ``round_`` is in: two slots
-    per member, so writing round r+1 never touches the state round r's resume needs."""
-    return f"pbt/{member_id}.{round_ % 2}.npz"
 
 
 # -- the rules: pure functions of scores and a generator -----------------------------------------
@@ -118,32 +116,30 @@ def explore(hparams: dict, evolving: list[str], rule: str, factors: list[float],
 # -- the source --------------------------------------------------------------------------------
 
 class PopulationSource:
-    """Spec source and in-training ``decide`` for mode "pbt".
+    """The Source and the Decider of mode "pbt" (one object: the rounds are both).
 
-    The session sets ``answer`` (the executor's: delivers a held decision) and ``on_round``
-    (journals a round's event, synced) before the loop starts, and may set
-    ``deadline`` (UNIX seconds: no round starts that would end after it)."""
+    ``bind`` gives it the session's hooks: ``answer`` delivers a held decision, ``event``
+    journals a round (synced), ``deadline`` ends the rounds in time."""
 
-    def __init__(self, cfg: dict, meta: dict, run_dir: RunDirectory, lines: list[dict], workers: int):
-        pbt = cfg["pbt"]
+    def __init__(self, cfg: RunConfig, meta: dict, run_dir: RunDirectory, history: list[MemberRecord | Event],
+                 workers: int):
+        pbt = cfg.pbt
         self.cfg, self.pbt, self.run_dir = cfg, pbt, run_dir
         task = get_task(meta["task"])
-        self.metric = task.default_metric(pbt["metric"] if pbt["metric"] != "auto" else cfg["ensemble"]["metric"])
+        self.metric = task.default_metric(pbt.metric if pbt.metric != "auto" else cfg.ensemble.metric)
         self.up = higher_is_better(self.metric)
-        journalled = next((len(x["members"]) for x in lines if x.get("event") == "pbt_round"), None)
-        self.size = journalled or pbt["population"] or workers      # a resumed population keeps its size
+        journalled = next((len(x.data["members"]) for x in history
+                           if isinstance(x, Event) and x.kind is EventKind.PBT_ROUND), None)
+        self.size = journalled or pbt.population or workers      # a resumed population keeps its size
         if self.size > workers:
             why = (f"the population this run started with has {self.size} members" if journalled else
                    f"`pbt.population` = {pbt['population']}")
             raise ConfigError(f"{why}, which needs as many worker groups, but this job has {workers}: every "
                               "member trains every round, each held by one group; start more ranks (mpirun -n "
-                              f"{self.size * cfg['runtime']['group_size'] + 1})"
+                              f"{self.size * cfg.runtime.group_size + 1})"
                               + ("" if journalled else " or lower it"))
-        self.bounds = {h: tuple(pbt["ranges"].get(h, DEFAULT_BOUNDS[h])) for h in PBT_HYPERPARAMETERS}
-        self.answer: Callable[[str, dict], None] | None = None
-        self.on_round: Callable[[dict], None] | None = None
-        self.deadline: float | None = None
-        self.clock: Callable[[], float] = time.time
+        self.bounds = {h: tuple(pbt.ranges.get(h, DEFAULT_BOUNDS[h])) for h in PBT_HYPERPARAMETERS}
+        self.hooks = Hooks(event=lambda line: None, answer=self._no_answer, deadline=lambda: None, clock=time.time)
         self.members: dict[str, dict] = {}           # id -> its state as the master knows it
         self.reports: dict[str, dict] = {}           # this round's reports, by id
         self.rows: list[dict] = []                   # the lineage so far (pbt.csv)
@@ -154,44 +150,58 @@ class PopulationSource:
         self.round_seconds: float | None = None
         self.bytes_moved = 0
         self._initial_population(cfg, meta)
-        self.finished = self._replay(lines)
+        self.finished = self._replay(history)
         self.active = [i for i in self.members if i not in self.finished]
         self.pending = deque(self._spec(i) for i in self.active)
         self.total = self.size
 
     # -- the population ----------------------------------------------------------------------
-    def _starts(self, cfg: dict, meta: dict) -> list[dict]:
+    def bind(self, hooks: Hooks) -> None:
+        """The session's hooks: rounds are journalled (``event``) before anyone is answered
+        (``answer``); no round starts that would end after ``deadline``."""
+        self.hooks = hooks
+
+    @staticmethod
+    def _no_answer(spec_id: str, decision: dict) -> None:
+        raise RuntimeError("mode \"pbt\" holds members until the round is complete, which needs an executor that "
+                           "can answer later (MPI or simulated); bind the session's hooks first")
+
+    def clock(self) -> float:
+        return self.hooks.clock()
+
+    def _starts(self, cfg: RunConfig, meta: dict) -> list[dict]:
         """What each initial member is (its ``WHAT`` and training settings), in order."""
-        if self.pbt["start"]:
-            return search_winners(self.pbt["start"], self.size, meta, cfg["train"])
+        if self.pbt.start:
+            return search_winners(self.pbt.start, self.size, meta, cfg.train.to_dict())
         out = []
         for i in range(self.size):
-            arch = cfg["architectures"][i % len(cfg["architectures"])]
+            arch = cfg.architectures[i % len(cfg.architectures)].to_dict()
             out.append({"arch": arch["name"], "layers": arch["layers"], "model": arch["model"],
-                        "params": arch["params"], "model_dir": arch.get("model_dir"),
-                        **member_train_settings(cfg, arch)})
+                        "params": arch["params"], "model_dir": arch["model_dir"],
+                        **member_train_settings(cfg, cfg.architectures[i % len(cfg.architectures)]).to_dict()})
         return out
 
-    def _initial_population(self, cfg: dict, meta: dict) -> None:
+    def _initial_population(self, cfg: RunConfig, meta: dict) -> None:
         for i, start in enumerate(self._starts(cfg, meta)):
-            rng = np.random.default_rng(derive_seed(cfg["seed"], SEED_SALT, i))
+            rng = np.random.default_rng(derive_seed(cfg.seed, SEED_SALT, i))
             hparams = {"learning_rate": start["learning_rate"], "batch_size": start["batch_size"],
                        "dropout": None, "weight_decay": None, "momentum": None}
-            for name in self.pbt["hyperparameters"]:
-                if name in self.pbt["ranges"] and not self.pbt["start"]:
+            for name in self.pbt.hyperparameters:
+                if name in self.pbt.ranges and not self.pbt.start:
                     hparams[name] = sample(name, self.bounds[name], rng)
             member_id = f"pbt-{i:03d}"
             self.members[member_id] = {
                 "id": member_id, "index": i, "what": {k: start.get(k) for k in WHAT},
                 "hparams": hparams, "train": {k: v for k, v in start.items() if k not in WHAT},
-                "seed": derive_seed(cfg["seed"], SEED_SALT + 2, i), "restore": None, "exposes": None}
+                "seed": derive_seed(cfg.seed, SEED_SALT + 2, i), "restore": None, "exposes": None}
 
-    def _replay(self, lines: list[dict]) -> set[str]:
+    def _replay(self, history: list[MemberRecord | Event]) -> set[str]:
         """The journal so far: every round's lineage, each member's state after the last round,
         and the members whose final result is in. Returns the finished ids."""
         finished = set()
-        for x in lines:
-            if x.get("event") == "pbt_round":
+        for item in history:
+            if isinstance(item, Event) and item.kind is EventKind.PBT_ROUND:
+                x = item.data
                 self.round = x["round"]
                 self.stopped = bool(x.get("stop"))
                 for row in x["members"]:
@@ -204,8 +214,8 @@ class PopulationSource:
                     member["exposes"] = row.get("exposes")
                     member["restore"] = {"round": x["round"], "from": row.get("copied_from") or row["id"],
                                          "stop": self.stopped}
-            elif "event" not in x and x.get("status") == "ok" and x["id"] in self.members:
-                finished.add(x["id"])
+            elif isinstance(item, MemberRecord) and item.ok and item.id in self.members:
+                finished.add(item.id)
         if self.round:
             log.info(f"resume: the population continues after round {self.round} of {self.pbt['rounds']}"
                      + (f" ({len(finished)} member(s) already finished)" if finished else ""))
@@ -215,8 +225,8 @@ class PopulationSource:
         m = self.members[member_id]
         pbt = self.pbt
         return {"id": member_id, **m["what"], **m["train"], "seed": m["seed"],
-                "epochs": pbt["rounds"] * pbt["round_epochs"], "report_every": pbt["round_epochs"],
-                "pbt": {"rounds": pbt["rounds"], "round_epochs": pbt["round_epochs"], "hparams": m["hparams"],
+                "epochs": pbt.rounds * pbt.round_epochs, "report_every": pbt.round_epochs,
+                "pbt": {"rounds": pbt.rounds, "round_epochs": pbt.round_epochs, "hparams": m["hparams"],
                         "restore": m["restore"], "metric": self.metric}}
 
     # -- spec source -------------------------------------------------------------------------
@@ -227,23 +237,35 @@ class PopulationSource:
             return self.pending.popleft()
         return None
 
-    def tell(self, result: dict) -> None:
+    def tell(self, record: MemberRecord) -> MemberRecord:
         """A member's final result; a member that failed outside a round (an exception, not a
         NaN) leaves the population, which goes on without it."""
-        member_id = result["id"]
+        member_id = record.id
         if member_id not in self.members:
-            return
-        result["pbt"] = {"rounds": self.round, "hparams": self.members[member_id]["hparams"],
-                         "what": self.members[member_id]["what"].get("arch")}
+            return record
+        record = record.replace(extra={**record.extra, "pbt": {
+            "rounds": self.round, "hparams": self.members[member_id]["hparams"],
+            "what": self.members[member_id]["what"].get("arch")}})
         if member_id in self.active:
             self.active.remove(member_id)
-        if result.get("status") != "ok" and not self.stopped:
-            log.warning(f"pbt: {member_id} failed ({result.get('error', {}).get('kind')}); the population "
+        if not record.ok and not self.stopped:
+            log.warning(f"pbt: {member_id} failed ({record.error_kind}); the population "
                         f"goes on with {len(self.active)}")
             self.reports.pop(member_id, None)
             if self.active and len(self.reports) == len(self.active):
                 for other, decision in self._complete_round().items():
-                    self.answer(other, decision)
+                    self.hooks.answer(other, decision)
+        return record
+
+    # -- the Decider seam: a population decides in rounds, and marks nothing -----------------------
+    def stamp(self, spec: dict) -> dict:
+        return spec
+
+    def mark(self, record: MemberRecord) -> MemberRecord:
+        return record
+
+    def replay(self, records) -> None:
+        pass                                          # the source's own ``_replay`` read the rounds
 
     # -- decisions -----------------------------------------------------------------------------
     def decide(self, spec: dict, payload: dict) -> dict | None:
@@ -257,7 +279,7 @@ class PopulationSource:
         decisions = self._complete_round()
         own = decisions.pop(member_id)
         for other, decision in decisions.items():
-            self.answer(other, decision)
+            self.hooks.answer(other, decision)
         return own
 
     def _score(self, payload: dict) -> float:
@@ -269,9 +291,9 @@ class PopulationSource:
     def _time_is_up(self, now: float) -> str | None:
         if self.round_started is not None:
             self.round_seconds = now - self.round_started
-        ends = [t for t in (self.deadline,) if t is not None]
-        if self.pbt["time_limit"] is not None and self.started is not None:
-            ends.append(self.started + self.pbt["time_limit"])
+        ends = [t for t in (self.hooks.deadline(),) if t is not None]
+        if self.pbt.time_limit is not None and self.started is not None:
+            ends.append(self.started + self.pbt.time_limit)
         if ends and self.round_seconds is not None and now + self.round_seconds > min(ends):
             return "the time limit (`pbt.time_limit` or the run's) would end the next round"
         return None
@@ -289,9 +311,9 @@ class PopulationSource:
                 raise RuntimeError(f"pbt: {member_id} reported round {payload['round']}, but the population "
                                    f"is at round {round_}")
         scores = {i: self._score(p) for i, p in reports.items()}
-        why = "the last round" if round_ >= self.pbt["rounds"] else self._time_is_up(now)
-        rng = np.random.default_rng(derive_seed(self.cfg["seed"], SEED_SALT + 1, round_))
-        pairs = [] if why else exploit_pairs(scores, self.pbt["exploit"], self.pbt["fraction"], rng)
+        why = "the last round" if round_ >= self.pbt.rounds else self._time_is_up(now)
+        rng = np.random.default_rng(derive_seed(self.cfg.seed, SEED_SALT + 1, round_))
+        pairs = [] if why else exploit_pairs(scores, self.pbt.exploit, self.pbt.fraction, rng)
         if not why and all(not math.isfinite(s) for s in scores.values()):
             why = "every member's loss turned NaN"
         copies = dict(pairs)
@@ -322,10 +344,10 @@ class PopulationSource:
             if member_id in copies:
                 donor_id = copies[member_id]
                 donor = self.members[donor_id]
-                evolving = [h for h in self.pbt["hyperparameters"]
+                evolving = [h for h in self.pbt.hyperparameters
                             if donor["exposes"] is None or h in donor["exposes"]]
-                hparams = explore(donor["hparams"], evolving, self.pbt["explore"], self.pbt["factors"],
-                                  self.pbt["resample_probability"], self.bounds, rng)
+                hparams = explore(donor["hparams"], evolving, self.pbt.explore, self.pbt.factors,
+                                  self.pbt.resample_probability, self.bounds, rng)
                 row.update(copied_from=donor_id, next_hparams=hparams,
                            next_what=donor["what"] if donor["what"] != member["what"] else None)
                 decisions[member_id] = {"action": "update", "settings": hparams,
@@ -347,8 +369,7 @@ class PopulationSource:
                  "members": rows}
         if why:
             event["why"] = why
-        if self.on_round is not None:
-            self.on_round(event)                  # journalled (and synced) before anyone is answered
+        self.hooks.event(event)                   # journalled (and synced) before anyone is answered
         self.rows.extend({"round": round_, **row} for row in rows)
         self.round, self.stopped, self.reports = round_, bool(why), {}
         self.round_started = self.clock()
@@ -356,11 +377,11 @@ class PopulationSource:
         value = by_id[best]["value"]
         log.info(f"pbt round {round_}/{self.pbt['rounds']}: best {best} val {self.metric} "
                  f"{'nan' if value is None else f'{value:.4f}'}, {len(pairs)} cop{'y' if len(pairs) == 1 else 'ies'}"
-                 + (f"; stopping: {why}" if why and round_ < self.pbt["rounds"] else ""))
+                 + (f"; stopping: {why}" if why and round_ < self.pbt.rounds else ""))
         return decisions
 
     # -- the end ---------------------------------------------------------------------------------
-    def finish(self) -> dict:
+    def finish(self, records: list[MemberRecord] | None = None) -> dict:
         """Write pbt.csv (the lineage, one row per member and round) and return the run
         summary's ``pbt`` section."""
         import pandas as pd
@@ -378,9 +399,9 @@ class PopulationSource:
             frame = frame.sort_values(["round", "id"], kind="stable")
         self.run_dir.write_text(TABLE, frame.to_csv(index=False))
         copies = sum(1 for r in self.rows if r.get("copied_from"))
-        return {"rounds": self.round, "population": self.size, "metric": self.metric, "copies": copies,
-                "exploit": self.pbt["exploit"], "explore": self.pbt["explore"],
-                "bytes_moved_this_job": self.bytes_moved}
+        return {"pbt": {"rounds": self.round, "population": self.size, "metric": self.metric, "copies": copies,
+                "exploit": self.pbt.exploit, "explore": self.pbt.explore,
+                "bytes_moved_this_job": self.bytes_moved}}
 
 
 def search_winners(run_path: str, count: int, meta: dict, train: dict) -> list[dict]:
@@ -389,31 +410,32 @@ def search_winners(run_path: str, count: int, meta: dict, train: dict) -> list[d
     size."""
     from evolve import Genome, SearchSpace, decode
 
-    from ensemble.config import load_config
+    from ensemble.config import read_saved_config
     from ensemble.results.journal import read_journal
     path = Path(run_path)
     if not (path / "journal.jsonl").is_file() or not (path / "config.toml").is_file():
         raise ConfigError(f"`pbt.start` {run_path!r} is not a run directory (no journal.jsonl and config.toml "
                           "there); give a finished mode \"evolve\" run's directory, or \"\" to start from "
                           "[[architectures]]")
-    source_cfg = load_config(path / "config.toml")
-    if source_cfg["mode"] != "evolve":
-        raise ConfigError(f"`pbt.start` {run_path!r} is a mode {source_cfg['mode']!r} run; it must be a mode "
+    source_cfg = read_saved_config(path / "config.toml")
+    if source_cfg.mode != "evolve":
+        raise ConfigError(f"`pbt.start` {run_path!r} is a mode {source_cfg.mode!r} run; it must be a mode "
                           "\"evolve\" run (its candidates start the population)")
-    metric = source_cfg["ensemble"]["metric"]
-    records = [r for r in read_journal(path / "journal.jsonl") if r.get("status") == "ok" and "genome" in r]
+    metric = source_cfg.ensemble.metric
+    records = [r for r in map(MemberRecord.from_json, read_journal(path / "journal.jsonl"))
+               if r.ok and r.genome is not None]
     if not records:
         raise ConfigError(f"`pbt.start` {run_path!r} has no finished candidates yet")
     metric = get_task(meta["task"]).default_metric(metric)
     input_shape, n_outputs = tuple(meta["input_shape"]), meta["n_outputs"]
     sign = -1.0 if higher_is_better(metric) else 1.0
-    records.sort(key=lambda r: (sign * r["val"][metric], r["id"]))
-    space = SearchSpace.from_config(source_cfg["search"], input_rank=len(input_shape))
+    records.sort(key=lambda r: (sign * r.val[metric], r.id))
+    space = SearchSpace.from_config(dict(source_cfg.search), input_rank=len(input_shape))
     out = []
     for i in range(count):                        # fewer winners than members: dealt round-robin
         record = records[i % len(records)]
-        genome = Genome.from_dict(record["genome"])
-        out.append({"arch": record["id"], "layers": decode(genome, input_shape, space, n_outputs), "model": None,
+        genome = Genome.from_dict(record.genome)
+        out.append({"arch": record.id, "layers": decode(genome, input_shape, space, n_outputs), "model": None,
                     "params": {}, "model_dir": None, **train, "optimizer": genome.optimizer,
                     "learning_rate": genome.learning_rate, "batch_size": genome.batch_size})
     return out

@@ -21,12 +21,15 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from ensemble.config import ConfigError
+from ensemble.config import ConfigError, RunConfig
+from ensemble.results.events import Event, EventKind
+from ensemble.results.records import MemberRecord, Status
 from ensemble.results.rundir import RunDirectory
+from ensemble.sources.base import Hooks
 from ensemble.sources.members import derive_seed
 from ensemble.task import get_task
 from ensemble.task.metrics import higher_is_better
@@ -39,20 +42,20 @@ def _genome_key(genome: dict) -> str:
     return Genome.from_dict(genome).key()
 
 
-def search_space(cfg: dict, meta: dict):
+def search_space(cfg: RunConfig, meta: dict):
     """The validated search space for this data; errors name the `search.*` key."""
     from evolve import SearchSpace
     try:
-        return SearchSpace.from_config(cfg["search"], input_rank=len(meta["input_shape"]))
+        return SearchSpace.from_config(dict(cfg.search), input_rank=len(meta["input_shape"]))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
 
-def check_search(cfg: dict, meta: dict) -> None:
+def check_search(cfg: RunConfig, meta: dict) -> None:
     """Rank 0, before any training: the space must fit the data and yield a buildable genome."""
     from evolve import random_genome
     space = search_space(cfg, meta)
-    rng = np.random.default_rng(cfg["seed"])
+    rng = np.random.default_rng(cfg.seed)
     try:                    # a space that rarely yields a valid genome would stall the search later
         for _ in range(20):
             random_genome(rng, space, tuple(meta["input_shape"]), meta["n_outputs"])
@@ -60,76 +63,78 @@ def check_search(cfg: dict, meta: dict) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def _fitness(record: dict, metric: str) -> float | None:
-    if record.get("status") != "ok":
+def _fitness(record: MemberRecord, metric: str) -> float | None:
+    """What the strategy maximises: the validation metric of a member with one (a discarded
+    candidate's at low fidelity), signed so that higher is better; else None."""
+    if not record.status.evaluated:
         return None
-    value = record["val"].get(metric)
+    value = record.val.get(metric)
     if value is None or not math.isfinite(value):
         return None
     return float(value) if higher_is_better(metric) else -float(value)
 
 
-def _objectives(record: dict, metric: str, second: str) -> tuple[float, float] | None:
+def _objectives(record: MemberRecord, metric: str, second: str) -> tuple[float, float] | None:
     """A result's objectives, all maximised: (fitness, -parameters or -inference time)."""
     fit = _fitness(record, metric)
     if fit is None:
         return None
-    value = record.get("params", 0) if second == "metric_params" else record.get("predict_seconds_per_sample", 0.0)
+    value = record.params if second == "metric_params" else record.extra.get("predict_seconds_per_sample", 0.0)
     return (fit, -float(value or 0))
 
 
-def pareto_objectives(cfg: dict, meta: dict):
+def pareto_objectives(cfg: RunConfig, meta: dict):
     """record -> objectives for a multi-objective strategy (whose Pareto front keeps its
     models), else None."""
     from evolve import STRATEGIES
-    ev = cfg["evolve"]
-    cls = STRATEGIES[ev["strategy"]]
+    cls = STRATEGIES[cfg.evolve.strategy]
     if "objectives" not in cls.SETTINGS:
         return None
-    metric = get_task(meta["task"]).default_metric(cfg["ensemble"]["metric"])
-    second = ev.get("objectives", cls.SETTINGS["objectives"].default)
+    metric = get_task(meta["task"]).default_metric(cfg.ensemble.metric)
+    second = cfg.evolve.settings["objectives"]
     return lambda record: _objectives(record, metric, second)
 
 
 class SearchSource:
-    """Spec source for the scheduler: strategy.ask() -> spec, result -> strategy.tell().
+    """The Source of mode "evolve": strategy.ask() -> spec, record -> strategy.tell().
 
-    ``lines`` are the journal's lines of the run so far, in order (member records and event
-    lines; empty for a new run). Set ``on_issue`` to receive each new candidate's ``issued``
-    line as it is handed out (the master journals it)."""
+    ``history`` is the journal of the run so far, in order (member records and events;
+    empty for a new run). Each new candidate's ``issued`` event is journalled as it is
+    handed out (``Hooks.event``), so a resume re-issues it."""
 
-    def __init__(self, cfg: dict, meta: dict, run_dir: RunDirectory, lines: list[dict],
+    def __init__(self, cfg: RunConfig, meta: dict, run_dir: RunDirectory, history: list[MemberRecord | Event],
                  lost: set[str] = frozenset()):
         from evolve import STRATEGIES, make_strategy
-        ev = cfg["evolve"]
+        ev = cfg.evolve
         self.cfg, self.meta, self.run_dir = cfg, meta, run_dir
-        self.metric = get_task(meta["task"]).default_metric(cfg["ensemble"]["metric"])
+        self.metric = get_task(meta["task"]).default_metric(cfg.ensemble.metric)
         self.space = search_space(cfg, meta)
         self.input_shape = tuple(meta["input_shape"])
-        cls = STRATEGIES[ev["strategy"]]
-        params = {k: ev.get(k, s.default) for k, s in cls.SETTINGS.items()}   # as the strategy declares
+        cls = STRATEGIES[ev.strategy]
+        params = dict(ev.settings)                    # as the strategy declares them, defaults filled in
         self.objectives = params.get("objectives", "metric_params")
-        self.strategy = make_strategy(ev["strategy"], self.space, self.input_shape, meta["n_outputs"],
-                                      rng_seed=cfg["seed"], budget_evaluations=ev["evaluations"],
-                                      budget_seconds=ev["time_limit"], **params)
-        self.total = ev["evaluations"]
+        self.strategy = make_strategy(ev.strategy, self.space, self.input_shape, meta["n_outputs"],
+                                      rng_seed=cfg.seed, budget_evaluations=ev.evaluations,
+                                      budget_seconds=ev.time_limit, **params)
+        self.total = ev.evaluations
         self.population_size = cls.initial_size(self.strategy.params)
-        self.on_issue: Callable[[dict], None] | None = None
+        self.hooks: Hooks | None = None
         self.genomes: dict[str, object] = {}
         self.reissue: deque[dict] = deque()       # issued lines of candidates out when the run stopped
-        done = self._replay(lines)
-        self.count = max([r["search"]["evaluation"] for r in done if "search" in r]
-                         + [x["evaluation"] for x in self.reissue], default=0)
-        self.wall0 = time.monotonic() - max([r["search"]["wall"] for r in done if "search" in r], default=0.0)
+        done = self._replay(history)
+        searched = [r.extra["search"] for r in done if "search" in r.extra]
+        self.count = max([x["evaluation"] for x in searched] + [x["evaluation"] for x in self.reissue], default=0)
+        self.wall0 = time.monotonic() - max([x["wall"] for x in searched], default=0.0)
         self.exhausted = False
         # finished candidates whose kept artifacts were lost: the same genome, id and seed again
-        latest = {r["id"]: r for r in done}
+        latest = {r.id: r for r in done}
         self.retrain = [latest[i] for i in sorted(lost) if i in latest]
         self.retraining: set[str] = set()
-        self.inherit = bool(ev.get("inherit", False))
-        self.discard = None                           # ``sources.discard.EarlyDiscard``, set by the session
-        self.ids_by_key = {_genome_key(r["genome"]): r["id"] for r in done
-                           if r.get("status") == "ok" and not r.get("discarded")}
+        self.inherit = ev.inherit
+        self.ids_by_key = {_genome_key(r.genome): r.id for r in done if r.status.ranked}
+
+    def bind(self, hooks: Hooks) -> None:
+        self.hooks = hooks
 
     def _parent(self, genome) -> dict | None:
         """``evolve.inherit``: the trained parent a bred child starts from (its id and model
@@ -142,26 +147,30 @@ class SearchSource:
             return None
         return {"from": parent_id, "path": str(self.run_dir.model_path(parent_id))}
 
-    def _replay(self, lines: list[dict]) -> list[dict]:
+    def _replay(self, history: list[MemberRecord | Event]) -> list[MemberRecord]:
         """Tell the strategy the journal's asks and results in their order; queue the
         candidates issued but not finished for ``next_spec``. Returns the finished records."""
         from evolve import Genome
-        events, done, issued, told = [], [], {}, set()
-        for x in lines:
-            kind = x.get("event")
-            if kind == "issued" and x["id"] not in issued and x["id"] not in told:
-                if x.get("told", len(told)) != len(told):
-                    log.warning(f"resume: {x['id']} was bred after {x['told']} results, but the journal "
-                                f"before it has {len(told)}; the search may take another path than it did")
-                issued[x["id"]] = x
-                events.append({"event": "ask", "genome": x["genome"]})
-            elif kind is None and "genome" in x:
-                done.append(x)
-                if x["id"] in told:          # a member trained again (lost artifacts): told once, as it was
+        events: list[dict] = []
+        done: list[MemberRecord] = []
+        issued: dict[str, Any] = {}
+        told: set[str] = set()
+        for item in history:
+            if isinstance(item, Event):
+                x = item.data
+                if item.kind is EventKind.ISSUED and x["id"] not in issued and x["id"] not in told:
+                    if x.get("told", len(told)) != len(told):
+                        log.warning(f"resume: {x['id']} was bred after {x['told']} results, but the journal "
+                                    f"before it has {len(told)}; the search may take another path than it did")
+                    issued[x["id"]] = x
+                    events.append({"event": "ask", "genome": x["genome"]})
+            elif item.genome is not None:
+                done.append(item)
+                if item.id in told:          # a member trained again (lost artifacts): told once, as it was
                     continue
-                told.add(x["id"])
-                events.append({"genome": x["genome"], "fitness": _fitness(x, self.metric),
-                               "objectives": self._objectives(x), "asked": x["id"] in issued})
+                told.add(item.id)
+                events.append({"genome": item.genome, "fitness": _fitness(item, self.metric),
+                               "objectives": self._objectives(item), "asked": item.id in issued})
         self.strategy.replay(events)
         for spec_id, line in issued.items():
             if spec_id not in told:
@@ -173,7 +182,7 @@ class SearchSource:
                      + (" ..." if len(self.reissue) > 10 else ""))
         return done
 
-    def _objectives(self, r: dict) -> tuple[float, float] | None:
+    def _objectives(self, r: MemberRecord) -> tuple[float, float] | None:
         return _objectives(r, self.metric, self.objectives)
 
     def next_spec(self) -> dict | None:
@@ -184,8 +193,8 @@ class SearchSource:
         if self.retrain:
             from evolve import Genome
             record = self.retrain.pop()
-            self.retraining.add(record["id"])
-            return self._spec(record["id"], Genome.from_dict(record["genome"]), int(record["id"][1:]))
+            self.retraining.add(record.id)
+            return self._spec(record.id, Genome.from_dict(record.genome), int(record.id[1:]))
         if self.exhausted:
             return None
         try:
@@ -200,12 +209,12 @@ class SearchSource:
         spec_id = f"e{self.count:04d}"
         self.genomes[spec_id] = genome
         spec = self._spec(spec_id, genome, self.count, inherit=self._parent(genome))
-        if self.on_issue is not None:
-            line = {"event": "issued", "id": spec_id, "evaluation": self.count, "seed": spec["seed"],
+        if self.hooks is not None:
+            line = {"event": EventKind.ISSUED.value, "id": spec_id, "evaluation": self.count, "seed": spec["seed"],
                     "told": self.strategy.told, "genome": spec["genome"], "time": round(time.time(), 4)}
             if spec.get("inherit"):
                 line["inherit"] = spec["inherit"]
-            self.on_issue(line)
+            self.hooks.event(line)
         return spec
 
     def _spec(self, spec_id: str, genome, count: int, seed: int | None = None, inherit: dict | None = None) -> dict:
@@ -213,65 +222,67 @@ class SearchSource:
         extra = {"inherit": inherit} if inherit else {}
         return {"id": spec_id, "arch": "evolved", "model": None, "params": {}, **extra,
                 "layers": decode(genome, self.input_shape, self.space, self.meta["n_outputs"]),
-                "seed": derive_seed(self.cfg["seed"], 1_000_003, count) if seed is None else seed,
-                **self.cfg["train"],                     # the genome evolves the three below
+                "seed": derive_seed(self.cfg.seed, 1_000_003, count) if seed is None else seed,
+                **self.cfg.train.to_dict(),              # the genome evolves the three below
                 "optimizer": genome.optimizer, "learning_rate": genome.learning_rate,
                 "batch_size": genome.batch_size, "genome": genome.to_dict(),
                 "summary": genome.summary(self.input_shape)}
 
-    def tell(self, result: dict) -> None:
-        if self.discard is not None:                    # stopped early: a low-fidelity evaluation
-            self.discard.mark(result)
-        if result["id"] in self.retraining:             # the strategy was told when it first finished
-            self.retraining.discard(result["id"])
-            result["search"] = {"evaluation": int(result["id"][1:]),
-                                "wall": round(time.monotonic() - self.wall0, 3), "fitness": _fitness(result, self.metric)}
-            return
-        genome = self.genomes.pop(result["id"])
-        fitness = _fitness(result, self.metric)
-        if result.get("status") == "ok" and not result.get("discarded"):
-            self.ids_by_key[genome.key()] = result["id"]
-        self.strategy.tell(genome, fitness, self._objectives(result))
-        result["search"] = {"evaluation": int(result["id"][1:]), "wall": round(time.monotonic() - self.wall0, 3),
-                            "fitness": fitness}
+    def tell(self, record: MemberRecord) -> MemberRecord:
+        """A candidate ended (a discarded one is a low-fidelity evaluation): the strategy
+        learns its fitness; the record gets its ``search`` entry (evaluation, wall, fitness)."""
+        fitness = _fitness(record, self.metric)
+        entry = {"evaluation": int(record.id[1:]), "wall": round(time.monotonic() - self.wall0, 3),
+                 "fitness": fitness}
+        if record.id in self.retraining:                # the strategy was told when it first finished
+            self.retraining.discard(record.id)
+        else:
+            genome = self.genomes.pop(record.id)
+            if record.status.ranked:
+                self.ids_by_key[genome.key()] = record.id
+            self.strategy.tell(genome, fitness, self._objectives(record))
+        return record.replace(extra={**record.extra, "search": entry})
 
-    def finish(self, records: list[dict]) -> dict:
+    def finish(self, records: list[MemberRecord]) -> dict:
         """Write search.csv (the report draws it); print initial population vs search best."""
         import pandas as pd
-        rows = sorted((r for r in records if "search" in r), key=lambda r: r["search"]["wall"])
+        rows = sorted((r for r in records if "search" in r.extra), key=lambda r: r.extra["search"]["wall"])
         best, table = -math.inf, []
         sign = 1 if higher_is_better(self.metric) else -1      # fitness is maximised: undo the sign
         for r in rows:
-            fit = r["search"]["fitness"]
-            best = max(best, fit) if fit is not None else best
-            table.append({"evaluation": r["search"]["evaluation"], "wall_seconds": r["search"]["wall"],
-                          "id": r["id"], "status": r["status"],
+            fit = r.extra["search"]["fitness"]
+            if r.status.ranked and fit is not None:            # the best so far counts full evaluations only
+                best = max(best, fit)
+            table.append({"evaluation": r.extra["search"]["evaluation"], "wall_seconds": r.extra["search"]["wall"],
+                          "id": r.id, "status": r.status.value,
                           f"val_{self.metric}": None if fit is None else sign * fit,
                           f"best_val_{self.metric}": None if best == -math.inf else sign * best,
-                          "params": r.get("params"), "genome": r.get("summary"),
-                          "discarded_at_epoch": (r.get("discarded") or {}).get("epoch")})
+                          "params": r.params, "genome": r.summary,
+                          "discarded_at_epoch": (r.discarded or {}).get("epoch")})
         frame = pd.DataFrame(table)
         self.run_dir.write_text(self.run_dir.SEARCH_TABLE, frame.to_csv(index=False))
-        return self.compare(rows)
+        return {"search": self.compare(rows)}
 
-    def compare(self, rows: list[dict]) -> dict:
+    def compare(self, rows: list[MemberRecord]) -> dict:
         """Best of the initial random population against the best the search found."""
-        ok = [r for r in rows if r["search"]["fitness"] is not None and not r.get("discarded")]
+        ok = [r for r in rows if r.extra["search"]["fitness"] is not None and r.status.ranked]
         if self.population_size is None:          # random search: no initial population to beat
             return {}
-        initial = [r for r in ok if r["search"]["evaluation"] <= self.population_size]
+        initial = [r for r in ok if r.extra["search"]["evaluation"] <= self.population_size]
         if not ok or not initial:
             return {}
-        pick = lambda rs: max(rs, key=lambda r: (r["search"]["fitness"], -r["search"]["evaluation"]))  # noqa: E731
+
+        def pick(rs: list[MemberRecord]) -> MemberRecord:
+            return max(rs, key=lambda r: (r.extra["search"]["fitness"], -r.extra["search"]["evaluation"]))
         a, b = pick(initial), pick(ok)
-        out = {"metric": self.metric, "initial_best": {"id": a["id"], "val": a["val"][self.metric],
-                                                      "test": a["test"][self.metric], "genome": a.get("summary")},
-               "search_best": {"id": b["id"], "val": b["val"][self.metric],
-                               "test": b["test"][self.metric], "genome": b.get("summary")},
+        out = {"metric": self.metric, "initial_best": {"id": a.id, "val": a.val[self.metric],
+                                                      "test": a.test[self.metric], "genome": a.summary},
+               "search_best": {"id": b.id, "val": b.val[self.metric],
+                               "test": b.test[self.metric], "genome": b.summary},
                "evaluations": len(rows), "initial_population": self.population_size}
-        log.info(f"search: best of the initial random population ({self.population_size}) {a['id']}: "
+        log.info(f"search: best of the initial random population ({self.population_size}) {a.id}: "
                  f"val {self.metric} {out['initial_best']['val']:.4f}, test {out['initial_best']['test']:.4f}\n"
-                 f"search: best evolved after {len(rows)} evaluations          {b['id']}: "
+                 f"search: best evolved after {len(rows)} evaluations          {b.id}: "
                  f"val {self.metric} {out['search_best']['val']:.4f}, test {out['search_best']['test']:.4f}"
-                 f"  [{b.get('summary')}]")
+                 f"  [{b.summary}]")
         return out

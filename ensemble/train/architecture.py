@@ -10,11 +10,13 @@ import importlib
 import math
 import sys
 import traceback
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ensemble.config import ArchitectureConfig
 from ensemble.config.vocabulary import INPUT_RANK, OPTIMIZERS, gaussian_head
 from ensemble.task import get_task
 from ensemble.task.metrics import PROBA_TOL
@@ -86,15 +88,19 @@ def build_layers(layers: list[dict], input_shape: tuple[int, ...], n_outputs: in
     return keras.Model(inputs, get_task(task).head(x, n_outputs, gaussian))
 
 
-def use_builder_folders(architectures: list[dict]) -> list[str]:
+def use_builder_folders(architectures: Iterable[ArchitectureConfig | Mapping[str, Any]]) -> list[str]:
     """Put each user builder's ``model_dir`` first on ``sys.path`` (the config file's folder when
     the builder's module lies there, as data paths resolve against it; ``ensemble.config``
     records it), so ``model = "mymodels:build"`` beside the config imports on every rank.
-    Returns the folders added."""
+    ``architectures``: the config's ``ArchitectureConfig``s, or member specs (plain dicts, as
+    they cross MPI). Returns the folders added."""
     added = []
     for arch in architectures:
-        folder = arch.get("model_dir")
-        if arch.get("model") and folder and folder not in sys.path:
+        if isinstance(arch, Mapping):
+            model, folder = arch.get("model"), arch.get("model_dir")
+        else:
+            model, folder = arch.model, arch.model_dir
+        if model and folder and folder not in sys.path:
             sys.path.insert(0, folder)
             added.append(folder)
     return added

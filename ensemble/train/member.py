@@ -13,7 +13,6 @@ obeys the decision (go on, stop, new learning rate).
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import time
 import traceback
@@ -23,6 +22,7 @@ import numpy as np
 
 from datafeed.pipeline import make_dataset, member_indices
 from ensemble.config.vocabulary import gaussian_head
+from ensemble.results.records import TIME_LIMIT_KIND, Status
 from ensemble.results.retention import passes
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.env import TENSORFLOW
@@ -39,19 +39,6 @@ class MemberFailed(RuntimeError):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
-
-
-def injected_failure(member_id: str) -> str | None:
-    """Fault injection for resilience tests: ``ENSEMBLE_INJECT_FAILURE="id:kind,..."``.
-
-    kind is ``raise`` (an exception in training), ``nan`` (a NaN loss) or ``exit`` (the
-    rank dies as if killed). Off unless the variable is set.
-    """
-    for item in os.environ.get("ENSEMBLE_INJECT_FAILURE", "").split(","):
-        name, _, kind = item.partition(":")
-        if name == member_id:
-            return kind or "raise"
-    return None
 
 
 def _time_limit_callback(limit: float):
@@ -142,13 +129,6 @@ def _phase_clock():
     return PhaseClock()
 
 
-def _poisoned(loss):
-    """A loss that returns NaN, for ``ENSEMBLE_INJECT_FAILURE=<id>:nan``."""
-    def nan_loss(y_true, y_pred):
-        return loss(y_true, y_pred) * float("nan")
-    return nan_loss
-
-
 def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: RunDirectory,
                  group=None, report: Report | None = None) -> dict | None:
     """Train ``spec`` on the shared ``data`` views; return its journal record.
@@ -158,16 +138,11 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     predicts, writes files and returns the record (the others return None).
     """
     import keras
-    from ensemble.train.architecture import build_model, count_params, make_optimizer
+    from ensemble.train.architecture import build_model, make_optimizer
 
     t0 = time.monotonic()
     task = get_task(meta["task"])
     gaussian = gaussian_head(spec.get("loss"), task.name, bool(spec.get("model")))
-    fault = injected_failure(spec["id"])
-    if fault == "exit":
-        os._exit(9)
-    if fault == "raise":
-        raise RuntimeError(f"injected failure in member {spec['id']} (ENSEMBLE_INJECT_FAILURE)")
     keras.utils.set_random_seed(spec["seed"])
     model = build_model(spec, tuple(meta["input_shape"]), meta["n_outputs"], task.name)
     inherited = None
@@ -180,8 +155,6 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     loss, metrics = task.loss(gaussian)
     y_shift, y_scale = task.target_scaling(data["y_train"])
     y_tf = task.target_transform(y_shift, y_scale)        # members train on standardised targets
-    if fault == "nan":                                  # the loss turns NaN from the first step
-        loss = _poisoned(keras.losses.get(loss))
     model.compile(optimizer=make_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss,
                   metrics=metrics, jit_compile=TENSORFLOW["jit_compile"])
     parallel = make_data_parallel(model, group) if group is not None else []
@@ -215,7 +188,7 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         if group.Get_rank() != 0:
             return None
     if limit.hit:
-        raise MemberFailed("time_limit", f"training exceeded `member_time_limit` "
+        raise MemberFailed(TIME_LIMIT_KIND, f"training exceeded `member_time_limit` "
                            f"({spec['member_time_limit']:g} s) after {len(losses)} of {spec['epochs']} "
                            "epochs; raise the limit or shrink the model")
 
@@ -260,7 +233,7 @@ def member_record(spec: dict, model, data: Mapping[str, np.ndarray], run_dir: Ru
         run_dir.save_model(member, model)
     write_seconds = time.perf_counter() - t_write
     result = {
-        "id": member, "status": "ok", "arch": spec.get("arch"), "seed": spec["seed"],
+        "id": member, "status": Status.OK.value, "arch": spec.get("arch"), "seed": spec["seed"],
         "val": val, "test": task.metrics(np.asarray(data["y_test"]), preds["test"], variances["test"]),
         "params": count_params(model), "epochs": epochs, "stopped": stopped,
         "train_seconds": round(time.monotonic() - t0, 3), "build_seconds": round(build_seconds, 3),
@@ -291,10 +264,13 @@ def run_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: 
 
 
 def failure_record(spec: dict, exc: BaseException, t0: float) -> dict:
-    """The journal record of a member whose training raised ``exc`` (call inside ``except``)."""
+    """The journal record of a member whose training raised ``exc`` (call inside ``except``):
+    status "limit" when ``train.member_time_limit`` stopped it, else "failed"."""
     log.debug("%s failed: %s", spec["id"], exc)
-    return {"id": spec["id"], "status": "failed", "arch": spec.get("arch"), "seed": spec["seed"],
-            "error": {"kind": getattr(exc, "kind", type(exc).__name__), "message": str(exc),
+    kind = getattr(exc, "kind", type(exc).__name__)
+    status = Status.LIMIT if kind == TIME_LIMIT_KIND else Status.FAILED
+    return {"id": spec["id"], "status": status.value, "arch": spec.get("arch"), "seed": spec["seed"],
+            "error": {"kind": kind, "message": str(exc),
                       "traceback": traceback.format_exc(limit=-8)},   # the 8 innermost frames: where it broke
             "train_seconds": round(time.monotonic() - t0, 3), "host": HOST,
             **{k: spec[k] for k in ("genome", "summary") if k in spec}}
@@ -302,7 +278,7 @@ def failure_record(spec: dict, exc: BaseException, t0: float) -> dict:
 
 def guarded(train, spec: dict, rank: int) -> dict | None:
     """Run ``train()`` (one member, any trainer) and return its journal record: a failure
-    becomes a "failed" record; rank, host and the spec's genome are added either way."""
+    becomes a failed (or time-limit) record; rank, host and the spec's genome are added either way."""
     t0 = time.monotonic()
     try:
         result = train()

@@ -47,9 +47,7 @@ SHARED = ("layers", "epochs", "batch_size", "optimizer", "learning_rate", "patie
 
 def pack_key(spec: dict) -> str | None:
     """What a spec shares with those it may be packed with, or None when it must train alone."""
-    from ensemble.train.member import injected_failure
-    if spec.get("model") or spec.get("report_every") or spec.get("inherit") or spec.get("pbt") \
-            or injected_failure(spec["id"]):           # a fault test's member fails alone, as it would
+    if spec.get("model") or spec.get("report_every") or spec.get("inherit") or spec.get("pbt"):
         return None
     layers = spec.get("layers") or []
     for layer in layers:

@@ -34,7 +34,7 @@ from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.env import TENSORFLOW
 from ensemble.runtime.executor import Report
 from ensemble.task import get_task
-from ensemble.train.member import MemberFailed, injected_failure, member_record
+from ensemble.train.member import MemberFailed, member_record
 
 log = logging.getLogger(__name__)
 
@@ -112,16 +112,12 @@ class PopulationMember:
 
     def build(self, what: dict) -> None:
         """(Re)build and compile the model ``what`` describes, with the current hyperparameters."""
-        import keras
         from ensemble.train.architecture import build_model, use_builder_folders
         use_builder_folders([what])
         self.what = dict(what)
         self.gaussian = gaussian_head(what.get("loss"), self.task.name, bool(what.get("model")))
         model = build_model(what, tuple(self.meta["input_shape"]), self.meta["n_outputs"], self.task.name)
         loss, metrics = self.task.loss(self.gaussian)
-        if injected_failure(self.spec["id"]) == "nan":
-            from ensemble.train.member import _poisoned
-            loss = _poisoned(keras.losses.get(loss))
         model.compile(optimizer=_optimizer(what["optimizer"], self.hparams), loss=loss, metrics=metrics,
                       jit_compile=TENSORFLOW["jit_compile"])
         self.parallel = []
@@ -191,9 +187,6 @@ def train_population_member(spec: dict, data: Mapping[str, np.ndarray], meta: di
     pbt = spec["pbt"]
     leader = group is None or group.Get_rank() == 0
     rank = comm.Get_rank() if comm is not None else 0
-    fault = injected_failure(spec["id"])
-    if fault == "raise":
-        raise RuntimeError(f"injected failure in member {spec['id']} (ENSEMBLE_INJECT_FAILURE)")
     keras.utils.set_random_seed(spec["seed"])
     member = PopulationMember(spec, meta, group)
     build_seconds = time.monotonic() - t0

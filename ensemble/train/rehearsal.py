@@ -27,16 +27,20 @@ from __future__ import annotations
 import time
 import zlib
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 from ensemble.config.vocabulary import gaussian_head
 from ensemble.results.journal import read_journal
+from ensemble.results.records import Status
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import Report
 from ensemble.task import get_task
 from ensemble.train.member import MemberFailed, candidate_payload
+
+if TYPE_CHECKING:
+    from ensemble.config import RehearsalConfig, RunConfig
 
 
 def replay_durations(path: str | Path) -> dict[str, float]:
@@ -61,7 +65,7 @@ def replay_durations(path: str | Path) -> dict[str, float]:
     return out
 
 
-def member_seconds(spec: dict, settings: dict, replay: dict[str, float] | None = None) -> float:
+def member_seconds(spec: dict, settings: RehearsalConfig, replay: dict[str, float] | None = None) -> float:
     """How long ``spec`` sleeps: replayed by id, else drawn (the same for the same seed)."""
     if replay:
         if spec["id"] in replay:
@@ -69,7 +73,7 @@ def member_seconds(spec: dict, settings: dict, replay: dict[str, float] | None =
         values = list(replay.values())
         return values[zlib.crc32(spec["id"].encode()) % len(values)]
     rng = np.random.default_rng([spec["seed"], 17])
-    return float(settings["seconds"] * np.exp(settings["spread"] * rng.standard_normal()))
+    return float(settings.seconds * np.exp(settings.spread * rng.standard_normal()))
 
 
 def _made_up(task, y: np.ndarray, n_outputs: int, quality: float, rng, gaussian: bool):
@@ -93,24 +97,24 @@ def _made_up(task, y: np.ndarray, n_outputs: int, quality: float, rng, gaussian:
 class RehearsalTrainer:
     """The trainer (spec, report) -> record of a rehearsal; see the module docstring."""
 
-    def __init__(self, cfg: dict, meta: dict, data: Mapping[str, np.ndarray], leader: bool = True):
-        self.settings, self.leader = cfg["rehearsal"], leader
+    def __init__(self, cfg: RunConfig, meta: dict, data: Mapping[str, np.ndarray], leader: bool = True):
+        self.settings, self.leader = cfg.rehearsal, leader
         self.meta, self.data = meta, data
         self.task = get_task(meta["task"])
-        self.replay = replay_durations(self.settings["replay"]) if self.settings["replay"] else None
+        self.replay = replay_durations(self.settings.replay) if self.settings.replay else None
         self._scores: dict[bool, list[dict]] = {}       # without predictions: a few members' metrics
-        if not self.settings["predictions"]:             # made now: start-up, not the first members
+        if not self.settings.predictions:             # made now: start-up, not the first members
             rng = np.random.default_rng(0)
             for gaussian in ((False, True) if self.task.name == "regression" else (False,)):
                 for i in range(8):
-                    self._score(rng, float(np.clip(self.settings["accuracy"] + rng.normal(0.0, 0.05), 0, 1)),
+                    self._score(rng, float(np.clip(self.settings.accuracy + rng.normal(0.0, 0.05), 0, 1)),
                                 gaussian)
 
     def _score(self, rng, quality: float, gaussian: bool) -> tuple[dict, dict | None]:
         """(metrics, arrays or None) of made-up predictions on both splits. Without
         ``predictions`` a member reuses one of 8 made-up members' metrics: a null member
         then costs the worker nothing but its sleep."""
-        keep = self.settings["predictions"]
+        keep = self.settings.predictions
         if not keep and len(self._scores.get(gaussian, ())) >= 8:
             return self._scores[gaussian][int(rng.integers(8))], None
         scores, preds, variances = {}, {}, {}
@@ -145,13 +149,13 @@ class RehearsalTrainer:
     def record(self, spec: dict, seconds: float, epochs: int | None = None, stopped: str = "epochs") -> dict:
         """The member's journal record after ``seconds`` (raises MemberFailed for a drawn failure)."""
         rng = np.random.default_rng([spec["seed"], 29])
-        if rng.random() < self.settings["failure_rate"]:
+        if rng.random() < self.settings.failure_rate:
             raise MemberFailed("rehearsal", f"rehearsal failure drawn for {spec['id']} "
-                               f"(`rehearsal.failure_rate` = {self.settings['failure_rate']:g})")
-        quality = float(np.clip(self.settings["accuracy"] + rng.normal(0.0, 0.05), 0.0, 1.0))
+                               f"(`rehearsal.failure_rate` = {self.settings.failure_rate:g})")
+        quality = float(np.clip(self.settings.accuracy + rng.normal(0.0, 0.05), 0.0, 1.0))
         scores, arrays = self._score(rng, quality, gaussian_head(spec.get("loss"), self.task.name,
                                                                   bool(spec.get("model"))))
-        record = {"id": spec["id"], "status": "ok", "arch": spec.get("arch"), "seed": spec["seed"],
+        record = {"id": spec["id"], "status": Status.OK.value, "arch": spec.get("arch"), "seed": spec["seed"],
                   "val": scores["val"], "test": scores["test"],
                   "params": int(rng.integers(1_000, 1_000_000)),
                   "epochs": max(1, int(spec.get("epochs", 1))) if epochs is None else epochs, "stopped": stopped,

@@ -11,7 +11,7 @@ from ensemble.config import resolve_config
 
 def data_cfg(**kw):
     cfg = resolve_config({"data": kw, "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]})
-    return cfg["data"]
+    return cfg.data
 
 
 @pytest.fixture

@@ -12,29 +12,32 @@ class Clock:
 
 
 def ok(seconds=10.0):
-    return {"status": "ok", "train_seconds": seconds}
+    return (True, seconds)
+
+
+FAILED = (False, 1.0)
 
 
 def test_failure_share_stops_only_after_enough_failures():
     b = RunBudget(None, 30, 0.5, clock=Clock())
-    for r in [{"status": "failed"}, {"status": "failed"}]:
-        b.observe(r)
+    for r in [FAILED, FAILED]:
+        b.observe(*r)
     assert not b.should_stop()                     # 2 of 2 failed, but too few to judge
-    b.observe({"status": "failed"})
+    b.observe(*FAILED)
     assert b.should_stop() and "3 of 3 members failed" in b.reason and "max_failed_share" in b.reason
 
 
 def test_failure_share_tolerates_a_minority():
     b = RunBudget(None, 30, 0.5, clock=Clock())
-    for r in [ok(), ok(), ok(), {"status": "failed"}, {"status": "failed"}, {"status": "failed"}, ok()]:
-        b.observe(r)
+    for r in [ok(), ok(), ok(), FAILED, FAILED, FAILED, ok()]:
+        b.observe(*r)
     assert not b.should_stop()
 
 
 def test_deadline_leaves_room_for_one_more_member_and_the_reserve():
     clock = Clock()
     b = RunBudget(time_limit=100, finish_reserve=20, max_failed_share=1.0, clock=clock)
-    b.observe(ok(30))
+    b.observe(*ok(30))
     clock.t += 40                      # 40 s used; one more member (30 s) ends at 70 < 80
     assert not b.should_stop()
     clock.t += 15                      # 55 + 30 > 80

@@ -9,6 +9,7 @@ import pytest
 
 from ensemble.config import ConfigError, resolve_config
 from ensemble.orchestrate.prepare import check_builds
+from ensemble.results.records import Status
 from ensemble.train.architecture import ArchitectureError, check_architecture
 
 X = np.random.default_rng(0).normal(size=(32, 64)).astype(np.float32)
@@ -58,7 +59,7 @@ def test_check_builds_turns_a_bad_builder_into_a_config_error_before_training():
         check_builds(config(model="tests.mpi.user_models:logits_mlp"), arrays, meta)
     check_builds(config(model="tests.mpi.user_models:small_mlp"), arrays, meta)
     rehearsal = config(model="tests.mpi.user_models:logits_mlp")
-    rehearsal["runtime"]["trainer"] = "rehearsal"                 # nothing is built: no TensorFlow there
+    rehearsal = rehearsal.replace(runtime=rehearsal.runtime.replace(trainer="rehearsal"))   # nothing is built
     check_builds(rehearsal, arrays, meta)
 
 
@@ -70,6 +71,6 @@ def test_a_failed_member_record_keeps_the_whole_message_and_the_innermost_frames
             raise ValueError("the real reason, " + "at length " * 40 + "(end)")
         return deep(n - 1)
     record = guarded(lambda: deep(20), {"id": "m-000", "seed": 1}, rank=3)
-    assert record["status"] == "failed" and record["error"]["message"].endswith("(end)")
+    assert record["status"] == Status.FAILED.value and record["error"]["message"].endswith("(end)")
     assert "the real reason" in record["error"]["traceback"]          # where it broke, not the outer frames
     assert 'raise ValueError("the real reason, "' in record["error"]["traceback"]

@@ -5,6 +5,8 @@ selected, and the rungs survive a resume."""
 from __future__ import annotations
 
 import numpy as np
+
+from ensemble.results.records import MemberRecord, Status
 import pytest
 
 from ensemble.results.summary import finished_records, leaderboard
@@ -89,19 +91,19 @@ def test_nan_is_worst_and_mark_says_where_it_stopped():
     d = EarlyDiscard("asha", 2, 2, 2, "accuracy")
     d.decide(spec(0), report(2, 0.9))
     assert d.decide(spec(1), report(2, float("nan"))) == STOP
-    result = {"id": "e0001", "status": "ok"}
-    d.mark(result)
-    assert result["discarded"]["epoch"] == 2 and result["rungs"] == {"2": -np.inf}
-    kept = {"id": "e0000", "status": "ok"}
-    d.mark(kept)
-    assert "discarded" not in kept and kept["rungs"] == {"2": 0.9}
+    result = d.mark(MemberRecord.from_json({"id": "e0001", "status": "ok"}))
+    assert result.status is Status.DISCARDED
+    assert result.discarded["epoch"] == 2 and result.extra["rungs"] == {"2": -np.inf}
+    assert result.to_json()["status"] == "discarded"
+    kept = d.mark(MemberRecord.from_json({"id": "e0000", "status": "ok"}))
+    assert kept.status is Status.OK and kept.discarded is None and kept.extra["rungs"] == {"2": 0.9}
 
 
 def test_resume_restores_the_rungs():
     records = [{"id": "e0000", "status": "ok", "rungs": {"2": 0.9}},
                {"id": "e0001", "status": "ok", "rungs": {"2": 0.8, "4": 0.85}}]
     d = EarlyDiscard("asha", 2, 2, 2, "accuracy")
-    d.replay(records)
+    d.replay(MemberRecord.from_json(r) for r in records)
     assert d.seen == {2: [0.8, 0.9], 4: [0.85]}
     assert d.decide(spec(5), report(2, 0.1)) == STOP                      # judged against the journal's
 
@@ -113,7 +115,8 @@ def test_discarded_candidates_are_never_ranked_nor_selected():
          "discarded": {"epoch": 2, "rule": "asha"}},
         {"id": "e0003", "status": "failed", "error": {"message": "boom"}},
     ]
-    assert [r["id"] for r in finished_records(records)] == ["e0001"]
+    records = [MemberRecord.from_json(r) for r in records]
+    assert [r.id for r in finished_records(records)] == ["e0001"]
     board = leaderboard(records, "accuracy")
     assert list(board["status"]) == ["ok", "discarded", "failed"]
     assert board.loc[1, "discarded_at_epoch"] == 2 and np.isnan(board.loc[1, "rank"])

@@ -7,7 +7,7 @@ import pytest
 
 from ensemble.orchestrate.dispatch import dispatch
 from ensemble.runtime.executor import CONTINUE, STOP, SerialExecutor, check_decision
-from ensemble.sources import SpecList
+from ensemble.sources import GoOn, SpecList
 
 
 def fake_trainer(epochs: int = 4):
@@ -29,8 +29,8 @@ def test_serial_dispatch_trains_every_spec_in_order():
     specs = [{"id": f"m{i}"} for i in range(4)]
     results = []
     dispatch(SerialExecutor(lambda: fake_trainer(2)), SpecList(specs, {"m1"}), results.extend)
-    assert [r["id"] for r in results] == ["m0", "m2", "m3"]
-    assert all(r["decisions"] == ["continue", "continue"] for r in results)
+    assert [r.id for r in results] == ["m0", "m2", "m3"]
+    assert all(r.extra["decisions"] == ["continue", "continue"] for r in results)
 
 
 def test_master_decisions_stop_and_update_a_member_while_it_trains():
@@ -46,10 +46,12 @@ def test_master_decisions_stop_and_update_a_member_while_it_trains():
 
     results = []
     specs = [{"id": "stop-me"}, {"id": "tune-me"}]
-    dispatch(SerialExecutor(lambda: fake_trainer(4)), SpecList(specs), results.extend, decide=decide)
-    by_id = {r["id"]: r for r in results}
-    assert by_id["stop-me"]["epochs"] == 2 and by_id["stop-me"]["decisions"] == ["continue", "stop"]
-    assert by_id["tune-me"]["epochs"] == 4 and by_id["tune-me"]["lr"] == 0.5
+    decider = GoOn()
+    decider.decide = decide
+    dispatch(SerialExecutor(lambda: fake_trainer(4)), SpecList(specs), results.extend, decider=decider)
+    by_id = {r.id: r for r in results}
+    assert by_id["stop-me"].epochs == 2 and by_id["stop-me"].extra["decisions"] == ["continue", "stop"]
+    assert by_id["tune-me"].epochs == 4 and by_id["tune-me"].extra["lr"] == 0.5
     assert asked[:2] == [("stop-me", 1), ("stop-me", 2)]
 
 
@@ -58,7 +60,7 @@ def test_should_stop_and_adjust_are_applied_before_hand_out():
     specs = [{"id": f"m{i}", "limit": 10} for i in range(5)]
     dispatch(SerialExecutor(lambda: fake_trainer(1)), SpecList(specs), results.extend,
              should_stop=lambda: len(results) >= 2, adjust=lambda s: {**s, "id": s["id"] + "*"})
-    assert [r["id"] for r in results] == ["m0*", "m1*"]
+    assert [r.id for r in results] == ["m0*", "m1*"]
 
 
 def test_trainer_is_made_only_when_there_is_work():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ensemble.results.records import Status
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.timeline import format_stats, member_costs
 
@@ -35,17 +36,17 @@ def test_a_member_record_says_where_its_time_went(tmp_path):
 
 
 def test_the_run_summary_averages_the_phases_and_skips_records_without_them():
-    records = [{"status": "ok", "costs": {"build": 1.0, "first_epoch": 2.0, "epochs": 6.0, "validation": 1.0,
+    records = [{"status": Status.OK.value, "costs": {"build": 1.0, "first_epoch": 2.0, "epochs": 6.0, "validation": 1.0,
                                           "predict": 0.5, "write": 0.5, "other": 0.0}},
-               {"status": "ok", "costs": {"build": 1.0, "first_epoch": 2.0, "epochs": 2.0, "validation": 0.5,
+               {"status": Status.OK.value, "costs": {"build": 1.0, "first_epoch": 2.0, "epochs": 2.0, "validation": 0.5,
                                           "predict": 0.5, "write": 0.5, "other": 0.0}},
-               {"status": "ok"},                                   # an older journal, or the rehearsal trainer
-               {"status": "failed", "costs": {"build": 50.0}}]
+               {"status": Status.OK.value},                                   # an older journal, or the rehearsal trainer
+               {"status": Status.FAILED.value, "costs": {"build": 50.0}}]
     costs = member_costs(records)
     assert costs["members"] == 2
     assert costs["epochs"]["mean"] == 4.0 and costs["epochs"]["share"] == pytest.approx(8 / 16)
     assert costs["validation"]["mean"] == 0.75
-    assert member_costs([{"status": "ok"}]) == {}
+    assert member_costs([{"status": Status.OK.value}]) == {}
     line = format_stats({"members": 4, "workers": 2, "utilisation": 0.9, "startup_seconds": 1.0,
                          "members_per_second": 1.0, "member_costs": costs})
     assert "member time, mean of 2: build 1.00 s (12%), first epoch 2.00 s (25%), epochs 4.00 s (50%)" in line

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ensemble.results.records import Status
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import CONTINUE, STOP
 
@@ -41,7 +42,7 @@ def test_master_stops_a_member_mid_training(tmp_path, data):
         return STOP if payload["epoch"] == 2 else CONTINUE
 
     result = run_member(spec(report_every=1), data, META, RunDirectory(tmp_path), 0, None, report)
-    assert result["status"] == "ok", result.get("error")
+    assert result["status"] == Status.OK.value, result.get("error")
     assert result["epochs"] == 2 and result["stopped"] == "master"
     assert [r["epoch"] for r in reports] == [1, 2]
     assert {"loss", "val_loss", "accuracy"} <= set(reports[0]["logs"])
@@ -61,7 +62,7 @@ def test_update_sets_the_learning_rate_and_silence_costs_nothing(tmp_path, data)
     assert result["decisions"] == ["update", "continue"]
     quiet = run_member(spec(), data, META, RunDirectory(tmp_path / "b"), 0, None,
                        lambda payload: pytest.fail("a spec without report_every must not report"))
-    assert quiet["status"] == "ok" and "decisions" not in quiet
+    assert quiet["status"] == Status.OK.value and "decisions" not in quiet
 
 
 @pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
@@ -74,7 +75,7 @@ def test_mixed_precision_and_xla_train_with_a_float32_head(tmp_path, data, preci
     configure_tensorflow(1, precision, jit_compile=True)
     try:
         result = run_member(spec(epochs=2), data, META, RunDirectory(tmp_path), 0)
-        assert result["status"] == "ok", result.get("error")
+        assert result["status"] == Status.OK.value, result.get("error")
         model = keras.models.load_model(tmp_path / "models" / "m0.keras", compile=False)
         policies = {layer.name: layer.dtype_policy.name for layer in model.layers}
         assert policies["probabilities"] == "float32" and precision in policies.values()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ensemble.results.records import Status
 from ensemble.results.rundir import RunDirectory
 from ensemble.train.packed import pack_key
 
@@ -46,7 +47,7 @@ def test_a_packed_member_equals_its_unpacked_twin(tmp_path, task):
     specs = [spec(i) for i in range(4)]
     alone = [run_member(s, data, meta, RunDirectory(tmp_path / "alone"), 0) for s in specs]
     packed = train_packed(specs, data, meta, RunDirectory(tmp_path / "packed"), 0)
-    assert [r["status"] for r in packed] == ["ok"] * 4, [r.get("error") for r in packed]
+    assert [r["status"] for r in packed] == [Status.OK.value] * 4, [r.get("error") for r in packed]
     stopped_early = 0
     for a, p in zip(alone, packed):
         assert a["id"] == p["id"] and a["epochs"] == p["epochs"] and a["stopped"] == p["stopped"]

@@ -92,10 +92,10 @@ def cli(*args, n: int = 1, timeout: float = 180) -> subprocess.CompletedProcess:
 def raw_test_rows(run_dir):
     """The run's test split as the data file holds it: raw features, raw targets, feature names."""
     run = P.load_run(run_dir)
-    x, y, info = read_dataset(run.config["data"])
+    x, y, info = read_dataset(run.config.data)
     y_split = encode_labels(y, info.get("class_names"))[0] if run.task == "classification" else y
-    data = run.config["data"]
-    idx = split_indices(y_split, run.task, data["val_fraction"], data["test_fraction"], run.config["seed"])["test"]
+    data = run.config.data
+    idx = split_indices(y_split, run.task, data.val_fraction, data.test_fraction, run.config.seed)["test"]
     return np.asarray(x[idx], dtype=np.float32), y[idx], run.meta["feature_names"]
 
 

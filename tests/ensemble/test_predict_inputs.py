@@ -17,6 +17,7 @@ import pytest
 from numpy.lib.recfunctions import repack_fields
 
 from ensemble import predict as P
+from ensemble.config import resolve_config
 from ensemble.inference.load import EnsembleRun
 from tests.mpi.test_predict_mpi import make_run
 
@@ -205,7 +206,9 @@ def test_a_run_without_names_takes_table_columns_in_order_but_not_kept_ones(base
 # ----------------------------------------------------------------------- arrays without names
 def bare_run(shape: list[int], reshape: list[int] | None = None) -> EnsembleRun:
     size = int(np.prod(shape))
-    return EnsembleRun("r", {"data": {"reshape": reshape}}, {"task": "regression", "n_outputs": 1,
+    arch = {"name": "m", "members": 1, "layers": [{"type": "Dense", "units": 4}]}
+    config = resolve_config({"architectures": [arch], "data": {} if reshape is None else {"reshape": reshape}})
+    return EnsembleRun("r", config, {"task": "regression", "n_outputs": 1,
                                                             "input_shape": shape}, (),
                        np.zeros(shape, np.float32), np.ones(shape, np.float32), {})
 

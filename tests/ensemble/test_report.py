@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 
+from ensemble.config import dump_toml, resolve_config
 from ensemble.results import report as R
 from ensemble.results.rundir import RunDirectory
 
@@ -38,8 +39,11 @@ def make_run(path, task="classification", evolve=False, finished=True, n=12):
     rd = RunDirectory(path)
     path.mkdir(parents=True)
     mode = "evolve" if evolve else "ensemble"
-    (path / rd.CONFIG).write_text(f'name = "synthetic"\nmode = "{mode}"\n[evolve]\nstrategy = "nsga2"\n'
-                                  'objectives = "metric_params"\n')
+    raw = {"name": "synthetic", "mode": mode, "data": {"source": "digits"},
+           "evolve": {"strategy": "nsga2", "objectives": "metric_params"}}
+    if not evolve:
+        raw["architectures"] = [{"name": "a", "members": n, "layers": [{"type": "Dense", "units": 8}]}]
+    (path / rd.CONFIG).write_text(dump_toml(resolve_config(raw)))
     (path / rd.DATA).write_text(json.dumps({"task": task, "sizes": {"train": 80, "val": 20, "test": 60}}))
     records = _records(n, rng, task, evolve)
     opened = {"event": "open", "time": 999.0, "job_started": 996.0, "ranks": 4, "workers": 3, "group_size": 1,
@@ -135,3 +139,30 @@ def test_pareto_front_and_rank_correlation():
     assert R.pareto_front(cost, value, higher=True).tolist() == [0, 1, 4, 3]
     assert R.pareto_front(cost, -value, higher=False).tolist() == [0, 1, 4, 3]
     assert R.spearman(np.arange(5.0), np.arange(5.0) ** 2) == pytest.approx(1.0)
+
+
+def test_discarded_and_limited_members_are_counted_apart_and_never_plotted_as_results(tmp_path):
+    """The header, the search plot and the failure table count by status: a discarded
+    candidate is neither finished nor plotted as a result; a member stopped by its time
+    limit (an older journal: failed with kind time_limit) is listed with the failures."""
+    run = make_run(tmp_path / "run", "classification", evolve=True, finished=False)
+    journal = run / RunDirectory.JOURNAL
+    lines = [json.loads(x) for x in journal.read_text().splitlines()]
+    lines[5] = {**lines[5], "discarded": {"epoch": 2, "rule": "asha"}}            # an older journal's discarded
+    lines[6] = {**lines[6], "status": "discarded", "discarded": {"epoch": 2, "rule": "asha"}}
+    lines[7] = {**lines[7], "status": "failed", "error": {"kind": "time_limit", "message": "over 60 s"}}
+    lines[1:1] = [{"event": "issued", "id": f"m{i:03d}", "evaluation": i + 1} for i in range(12)]
+    lines.insert(1, {"event": "issued", "id": "m099", "evaluation": 99})            # handed out, not back yet
+    journal.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    view = R.read_view(run)
+    c = view.counts
+    assert (c.ok, c.failed, c.discarded, c.limit, c.issued) == (8, 1, 2, 1, 13)
+    assert len(view.ranked()) == 8
+    assert not {"m004", "m005"} & {r.id for r in view.ranked()}                  # never ranked nor plotted
+    page = R.write_report(run).read_text()
+    header = re.search(r"<p class='counts' data-counts='([^']*)'>([^<]*)", page)
+    assert json.loads(header.group(1).replace("&quot;", '"')) == c.as_dict()
+    assert "members: 8 finished, 1 failed, 2 discarded early, 1 stopped by their time limit of 13 handed out" \
+        in header.group(2)
+    assert "stopped by its time limit" in page and "over 60 s" in page           # in the failure table
+    assert "could not be drawn" not in page

@@ -11,6 +11,7 @@ import pytest
 
 from ensemble import status as S
 from ensemble.results.heartbeat import Heartbeat, read_heartbeat
+from ensemble.results.records import MemberRecord
 
 
 def record(i: int, ok: bool = True, t: float = 1000.0) -> dict:
@@ -33,8 +34,11 @@ def make(tmp_path, n_ok=5, n_failed=1, beat: dict | None = None, torn: bool = Fa
     (run / "journal.jsonl").write_text(text)
     if beat is not None:
         (run / "status.json").write_text(json.dumps(beat))
-    (run / "config.toml").write_text(config or '[[architectures]]\nname = "m"\nmembers = 12\n')
+    (run / "config.toml").write_text(config or CONFIG)
     return run
+
+
+CONFIG = '[data]\nsource = "digits"\n[[architectures]]\nname = "m"\nmembers = 12\nlayers = [{type = "Dense", units = 8}]\n'
 
 
 def test_counts_come_from_the_journal_and_the_heartbeat(tmp_path):
@@ -58,7 +62,7 @@ def test_the_tail_reads_a_torn_line_once_it_is_whole(tmp_path):
     with open(run / "journal.jsonl", "a") as fh:             # the master finishes the line, and one more
         fh.write('k", "received": 1009.0, "val": {"accuracy": 0.9}}\n' + json.dumps(record(7)) + "\n")
     tail.read()
-    assert [r["id"] for r in tail.records][-2:] == ["m-999", "m-007"]
+    assert [r.id for r in tail.records][-2:] == ["m-999", "m-007"]
 
 
 def test_a_silent_job_is_called_dead_with_how_to_resume(tmp_path):
@@ -109,13 +113,13 @@ def test_a_new_journal_is_read_from_its_start(tmp_path):
     tail.read()
     (run / "journal.jsonl").write_text(json.dumps(record(0)) + "\n")        # the run started over
     tail.read()
-    assert [r["id"] for r in tail.records] == ["m-000"] and tail.events == []
+    assert [r.id for r in tail.records] == ["m-000"] and tail.events == []
 
 
 def test_a_run_that_has_only_its_config_is_starting(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.toml").write_text('[[architectures]]\nname = "m"\nmembers = 4\n')
+    (run / "config.toml").write_text(CONFIG.replace("12", "4"))
     assert S.main([str(run)]) == 0
     assert "run: starting" in capsys.readouterr().out
 
@@ -176,8 +180,9 @@ def test_progress_counts_what_is_out_and_the_best_so_far():
     for i in range(5):
         p.hand_out({"id": f"m{i}"})
     ok = {"status": "ok", "epochs": 3, "params": 10, "train_seconds": 1.0}    # whole records: a debug log prints them
-    p.add([{"id": "m0", "val": {"mse": 2.0}, **ok}, {"id": "m1", "val": {"mse": 1.5}, **ok},
-           {"id": "m2", "status": "failed", "error": {"kind": "nan_loss", "message": "NaN"}}])
+    p.add([MemberRecord.from_json(x) for x in (
+        {"id": "m0", "val": {"mse": 2.0}, **ok}, {"id": "m1", "val": {"mse": 1.5}, **ok},
+        {"id": "m2", "status": "failed", "error": {"kind": "nan_loss", "message": "NaN"}})])
     c = p.counts()                                  # 5 out, 3 back: 2 running on 2 workers, none ahead
     assert (c["done"], c["failed"], c["running"], c["held_ahead"], c["queued"]) == (6, 1, 2, 0, 2)
     assert c["best"] == {"id": "m1", "value": 1.5}                     # lower mse is better

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ensemble.config import resolve_config
 from ensemble.inference.load import EnsembleRun, Member
 from ensemble.task import get_task
 
@@ -79,7 +80,8 @@ def test_exported_model_combines_as_numpy(tmp_path, name, gaussian):
         outs.append(task.predict(model, x, member.y_shift, member.y_scale, gaussian, squeeze=False))
     variances = np.stack([o[1] for o in outs]) if gaussian else None
     expect = task.combine(np.stack([o[0] for o in outs]), variances, weights)
-    run = EnsembleRun(str(tmp_path), {"data": {"reshape": None}},
+    config = resolve_config({"architectures": [{"name": "m", "members": 1, "layers": [{"type": "Dense", "units": 4}]}]})
+    run = EnsembleRun(str(tmp_path), config,
                       {"task": name, "n_outputs": k, "input_shape": [n_in]}, tuple(members),
                       np.zeros(n_in, np.float32), np.ones(n_in, np.float32), {})
     got = build_ensemble_model(run)(x)

@@ -1,8 +1,7 @@
-"""Bad configs and bad data at -n 3: a clear message from rank 0, every rank out within 30 s."""
+"""Bad configs and bad data at -n 3: a clear message from rank 0, before any member is handed
+out, and every rank ends (``run_mpi``'s timeout fails a hang)."""
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import pandas as pd
@@ -96,13 +95,11 @@ CASES = [
 def test_bad_input_fails_fast_on_every_rank(tmp_path, what, text, message):
     cfg = tmp_path / "bad.toml"
     cfg.write_text(text(tmp_path) if callable(text) else text)
-    t0 = time.monotonic()
     proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(tmp_path / "run")], timeout=60)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
     assert proc.stderr.count(message) == 1                    # said once, by rank 0
-    assert time.monotonic() - t0 < 30
-    assert not (tmp_path / "run" / "journal.jsonl").exists()  # nothing half-written
+    assert not (tmp_path / "run" / "journal.jsonl").exists()  # before any member: nothing half-written
 
 
 def test_resume_without_a_run_is_refused(tmp_path):
@@ -118,9 +115,8 @@ def test_unexpected_error_on_rank0_aborts_every_rank(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text(DENSE)
     (tmp_path / "file").write_text("a file, not a directory")
-    t0 = time.monotonic()
     proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(tmp_path / "file" / "run")], timeout=60)
-    assert proc.returncode != 0
+    assert proc.returncode != 0                               # every rank ended: run_mpi fails a hang
     assert "[rank 0 on " in proc.stderr and "fatal error, aborting the job" in proc.stderr
+    assert proc.stderr.count("fatal error, aborting the job") == 1
     assert "NotADirectoryError" in proc.stderr or "FileExistsError" in proc.stderr
-    assert time.monotonic() - t0 < 30

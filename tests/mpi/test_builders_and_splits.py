@@ -1,12 +1,12 @@
-"""User builders at -n 2: a builder that forgets the softmax fails in seconds, before any
+"""User builders at -n 2: a builder that forgets the softmax fails before any
 member trains, with the whole message; a builder module beside the config file is imported
 on every rank from any working directory; the split is saved as row indices."""
 
 from __future__ import annotations
 
 import json
+import re
 import textwrap
-import time
 
 import numpy as np
 import pandas as pd
@@ -32,16 +32,14 @@ def test_a_logits_builder_fails_before_training_with_the_whole_message(tmp_path)
         members = 4
         model = "tests.mpi.user_models:logits_mlp"
     """))
-    t0 = time.monotonic()
     proc = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(tmp_path / "run")], timeout=120)
-    elapsed = time.monotonic() - t0
     assert proc.returncode == 3, proc.stderr                     # a config/data error, as other prepare errors
     line = [x for x in proc.stderr.splitlines() if "must output class probabilities" in x]
     assert len(line) == 1, proc.stderr                           # said once, by rank 0
     assert line[0].startswith("config error: `architectures[0]` (forgot_softmax): "
                               "`model` 'tests.mpi.user_models:logits_mlp' must output class probabilities")
     assert line[0].endswith('end the model with a softmax, e.g. keras.layers.Dense(10, activation="softmax")')
-    assert elapsed < 30, elapsed                                 # TensorFlow's import on rank 0, no training
+    assert not re.search(r"\[\d+/4\]", proc.stdout), proc.stdout   # no member's progress line: none trained
     assert not (tmp_path / "run" / "journal.jsonl").exists()     # no member was handed out
 
 

@@ -16,7 +16,9 @@ import pandas as pd
 import pytest
 
 from ensemble.results.journal import read_journal
+from ensemble.results.records import TIME_LIMIT_KIND, Status
 from tests.conftest import ROOT, mpiexec, run_mpi
+from tests.mpi import faults
 
 pytestmark = pytest.mark.mpi
 
@@ -41,6 +43,16 @@ max_failed_share = 0.9
 """
 
 
+#: the runtime setting that trains with the fault-injecting test trainer (tests/mpi/faults.py)
+FAULTY = '[runtime]\ntrainer = "tests.mpi.faults:trainer"\n'
+
+
+def with_faults(text: str) -> str:
+    """``text`` trained by the fault-injecting trainer (which fails the members ``faults.env`` names)."""
+    text = textwrap.dedent(text)
+    return text.replace("[runtime]\n", FAULTY) if "[runtime]\n" in text else text + FAULTY
+
+
 def write_config(tmp_path: Path, text: str = CONFIG) -> Path:
     cfg = tmp_path / "res.toml"
     cfg.write_text(textwrap.dedent(text))
@@ -48,7 +60,7 @@ def write_config(tmp_path: Path, text: str = CONFIG) -> Path:
 
 
 def ok_lines(run_dir: Path) -> list[dict]:
-    return [r for r in read_journal(run_dir / "journal.jsonl") if r["status"] == "ok"]
+    return [r for r in read_journal(run_dir / "journal.jsonl") if r["status"] == Status.OK.value]
 
 
 @pytest.fixture(scope="module")
@@ -157,12 +169,12 @@ def test_evolve_kill_then_resume_finishes_the_budget_without_retraining(tmp_path
                        "--resume"])
     assert proc.returncode == 0, proc.stderr
     journal = read_journal(run_dir / "journal.jsonl")
-    finished = [r["id"] for r in journal if r["status"] == "ok"]
+    finished = [r["id"] for r in journal if r["status"] == Status.OK.value]
     assert len(finished) == len(set(finished))                       # no member finished twice
     for member_id, mtime in before.items():                           # none retrained, same genome
         assert (run_dir / "models" / f"{member_id}.keras").stat().st_mtime_ns == mtime
         assert next(r for r in journal if r["id"] == member_id)["genome"] == genomes[member_id]
-    keys = [json.dumps(r["genome"], sort_keys=True) for r in journal if r["status"] == "ok"]
+    keys = [json.dumps(r["genome"], sort_keys=True) for r in journal if r["status"] == Status.OK.value]
     assert len(keys) == len(set(keys))                                # no genome trained twice
     search = pd.read_csv(run_dir / "search.csv")
     assert len(search) == len(journal) == 8                           # the budget; in-flight ones re-issued
@@ -171,33 +183,37 @@ def test_evolve_kill_then_resume_finishes_the_budget_without_retraining(tmp_path
 
 
 def test_member_failures_are_journaled_and_the_run_goes_on(tmp_path):
-    cfg = write_config(tmp_path, CONFIG.replace("members = 6", "members = 4") + textwrap.dedent("""
+    cfg = write_config(tmp_path, with_faults(CONFIG.replace("members = 6", "members = 4") + textwrap.dedent("""
         [[architectures]]
         name = "slow"
         members = 1
         member_time_limit = 0.001
         layers = [{type = "Dense", units = 8}]
-    """))
+    """)))
     run_dir = tmp_path / "run"
     proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
-                   env={"ENSEMBLE_INJECT_FAILURE": "mlp-001:raise,mlp-002:nan"})
+                   env=faults.env(**{"mlp-001": "raise", "mlp-002": "nan"}))
     assert proc.returncode == 0, proc.stderr
     journal = {r["id"]: r for r in read_journal(run_dir / "journal.jsonl")}
     assert len(journal) == 5
-    kinds = {i: r["error"]["kind"] for i, r in journal.items() if r["status"] == "failed"}
-    assert kinds == {"mlp-001": "RuntimeError", "mlp-002": "nan_loss", "slow-000": "time_limit"}
+    kinds = {i: r["error"]["kind"] for i, r in journal.items() if r["status"] != Status.OK.value}
+    assert kinds == {"mlp-001": "RuntimeError", "mlp-002": "nan_loss", "slow-000": TIME_LIMIT_KIND}
+    statuses = {i: r["status"] for i, r in journal.items() if i in kinds}      # the time limit is no failure
+    assert statuses == {"mlp-001": Status.FAILED.value, "mlp-002": Status.FAILED.value,
+                        "slow-000": Status.LIMIT.value}
     for member_id in kinds:
         err = journal[member_id]
         assert err["error"]["message"] and "Traceback" in err["error"]["traceback"]
         assert err["rank"] in (1, 2) and err["host"]
     board = pd.read_csv(run_dir / "leaderboard.csv")
-    assert list(board["status"]) == ["ok", "ok", "failed", "failed", "failed"]
+    assert list(board["status"])[:2] == [Status.OK.value] * 2
+    assert sorted(board["status"][2:]) == sorted([Status.FAILED.value, Status.FAILED.value, Status.LIMIT.value])
     ens = json.loads((run_dir / "ensemble.json").read_text())
     assert {m["id"] for m in ens["members"]} == {"mlp-000", "mlp-003"} and ens["n_failed"] == 3
 
 
 def test_evolve_run_survives_failed_candidates(tmp_path):
-    cfg = write_config(tmp_path, """
+    cfg = write_config(tmp_path, with_faults("""
         mode = "evolve"
         [data]
         source = "digits"
@@ -210,26 +226,27 @@ def test_evolve_run_survives_failed_candidates(tmp_path):
         [search]
         max_depth = 2
         units = [8, 16]
-    """)
+    """))
     run_dir = tmp_path / "run"
     proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
-                   env={"ENSEMBLE_INJECT_FAILURE": "e0002:raise,e0004:nan"})
+                   env=faults.env(e0002="raise", e0004="nan"))
     assert proc.returncode == 0, proc.stderr
     journal = {r["id"]: r for r in read_journal(run_dir / "journal.jsonl")}
-    assert len(journal) == 6 and {i for i, r in journal.items() if r["status"] == "failed"} == {"e0002", "e0004"}
+    failed = {i for i, r in journal.items() if r["status"] == Status.FAILED.value}
+    assert len(journal) == 6 and failed == {"e0002", "e0004"}
+    assert journal["e0002"]["error"]["kind"] == "RuntimeError" and journal["e0004"]["error"]["kind"] == "nan_loss"
     search = pd.read_csv(run_dir / "search.csv")
-    assert sorted(search.loc[search["status"] == "failed", "id"]) == ["e0002", "e0004"]
+    assert sorted(search.loc[search["status"] == Status.FAILED.value, "id"]) == ["e0002", "e0004"]
     ens = json.loads((run_dir / "ensemble.json").read_text())
     assert not {m["id"] for m in ens["members"]} & {"e0002", "e0004"}
 
 
 def test_too_many_failures_stop_the_run_with_a_summary(tmp_path):
-    cfg = write_config(tmp_path, CONFIG.replace("max_failed_share = 0.9", "max_failed_share = 0.5"))
+    cfg = write_config(tmp_path, with_faults(CONFIG.replace("max_failed_share = 0.9", "max_failed_share = 0.5")))
     run_dir = tmp_path / "run"
-    failing = ",".join(f"mlp-{i:03d}:raise" for i in range(6))
     t0 = time.monotonic()
     proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
-                   env={"ENSEMBLE_INJECT_FAILURE": failing})
+                   env=faults.env(**{f"mlp-{i:03d}": "raise" for i in range(6)}))
     assert proc.returncode == 4
     assert "max_failed_share" in proc.stderr and "failures:" in proc.stderr
     assert len(read_journal(run_dir / "journal.jsonl")) < 6          # it stopped handing out work

@@ -1,0 +1,87 @@
+"""What a mode is: one object that says everything the rest of the run asks of it.
+
+A mode (``ensemble``, ``evolve``, ``pbt``) provides its Source (what to train next), its
+Decider (what to stop or change while members train), its Keras trainer choice (packed,
+population), its preflight checks (those that need the data or the world size), how many
+members it expects (status, progress), and how it describes itself (``--check``, status).
+Adding a mode means adding one module here and registering it in ``ensemble.modes``;
+nothing else in the code branches on the mode's name (a test keeps it so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ensemble.config import Problems, RunConfig
+from ensemble.results.events import Event
+from ensemble.results.records import MemberRecord
+from ensemble.results.rundir import RunDirectory
+from ensemble.runtime.executor import OneByOne, Trainer
+from ensemble.sources.base import Decider, Source
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a mode's source and decider are made from: the config, the data's meta, the run
+    directory, the journal so far (``history``: records and events in order; empty for a
+    new run), members to train again (``lost``: finished, but their kept files are gone),
+    the slots members train in (``workers``) and the ranking metric."""
+
+    cfg: RunConfig
+    meta: dict
+    run_dir: RunDirectory
+    history: list[MemberRecord | Event]
+    lost: frozenset[str]
+    workers: int
+    metric: str
+
+
+class Mode:
+    """The base of every mode; subclasses override what differs."""
+
+    name: ClassVar[str]
+    #: whether rank 0 may train members beside its loop (a population's members talk MPI)
+    master_may_train: ClassVar[bool] = True
+
+    def make(self, ctx: RunContext) -> tuple[Source, Decider]:
+        """The run's Source and Decider (the same object when the mode's rounds are both)."""
+        raise NotImplementedError
+
+    def expected_members(self, cfg: RunConfig, workers: int | None = None) -> int | None:
+        """Members the run is meant to end with, from the config (and the worker count where
+        the mode sizes itself by it), or None when it cannot be said in advance."""
+        raise NotImplementedError
+
+    def keras_trainer(self, cfg: RunConfig, meta: dict, data: Any, run_dir: RunDirectory, rank: int,
+                      group: Any = None, comm: Any = None) -> Trainer:
+        """The Keras trainer for this mode on one worker (TensorFlow is configured already)."""
+        from ensemble.train.member import run_member
+        return OneByOne(lambda spec, report: run_member(spec, data, meta, run_dir, rank, group, report))
+
+    def packs(self, cfg: RunConfig) -> bool:
+        """Whether workers pack several members into one graph (``runtime.members_per_rank``)."""
+        return False
+
+    def preflight(self, cfg: RunConfig, meta: dict | None, groups: int | None, found: Problems) -> None:
+        """Problems only this mode has, noted in ``found``: those that need the data's
+        ``meta`` (None when it could not be read) or the number of worker ``groups``
+        (None under ``--check``, where the job's size is unknown)."""
+
+    def describe(self, cfg: RunConfig) -> str:
+        """What the run will do, in a few words (``--check``)."""
+        n = self.expected_members(cfg)
+        return f"{n} members" if n else "members"
+
+    def pareto(self, cfg: RunConfig, meta: dict) -> Any:
+        """record -> objectives for a multi-objective search whose Pareto front keeps its
+        models, else None."""
+        return None
+
+    def status_section(self, cfg: RunConfig | None, events: list[Event]) -> dict | None:
+        """The mode's own part of ``ensemble.status --json`` (None: nothing to add)."""
+        return None
+
+    def status_lines(self, section: dict) -> list[str]:
+        """The human lines for ``status_section``."""
+        return []
