@@ -294,11 +294,7 @@ def format_status(s: dict) -> str:
     if c["issued"] > c["ended"] + (s["running"] or 0):
         text += f" ({c['issued']} handed out)"
     lines.append(text)
-    if live and s["ends_by"] == "time":
-        more = f"about {s['expected_more']} more members end" if s["expected_more"] is not None else "members end"
-        lines.append(f"budget: {more} before {s['time_limit']} ends the run"
-                     + (f" (of {s['left']} left to {total})" if s["left"] is not None else ""))
-    elif state in ("stopped", "silent", "failed") and s["left"]:
+    if state in ("stopped", "silent", "failed") and s["left"]:
         lines.append(f"{s['left']} of {total} members not trained yet; --resume trains them")
     rates = [f"{s['recent_members_per_second']:.2f}/s recently" if s["recent_members_per_second"] else None,
              f"{s['members_per_second']:.2f}/s this job" if s["members_per_second"] else None]
@@ -309,7 +305,11 @@ def format_status(s: dict) -> str:
                      + (" (the time budget ends first)" if s["ends_by"] == "time" and s["eta_seconds"] is not None
                         else ""))
     if s["budget_left_seconds"] is not None and state in ("running", "silent"):
-        lines.append(f"budget: {_duration(s['budget_left_seconds'])} left before the job stops handing out members")
+        line = f"budget: {_duration(s['budget_left_seconds'])} left of {s['time_limit']}: then no member starts"
+        if live and s["ends_by"] == "time" and s["expected_more"] is not None:
+            line += f"; about {s['expected_more']} more end by then" + (
+                f", not all {s['left']} left to {total}" if s["left"] is not None else "")
+        lines.append(line)
     if s.get("pbt"):
         p = s["pbt"]
         lines.append(f"population: round {p['round']} of {p['rounds'] or '?'} done"

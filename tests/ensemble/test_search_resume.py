@@ -6,6 +6,7 @@ on as the uninterrupted run did: same ids, genomes, seeds and results in the sam
 from __future__ import annotations
 
 import json
+import time
 import zlib
 from collections import deque
 
@@ -15,6 +16,8 @@ import pytest
 from ensemble.config import resolve_config
 from ensemble.orchestrate.dispatch import dispatch
 from ensemble.results.rundir import RunDirectory
+from ensemble.orchestrate.session import history_of
+from ensemble.sources.base import Hooks
 from ensemble.sources.search import SearchSource
 from evolve import STRATEGIES
 
@@ -57,6 +60,9 @@ class FakeExecutor:
     """``workers`` workers holding up to ``in_hand`` specs each, on a virtual clock;
     ``kill_after`` results: the next wait raises ``Killed``."""
 
+    idle_seconds = None
+    report_bytes = 0
+
     def __init__(self, workers: int, in_hand: int, kill_after: int | None = None):
         self.workers, self.in_hand, self.kill_after = workers, in_hand, kill_after
         self.held = [deque() for _ in range(workers)]
@@ -93,11 +99,12 @@ def run(source: SearchSource, lines: list, executor: FakeExecutor, kill_in_journ
     """The master's side as ``orchestrate.session`` wires it: issued lines and results to
     ``lines`` (the journal); ``kill_in_journal``: killed just after that many results were
     journalled, before the next candidates went out."""
-    source.on_issue = lines.append
+    source.bind(Hooks(event=lines.append, answer=lambda spec_id, decision: None, deadline=lambda: None,
+                      clock=time.time))
     count = [0]
 
-    def on_results(results: list[dict]) -> None:
-        lines.extend(json.loads(json.dumps(r)) for r in results)     # as read back from the file
+    def on_results(results: list) -> None:
+        lines.extend(json.loads(json.dumps(r.to_json())) for r in results)     # as read back from the file
         count[0] += len(results)
         if count[0] == kill_in_journal:
             raise Killed
@@ -156,7 +163,7 @@ def test_killed_and_resumed_search_equals_the_uninterrupted_one(tmp_path, name, 
             run(killed, lines, FakeExecutor(1, in_hand, kill_after=k))
         else:                              # between a result's line and the next issued line
             run(killed, lines, FakeExecutor(1, in_hand), kill_in_journal=k)
-        resumed = SearchSource(config(name), META, rundir(tmp_path / f"k{k}"), lines)
+        resumed = SearchSource(config(name), META, rundir(tmp_path / f"k{k}"), history_of(lines))
         assert state(resumed.strategy) == state(killed.strategy), k
         out = [x["id"] for x in lines if x.get("event") == "issued"][k:]
         assert [x["id"] for x in resumed.reissue] == out       # in flight at the kill
@@ -168,12 +175,12 @@ def test_killed_and_resumed_search_equals_the_uninterrupted_one(tmp_path, name, 
 @pytest.mark.parametrize("name", sorted(PARAMS))
 def test_resumed_twice_writes_the_same_search_table(tmp_path, name):
     full = uninterrupted(tmp_path, name)
-    reference = SearchSource(config(name), META, rundir(tmp_path / "full"), full)
+    reference = SearchSource(config(name), META, rundir(tmp_path / "full"), history_of(full))
     reference.finish([x for x in full if "event" not in x])
     lines: list[dict] = []
     run(SearchSource(config(name), META, rundir(tmp_path / "r"), []), lines, FakeExecutor(1, 2, kill_after=4))
-    run(SearchSource(config(name), META, rundir(tmp_path / "r"), lines), lines, FakeExecutor(1, 2, kill_after=4))
-    source = SearchSource(config(name), META, rundir(tmp_path / "r"), lines)
+    run(SearchSource(config(name), META, rundir(tmp_path / "r"), history_of(lines)), lines, FakeExecutor(1, 2, kill_after=4))
+    source = SearchSource(config(name), META, rundir(tmp_path / "r"), history_of(lines))
     run(source, lines, FakeExecutor(1, 2))
     source.finish([x for x in lines if "event" not in x])
     a, b = (pd.read_csv(tmp_path / d / "search.csv").drop(columns="wall_seconds") for d in ("full", "r"))
@@ -193,7 +200,7 @@ def test_with_more_workers_the_in_flight_candidates_go_out_again_as_they_were(tm
     issued = {x["id"]: x for x in lines if x.get("event") == "issued"}
     out = [i for i in issued if i not in {x["id"] for x in lines if "event" not in x}]
     assert len(out) >= 2
-    resumed = SearchSource(config(name), META, rundir(tmp_path), lines)
+    resumed = SearchSource(config(name), META, rundir(tmp_path), history_of(lines))
     assert state(resumed.strategy) == state(killed.strategy)
     run(resumed, lines, FakeExecutor(3, 1))                  # fewer in hand: some go out later
     records = {x["id"]: x for x in lines if "event" not in x}
@@ -210,7 +217,7 @@ def test_a_journal_without_issued_lines_still_resumes(tmp_path):
     artifacts were lost is told once."""
     lines = uninterrupted(tmp_path, "regularized")
     records = [x for x in lines if "event" not in x][:6]
-    again = SearchSource(config("regularized"), META, rundir(tmp_path), records + [records[2]])
+    again = SearchSource(config("regularized"), META, rundir(tmp_path), history_of(records + [records[2]]))
     assert again.strategy.told == again.strategy.asked == 6 and not again.reissue
     assert again.count == 6
     spec = again.next_spec()

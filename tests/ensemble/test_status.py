@@ -51,7 +51,7 @@ def test_counts_come_from_the_journal_and_the_heartbeat(tmp_path):
     assert s["age_seconds"] == 15.0 and s["eta_seconds"] == pytest.approx(6 / s["recent_members_per_second"])
     text = S.format_status(s)
     assert "5 finished, 1 failed, 3 running, 3 queued of 12 on 3 workers" in text and "ETA" in text
-    assert "best member so far: m-004" in text and "budget: 90 s left" in text
+    assert "best member so far: m-004" in text and "budget: 90 s left of the job's time limit" in text
 
 
 def test_the_tail_reads_a_torn_line_once_it_is_whole(tmp_path):
@@ -186,3 +186,121 @@ def test_progress_counts_what_is_out_and_the_best_so_far():
     c = p.counts()                                  # 5 out, 3 back: 2 running on 2 workers, none ahead
     assert (c["done"], c["failed"], c["running"], c["held_ahead"], c["queued"]) == (6, 1, 2, 0, 2)
     assert c["best"] == {"id": "m1", "value": 1.5}                     # lower mse is better
+
+
+SEARCH = ('mode = "evolve"\n[data]\nsource = "digits"\n[evolve]\nstrategy = "regularized"\nevaluations = 1000\n'
+          'time_limit = 720.0\n')
+
+
+def search_run(tmp_path, beat: dict | None, n: int = 3, issued: int = 0, opens=((999.0, 995.0),)) -> object:
+    """A search of 1000 evaluations with a 12-minute budget, ``n`` results in, ``issued``
+    candidates handed out."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"event": "open", "time": t, "job_started": js, "workers": 2} for t, js in opens]
+    lines += [{"event": "issued", "id": f"e{i:04d}", "evaluation": i} for i in range(issued)]
+    lines += [{"id": f"e{i:04d}", "status": "ok", "received": opens[-1][0] + 20.0 * (i + 1),
+               "val": {"accuracy": 0.5 + i / 100}} for i in range(n)]
+    (run / "journal.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (run / "config.toml").write_text(SEARCH)
+    if beat is not None:
+        (run / "status.json").write_text(json.dumps(beat))
+    return run
+
+
+def test_a_time_budget_that_ends_first_sets_the_eta_and_claims_no_queue(tmp_path):
+    """The user's case: 1000 evaluations and 12 minutes; at 3 results a minute the count
+    would take hours, so the time budget ends the run: ETA is the time left, nothing is
+    called queued, and the estimate of what still ends is about rate x time left."""
+    beat = {"state": "running", "time": 1059.0, "every": 10.0, "total": 1000, "metric": "accuracy",
+            "running": 2, "workers": 2, "deadline": None}
+    run = search_run(tmp_path, beat)
+    s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1060.0)
+    assert s["ends_by"] == "time" and s["time_limit"] == "`evolve.time_limit`"
+    assert s["budget_left_seconds"] == 999.0 + 720.0 - 1060.0 == s["eta_seconds"]
+    assert s["queued"] is None and s["queued_up_to"] == 995
+    assert s["expected_more"] == round(s["recent_members_per_second"] * s["eta_seconds"]) < 100
+    text = S.format_status(s)
+    assert "queued" not in text and "ETA 11.0 min (the time budget ends first)" in text, text
+    assert (f"budget: 11.0 min left of `evolve.time_limit`: then no member starts; about {s['expected_more']} "
+            "more end by then, not all 997 left to 1000") in text
+
+
+def test_without_a_heartbeat_the_time_budget_comes_from_the_config(tmp_path):
+    run = search_run(tmp_path, None)
+    s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1060.0)
+    assert s["total"] == 1000 and s["budget_left_seconds"] == 659.0 and s["ends_by"] == "time"
+    assert s["eta_seconds"] is None                       # no heartbeat: the state is unknown, no ETA
+
+
+def test_a_resumed_search_counts_the_time_it_already_searched(tmp_path):
+    """evolve.time_limit is search time over all jobs: a first job searched 100 s (its last
+    result 100 s after its open), so the second job has 620 s from its open."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"event": "open", "time": 0.0, "workers": 2}, {"id": "e0000", "status": "ok", "received": 100.0},
+             {"event": "open", "time": 5000.0, "workers": 2}]
+    (run / "journal.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (run / "config.toml").write_text(SEARCH)
+    (run / "status.json").write_text(json.dumps({"state": "running", "time": 5010.0, "total": 1000,
+                                                 "deadline": None, "running": 2}))
+    s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=5010.0)
+    assert s["budget_left_seconds"] == 610.0
+
+
+def test_when_the_count_ends_first_the_queue_and_eta_are_the_counts(tmp_path):
+    beat = {"state": "running", "time": 1059.0, "total": 8, "metric": "accuracy", "running": 2, "workers": 2,
+            "deadline": None}
+    run = search_run(tmp_path, beat)
+    s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1060.0)
+    assert s["ends_by"] == "evaluations" and s["queued"] == 3 and s["left"] == 5
+    assert s["eta_seconds"] == pytest.approx(5 / s["recent_members_per_second"], abs=0.1)
+    assert "3 queued of 8" in S.format_status(s)
+
+
+def test_counts_by_status_and_issued_agree_with_ensemble_json_keys(tmp_path):
+    """finished is ok only; discarded (new and old journals), failed and stopped by a limit
+    (old journals: failed with kind time_limit) apart; issued from the search's events."""
+    beat = {"state": "running", "time": 1059.0, "total": 1000, "metric": "accuracy", "running": 2, "workers": 2,
+            "deadline": None}
+    run = search_run(tmp_path, beat, n=5, issued=19)
+    with open(run / "journal.jsonl", "a") as fh:
+        for line in ({"id": "e0005", "status": "ok", "val": {"accuracy": 0.99}, "discarded": {"epoch": 2}},
+                     {"id": "e0006", "status": "discarded", "val": {"accuracy": 0.98}, "discarded": {"epoch": 2}},
+                     {"id": "e0007", "status": "failed", "error": {"kind": "time_limit", "message": "slow"}},
+                     {"id": "e0008", "status": "failed", "error": {"kind": "nan_loss", "message": "NaN"}}):
+            fh.write(json.dumps(line) + "\n")
+    s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1060.0)
+    assert s["counts"] == {"ok": 5, "failed": 1, "discarded": 2, "stopped": 0, "limit": 1, "ended": 9,
+                           "issued": 19}
+    assert (s["finished"], s["failed"], s["discarded"], s["limit"], s["done"]) == (5, 1, 2, 1, 9)
+    assert s["best"]["id"] == "e0004"                         # a discarded candidate is never the best
+    text = S.format_status(s)
+    assert "members: 5 finished, 1 failed, 2 discarded early, 1 stopped by their time limit, 2 running" in text
+    assert "(19 handed out)" in text
+
+
+def test_a_stopped_run_says_what_is_left_for_resume(tmp_path):
+    run = make(tmp_path, beat={"state": "stopped", "time": 1010.0, "total": 12, "running": 2,
+                               "reason": "interrupted by Ctrl-C or a signal"})
+    s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1020.0)
+    assert (s["running"], s["queued"], s["left"], s["eta_seconds"]) == (0, None, 6, None)
+    assert "6 of 12 members not trained yet; --resume trains them" in S.format_status(s)
+
+
+def test_an_unreadable_config_is_no_reason_to_fail(tmp_path):
+    run = make(tmp_path, config="this is = not [toml")
+    s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1010.0)
+    assert s["total"] is None and s["finished"] == 5
+
+
+def test_expected_members_by_mode():
+    from ensemble.config import resolve_config
+    assert S.expected_members(None) is None
+    arch = [{"name": n, "members": k, "layers": [{"type": "Dense", "units": 4}]} for n, k in (("a", 3), ("b", 4))]
+    assert S.expected_members(resolve_config({"data": {"source": "digits"}, "architectures": arch})) == 7
+    assert S.expected_members(resolve_config({"mode": "evolve", "data": {"source": "digits"},
+                                              "evolve": {"evaluations": 9}})) == 9
+    pbt = {"mode": "pbt", "data": {"source": "digits"}, "architectures": arch}
+    assert S.expected_members(resolve_config({**pbt, "pbt": {"population": 0}})) is None
+    assert S.expected_members(resolve_config({**pbt, "pbt": {"population": 6}})) == 6
