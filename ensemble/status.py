@@ -22,7 +22,7 @@ from pathlib import Path
 from ensemble.config import ConfigError, RunConfig, read_saved_config
 from ensemble.results.events import Event, EventKind
 from ensemble.results.heartbeat import FINAL, read_heartbeat
-from ensemble.results.records import Counts, MemberRecord, latest
+from ensemble.results.records import Counts, MemberRecord, Status, latest
 from ensemble.results.rundir import RunDirectory
 
 EXIT_USAGE = 2
@@ -177,9 +177,8 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     counts = Counts.of_records(tail.records, issued=issued)
     done = counts.ended
     out: dict = {"run_dir": str(run_dir), "metric": metric, "total": total, "counts": counts.as_dict(),
-                 "done": done, "finished": counts.ok, "failed": counts.failed, "discarded": counts.discarded,
-                 "limit": counts.limit, "stopped": counts.stopped, "issued": counts.issued, "running": running,
-                 "queued": None, "queued_up_to": None, "left": None if total is None else max(0, total - done),
+                 "done": done, "finished": counts.ok, **{k.value: counts.of(k) for k in Status if not k.ranked},
+                 "issued": counts.issued, "running": running, "queued": None, "queued_up_to": None, "left": None if total is None else max(0, total - done),
                  "workers": beat.get("workers")}
     opens = [e for e in tail.events if e.kind is EventKind.OPEN]
     started = opens[0].data.get("job_started", opens[0].time) if opens else beat.get("job_started")
@@ -281,7 +280,7 @@ def format_status(s: dict) -> str:
         head += f", age {_duration(s['age_seconds'])}"
     lines = [f"{name}: {head}"] + ([note] if note else [])
     c = s["counts"]
-    parts = [Counts(**{k: c[k] for k in ("ok", "failed", "discarded", "stopped", "limit", "issued")}).summary()]
+    parts = [Counts.from_dict(c).summary()]
     live = state in ("running", "finishing")
     if s["running"] is not None and live:
         parts.append(f"{s['running']} running")

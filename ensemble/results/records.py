@@ -225,6 +225,11 @@ class Counts:
         return ", ".join(parts)
 
     @classmethod
+    def from_dict(cls, counts: Mapping[str, int]) -> Counts:
+        """The counts ``as_dict`` wrote (ensemble.json's or ``ensemble.status --json``'s ``counts``)."""
+        return cls(**{s.value: int(counts.get(s.value, 0)) for s in Status}, issued=int(counts.get("issued", 0)))
+
+    @classmethod
     def of_records(cls, records: Iterable[MemberRecord], issued: int | None = None) -> Counts:
         """The counts of ``records`` (each member once, by its final word: ``latest``); ``issued``:
         members handed out, when the caller knows (a search's ``issued`` events)."""

@@ -7,7 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from ensemble.config import resolve_config
 from ensemble.results.artifacts import Artifacts
+from ensemble.results.records import MemberRecord
 from ensemble.results.retention import ParetoFront, Retention, passes
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.selection import rank_key, select
@@ -160,11 +162,21 @@ def result(member_id, p, y, retain=None):
     r = {"id": member_id, "status": "ok", "val": val, "test": val, "model": False, "seed": 0}
     r.update(candidate_payload({"id": member_id, "retain": retain}, val, {"val": p, "test": p},
                                {"val": None, "test": None}))
-    return r
+    return MemberRecord.from_json(r)
+
+
+def config(**ensemble):
+    return resolve_config({"data": {"source": "digits"}, "ensemble": ensemble,
+                           "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]})
+
+
+def records_of(lines):
+    return [x for x in lines if isinstance(x, MemberRecord)]
 
 
 def run_master(run_dir, y, specs, candidates, keep_models=0, batch=3):
-    """The master's side of retention over results arriving in batches; returns the journal lines."""
+    """The master's side of retention over results arriving in batches; returns the journal
+    lines (``accept`` puts the records as journalled in place of those it was given)."""
     art = Artifacts(run_dir, "log_loss", candidates, keep_models)
     lines, queue = [], []
     for member_id, p in specs:
@@ -180,21 +192,21 @@ def run_master(run_dir, y, specs, candidates, keep_models=0, batch=3):
 def test_selection_over_candidates_equals_selection_over_all_when_all_are_candidates(tmp_path):
     rng = np.random.default_rng(4)
     y, specs = members(40, rng)
-    cfg = {"ensemble": {"metric": "log_loss", "method": "greedy", "k": 5}}
+    cfg = config(metric="log_loss", method="greedy", k=5)
     meta = {"task": "classification"}
     art, lines = run_master(RunDirectory(tmp_path / "all"), y, specs, candidates=40)
-    ens = build_ensemble(RunDirectory(tmp_path / "all"), [x for x in lines if "id" in x], cfg, meta, y, y, art)
+    assert not any("payload" in r.extra for r in records_of(lines))        # the arrays went to the store
+    ens = build_ensemble(RunDirectory(tmp_path / "all"), records_of(lines), cfg, meta, y, y, art)
     direct = select(dict(specs), y, "log_loss", method="greedy", k=5, task="classification")
     assert [(m["id"], m["weight"]) for m in ens["members"]] == list(direct.items())
     # a bounded pool: the same greedy over exactly the best 8 by validation log loss
     art8, lines8 = run_master(RunDirectory(tmp_path / "eight"), y, specs, candidates=8)
-    best8 = [r["id"] for r in sorted((x for x in lines8 if "id" in x),
-                                       key=lambda r: rank_key(r["val"]["log_loss"], r["id"], False))][:8]
+    best8 = [r.id for r in sorted(records_of(lines8), key=lambda r: rank_key(r.val["log_loss"], r.id, False))][:8]
     assert art8.pool() == best8 and len(art8.store) > 8                  # released entries until compacted
-    ens8 = build_ensemble(RunDirectory(tmp_path / "eight"), [x for x in lines8 if "id" in x], cfg, meta, y, y, art8)
+    ens8 = build_ensemble(RunDirectory(tmp_path / "eight"), records_of(lines8), cfg, meta, y, y, art8)
     direct8 = select({i: p for i, p in specs if i in best8}, y, "log_loss", method="greedy", k=5)
     assert [(m["id"], m["weight"]) for m in ens8["members"]] == list(direct8.items())
-    assert sum(1 for x in lines8 if "id" in x and x["stored"]) < 40       # the bars kept most arrays home
+    assert sum(1 for x in records_of(lines8) if x.stored) < 40            # the bars kept most arrays home
 
 
 def test_resume_after_a_torn_store_retrains_only_what_was_lost(tmp_path):
@@ -231,29 +243,29 @@ def test_released_models_are_removed_after_their_line_and_strays_on_resume(tmp_p
         run_dir.model_path(member_id).write_text("model")             # the worker wrote it
         r = {"id": member_id, "status": "ok", "val": {"accuracy": acc}, "model": True,
              "payload": {"arrays": {"val_pred": np.zeros((2, 2))}}}
-        batch = [r]
+        batch = [MemberRecord.from_json(r)]
         lines += batch + art.accept(batch)
         art.remove_released()
     assert {p.stem for p in run_dir.model_files()} == {"m1", "m2"}
-    assert [x["models"] for x in lines if x.get("event") == "released"] == [["m0"]]
-    assert lines[-1]["model"] is False                                 # m3 arrived below the bar
+    assert [x["models"] for x in lines if isinstance(x, dict) and x.get("event") == "released"] == [["m0"]]
+    assert lines[-1].has_model is False and lines[-1].extra["model"] is False   # m3 arrived below the bar
     run_dir.model_path("m0").write_text("stray")                       # a crash before the removal
     again = Artifacts(run_dir, "accuracy", 2, 2)
     assert again.restore(lines) == set() and {p.stem for p in run_dir.model_files()} == {"m1", "m2"}
     pruned = again.prune(["m2"])                                       # keep_models 2: nothing to prune
     assert pruned["line"] is None
-    json.dumps(lines, default=str)
+    json.dumps([x if isinstance(x, dict) else x.to_json() for x in lines], default=str)
 
 
 def test_a_run_stopped_early_keeps_every_candidate_and_a_finished_one_prunes(tmp_path):
     from ensemble.results.summary import finalize
     rng = np.random.default_rng(6)
     y, specs = members(20, rng)
-    cfg = {"ensemble": {"metric": "log_loss", "method": "top_k", "k": 2}}
+    cfg = config(metric="log_loss", method="top_k", k=2)
     meta = {"task": "classification"}
     run_dir = RunDirectory(tmp_path)
     art, lines = run_master(run_dir, y, specs, candidates=8, keep_models=3)
-    records = [x for x in lines if "id" in x]
+    records = records_of(lines)
     art = Artifacts(run_dir, "log_loss", 8, 3)
     assert art.restore(lines) == set()
     early = finalize(run_dir, records, cfg, meta, y, y, artifacts=art, prune=False)
@@ -265,3 +277,67 @@ def test_a_run_stopped_early_keeps_every_candidate_and_a_finished_one_prunes(tmp
     assert set(PackStore(tmp_path / "store").index) == set(best3) and done["kept"]["store_bytes_freed"] > 0
     released = [x for x in run_dir.read_lines() if x.get("reason") == "final"]
     assert len(released) == 1 and len(released[0]["predictions"]) == 5
+
+
+def test_a_discarded_or_failed_member_is_no_candidate_and_its_model_goes(tmp_path):
+    """Only ``Status.OK`` members enter retention; a discarded candidate (an older journal's
+    "ok" with ``discarded`` too) or a failed one that wrote a model has it removed."""
+    run_dir = RunDirectory(tmp_path)
+    art = Artifacts(run_dir, "accuracy", candidates=4, keep_models=4)
+    payload = {"arrays": {"val_pred": np.zeros((2, 2))}}
+    batch = [MemberRecord.from_json(x) for x in (
+        {"id": "ok", "status": "ok", "val": {"accuracy": 0.5}, "model": True, "payload": payload},
+        {"id": "old", "status": "ok", "val": {"accuracy": 0.9}, "model": True, "payload": payload,
+         "discarded": {"epoch": 2}},
+        {"id": "new", "status": "discarded", "val": {"accuracy": 0.9}, "model": True, "discarded": {"epoch": 2}},
+        {"id": "bad", "status": "failed", "error": {"kind": "nan_loss"}})]
+    for r in batch:
+        run_dir.model_path(r.id).parent.mkdir(exist_ok=True)
+        run_dir.model_path(r.id).write_text("model")
+    assert art.accept(batch) == []
+    art.remove_released()
+    assert [(r.id, r.stored, r.has_model) for r in batch] == [("ok", True, True), ("old", False, False),
+                                                              ("new", False, False), ("bad", False, False)]
+    assert art.pool() == ["ok"] and {p.stem for p in run_dir.model_files()} == {"ok", "bad"}
+    again = Artifacts(run_dir, "accuracy", 4, 4)                 # resume: the same kept set, from the history
+    assert again.restore([*batch]) == set() and again.pool() == ["ok"]
+    art.close()
+    again.close()
+
+
+def test_a_plain_result_dict_is_still_updated_in_place():
+    """TRANSITIONAL: the master hands dicts until it hands records."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        art = Artifacts(RunDirectory(folder), "accuracy", candidates=2, keep_models=0)
+        r = {"id": "m", "status": "ok", "val": {"accuracy": 0.5}, "payload": {"arrays": {"val_pred": np.zeros(2)}}}
+        art.accept([r])
+        assert r["stored"] is True and r["model"] is False and "payload" not in r
+        art.close()
+
+
+def test_leaderboard_and_ensemble_json_count_every_status_alike(tmp_path):
+    """One record per status (and a member that failed, then finished on resume): the
+    leaderboard's status column and ensemble.json's counts say the same."""
+    import pandas as pd
+    from ensemble.results.summary import finalize
+    lines = [{"id": "a", "status": "failed", "error": {"kind": "lost_rank", "message": "gone"}},
+             {"id": "a", "status": "ok", "val": {"accuracy": 0.7}, "test": {"accuracy": 0.6}},
+             {"id": "b", "status": "ok", "val": {"accuracy": 0.9}, "test": {"accuracy": 0.8}},
+             {"id": "c", "status": "ok", "val": {"accuracy": 0.99}, "discarded": {"epoch": 2, "rule": "asha"}},
+             {"id": "d", "status": "discarded", "val": {"accuracy": 0.98}, "discarded": {"epoch": 4}},
+             {"id": "e", "status": "failed", "error": {"kind": "nan_loss", "message": "NaN"}},
+             {"id": "f", "status": "failed", "error": {"kind": "time_limit", "message": "slow"}},
+             {"id": "g", "status": "stopped"}]
+    run_dir = RunDirectory(tmp_path)
+    summary = finalize(run_dir, [MemberRecord.from_json(x) for x in lines], config(metric="accuracy"),
+                       {"task": "classification"}, np.zeros(2), np.zeros(2), ensemble=False, issued=9)
+    assert summary["counts"] == {"ok": 2, "failed": 1, "discarded": 2, "stopped": 1, "limit": 1, "ended": 7,
+                                 "issued": 9}
+    assert (summary["n_finished"], summary["n_failed"], summary["n_discarded"]) == (2, 3, 2)
+    board = pd.read_csv(tmp_path / "leaderboard.csv")
+    assert list(board["id"]) == ["b", "a", "c", "d", "e", "f", "g"]
+    assert board["status"].value_counts().to_dict() == {k: v for k, v in summary["counts"].items()
+                                                        if k not in ("ended", "issued") and v}
+    assert list(board["rank"].dropna()) == [1, 2] and board.loc[2, "discarded_at_epoch"] == 2
+    assert json.loads((tmp_path / "ensemble.json").read_text())["counts"] == summary["counts"]

@@ -66,7 +66,8 @@ def test_status_of_a_running_run_has_consistent_counts(tmp_path):
                 s = status(run_dir)
                 assert s["total"] == 12 and s["workers"] == 2
                 if s["state"] == "running":
-                    assert s["running"] <= 2 and s["finished"] + s["failed"] + s["running"] + s["queued"] == 12
+                    assert s["running"] <= 2 and s["done"] + s["running"] + s["queued"] == 12
+                    assert s["ends_by"] == "evaluations" and s["done"] == s["counts"]["ended"]
                     assert s["finished"] <= len(read_journal(run_dir / "journal.jsonl"))   # the journal may be ahead
                     if 0 < s["finished"] < 12 and s["running"] > 0:
                         seen_midway = s
@@ -80,6 +81,7 @@ def test_status_of_a_running_run_has_consistent_counts(tmp_path):
     assert seen_midway["eta_seconds"] is not None and seen_midway["best"] is not None
     final = status(run_dir)
     assert final["state"] == "done" and final["finished"] == 12 and final["ensemble"]["members"] >= 1
+    assert final["counts"] == json.loads((run_dir / "ensemble.json").read_text())["counts"]
     text = subprocess.run([sys.executable, "-m", "ensemble.status", str(run_dir)], cwd=ROOT, capture_output=True,
                           text=True, timeout=60).stdout
     assert "done" in text and "12 finished, 0 failed of 12" in text and "best member so far" in text
@@ -100,8 +102,9 @@ def test_status_after_ctrl_c_says_stopped_and_how_to_resume(tmp_path):
     assert job.returncode == 130, out + err
     s = status(run_dir)
     assert s["state"] == "stopped" and s["reason"] == "interrupted by Ctrl-C or a signal"
-    assert 0 < s["finished"] < 8 and s["running"] == 0 and s["queued"] == 8 - s["done"]
+    assert 0 < s["finished"] < 8 and s["running"] == 0 and s["queued"] is None and s["left"] == 8 - s["done"]
     text = subprocess.run([sys.executable, "-m", "ensemble.status", str(run_dir)], cwd=ROOT, capture_output=True,
                           text=True, timeout=60).stdout
+    assert f"{8 - s['done']} of 8 members not trained yet; --resume trains them" in text
     assert "run: stopped early after" in text and ("interrupted by Ctrl-C or a signal; the same command with "
                                                     f"`--run-dir {run_dir} --resume` continues it") in text, text
