@@ -117,7 +117,7 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
     x = np.asarray(x)
     y = np.asarray(y)
     check_arrays(x, y)
-    task = info.get("task") if data.task == "auto" and info.get("task") else infer_task(y, data.task)
+    task = str(info["task"]) if data.task == "auto" and info.get("task") else infer_task(y, data.task)
     meta: dict = {"task": task, "feature_names": info.get("feature_names", [])}
     if task == "classification":
         y, names = encode_labels(y, info.get("class_names"))

@@ -178,8 +178,8 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     done = counts.ended
     out: dict = {"run_dir": str(run_dir), "metric": metric, "total": total, "counts": counts.as_dict(),
                  "done": done, "finished": counts.ok, **{k.value: counts.of(k) for k in Status if not k.ranked},
-                 "issued": counts.issued, "running": running, "queued": None, "queued_up_to": None, "left": None if total is None else max(0, total - done),
-                 "workers": beat.get("workers")}
+                 "issued": counts.issued, "running": running, "queued": None, "queued_up_to": None,
+                 "left": None if total is None else max(0, total - done), "workers": beat.get("workers")}
     opens = [e for e in tail.events if e.kind is EventKind.OPEN]
     started = opens[0].data.get("job_started", opens[0].time) if opens else beat.get("job_started")
     out["age_seconds"] = None if started is None else round(now - started, 1)
@@ -192,10 +192,11 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
         out["age_seconds"] = None if started is None else round(ended - started, 1)
         out["ended_seconds_ago"] = round(now - ended, 1)
     times = sorted(r.received for r in tail.records if r.received is not None)
-    this_job = [t for t in times if opens and t >= opens[-1].time]
+    opened = float(opens[-1].data["time"]) if opens else None         # this job's dispatch began
+    this_job = [t for t in times if opened is not None and t >= opened]
     out["members_per_second"] = None
-    if this_job:
-        span = (now if state == "running" else this_job[-1]) - opens[-1].time
+    if this_job and opened is not None:
+        span = (now if state == "running" else this_job[-1]) - opened
         out["members_per_second"] = round(len(this_job) / span, 3) if span > 0 else None
     recent = (this_job if opens else times)[-RECENT:]          # a resumed job's rate is its own
     out["recent_members_per_second"] = (round((len(recent) - 1) / (recent[-1] - recent[0]), 3)
@@ -251,7 +252,7 @@ def _budget(out: dict, cfg: RunConfig | None, beat: dict, tail: JournalTail, now
     out["queued_up_to"] = to_start
     if state != "running":
         return
-    if out["ends_by"] == "time":
+    if out["ends_by"] == "time" and time_left is not None:
         out["eta_seconds"] = round(time_left, 1)
     elif by_count is not None:
         out["eta_seconds"] = round(by_count if time_left is None else min(by_count, time_left), 1)
@@ -295,9 +296,8 @@ def format_status(s: dict) -> str:
     lines.append(text)
     if state in ("stopped", "silent", "failed") and s["left"]:
         lines.append(f"{s['left']} of {total} members not trained yet; --resume trains them")
-    rates = [f"{s['recent_members_per_second']:.2f}/s recently" if s["recent_members_per_second"] else None,
-             f"{s['members_per_second']:.2f}/s this job" if s["members_per_second"] else None]
-    rates = [r for r in rates if r]
+    rates = [r for r in (f"{s['recent_members_per_second']:.2f}/s recently" if s["recent_members_per_second"] else "",
+                         f"{s['members_per_second']:.2f}/s this job" if s["members_per_second"] else "") if r]
     if rates or s["eta_seconds"] is not None:
         lines.append("rate: " + (", ".join(rates) or "?")
                      + (f"; ETA {_duration(s['eta_seconds'])}" if s["eta_seconds"] is not None else "")

@@ -32,9 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from benchkit import mpiexec, workspace      # noqa: E402
+from benchkit import mpiexec, workspace  # noqa: E402
 
 from ensemble.results.records import MemberRecord  # noqa: E402
+
 EPOCHS, PATIENCE, SEED = 20, 4, 3
 PROJECT_CONFIG = f"""
 name = "bench_search"
@@ -97,10 +98,11 @@ def project_side(folder: Path, budget: float, workers: int, extra: str = "") -> 
 def split_arrays() -> dict:
     """The project's own digits split (same seed, same normalisation) for DeepHyper's side."""
     sys.path.insert(0, str(ROOT))
+    import tomllib
+
     from datafeed.prepare import prepare_with_rows
     from datafeed.readers import read_dataset
     from ensemble.config import resolve_config
-    import tomllib
     cfg = resolve_config(tomllib.loads(PROJECT_CONFIG))
     x, y, info = read_dataset(cfg.data)
     arrays, _, _ = prepare_with_rows(x, y, info, cfg.data, cfg.seed)

@@ -25,9 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from benchkit import mpiexec, workspace      # noqa: E402
+from benchkit import mpiexec, workspace  # noqa: E402
 
 from ensemble.results.records import MemberRecord, Status  # noqa: E402
+
 ARMS = {"plain": {}, "asha": {"discard": '"asha"'}, "inherit": {"inherit": "true"},
         "asha+inherit": {"discard": '"asha"', "inherit": "true"}}
 

@@ -25,7 +25,8 @@ NEIGHBOURS = {"evolve": 3, "datafeed": 3}
 CONFIG_READS = {"evolve.strategies", "evolve.space"}
 MPI_MODULES = {"ensemble/runtime/mpi.py", "datafeed/distribute.py"}
 TF_PLACES = ("ensemble/train/", "ensemble/inference/", "ensemble/runtime/env.py",
-             "ensemble/runtime/data_parallel.py", "ensemble/task/tasks.py", "ensemble/task/graph.py", "datafeed/pipeline.py")
+             "ensemble/runtime/data_parallel.py", "ensemble/task/tasks.py", "ensemble/task/graph.py",
+             "datafeed/pipeline.py")
 
 
 def modules() -> list[Path]:
@@ -88,6 +89,15 @@ def test_every_ensemble_package_has_a_layer():
     packages = {p.name for p in (ROOT / "ensemble").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     entries = {p.stem for p in (ROOT / "ensemble").glob("*.py") if p.stem != "__init__"}
     assert packages | entries == set(LAYERS)
+
+
+def test_the_checks_see_the_source_and_every_named_place_exists():
+    """The tests above check nothing if the walk finds no files or a room names a stale path."""
+    found = {str(p.relative_to(ROOT)) for p in modules()}
+    assert {"ensemble/run.py", "ensemble/config/schema.py", "evolve/space.py", "datafeed/readers.py"} <= found
+    for place in (*MPI_MODULES, *TF_PLACES):
+        assert (ROOT / place).exists(), f"{place} is named as a room but does not exist"
+    assert all("mpi4py" in imported(ROOT / m) for m in MPI_MODULES)   # the walk reads their imports
 
 
 def test_mpi_and_tensorflow_stay_in_their_rooms():

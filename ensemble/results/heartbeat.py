@@ -9,7 +9,11 @@ right; on results only when the loop is never idle; a quiet master writes nothin
 never spins), every ``progress_seconds`` from a thread while no loop can (a serial
 master training a member; the ensemble being selected and written), and when it ends,
 Ctrl-C and a crash included. A few hundred bytes whatever the run's size.
-``ensemble.status`` reads it with the journal.
+``ensemble.status`` reads it with the journal: of the heartbeat it takes only what the
+journal cannot say (``state``, ``time``, ``every``, ``running``, ``workers``, ``total``,
+``metric``, ``deadline``, ``job_started``, ``reason``, ``error``); the counts of members by
+status it takes from the journal (``records.Counts``), as ensemble.json and the report do,
+so a beat a moment old never makes them disagree.
 """
 
 from __future__ import annotations

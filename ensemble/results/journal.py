@@ -148,7 +148,8 @@ def read_lines(path: str | Path) -> list[dict]:
 def read_journal(path: str | Path, events: bool = False) -> list[dict] | tuple[list[dict], list[dict]]:
     """All whole member records in order (a torn or corrupt line is skipped, not fatal);
     with ``events``, (records, event lines)."""
-    records, marks = [], []
+    records: list[dict] = []
+    marks: list[dict] = []
     for item in read_lines(path):
         (marks if "event" in item else records).append(item)
     return (records, marks) if events else records
@@ -174,5 +175,8 @@ def split_history(history: Iterable[Entry]) -> tuple[list[MemberRecord], list[Ev
     records: list[MemberRecord] = []
     events: list[Event] = []
     for item in history:
-        (records if isinstance(item, MemberRecord) else events).append(item)
+        if isinstance(item, MemberRecord):
+            records.append(item)
+        else:
+            events.append(item)
     return records, events

@@ -33,10 +33,10 @@ import numpy as np
 from ensemble.config import ConfigError, RunConfig, read_saved_config
 from ensemble.config.vocabulary import PROPER_SCORES
 from ensemble.results.events import Event, EventKind
-from ensemble.results.records import Counts, MemberRecord, Status, latest
+from ensemble.results.records import Counts, MemberRecord, Status, as_records, latest
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.selection import rank_members
-from ensemble.results.timeline import run_stats
+from ensemble.results.timeline import as_events, run_stats
 from ensemble.task import get_task
 from ensemble.task.metrics import higher_is_better, metric_task
 
@@ -60,6 +60,10 @@ class RunView:
     events: list[Event] = field(default_factory=list)
     test: dict | None = None                      # ensemble_test_predictions.npz
     metric: str | None = None
+
+    def __post_init__(self) -> None:              # raw journal lines are read as records and events
+        self.records = as_records(self.records)
+        self.events = as_events(self.events)
 
     @property
     def task(self) -> str | None:
@@ -251,7 +255,8 @@ def plot_regression(view: RunView):
     t = view.test
     if view.task != "regression" or not t or "mean" not in t:
         return None
-    first = (lambda a: a if a.ndim == 1 else a[:, 0])
+    def first(a: np.ndarray) -> np.ndarray:
+        return a if a.ndim == 1 else a[:, 0]
     y, mean, std = first(np.asarray(t["y"], float)), first(t["mean"]), first(t["std"])
     lower = first(t["lower_90"]) if "lower_90" in t else mean - 1.645 * std
     upper = first(t["upper_90"]) if "upper_90" in t else mean + 1.645 * std
@@ -315,10 +320,11 @@ def plot_search(view: RunView):
     fig = _figure(9.5, 4.0)
     axes = fig.subplots(1, 2, sharey=True)
     ok = ~np.isnan(values)
-    floor = np.nanmin(values) if ok.any() else 0.0
+    lo, hi = (np.nanmin(values), np.nanmax(values)) if ok.any() else (0.0, 0.0)
+    floor = lo - 0.05 * ((hi - lo) or 1.0)             # below every result: these are none
     for ax, x, label in ((axes[0], n, "evaluation (in the order results arrived)"),
                          (axes[1], wall, "wall time since the job began (s)")):
-        ax.plot(x[ok], values[ok], "o", ms=4, color="#1f77b4", alpha=0.7, label="evaluation")
+        ax.plot(x[ok], values[ok], "o", ms=4, color="#1f77b4", alpha=0.7, label="finished evaluation")
         ax.step(x, best, where="post", color="#2ca02c", lw=1.8, label="best so far")
         if discarded.any():
             ax.plot(x[discarded], np.full(discarded.sum(), floor), "|", ms=9, color="#7f7f7f",
@@ -331,9 +337,9 @@ def plot_search(view: RunView):
     axes[0].set_ylabel(f"validation {metric}")
     axes[0].legend(fontsize=7)
     strategy = view.config.evolve.strategy if view.config is not None else ""
-    fig.suptitle(f"Search ({strategy}): {len(evaluated)} evaluations ({view.counts.summary()})"
-                 + (f", best validation {metric} {np.nanmax(values) if higher else np.nanmin(values):.4f}"
-                    if ok.any() else ""))
+    fig.suptitle(f"Search ({strategy}): {len(evaluated)} evaluations"
+                 + (f", best validation {metric} {hi if higher else lo:.4f}" if ok.any() else "")
+                 + f"\n{view.counts.summary()}", fontsize=10)
     return fig
 
 
@@ -538,7 +544,8 @@ def _notes(view: RunView) -> str:
     if "test" in base and metric in base["test"] and metric in s.get("ensemble", {}).get("test", {}):
         e, b = s["ensemble"]["test"][metric], base["test"][metric]
         worse = e < b if higher_is_better(metric) else e > b
-        items.append(f"<b>{'The linear baseline beats the ensemble' if worse else 'The ensemble beats the linear baseline'}"
+        verdict = 'The linear baseline beats the ensemble' if worse else 'The ensemble beats the linear baseline'
+        items.append(f"<b>{verdict}"
                      f"</b> on test {metric}: {e:.4f} vs {b:.4f} ({base['model']}, fitted on "
                      f"{base.get('train_rows', '?')} training rows)")
     return "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>" if items else ""

@@ -17,16 +17,15 @@ import numpy as np
 import pandas as pd
 
 from ensemble.config import EnsembleConfig, RunConfig
+from ensemble.config.vocabulary import PROPER_SCORES, proper_score
 from ensemble.results.artifacts import Artifacts
 from ensemble.results.records import Counts, MemberRecord, Status, as_records, latest
 from ensemble.results.rundir import RunDirectory
-from ensemble.config.vocabulary import PROPER_SCORES, proper_score
 from ensemble.results.selection import choose_ensemble, rank_members
 from ensemble.task import get_task
 from ensemble.task.calibration import apply as apply_calibration
 from ensemble.task.calibration import fit as fit_calibration
 from ensemble.task.metrics import higher_is_better, metric_task
-
 
 Records = Iterable[MemberRecord | Mapping[str, Any]]
 

@@ -59,7 +59,7 @@ def test_check_builds_turns_a_bad_builder_into_a_config_error_before_training():
         check_builds(config(model="tests.mpi.user_models:logits_mlp"), arrays, meta)
     check_builds(config(model="tests.mpi.user_models:small_mlp"), arrays, meta)
     rehearsal = config(model="tests.mpi.user_models:logits_mlp")
-    rehearsal = rehearsal.replace(runtime=rehearsal.runtime.replace(trainer="rehearsal"))   # nothing is built
+    rehearsal = rehearsal.replace(runtime=rehearsal.runtime.replace(trainer="rehearsal"))     # builds nothing
     check_builds(rehearsal, arrays, meta)
 
 

@@ -12,6 +12,7 @@ import pytest
 from ensemble.config import resolve_config
 from ensemble.orchestrate.progress import Progress
 from ensemble.results.journal import Journal, read_journal
+from ensemble.results.records import as_record
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.timeline import format_stats, run_stats
 from ensemble.runtime.executor import Slots
@@ -195,7 +196,7 @@ def test_rehearsal_member_has_the_real_record_and_prediction_shapes(tmp_path):
 
 def test_rehearsal_durations_are_log_normal_around_the_median_and_replayable(tmp_path):
     from ensemble.train.rehearsal import member_seconds, replay_durations
-    settings = {"seconds": 60.0, "spread": 0.5}
+    settings = resolve_config({**CFG, "rehearsal": {"seconds": 60.0, "spread": 0.5}}).rehearsal
     draws = [member_seconds({"id": str(i), "seed": i}, settings) for i in range(4000)]
     assert np.median(draws) == pytest.approx(60.0, rel=0.05)
     assert np.std(np.log(draws)) == pytest.approx(0.5, rel=0.05)
@@ -233,8 +234,8 @@ def test_rehearsal_failures_are_drawn_at_the_configured_rate(tmp_path):
 # -- progress lines --------------------------------------------------------------------
 def test_progress_prints_each_result_when_few_and_summaries_when_many(caplog):
     caplog.set_level(logging.INFO, logger="ensemble")
-    ok = {"id": "m", "status": "ok", "val": {"accuracy": 0.5}, "epochs": 1, "params": 10, "train_seconds": 1.0,
-          "started": 0.0, "ended": 1.0}
+    ok = as_record({"id": "m", "status": "ok", "val": {"accuracy": 0.5}, "epochs": 1, "params": 10,
+                    "train_seconds": 1.0, "started": 0.0, "ended": 1.0})
     clock = FakeClock()
     few = Progress(3, "accuracy", 1, lines=10, clock=clock)
     few.add([ok, ok])
@@ -268,9 +269,10 @@ def test_simulated_run_of_equal_members_is_exact(tmp_path):
     data, meta = sim_data()
     stats = simulate(sim_config(12), meta, data, RunDirectory(tmp_path), 3, latency=0.01, speed=0.0)
     assert stats["members"] == 12
-    # 4 rounds of 10 s on each of 3 workers, the first spec and the last result one latency
-    # each way; speed=0: the master's own (measured, machine-dependent) time is left out
-    assert stats["simulated_seconds"] == pytest.approx(40.02, abs=1e-3)
+    # 4 rounds of 10 s on each of 3 workers; "auto" holds no spec ahead for 10 s members, so
+    # each round also waits a round trip (2 latencies); speed=0: the master's own (measured,
+    # machine-dependent) time is left out, so the clock is exact
+    assert stats["simulated_seconds"] == pytest.approx(4 * (10 + 2 * 0.01), abs=1e-3)
     assert stats["utilisation"] > 0.99
     records, events = read_journal(tmp_path / "journal.jsonl", events=True)
     assert len(records) == 12 and {e["event"] for e in events} == {"open", "close"}

@@ -5,10 +5,9 @@ selected, and the rungs survive a resume."""
 from __future__ import annotations
 
 import numpy as np
-
-from ensemble.results.records import MemberRecord, Status
 import pytest
 
+from ensemble.results.records import MemberRecord, Status
 from ensemble.results.summary import finished_records, leaderboard
 from ensemble.runtime.executor import CONTINUE, STOP
 from ensemble.sources.discard import EarlyDiscard

@@ -40,7 +40,7 @@ def test_the_run_summary_averages_the_phases_and_skips_records_without_them():
                                           "predict": 0.5, "write": 0.5, "other": 0.0}},
                {"status": Status.OK.value, "costs": {"build": 1.0, "first_epoch": 2.0, "epochs": 2.0, "validation": 0.5,
                                           "predict": 0.5, "write": 0.5, "other": 0.0}},
-               {"status": Status.OK.value},                                   # an older journal, or the rehearsal trainer
+               {"status": Status.OK.value},                      # an older journal, or the rehearsal trainer
                {"status": Status.FAILED.value, "costs": {"build": 50.0}}]
     costs = member_costs(records)
     assert costs["members"] == 2

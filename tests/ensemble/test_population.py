@@ -13,7 +13,7 @@ from ensemble.config import ConfigError, resolve_config
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.exchange import pack, state_bytes, unpack
 from ensemble.runtime.executor import HeldReports, SerialExecutor
-from ensemble.sources.population import DEFAULT_BOUNDS, PopulationSource, explore, exploit_pairs
+from ensemble.sources.population import DEFAULT_BOUNDS, PopulationSource, exploit_pairs, explore
 
 META = {"task": "classification", "input_shape": [4], "n_outputs": 3}
 
@@ -218,10 +218,9 @@ def test_the_report_draws_the_population_and_status_counts_rounds(tmp_path):
 def test_a_population_can_start_from_an_evolve_runs_best_candidates(tmp_path):
     import json
 
-    from evolve import SearchSpace, random_genome
-
     from ensemble.config import dump_toml
     from ensemble.sources.population import search_winners
+    from evolve import SearchSpace, random_genome
     evolve_cfg = resolve_config({"mode": "evolve", "search": {"max_depth": 2, "units": [8, 16]}})
     run = tmp_path / "ev"
     run.mkdir()

@@ -32,7 +32,7 @@ def test_retention_keeps_exactly_the_best_in_any_order(metric):
     higher = metric == "accuracy"
     finite = [(i, v) for i, v in members if np.isfinite(v)]
     best = [i for i, v in sorted(finite, key=lambda p: rank_key(p[1], p[0], higher))]
-    for trial in range(5):
+    for _ in range(5):
         order = [members[j] for j in rng.permutation(len(members))]
         ret = Retention(metric, candidates=20, keep_models=35)
         kept_p, kept_m = set(), set()
@@ -64,7 +64,8 @@ def test_a_member_the_bars_refuse_would_not_have_been_kept():
             assert wants or not d.predictions, (mid, val, bars)
             assert passes(bars, "models", {"log_loss": val}, mid) or not d.model
     assert passes(None, "models", {}, "x")                             # no bars: keep everything
-    assert not passes({"metric": "mse", "higher": False, "predictions": None}, "predictions", {"mse": float("nan")}, "x")
+    assert not passes({"metric": "mse", "higher": False, "predictions": None}, "predictions", {"mse": float("nan")},
+                      "x")
 
 
 def test_pareto_front_keeps_non_dominated_models():
@@ -320,6 +321,7 @@ def test_leaderboard_and_ensemble_json_count_every_status_alike(tmp_path):
     """One record per status (and a member that failed, then finished on resume): the
     leaderboard's status column and ensemble.json's counts say the same."""
     import pandas as pd
+
     from ensemble.results.summary import finalize
     lines = [{"id": "a", "status": "failed", "error": {"kind": "lost_rank", "message": "gone"}},
              {"id": "a", "status": "ok", "val": {"accuracy": 0.7}, "test": {"accuracy": 0.6}},

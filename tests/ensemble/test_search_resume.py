@@ -15,8 +15,8 @@ import pytest
 
 from ensemble.config import resolve_config
 from ensemble.orchestrate.dispatch import dispatch
-from ensemble.results.rundir import RunDirectory
 from ensemble.orchestrate.session import history_of
+from ensemble.results.rundir import RunDirectory
 from ensemble.sources.base import Hooks
 from ensemble.sources.search import SearchSource
 from evolve import STRATEGIES
@@ -179,7 +179,8 @@ def test_resumed_twice_writes_the_same_search_table(tmp_path, name):
     reference.finish([x for x in full if "event" not in x])
     lines: list[dict] = []
     run(SearchSource(config(name), META, rundir(tmp_path / "r"), []), lines, FakeExecutor(1, 2, kill_after=4))
-    run(SearchSource(config(name), META, rundir(tmp_path / "r"), history_of(lines)), lines, FakeExecutor(1, 2, kill_after=4))
+    run(SearchSource(config(name), META, rundir(tmp_path / "r"), history_of(lines)), lines,
+        FakeExecutor(1, 2, kill_after=4))
     source = SearchSource(config(name), META, rundir(tmp_path / "r"), history_of(lines))
     run(source, lines, FakeExecutor(1, 2))
     source.finish([x for x in lines if "event" not in x])

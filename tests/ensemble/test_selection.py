@@ -7,9 +7,17 @@ import math
 import numpy as np
 import pytest
 
+from ensemble.results.records import MemberRecord
+from ensemble.results.selection import (
+    bagged_selection,
+    choose_ensemble,
+    effective_size,
+    greedy_selection,
+    rank_members,
+    select,
+    top_k,
+)
 from ensemble.task.metrics import average_predictions, score
-from ensemble.results.selection import (bagged_selection, choose_ensemble, effective_size, ensemble_score,
-                                       greedy_selection, rank_members, select, top_k)
 
 
 def ensemble_score(weights: dict, preds: dict, y: np.ndarray, metric: str) -> float:
@@ -73,6 +81,17 @@ def test_rank_members_direction_ties_and_missing_last():
     # lower is better for log_loss; everyone without it goes last, by id
     assert [r["id"] for r in rank_members(records, "log_loss")] == list("gabcdef")
     assert rank_members(records, "accuracy")[0] is records[6]
+
+
+def test_rank_members_ranks_typed_records_alike():
+    """Member records as the master and the readers hold them rank as their journal lines do."""
+    lines = [{"id": "c", "status": "ok", "val": {"accuracy": 0.8}}, {"id": "e", "status": "failed"},
+             {"id": "b", "status": "ok", "val": {"accuracy": 0.9}},
+             {"id": "a", "status": "ok", "val": {"accuracy": 0.8}}]
+    typed = [MemberRecord.from_json(x) for x in lines]
+    assert [r.id for r in rank_members(typed, "accuracy")] == [r["id"] for r in rank_members(lines, "accuracy")] \
+        == list("bace")
+    assert rank_members(typed, "accuracy")[0] is typed[2]
 
 
 def test_rank_members_integer_ids_sort_numerically():

@@ -38,7 +38,8 @@ def make(tmp_path, n_ok=5, n_failed=1, beat: dict | None = None, torn: bool = Fa
     return run
 
 
-CONFIG = '[data]\nsource = "digits"\n[[architectures]]\nname = "m"\nmembers = 12\nlayers = [{type = "Dense", units = 8}]\n'
+CONFIG = ('[data]\nsource = "digits"\n[[architectures]]\nname = "m"\nmembers = 12\n'
+          'layers = [{type = "Dense", units = 8}]\n')
 
 
 def test_counts_come_from_the_journal_and_the_heartbeat(tmp_path):

@@ -17,9 +17,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mpi4py import MPI  # noqa: E402
+from mpi4py import MPI
 
-from ensemble.runtime.mpi import polite_barrier  # noqa: E402
+from ensemble.runtime.mpi import polite_barrier
 
 comm = MPI.COMM_WORLD
 RANK = comm.Get_rank()

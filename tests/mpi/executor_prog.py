@@ -15,10 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ensemble.orchestrate.dispatch import dispatch  # noqa: E402
-from ensemble.runtime import mpi  # noqa: E402
-from ensemble.runtime.executor import CONTINUE, STOP, MpiExecutor, serve  # noqa: E402
-from ensemble.sources import SpecList  # noqa: E402
+from ensemble.orchestrate.dispatch import dispatch
+from ensemble.runtime import mpi
+from ensemble.runtime.executor import CONTINUE, STOP, MpiExecutor, serve
+from ensemble.sources import SpecList
 
 
 def decide(spec, payload):

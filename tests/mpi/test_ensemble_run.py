@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ensemble.task import metrics as M
-from ensemble.results.store import PackStore
 from ensemble.results.journal import read_journal
+from ensemble.results.store import PackStore
+from ensemble.task import metrics as M
 from tests.conftest import run_mpi
 
 pytestmark = pytest.mark.mpi

@@ -203,9 +203,11 @@ def test_a_chain_killed_by_its_time_limit_continues_and_trains_every_member_once
     config(tmp_path, members=members, seconds=1.0)       # 10 s of training on 2 workers, cut at 9 s
     stand_ins(tmp_path)
     script = generate(tmp_path, monkeypatch, "slurm", "--hours", str(1 / 60), "--chain", "3")
+    submit = script.with_name("standin.slurm.submit.sh")
+    assert script.is_file() and submit.is_file()          # the job script and the chain that submits it
     run_dir = tmp_path / "runs" / "standin"
     env = job_env(tmp_path, STANDIN_LIMITS="9,0,0", STANDIN_RUN_DIR=str(run_dir))
-    done = run_script(tmp_path / "standin.slurm.submit.sh", env, timeout=150)
+    done = run_script(submit, env, timeout=150)
     assert done.returncode == 0, done.stdout + done.stderr
     jobs = [json.loads(line) for line in (tmp_path / "sbatch.jsonl").read_text().splitlines()]
     outputs = [(tmp_path / f"job-{job['id']}.out").read_text() for job in jobs]

@@ -75,6 +75,7 @@ def test_a_copied_member_predicts_as_its_donor_and_no_state_goes_through_rank_0(
     assert summary["pbt"]["master_report_bytes"] < 6 * 2000 < state
 
     import keras
+
     from ensemble.inference.api import load
     from ensemble.inference.inputs import prepare_features
     from ensemble.inference.load import load_run

@@ -161,6 +161,7 @@ def test_errors_stop_every_rank(runs):
 def test_export_of_gaussian_and_plain_members_matches_predict(runs):
     """Not MPI, but on this module's two-output run: mean/variance heads mixed with a plain member."""
     import keras
+
     from ensemble.inference.export import export_ensemble
     path = export_ensemble(runs / "reg", runs / "reg.keras")
     x = np.load(runs / "two_targets.npz")["x"][:40]
