@@ -8,6 +8,7 @@ modules, TensorFlow/Keras only where models are built, trained or run.
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ def modules() -> list[Path]:
     return sorted(p for pkg in ("ensemble", "evolve", "datafeed") for p in (ROOT / pkg).rglob("*.py"))
 
 
+@cache                                     # each file is parsed once for all the tests below
 def imported(path: Path) -> set[str]:
     """Every module name ``path`` imports, resolving ``from x import y`` to ``x.y`` where y is a module."""
     names = set()
