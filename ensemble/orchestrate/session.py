@@ -29,7 +29,7 @@ from ensemble.orchestrate.progress import Progress
 from ensemble.results.artifacts import Artifacts
 from ensemble.results.events import Event, close_event, open_event
 from ensemble.results.heartbeat import Heartbeat
-from ensemble.results.journal import Journal
+from ensemble.results.journal import Journal, typed_history
 from ensemble.results.records import MemberRecord
 from ensemble.results.report import report_line
 from ensemble.results.rundir import RunDirectory
@@ -45,19 +45,6 @@ log = logging.getLogger(__name__)
 
 #: ``runtime.trainer`` of a run whose members are trained for real (not rehearsed)
 KERAS = "keras"
-
-
-def history_of(lines: list[dict]) -> list[MemberRecord | Event]:
-    """The journal's lines as typed records and events, in order (unknown events dropped)."""
-    out: list[MemberRecord | Event] = []
-    for line in lines:
-        if "event" in line:
-            event = Event.from_json(line)
-            if event is not None:
-                out.append(event)
-        elif "id" in line:
-            out.append(MemberRecord.from_json(line))
-    return out
 
 
 def in_hand(cfg: RunConfig, mode: Mode) -> int | None:
@@ -110,7 +97,7 @@ class MasterSession:
         artifacts = Artifacts(self.run_dir, metric, ens.candidates, ens.keep_models,
                               self.mode.pareto(cfg, self.meta))
         lost = artifacts.restore(lines) if self.resume else set()
-        history = history_of(lines)
+        history = typed_history(lines)
         del lines
         previous = [x for x in history if isinstance(x, MemberRecord)]
         self.events = [x.to_json() for x in history if isinstance(x, Event)]
@@ -127,7 +114,8 @@ class MasterSession:
                             clock=self.clock)
         beat = Heartbeat(self.run_dir.path, rt.progress_seconds, progress.counts,
                          job_started=round(self.job_started, 3), total=total, workers=workers, metric=metric,
-                         deadline=self.budget.deadline, time_limit=rt.time_limit, resumed_with=len(done_ids)) if self.keep_beat else None
+                         deadline=self.budget.deadline, time_limit=rt.time_limit,
+                         resumed_with=len(done_ids)) if self.keep_beat else None
         journal_cm = Journal(self.run_dir.path / self.run_dir.JOURNAL, rt.journal_sync_seconds, clock=self.clock,
                              before_sync=artifacts.store.sync)
         with beat if beat is not None else nullcontext(), journal_cm as journal:
@@ -180,7 +168,8 @@ class MasterSession:
         rt = self.cfg.runtime
         workers = self.executor.workers - self.master_trains
         log.info(f"run {self.run_dir.path}: {self.meta['task']} on {self.meta['sizes']} samples, {total or '?'} "
-                 f"members, {workers} {'groups of ' + str(rt.group_size) + ' ranks' if rt.group_size > 1 else 'workers'}"
+                 f"members, {workers} "
+                 f"{'groups of ' + str(rt.group_size) + ' ranks' if rt.group_size > 1 else 'workers'}"
                  f"{' (serial)' if self.serial else ''}{' and the master' if self.master_trains else ''}"
                  + (f", resuming with {done} finished (state read in {resume_seconds:.1f} s)"
                     if resume_seconds is not None else "")

@@ -156,11 +156,16 @@ def read_journal(path: str | Path, events: bool = False) -> list[dict] | tuple[l
 
 
 def read_history(path: str | Path) -> list[Entry]:
-    """The journal typed, in order: a ``MemberRecord`` per member line (older journals read as
-    meant, ``MemberRecord.from_json``) and an ``Event`` per event line (kinds this version
-    does not know are left out); torn or corrupt lines are skipped."""
+    """The journal typed, in order (``typed_history``); torn or corrupt lines are skipped."""
+    return typed_history(read_lines(path))
+
+
+def typed_history(lines: Iterable[Mapping[str, Any]]) -> list[Entry]:
+    """Journal lines typed, in order: a ``MemberRecord`` per member line (older journals read
+    as meant, ``MemberRecord.from_json``) and an ``Event`` per event line (kinds this version
+    does not know are left out)."""
     out: list[Entry] = []
-    for item in read_lines(path):
+    for item in lines:
         if "event" in item:
             event = Event.from_json(item)
             if event is not None:

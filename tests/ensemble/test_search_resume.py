@@ -15,7 +15,7 @@ import pytest
 
 from ensemble.config import resolve_config
 from ensemble.orchestrate.dispatch import dispatch
-from ensemble.orchestrate.session import history_of
+from ensemble.results.journal import typed_history as history_of
 from ensemble.results.rundir import RunDirectory
 from ensemble.sources.base import Hooks
 from ensemble.sources.search import SearchSource
