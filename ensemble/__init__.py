@@ -2,10 +2,13 @@
 
 Layers, each importing only from layers below it (checked by tests/test_layering.py):
 
-    5  run, predict, simulate,      ``python -m ensemble.run`` / ``.predict`` / ``.simulate`` /
+    6  run, predict, simulate,      ``python -m ensemble.run`` / ``.predict`` / ``.simulate`` /
        reselect, report, status,    ``.reselect`` / ``.report`` / ``.status`` / ``.jobscript``:
        jobscript                    entry points
-    4  orchestrate                  a run = spec source x executor x budget x run directory; --check
+    5  orchestrate                  one master session (real or simulated) = mode x executor x budget
+                                    x run directory; dispatch; --check
+    4  modes                        one object per mode (ensemble, evolve, pbt): its source, decider,
+                                    trainer, preflight, status and report sections
     3  sources, train, inference    what to train next; training one member; using a run
     2  results                      run directory, journal, packed store, retention, selection, summary,
                                     report, heartbeat

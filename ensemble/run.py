@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
         from ensemble.orchestrate.check import check_main
         return check_main(args.config)
     from ensemble.runtime.env import set_thread_env
-    set_thread_env(config["runtime"]["threads"] if config is not None else configured_threads(args.config))
+    set_thread_env(config.runtime.threads if config is not None else configured_threads(args.config))
     from ensemble.config import ConfigError, load_config
     from ensemble.runtime import mpi
     from ensemble.runtime.env import bind_gpu, hide_gpus
@@ -60,19 +60,14 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     except ConfigError as exc:
         log.error(f"config error in {args.config}: {exc}")
         return EXIT_CONFIG
-    setup_logging(rank, cfg["runtime"]["log_level"])
-    group_size, workers = cfg["runtime"]["group_size"], size - 1
-    if group_size > 1 and (workers == 0 or workers % group_size):
-        log.error(f"config error in {args.config}: `runtime.group_size` must divide the {workers} worker "
-                  f"ranks (mpirun -n P gives P-1 workers besides the master), but got {group_size}")
+    setup_logging(rank, cfg.runtime.log_level)
+    from ensemble.orchestrate.prepare import check_world
+    try:
+        check_world(cfg, size - 1)
+    except ConfigError as exc:
+        log.error(f"config error in {args.config}: {exc}")
         return EXIT_CONFIG
-    groups = max(1, workers // group_size)
-    if cfg["mode"] == "pbt" and cfg["pbt"]["population"] > groups:
-        log.error(f"config error in {args.config}: `pbt.population` = {cfg['pbt']['population']} needs as many "
-                  f"worker groups, but this job has {groups}: each group holds one member for the whole run; "
-                  f"start more ranks (mpirun -n {cfg['pbt']['population'] * group_size + 1}) or set "
-                  "`pbt.population = 0` (one member per group)")
-        return EXIT_CONFIG
+    group_size = cfg.runtime.group_size
     from ensemble.runtime.env import process_started
     from ensemble.runtime.scheduler import job_end_time
     stamps.update(process=process_started(), mpi_and_config=round(time.time(), 3))
@@ -82,16 +77,17 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
         log.error(f"error: {exc}")
         return EXIT_CONFIG
     from ensemble.train.architecture import use_builder_folders
-    use_builder_folders(cfg["architectures"])           # every rank imports the user's builder from there
+    use_builder_folders(cfg.architectures)           # every rank imports the user's builder from there
     local_rank = mpi.node_local_rank(comm)              # collective: every rank calls it
-    binding = bind_gpu(local_rank, cfg["runtime"]["ranks_per_gpu"])
-    # a population's members send each other their weights over MPI: not from the master's thread
-    master_trains = rank == 0 and size > 1 and cfg["mode"] != "pbt" and trains_on_master(cfg["runtime"], binding)
+    binding = bind_gpu(local_rank, cfg.runtime.ranks_per_gpu)
+    from ensemble.modes import mode_of
+    master_trains = (rank == 0 and size > 1 and mode_of(cfg).master_may_train
+                     and trains_on_master(cfg.runtime, binding))
     if rank == 0 and size > 1 and not master_trains:
         hide_gpus()                                     # the master trains nothing: its build check
         binding = None                                  # runs on the CPU, taking no worker's GPU memory
     report_bindings(comm, binding)
-    max_sleep = cfg["runtime"]["poll_max_sleep"]
+    max_sleep = cfg.runtime.poll_max_sleep
 
     # Rank 0 reads, checks and prepares; everyone learns the outcome before going on.
     arrays, status = None, None
@@ -110,13 +106,13 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     made.append(run_dir)
     from ensemble.results.rundir import RunDirectory
     run_dir = RunDirectory(run_dir)
-    if cfg["runtime"]["debug_log"]:
+    if cfg.runtime.debug_log:
         add_debug_file(run_dir.path, rank)
 
     from datafeed.distribute import broadcast_arrays
-    rt = cfg["runtime"]
-    data = broadcast_arrays(comm, arrays, pretend_nodes=rt["pretend_nodes"],
-                            verify=rt["verify_broadcast"] or os.environ.get("ENSEMBLE_VERIFY_BROADCAST") == "1")
+    rt = cfg.runtime
+    data = broadcast_arrays(comm, arrays, pretend_nodes=rt.pretend_nodes,
+                            verify=rt.verify_broadcast or os.environ.get("ENSEMBLE_VERIFY_BROADCAST") == "1")
     del arrays                                           # rank 0 keeps the shared copy only
     stamps["data"] = round(time.time(), 3)
 
@@ -147,14 +143,14 @@ def configured_threads(path: str) -> int:
     return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else 1
 
 
-def trains_on_master(runtime: dict, binding) -> bool:
+def trains_on_master(runtime, binding) -> bool:
     """``runtime.master_trains``: "auto" trains on rank 0 when it has a GPU of its own (a
     binding that names a device) and members are not data-parallel groups; on CPU-only
     nodes the master's core stays with the scheduling loop (the workers use the others)."""
-    setting = runtime["master_trains"]
+    setting = runtime.master_trains
     if setting != "auto":
         return bool(setting)
-    return runtime["group_size"] == 1 and binding is not None and binding.device.strip() not in ("", "-1")
+    return runtime.group_size == 1 and binding is not None and binding.device.strip() not in ("", "-1")
 
 
 def report_bindings(comm, binding) -> None:

@@ -24,6 +24,9 @@ OPTIMIZERS: dict[str, str] = {
     "adagrad": "Adagrad", "adamax": "Adamax", "adadelta": "Adadelta", "lion": "Lion",
 }
 
+#: bytes per value of weights, gradients and optimizer state (float32): memory estimates
+VALUE_BYTES = 4
+
 #: optimizer name -> state the Keras optimizer keeps per trained weight, in copies of the
 #: weights (Adam's two moments; SGD without momentum none), as built with defaults;
 #: what ``--check`` counts in a member's memory (a test builds each to confirm)

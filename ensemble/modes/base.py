@@ -13,12 +13,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ensemble.config import Problems, RunConfig
+from ensemble.config import Problems, RunConfig, member_train_settings
 from ensemble.results.events import Event
 from ensemble.results.records import MemberRecord
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import OneByOne, Trainer
 from ensemble.sources.base import Decider, Source
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A network ``--check`` builds: its name, the setting it comes from (``where``), its
+    member spec (None: not built, the problem is noted already), what it is (``count``, e.g.
+    "3 member(s)", and ``text``, its layers), and the architecture entry it comes from."""
+
+    name: str
+    where: str
+    spec: dict | None
+    count: str
+    text: str = ""
+    arch: Any = None
+
+
+def layer_text(layer: dict) -> str:
+    """``Dense(96)``, ``Conv2D(16)``, ``Dropout(0.2)``: a layer's type and its size."""
+    size = next((layer[k] for k in ("units", "filters", "rate", "target_shape", "pool_size") if k in layer), None)
+    return layer["type"] if size is None else f"{layer['type']}({size})"
 
 
 @dataclass(frozen=True)
@@ -43,6 +63,8 @@ class Mode:
     name: ClassVar[str]
     #: whether rank 0 may train members beside its loop (a population's members talk MPI)
     master_may_train: ClassVar[bool] = True
+    #: whether the run builds the networks of ``[[architectures]]`` (checked before training)
+    uses_architectures: ClassVar[bool] = True
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         """The run's Source and Decider (the same object when the mode's rounds are both)."""
@@ -72,6 +94,27 @@ class Mode:
         """What the run will do, in a few words (``--check``)."""
         n = self.expected_members(cfg)
         return f"{n} members" if n else "members"
+
+    def sample(self, cfg: RunConfig, meta: dict, found: Problems) -> tuple[list[str], list[Sample]]:
+        """What ``--check`` builds on one batch to show the run's networks build: heading
+        lines, and one ``Sample`` per network (by default each ``[[architectures]]`` entry)."""
+        samples = []
+        for i, arch in enumerate(cfg.architectures):
+            where = f"architectures[{i}]"
+            if not found.ok(*(f"{where}.{k}" for k in ("layers", "model", "model_dir", "params"))):
+                samples.append(Sample(arch.name, where, None, ""))
+                continue
+            layers = [dict(layer) for layer in arch.to_dict()["layers"]] if arch.layers else None
+            spec = {"layers": layers, "model": arch.model, "params": dict(arch.params),
+                    **member_train_settings(cfg, arch).to_dict()}
+            what = " -> ".join(map(layer_text, layers)) + " -> head" if layers else str(arch.model)
+            samples.append(Sample(arch.name, where, spec, f"{arch.members} member(s)", what, arch))
+        return [], samples
+
+    def ranks_hint(self, cfg: RunConfig) -> str:
+        """What ``--check`` adds to its line about ``mpirun -n P`` (the ranks the mode wants)."""
+        n, g = self.expected_members(cfg), cfg.runtime.group_size
+        return f"; -n {1 + n * g} trains all {n} members at once" if n else ""
 
     def pareto(self, cfg: RunConfig, meta: dict) -> Any:
         """record -> objectives for a multi-objective search whose Pareto front keeps its

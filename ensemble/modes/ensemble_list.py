@@ -27,6 +27,9 @@ class EnsembleMode(Mode):
     def expected_members(self, cfg: RunConfig, workers: int | None = None) -> int | None:
         return member_count(cfg)
 
+    def describe(self, cfg: RunConfig) -> str:
+        return f"{len(cfg.architectures)} architecture(s), {member_count(cfg)} members"
+
     def keras_trainer(self, cfg: RunConfig, meta: dict, data: Any, run_dir: RunDirectory, rank: int,
                       group: Any = None, comm: Any = None) -> Trainer:
         """Members one by one, or packed (``runtime.members_per_rank`` > 1, float32, one rank

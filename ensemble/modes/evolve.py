@@ -7,12 +7,17 @@ from __future__ import annotations
 from typing import Any
 
 from ensemble.config import Problems, RunConfig
-from ensemble.modes.base import Mode, RunContext
+from ensemble.modes.base import Mode, RunContext, Sample
 from ensemble.sources.base import Decider, GoOn, Source
+
+
+#: genomes of the search space ``--check`` builds
+SAMPLE_GENOMES = 5
 
 
 class EvolveMode(Mode):
     name = "evolve"
+    uses_architectures = False
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         from ensemble.results.records import MemberRecord
@@ -46,6 +51,41 @@ class EvolveMode(Mode):
         own = ", ".join(f"{k} {v}" for k, v in ev.to_dict().items()
                         if k not in ("strategy", "evaluations", "time_limit"))
         return f"strategy {ev.strategy!r}, budget {' and '.join(budget) or 'none'}" + (f"; {own}" if own else "")
+
+    def sample(self, cfg: RunConfig, meta: dict, found: Problems) -> tuple[list[str], list[Sample]]:
+        """The search space for this data and ``SAMPLE_GENOMES`` seeded genomes of it."""
+        import numpy as np
+
+        from ensemble.config import ConfigError
+        from ensemble.config.vocabulary import OPTIMIZER_SLOTS, VALUE_BYTES
+        from ensemble.sources.search import search_space
+        from evolve import decode, random_genome
+        if not found.ok("search", "data.reshape"):
+            return [], []
+        try:
+            space = search_space(cfg, meta)
+        except (ConfigError, ValueError) as exc:
+            found.add(str(exc), "search")
+            return [], []
+        shape, n_out = tuple(meta["input_shape"]), meta["n_outputs"]
+        slots = max(OPTIMIZER_SLOTS[o] for o in space.optimizers)
+        heading = [f"Search space for samples of shape {list(shape)}: layer types {', '.join(space.layer_types)}; "
+                   f"depth {space.min_depth}..{space.max_depth}; at most {space.max_params:,} parameters",
+                   f"  its largest genome, {space.max_params:,} parameters, needs "
+                   f"{VALUE_BYTES * (2 + slots) * space.max_params / 2 ** 20:.3g} MiB for weights, gradients and "
+                   "optimizer state alone",
+                   f"  a seeded sample of {SAMPLE_GENOMES} genomes (not the search's own first candidates) follows"]
+        rng = np.random.default_rng(cfg.seed)
+        samples = []
+        for n in range(1, SAMPLE_GENOMES + 1):
+            genome = random_genome(rng, space, shape, n_out)
+            spec = {"layers": decode(genome, shape, space, n_out), "model": None, "params": {},
+                    "loss": cfg.train.loss, "batch_size": genome.batch_size, "optimizer": genome.optimizer}
+            samples.append(Sample(f"genome {n}", "search", spec, genome.summary(shape)))
+        return heading, samples
+
+    def ranks_hint(self, cfg: RunConfig) -> str:
+        return ""
 
     def pareto(self, cfg: RunConfig, meta: dict) -> Any:
         from ensemble.sources.search import pareto_objectives

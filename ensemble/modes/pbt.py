@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ensemble.config import Problems, RunConfig
-from ensemble.modes.base import Mode, RunContext
+from ensemble.modes.base import Mode, RunContext, Sample
 from ensemble.results.events import Event, EventKind
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import OneByOne, Trainer
@@ -54,6 +54,16 @@ class PbtMode(Mode):
         return (f"population {pbt.population or 'one per worker group'}, {pbt.rounds} rounds of "
                 f"{pbt.round_epochs} epochs, exploit {pbt.exploit!r}, explore {pbt.explore!r} "
                 f"({', '.join(pbt.hyperparameters)})")
+
+    def sample(self, cfg: RunConfig, meta: dict, found: Problems) -> tuple[list[str], list[Sample]]:
+        if cfg.pbt.start:                  # the evolve run's candidates: checked by preflight
+            return [f"Starting population: the best candidates of {cfg.pbt.start}"], []
+        return super().sample(cfg, meta, found)
+
+    def ranks_hint(self, cfg: RunConfig) -> str:
+        n = cfg.pbt.population
+        return (f"; a population of {n} needs -n {1 + n * cfg.runtime.group_size} or more" if n else
+                "; the population has one member per group, so P sets its size")
 
     def status_section(self, cfg: RunConfig | None, events: list[Event]) -> dict | None:
         from ensemble.task.metrics import higher_is_better

@@ -32,16 +32,15 @@ import math
 import os
 import time
 
-from ensemble.config import ConfigError, Problems, load_config, member_train_settings
+from ensemble.config import ConfigError, Problems, RunConfig, load_config
 from ensemble.config.schema import check_task_settings
-from ensemble.config.vocabulary import OPTIMIZER_SLOTS
+from ensemble.config.vocabulary import OPTIMIZER_SLOTS, VALUE_BYTES
+from ensemble.modes import mode_of
 from ensemble.orchestrate.prepare import BUILD_CHECK_BATCH
 from ensemble.runtime.env import configure_tensorflow, set_thread_env
 
 EXIT_PROBLEMS = 2               # ensemble.run.EXIT_CONFIG: the run would stop with a config error
-SAMPLE_GENOMES = 5              # genomes of the search space built by the check
 PREDICT_BATCH = 512             # the validation and prediction batch (forward only)
-VALUE_BYTES = 4                 # float32
 READ_SETTINGS = tuple(f"data.{k}" for k in ("source", "format", "x", "y", "label", "features"))
 SHAPE_SETTINGS = ("data.reshape",)
 
@@ -56,27 +55,25 @@ def check_main(config_path: str) -> int:
         cfg = load_config(config_path, found)
     except ConfigError as exc:                          # no file or no TOML: nothing else to check
         return finish(exc.problems, config_path)
+    mode = mode_of(cfg)
     describe_config(cfg, found)
     prepared = check_data(cfg, found)
+    if prepared is not None:
+        mode.preflight(cfg, prepared[1], None, found)
     members: list[dict] = []
     if prepared is None:
         print("\nArchitectures: not built without the data (their input shape and outputs come from it).")
-    elif cfg["runtime"]["trainer"] == "rehearsal":
+    elif cfg.runtime.trainer == "rehearsal":
         print("\nArchitectures: not built; `runtime.trainer = \"rehearsal\"` trains no networks.")
     elif not found.ok(*SHAPE_SETTINGS):
         print("\nArchitectures: not built until `data.reshape` is fixed (it sets their input shape).")
     else:
         configure_tensorflow(1)
-        if cfg["mode"] == "pbt" and cfg["pbt"]["start"]:
-            members = check_pbt_start(cfg, prepared[1], found)
-        elif cfg["mode"] in ("ensemble", "pbt"):
-            members = check_architectures(cfg, *prepared, found)
-        else:
-            members = check_search_sample(cfg, *prepared, found)
-    if cfg["runtime"]["trainer"] == "rehearsal" and cfg["rehearsal"]["replay"]:
+        members = check_samples(cfg, *prepared, found)
+    if cfg.runtime.trainer == "rehearsal" and cfg.rehearsal.replay:
         from ensemble.train.rehearsal import replay_durations
         try:
-            replay_durations(cfg["rehearsal"]["replay"])
+            replay_durations(cfg.rehearsal.replay)
         except ValueError as exc:
             found.add(str(exc), "rehearsal.replay")
     if prepared is not None:
@@ -85,73 +82,47 @@ def check_main(config_path: str) -> int:
     return finish(found.messages, config_path)
 
 
-def describe_config(cfg: dict, found: Problems) -> None:
-    if cfg["mode"] == "pbt":
-        pbt = cfg["pbt"]
-        what = (f"population {pbt['population'] or 'one per worker group'}, {pbt['rounds']} rounds of "
-                f"{pbt['round_epochs']} epochs, exploit {pbt['exploit']!r}, explore {pbt['explore']!r} "
-                f"({', '.join(pbt['hyperparameters'])})")
-    else:
-        what = (f"{len(cfg['architectures'])} architecture(s), {sum(a['members'] for a in cfg['architectures'])} "
-                "members" if cfg["mode"] == "ensemble" else _evolve_line(cfg["evolve"]))
+def describe_config(cfg: RunConfig, found: Problems) -> None:
     state = "valid" if not found else f"{len(found)} problem(s), listed at the end"
-    print(f"\nConfig: {state}. Run {cfg['name']!r}, mode {cfg['mode']!r} ({what}), seed {cfg['seed']}, "
-          f"run directory {os.path.join(cfg['output_dir'], cfg['name'])}")
+    print(f"\nConfig: {state}. Run {cfg.name!r}, mode {cfg.mode!r} ({mode_of(cfg).describe(cfg)}), seed {cfg.seed}, "
+          f"run directory {os.path.join(cfg.output_dir, cfg.name)}")
 
 
-def check_pbt_start(cfg: dict, meta: dict, found: Problems) -> list[dict]:
-    """``pbt.start``: the evolve run whose best candidates start the population must be there."""
-    from ensemble.sources.population import search_winners
-    try:
-        search_winners(cfg.pbt.start, 1, meta, cfg.train.to_dict())
-        print(f"\nStarting population: the best candidates of {cfg['pbt']['start']}")
-    except (ConfigError, ValueError) as exc:
-        found.add(str(exc), "pbt.start")
-    return []
-
-
-def _evolve_line(ev: dict) -> str:
-    budget = [f"{ev['evaluations']} evaluations"] if ev["evaluations"] else []
-    budget += [f"{ev['time_limit']:g} s"] if ev["time_limit"] else []
-    own = ", ".join(f"{k} {v}" for k, v in ev.items() if k not in ("strategy", "evaluations", "time_limit"))
-    return f"strategy {ev['strategy']!r}, budget {' and '.join(budget) or 'none'}" + (f"; {own}" if own else "")
-
-
-def check_data(cfg: dict, found: Problems) -> tuple[dict, dict] | None:
+def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
     """Read and prepare the data as rank 0 does; print shapes, task, classes and splits.
     Returns ``(arrays, meta)``, or None when it cannot be read (the problem is noted)."""
-    data = cfg["data"]
+    data = cfg.data
     if not found.ok(*READ_SETTINGS):
         print("\nData: not read until the [data] settings above are fixed.")
         return None
     from datafeed.prepare import prepare
     from datafeed.readers import DataError, detect_format, read_dataset
-    t0, fmt = time.monotonic(), data["format"]
+    t0, fmt = time.monotonic(), data.format
     try:
         fmt = detect_format(data)
         x, y, info = read_dataset(data)
     except DataError as exc:
         found.add(str(exc), "data.source")
     except Exception as exc:            # noqa: BLE001 - a file that is not what its suffix says
-        found.add(f"`data.source` {data['source']!r} cannot be read as {fmt}: {type(exc).__name__}: {exc}; "
+        found.add(f"`data.source` {data.source!r} cannot be read as {fmt}: {type(exc).__name__}: {exc}; "
                   "check the file or set `data.format`", "data.source")
     if not found.ok("data.source"):
-        print(f"\nData: {data['source']} cannot be read (see the problems).")
+        print(f"\nData: {data.source} cannot be read (see the problems).")
         return None
     seconds = time.monotonic() - t0
     try:
-        arrays, meta = prepare(x, y, info, data, cfg["seed"])
+        arrays, meta = prepare(x, y, info, data, cfg.seed)
     except ValueError as exc:
         found.add(str(exc), "data")
-        print(f"\nData: {data['source']} was read but cannot be used (see the problems).")
+        print(f"\nData: {data.source} was read but cannot be used (see the problems).")
         return None
-    if data["task"] == "auto" and found.ok("data.task"):
+    if data.task == "auto" and found.ok("data.task"):
         check_task_settings(cfg, meta["task"], "the labels make this task", found)
     import numpy as np
-    print(f"\nData: {data['source']} ({'built-in' if fmt == 'builtin' else fmt}), read in {seconds:.1f} s")
+    print(f"\nData: {data.source} ({'built-in' if fmt == 'builtin' else fmt}), read in {seconds:.1f} s")
     print(f"  features {list(np.shape(x))} {np.asarray(x).dtype}, targets {list(np.shape(y))}: "
           f"{len(x)} samples; one sample as the networks see it: {meta['input_shape']}")
-    task_from = "from `data.task`" if data["task"] != "auto" else "inferred from the labels"
+    task_from = "from `data.task`" if data.task != "auto" else "inferred from the labels"
     if meta["task"] == "classification":
         counts = np.bincount(np.concatenate([arrays[f"y_{s}"] for s in ("train", "val", "test")]),
                              minlength=meta["n_outputs"])
@@ -161,8 +132,8 @@ def check_data(cfg: dict, found: Problems) -> tuple[dict, dict] | None:
         print(f"  task: regression ({task_from}), {meta['n_outputs']} output(s)")
     sizes = meta["sizes"]
     print(f"  splits: train {sizes['train']}, validation {sizes['val']}, test {sizes['test']} "
-          f"(seed {cfg['seed']}{', stratified' if meta['task'] == 'classification' else ''}); "
-          f"normalisation {data['normalize']!r}, fitted on train")
+          f"(seed {cfg.seed}{', stratified' if meta['task'] == 'classification' else ''}); "
+          f"normalisation {data.normalize!r}, fitted on train")
     return arrays, meta
 
 
@@ -172,89 +143,46 @@ def _class_counts(names: list[str], counts) -> str:
     return f"fewest {counts.min()}, median {int(sorted(counts)[len(counts) // 2])}, most {counts.max()}"
 
 
-def check_architectures(cfg: dict, arrays: dict, meta: dict, found: Problems) -> list[dict]:
-    """Build each ``[[architectures]]`` entry on one batch, as the run's build check does,
-    and print its parameter count. Returns what each built one needs for the memory estimate."""
+def check_samples(cfg: RunConfig, arrays: dict, meta: dict, found: Problems) -> list[dict]:
+    """Build each network the mode samples (``Mode.sample``: each ``[[architectures]]`` entry,
+    or a seeded sample of the search space) on one batch, as the run's build check does, and
+    print its parameter count. Returns what each built one needs for the memory estimate."""
     from ensemble.config.vocabulary import check_input_rank
     from ensemble.train.architecture import ArchitectureError, check_architecture, footprint, use_builder_folders
-    print(f"\nArchitectures, each built and run on {min(BUILD_CHECK_BATCH, len(arrays['x_train']))} training "
-          "samples (CPU):")
+    heading, samples = mode_of(cfg).sample(cfg, meta, found)
+    for line in heading:
+        print(("\n" if line is heading[0] else "") + line)
+    if not samples:
+        return []
+    batch = min(BUILD_CHECK_BATCH, len(arrays["x_train"]))
+    print(f"\nNetworks, each built and run on {batch} training samples (CPU):")
     built = []
-    for i, arch in enumerate(cfg["architectures"]):
-        where = f"architectures[{i}]"
-        if not found.ok(*(f"{where}.{k}" for k in ("layers", "model", "model_dir", "params"))):
-            print(f"  {arch['name']}: not built (see the problems)")
+    for s in samples:
+        if s.spec is None:
+            print(f"  {s.name}: not built (see the problems)")
             continue
-        spec = {"layers": arch["layers"], "model": arch["model"], "params": arch["params"],
-                **member_train_settings(cfg, arch).to_dict()}
-        if arch["layers"]:
-            msg = check_input_rank(arch["layers"], meta["input_shape"], f"{where}.layers")
+        if s.spec["layers"]:
+            msg = check_input_rank(s.spec["layers"], meta["input_shape"], f"{s.where}.layers")
             if msg:
-                found.add(msg, f"{where}.layers")
-                print(f"  {arch['name']}: not built (see the problems)")
+                found.add(msg, f"{s.where}.layers")
+                print(f"  {s.name}: not built (see the problems)")
                 continue
-        use_builder_folders([arch])
+        if s.arch is not None:
+            use_builder_folders([s.arch])
         try:
-            model = check_architecture(spec, arrays["x_train"][:BUILD_CHECK_BATCH], meta["n_outputs"],
+            model = check_architecture(s.spec, arrays["x_train"][:BUILD_CHECK_BATCH], meta["n_outputs"],
                                        meta["task"])
         except ArchitectureError as exc:
-            found.add(f"`{where}` ({arch['name']}): {exc}", where)
-            print(f"  {arch['name']}: fails (see the problems)")
+            found.add(f"`{s.where}` ({s.name}: {s.count}): {exc}" if s.arch is None else f"`{s.where}` ({s.name}): {exc}",
+                      s.where)
+            print(f"  {s.name}: fails (see the problems)")
             continue
-        size = {"name": arch["name"], **footprint(model), **{k: spec[k] for k in ("batch_size", "optimizer")}}
+        size = {"name": s.name, **footprint(model), **{k: s.spec[k] for k in ("batch_size", "optimizer")}}
         built.append(size)
-        what = " -> ".join(map(_layer_text, arch["layers"])) + " -> head" if arch["layers"] else arch["model"]
-        print(f"  {arch['name']}: {arch['members']} member(s), {size['params']:,} parameters; {what}")
-    return built
-
-
-def _layer_text(layer: dict) -> str:
-    """``Dense(96)``, ``Conv2D(16)``, ``Dropout(0.2)``: a layer's type and its size."""
-    size = next((layer[k] for k in ("units", "filters", "rate", "target_shape", "pool_size") if k in layer), None)
-    return layer["type"] if size is None else f"{layer['type']}({size})"
-
-
-def check_search_sample(cfg: dict, arrays: dict, meta: dict, found: Problems) -> list[dict]:
-    """``mode = "evolve"``: the search space for this data, and ``SAMPLE_GENOMES`` seeded
-    genomes of it built on one batch, with their summaries and parameter counts."""
-    import numpy as np
-    from ensemble.sources.search import check_search, search_space
-    from ensemble.train.architecture import ArchitectureError, check_architecture, footprint
-    from evolve import decode, random_genome
-    try:
-        space = search_space(cfg, meta)
-        check_search(cfg, meta)
-    except ConfigError as exc:
-        found.add(str(exc), "search")
-        return []
-    shape, n_out = tuple(meta["input_shape"]), meta["n_outputs"]
-    print(f"\nSearch space for samples of shape {list(shape)}: layer types {', '.join(space.layer_types)}; "
-          f"depth {space.min_depth}..{space.max_depth}; at most {space.max_params:,} parameters")
-    print(f"  a seeded sample of {SAMPLE_GENOMES} genomes (not the search's own first candidates), each built "
-          f"and run on {min(BUILD_CHECK_BATCH, len(arrays['x_train']))} training samples (CPU):")
-    rng = np.random.default_rng(cfg["seed"])
-    built = []
-    for n in range(1, SAMPLE_GENOMES + 1):
-        genome = random_genome(rng, space, shape, n_out)
-        summary = genome.summary(shape)
-        spec = {"layers": decode(genome, shape, space, n_out), "model": None, "params": {},
-                "loss": cfg["train"]["loss"]}
-        try:
-            model = check_architecture(spec, arrays["x_train"][:BUILD_CHECK_BATCH], n_out, meta["task"])
-        except ArchitectureError as exc:
-            found.add(f"genome {n} of the search space, {summary}, cannot be built: {exc}", "search")
-            continue
-        size = {"name": f"genome {n}", **footprint(model), "batch_size": genome.batch_size,
-                "optimizer": genome.optimizer}
-        built.append(size)
-        print(f"    {n}. {summary}   {size['params']:,} parameters")
-    if built:
+        print(f"  {s.name}: {s.count}, {size['params']:,} parameters" + (f"; {s.text}" if s.text else ""))
+    if len(built) > 1:
         counts = [b["params"] for b in built]
-        print(f"  parameters in the sample: {min(counts):,} .. {max(counts):,}")
-    slots = max(OPTIMIZER_SLOTS[o] for o in space.optimizers)
-    print(f"  a genome of the space's largest, {space.max_params:,} parameters, needs "
-          f"{_bytes(VALUE_BYTES * (2 + slots) * space.max_params)} for weights, gradients and optimizer state "
-          "alone")
+        print(f"  parameters: {min(counts):,} .. {max(counts):,}")
     return built
 
 
@@ -267,8 +195,8 @@ def member_memory(size: dict, group_size: int) -> dict[str, int | None]:
     return {"state": state, "activations": acts, "total": state + (acts or 0)}
 
 
-def describe_memory(cfg: dict, arrays: dict, members: list[dict]) -> None:
-    group = cfg["runtime"]["group_size"]
+def describe_memory(cfg: RunConfig, arrays: dict, members: list[dict]) -> None:
+    group = cfg.runtime.group_size
     data_bytes = sum(a.nbytes for a in arrays.values())
     print("\nMemory, about (float32; the formula is in ensemble/orchestrate/check.py):")
     largest = 0
@@ -292,19 +220,12 @@ def _bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def describe_runtime(cfg: dict) -> None:
-    g = cfg["runtime"]["group_size"]
-    members = sum(a["members"] for a in cfg["architectures"]) if cfg["mode"] == "ensemble" else None
+def describe_runtime(cfg: RunConfig) -> None:
+    g = cfg.runtime.group_size
     line = (f"\nRanks: `mpirun -n P` gives rank 0 (the master) and P-1 workers, in groups of "
             f"`runtime.group_size` = {g}" + (f"; P-1 must be a multiple of {g}, e.g. -n {1 + g} or -n {1 + 4 * g}"
                                              if g > 1 else "; each trains one member at a time"))
-    if members:
-        line += f"; -n {1 + members * g} trains all {members} members at once"
-    if cfg["mode"] == "pbt":
-        n = cfg["pbt"]["population"]
-        line += (f"; a population of {n} needs -n {1 + n * g} or more" if n else
-                 "; the population has one member per group, so P sets its size")
-    print(line + ".")
+    print(line + mode_of(cfg).ranks_hint(cfg) + ".")
 
 
 def finish(problems: list[str], config_path: str) -> int:

@@ -5,48 +5,46 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import tomllib
 from pathlib import Path
 
-from ensemble.config import ConfigError, RunConfig, dump_toml, read_saved_config
+from ensemble.config import ConfigError, Problems, RunConfig, dump_toml, read_saved_config
 from ensemble.config.schema import check_task_settings
 from ensemble.results.rundir import RunDirectory
 
 
-def prepare_run(cfg: dict, args) -> tuple[dict, dict, RunDirectory]:
+def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory]:
     """Rank 0: read, check and prepare the data, check architectures, create the run directory."""
     from datafeed.prepare import prepare_with_rows
     from datafeed.readers import read_dataset
     from ensemble.config.vocabulary import check_input_rank
+    from ensemble.modes import mode_of
 
-    x, y, info = read_dataset(cfg["data"])
-    arrays, meta, rows = prepare_with_rows(x, y, info, cfg["data"], cfg["seed"])
-    if cfg["data"]["task"] == "auto":                 # the task is known now: settings that depend on it
+    x, y, info = read_dataset(cfg.data)
+    arrays, meta, rows = prepare_with_rows(x, y, info, cfg.data, cfg.seed)
+    if cfg.data.task == "auto":                 # the task is known now: settings that depend on it
         check_task_settings(cfg, meta["task"], "the labels make this task")
-    for i, arch in enumerate(cfg["architectures"]):
-        if arch["layers"]:
-            msg = check_input_rank(arch["layers"], meta["input_shape"], f"architectures[{i}].layers")
+    mode = mode_of(cfg)
+    for i, arch in enumerate(cfg.architectures if mode.uses_architectures else ()):
+        if arch.layers:
+            msg = check_input_rank(arch.to_dict()["layers"], meta["input_shape"], f"architectures[{i}].layers")
             if msg:
                 raise ConfigError(msg)
         else:
             from ensemble.train.architecture import ArchitectureError, load_builder
             try:
-                load_builder(arch["model"])
+                load_builder(arch.model)
             except ArchitectureError as exc:
                 raise ConfigError(f"`architectures[{i}].model`: {exc}") from None
     check_builds(cfg, arrays, meta)
-    if cfg["runtime"]["trainer"] == "rehearsal" and cfg["rehearsal"]["replay"]:
+    if cfg.runtime.trainer == "rehearsal" and cfg.rehearsal.replay:
         from ensemble.train.rehearsal import replay_durations
         try:
-            replay_durations(cfg["rehearsal"]["replay"])
+            replay_durations(cfg.rehearsal.replay)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    if cfg["mode"] == "evolve":
-        from ensemble.sources.search import check_search
-        check_search(cfg, meta)
-    if cfg["mode"] == "pbt" and cfg["pbt"]["start"]:      # the evolve run that starts the population
-        from ensemble.sources.population import search_winners
-        search_winners(cfg.pbt.start, 1, meta, cfg.train.to_dict())
+    found = Problems()
+    mode.preflight(cfg, meta, None, found)
+    found.raise_any()
     run_dir = RunDirectory(choose_run_dir(cfg, args))
     if args.resume:
         check_same_run(cfg, run_dir)
@@ -60,7 +58,20 @@ def prepare_run(cfg: dict, args) -> tuple[dict, dict, RunDirectory]:
 BUILD_CHECK_BATCH = 64          # samples the check runs each architecture on (at most one batch)
 
 
-def check_builds(cfg: dict, arrays: dict, meta: dict) -> None:
+def check_world(cfg: RunConfig, workers: int) -> None:
+    """Every rank, before anything else: the job's size must suit the config (the worker
+    ranks divide into groups; the mode's own needs, such as a population's groups)."""
+    from ensemble.modes import mode_of
+    g, found = cfg.runtime.group_size, Problems()
+    if g > 1 and (workers == 0 or workers % g):
+        found.add(f"`runtime.group_size` must divide the {workers} worker ranks (mpirun -n P gives P-1 workers "
+                  f"besides the master), but got {g}", "runtime.group_size")
+    else:
+        mode_of(cfg).preflight(cfg, None, max(1, workers // g), found)
+    found.raise_any()
+
+
+def check_builds(cfg: RunConfig, arrays: dict, meta: dict) -> None:
     """Build each user builder of ``[[architectures]]`` (``model = "pkg.mod:fn"``) once and run
     it on one batch of training data (``train.architecture.check_architecture``), so a
     builder that cannot work (no softmax, wrong shape, a bug) fails now, on rank 0, with
@@ -69,25 +80,26 @@ def check_builds(cfg: dict, arrays: dict, meta: dict) -> None:
     Layer lists are not built: they get the task's own head, are checked without
     TensorFlow (``check_input_rank``), and importing TensorFlow on rank 0 delays the first
     member by about 2 s (digits at -n 3 on 2 cores, median of 7 paired runs). Nothing is
-    built in mode "evolve" (genomes are checked by ``evolve.decode``) or with the rehearsal
-    trainer (no TensorFlow at all)."""
-    if cfg["mode"] == "evolve" or cfg["runtime"]["trainer"] != "keras":
+    built when the mode uses no architectures (a search's genomes are checked by
+    ``evolve.decode``) or with another trainer than Keras (the rehearsal trains no networks)."""
+    from ensemble.modes import mode_of
+    if not mode_of(cfg).uses_architectures or cfg.runtime.trainer != "keras":
         return
-    builders = [(i, arch) for i, arch in enumerate(cfg["architectures"]) if arch["model"]]
+    builders = [(i, arch) for i, arch in enumerate(cfg.architectures) if arch.model]
     if not builders:
         return
     from ensemble.config import member_train_settings
     from ensemble.runtime.env import configure_tensorflow
     from ensemble.train.architecture import ArchitectureError, check_architecture
-    configure_tensorflow(cfg["runtime"]["threads"])
+    configure_tensorflow(cfg.runtime.threads)
     for i, arch in builders:
-        spec = {"layers": arch["layers"], "model": arch["model"], "params": arch["params"],
+        spec = {"layers": None, "model": arch.model, "params": dict(arch.params),
                 **member_train_settings(cfg, arch).to_dict()}
         x = arrays["x_train"][:min(spec["batch_size"], BUILD_CHECK_BATCH)]
         try:
             check_architecture(spec, x, meta["n_outputs"], meta["task"])
         except ArchitectureError as exc:
-            raise ConfigError(f"`architectures[{i}]` ({arch['name']}): {exc}") from None
+            raise ConfigError(f"`architectures[{i}]` ({arch.name}): {exc}") from None
 
 
 RESULT_SETTINGS = ("mode", "seed", "data", "train", "architectures", "evolve", "search", "pbt", "ensemble")
@@ -115,12 +127,12 @@ def _comparable(key: str, value):
     return [{k: v for k, v in arch.items() if k != "model_dir"} for arch in value]
 
 
-def choose_run_dir(cfg: dict, args: argparse.Namespace) -> Path:
+def choose_run_dir(cfg: RunConfig, args: argparse.Namespace) -> Path:
     """Where this run writes; never silently mixes two runs in one directory."""
     if args.run_dir:
         run_dir = Path(args.run_dir)
     else:
-        run_dir = Path(cfg["output_dir"]) / cfg["name"]
+        run_dir = Path(cfg.output_dir) / cfg.name
     has_results = RunDirectory(run_dir).has_journal()
     if args.resume:
         if not has_results:

@@ -133,7 +133,7 @@ class PopulationSource:
         self.size = journalled or pbt.population or workers      # a resumed population keeps its size
         if self.size > workers:
             why = (f"the population this run started with has {self.size} members" if journalled else
-                   f"`pbt.population` = {pbt['population']}")
+                   f"`pbt.population` = {pbt.population}")
             raise ConfigError(f"{why}, which needs as many worker groups, but this job has {workers}: every "
                               "member trains every round, each held by one group; start more ranks (mpirun -n "
                               f"{self.size * cfg.runtime.group_size + 1})"
@@ -217,7 +217,7 @@ class PopulationSource:
             elif isinstance(item, MemberRecord) and item.ok and item.id in self.members:
                 finished.add(item.id)
         if self.round:
-            log.info(f"resume: the population continues after round {self.round} of {self.pbt['rounds']}"
+            log.info(f"resume: the population continues after round {self.round} of {self.pbt.rounds}"
                      + (f" ({len(finished)} member(s) already finished)" if finished else ""))
         return finished
 
@@ -375,7 +375,7 @@ class PopulationSource:
         self.round_started = self.clock()
         best = max(scores, key=lambda i: (scores[i], i))
         value = by_id[best]["value"]
-        log.info(f"pbt round {round_}/{self.pbt['rounds']}: best {best} val {self.metric} "
+        log.info(f"pbt round {round_}/{self.pbt.rounds}: best {best} val {self.metric} "
                  f"{'nan' if value is None else f'{value:.4f}'}, {len(pairs)} cop{'y' if len(pairs) == 1 else 'ies'}"
                  + (f"; stopping: {why}" if why and round_ < self.pbt.rounds else ""))
         return decisions

@@ -73,8 +73,8 @@ def test_an_evolve_config_builds_a_sample_of_the_space(tmp_path, capsys):
     assert check_main(str(cfg)) == 0
     out = capsys.readouterr().out
     assert "one sample as the networks see it: [8, 8, 1]" in out
-    assert "a seeded sample of 5 genomes" in out and "    5. in 8x8x1: " in out
-    assert "parameters in the sample: " in out and "genome 5: " in out
+    assert "a seeded sample of 5 genomes" in out and "  genome 5: in 8x8x1: " in out
+    assert "  parameters: " in out
     assert "No problems found" in out
 
 

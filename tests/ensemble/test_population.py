@@ -5,14 +5,18 @@ member's state for the worker-to-worker exchange."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
 
 from ensemble.config import ConfigError, resolve_config
+from ensemble.results.journal import typed_history
+from ensemble.results.records import MemberRecord, Status
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.exchange import pack, state_bytes, unpack
 from ensemble.runtime.executor import HeldReports, SerialExecutor
+from ensemble.sources.base import Hooks
 from ensemble.sources.population import DEFAULT_BOUNDS, PopulationSource, exploit_pairs, explore
 
 META = {"task": "classification", "input_shape": [4], "n_outputs": 3}
@@ -66,10 +70,10 @@ def test_explore_perturbs_by_the_factors_and_stays_in_bounds():
 
 def source(tmp_path, workers=3, lines=(), **pbt):
     cfg = config(**pbt)
-    src = PopulationSource(cfg, META, RunDirectory(tmp_path), list(lines), workers)
+    src = PopulationSource(cfg, META, RunDirectory(tmp_path), typed_history(lines), workers)
     answered, journal = {}, []
-    src.answer = lambda member, decision: answered.__setitem__(member, decision)
-    src.on_round = journal.append
+    src.bind(Hooks(event=journal.append, answer=lambda member, decision: answered.__setitem__(member, decision),
+                   deadline=lambda: None, clock=time.time))
     return src, answered, journal
 
 
@@ -120,7 +124,9 @@ def test_a_member_that_fails_outside_a_round_leaves_and_the_round_completes(tmp_
     specs = [src.next_spec() for _ in range(3)]
     assert src.decide(specs[0], report(1, 0.9, 1)) is None
     assert src.decide(specs[1], report(1, 0.2, 2)) is None
-    src.tell({"id": specs[2]["id"], "status": "failed", "error": {"kind": "OutOfMemory"}})
+    told = src.tell(MemberRecord.from_json({"id": specs[2]["id"], "status": "failed",
+                                            "error": {"kind": "OutOfMemory"}}))
+    assert told.status is Status.FAILED and told.extra["pbt"]["rounds"] == 0
     assert set(answered) == {"pbt-000", "pbt-001"} and len(journal) == 1
     assert src.active == ["pbt-000", "pbt-001"]
 
@@ -209,7 +215,8 @@ def test_the_report_draws_the_population_and_status_counts_rounds(tmp_path):
     fig = plot_population(RunView(tmp_path, events=journal))
     assert "3 members, 2 rounds, 2 copies" in fig._suptitle.get_text()
     (tmp_path / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in journal))
-    (tmp_path / "config.toml").write_text('mode = "pbt"\n[pbt]\nrounds = 3\n')
+    from ensemble.config import dump_toml
+    (tmp_path / "config.toml").write_text(dump_toml(config()))
     status = run_status(tmp_path, JournalTail(tmp_path / "journal.jsonl"))
     assert status["pbt"]["round"] == 2 and status["pbt"]["rounds"] == 3 and status["pbt"]["best"] == "pbt-000"
     assert "population: round 2 of 3 done, best pbt-000 val accuracy 0.9200, 2 copies" in format_status(status)
@@ -225,17 +232,17 @@ def test_a_population_can_start_from_an_evolve_runs_best_candidates(tmp_path):
     run = tmp_path / "ev"
     run.mkdir()
     (run / "config.toml").write_text(dump_toml(evolve_cfg))
-    space = SearchSpace.from_config(evolve_cfg["search"], input_rank=1)
+    space = SearchSpace.from_config(dict(evolve_cfg.search), input_rank=1)
     rng = np.random.default_rng(0)
     lines = [{"id": f"e{i:04d}", "status": "ok", "val": {"accuracy": acc},
               "genome": random_genome(rng, space, (4,), 3).to_dict()} for i, acc in enumerate((0.5, 0.9, 0.7))]
     lines.append({"id": "e0009", "status": "failed"})
     (run / "journal.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    winners = search_winners(str(run), 4, META, evolve_cfg["train"])
+    winners = search_winners(str(run), 4, META, evolve_cfg.train.to_dict())
     assert [w["arch"] for w in winners] == ["e0001", "e0002", "e0000", "e0001"]    # best first, round-robin
     assert all(w["layers"] and w["optimizer"] for w in winners)
     with pytest.raises(ConfigError, match="not a run directory"):
-        search_winners(str(tmp_path), 2, META, evolve_cfg["train"])
+        search_winners(str(tmp_path), 2, META, evolve_cfg.train.to_dict())
 
 
 def test_a_resumed_population_keeps_its_size_whatever_the_ranks(tmp_path):

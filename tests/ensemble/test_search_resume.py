@@ -16,6 +16,7 @@ import pytest
 from ensemble.config import resolve_config
 from ensemble.orchestrate.dispatch import dispatch
 from ensemble.results.journal import typed_history as history_of
+from ensemble.results.records import MemberRecord
 from ensemble.results.rundir import RunDirectory
 from ensemble.sources.base import Hooks
 from ensemble.sources.search import SearchSource
@@ -176,14 +177,14 @@ def test_killed_and_resumed_search_equals_the_uninterrupted_one(tmp_path, name, 
 def test_resumed_twice_writes_the_same_search_table(tmp_path, name):
     full = uninterrupted(tmp_path, name)
     reference = SearchSource(config(name), META, rundir(tmp_path / "full"), history_of(full))
-    reference.finish([x for x in full if "event" not in x])
+    reference.finish([MemberRecord.from_json(x) for x in full if "event" not in x])
     lines: list[dict] = []
     run(SearchSource(config(name), META, rundir(tmp_path / "r"), []), lines, FakeExecutor(1, 2, kill_after=4))
     run(SearchSource(config(name), META, rundir(tmp_path / "r"), history_of(lines)), lines,
         FakeExecutor(1, 2, kill_after=4))
     source = SearchSource(config(name), META, rundir(tmp_path / "r"), history_of(lines))
     run(source, lines, FakeExecutor(1, 2))
-    source.finish([x for x in lines if "event" not in x])
+    source.finish([MemberRecord.from_json(x) for x in lines if "event" not in x])
     a, b = (pd.read_csv(tmp_path / d / "search.csv").drop(columns="wall_seconds") for d in ("full", "r"))
     pd.testing.assert_frame_equal(a, b)
     assert len(b) == EVALUATIONS

@@ -47,17 +47,17 @@ SEARCH_DEFAULTS = {"discard": "off", "discard_epochs": 2, "discard_factor": 3, "
 def test_strategy_settings_come_from_the_registry_and_reach_the_strategy(tmp_path):
     cfg = resolve_config({"mode": "evolve", "evolve": {"crossover_prob": 0.5, "population_size": 6,
                                                        "sample_size": 3}})
-    assert cfg["evolve"] == {"strategy": "regularized", "evaluations": 40, "time_limit": None, **SEARCH_DEFAULTS,
+    assert cfg.evolve.to_dict() == {"strategy": "regularized", "evaluations": 40, "time_limit": None, **SEARCH_DEFAULTS,
                              "population_size": 6, "sample_size": 3, "crossover_prob": 0.5}
     again = resolve_config(__import__("tomllib").loads(dump_toml(cfg)))
-    assert again["evolve"] == cfg["evolve"]
+    assert again.evolve == cfg.evolve
     from ensemble.sources.search import SearchSource
     meta = {"task": "classification", "input_shape": [8, 8, 1], "n_outputs": 10}
     source = SearchSource(cfg, meta, RunDirectory(tmp_path), [])
     assert source.strategy.params == {"population_size": 6, "sample_size": 3, "crossover_prob": 0.5}
     for name, cls in STRATEGIES.items():
         cfg = resolve_config({"mode": "evolve", "evolve": {"strategy": name}})
-        assert {k: cfg["evolve"][k] for k in cls.SETTINGS} == cls.defaults()
+        assert {k: cfg.evolve.settings[k] for k in cls.SETTINGS} == cls.defaults()
 
 
 @pytest.mark.parametrize("evolve, message", [
@@ -88,7 +88,7 @@ def test_run_directories_written_before_the_registry_still_load():
     with pytest.raises(ConfigError, match="`evolve.mu`"):
         resolve_config(old)                           # a user's config: a wrong key is an error
     cfg = resolve_config(old, saved=True)             # a run's own config.toml from an older version
-    assert cfg["evolve"] == {"strategy": "regularized", "evaluations": 7, "time_limit": None, **SEARCH_DEFAULTS,
+    assert cfg.evolve.to_dict() == {"strategy": "regularized", "evaluations": 7, "time_limit": None, **SEARCH_DEFAULTS,
                              "population_size": 4, "sample_size": 2, "crossover_prob": 0.0}
     with pytest.raises(ConfigError, match="`evolve.typo`"):
         resolve_config({"mode": "evolve", "evolve": {"typo": 1}}, saved=True)

@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 from ensemble.results.journal import read_journal
+from ensemble.config import resolve_config
 from ensemble.run import trains_on_master
 from ensemble.runtime.env import Binding
 from tests.conftest import run_mpi
@@ -33,11 +34,12 @@ progress_lines = 0
 def test_auto_trains_on_the_master_only_with_a_gpu_of_its_own():
     gpu = Binding("nvidia", "CUDA_VISIBLE_DEVICES", "0", 0)
     hidden = Binding("nvidia", "CUDA_VISIBLE_DEVICES", "-1", 0, preset=True)
-    auto = {"master_trains": "auto", "group_size": 1}
+    auto = resolve_config({"architectures": [{"layers": [{"type": "Dense", "units": 2}]}]}).runtime
+    assert auto.master_trains == "auto" and auto.group_size == 1
     assert trains_on_master(auto, gpu) and not trains_on_master(auto, None) and not trains_on_master(auto, hidden)
-    assert not trains_on_master({**auto, "group_size": 2}, gpu)
-    assert trains_on_master({**auto, "master_trains": True}, None)
-    assert not trains_on_master({**auto, "master_trains": False}, gpu)
+    assert not trains_on_master(auto.replace(group_size=2), gpu)
+    assert trains_on_master(auto.replace(master_trains=True), None)
+    assert not trains_on_master(auto.replace(master_trains=False), gpu)
 
 
 @pytest.mark.mpi
