@@ -82,6 +82,10 @@ class Section:
                 out[f.name] = value
         return out
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its dict (read-only mappings do not pickle): a config crosses MPI."""
+        return (_rebuild, (type(self), self.to_dict()))
+
     # TRANSITIONAL (removed once every reader uses attributes; tests/test_config_typed.py)
     def __getitem__(self, key: str) -> Any:
         if self.EXTRA is not None and key not in {f.name for f in dataclasses.fields(self)}:
@@ -101,6 +105,10 @@ class Section:
         """A copy with ``changes`` (setting name -> value; a nested section as a Section)."""
         return dataclasses.replace(self, **{k: v if isinstance(v, Section) or (
             isinstance(v, tuple) and v and isinstance(v[0], Section)) else _freeze(v) for k, v in changes.items()})
+
+
+def _rebuild(cls: type[S], values: Mapping[str, Any]) -> S:
+    return cls.from_dict(values)
 
 
 def field_types(cls: type[Section]) -> dict[str, Any]:

@@ -17,16 +17,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ensemble.orchestrate.dispatch import dispatch
 from ensemble.runtime import mpi
-from ensemble.runtime.executor import CONTINUE, STOP, MpiExecutor, serve
+from ensemble.runtime.executor import CONTINUE, STOP, MpiExecutor, OneByOne, serve
 from ensemble.sources import SpecList
+from ensemble.sources.base import GoOn
 
 
-def decide(spec, payload):
-    if spec["id"] == "m1" and payload["epoch"] == 2:
-        return STOP
-    if spec["id"] == "m2" and payload["epoch"] == 1:
-        return {"action": "update", "settings": {"learning_rate": 0.25}}
-    return CONTINUE
+class Decide(GoOn):
+    """Stops m1 at epoch 2, sets m2's learning rate at epoch 1 (the Decider seam)."""
+
+    def decide(self, spec, payload):
+        if spec["id"] == "m1" and payload["epoch"] == 2:
+            return STOP
+        if spec["id"] == "m2" and payload["epoch"] == 1:
+            return {"action": "update", "settings": {"learning_rate": 0.25}}
+        return CONTINUE
 
 
 def main() -> None:
@@ -52,10 +56,10 @@ def main() -> None:
     if rank == 0:
         results = []
         dispatch(MpiExecutor(comm, leaders, 0.01, in_hand=2), SpecList([{"id": f"m{i}"} for i in range(6)]),
-                 results.extend, decide=decide)
-        payload = {"results": results}
+                 results.extend, decider=Decide())
+        payload = {"results": [r.to_json() for r in results]}
     else:
-        serve(comm, train, 0.01, group)
+        serve(comm, OneByOne(train), 0.01, group)
         payload = {"seen": seen}
     everything = comm.gather(payload, root=0)
     if rank == 0:
