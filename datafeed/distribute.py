@@ -166,7 +166,7 @@ def broadcast_arrays(comm: MPI.Intracomm, arrays: dict[str, np.ndarray] | None, 
         try:
             _fill(buf, arrays, meta)
             sums = _checksums(buf, meta) if meta.verify else None
-        except Exception as exc:  # reported on every rank below instead of a hang
+        except Exception as exc:  # noqa: BLE001 - reported on every rank below instead of a hang
             failure = (f"broadcast_arrays: root rank {root} on {socket.gethostname()} could not "
                        f"copy its arrays into shared memory: {type(exc).__name__}: {exc}")
     bad: list[str] = []

@@ -110,10 +110,11 @@ def prepare(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettings, seed: 
 
 
 def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettings,
-                      seed: int) -> tuple[dict, dict, dict[str, np.ndarray]]:
+                      seed: int, rows: dict[str, np.ndarray] | None = None) -> tuple[dict, dict, dict[str, np.ndarray]]:
     """``prepare``, plus the split itself: ``{"train", "val", "test"}`` -> sorted int64 row
     indices into ``x``/``y`` as given (the file's rows as read), what the run saves as
-    ``splits.npz`` so a baseline can use the same rows."""
+    ``splits.npz`` so a baseline can use the same rows. ``rows``: a split given (a run's
+    ``splits.npz``), used as it is instead of drawing one."""
     x = np.asarray(x)
     y = np.asarray(y)
     check_arrays(x, y)
@@ -133,7 +134,14 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
             raise DataError("regression targets hold NaN/inf values; clean them before training")
         meta["n_outputs"] = 1 if y.ndim == 1 else int(np.prod(y.shape[1:]))
     x = reshape_features(np.asarray(x, dtype=np.float32), data.reshape)
-    idx = split_indices(y, task, data.val_fraction, data.test_fraction, seed)
+    if rows is not None:
+        top = max((int(r.max()) for r in rows.values() if len(r)), default=-1)
+        if top >= len(y):
+            raise DataError(f"the split refers to row {top}, but the data has {len(y)} rows: it is not the "
+                            "data the split was made for")
+        idx = {s: np.asarray(rows[s], dtype=np.int64) for s in SPLITS}
+    else:
+        idx = split_indices(y, task, data.val_fraction, data.test_fraction, seed)
     shift, scale = fit_normalizer(x[idx["train"]], data.normalize)
     arrays = {"x_mean": shift, "x_scale": scale}
     for split in SPLITS:

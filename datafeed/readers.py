@@ -139,7 +139,7 @@ def read_hdf5(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, n
         for key in keys:
             if getattr(data, key) not in f:
                 names: list[str] = []
-                f.visit(lambda n: names.append("/" + n) if isinstance(f[n], h5py.Dataset) else None)
+                f.visit(lambda n, names=names, f=f: names.append("/" + n) if isinstance(f[n], h5py.Dataset) else None)
                 raise DataError(f"`data.{key}` names HDF5 dataset {getattr(data, key)!r}, but "
                                 f"{data.source!r} holds {', '.join(names) or 'no datasets'}")
             out.append(f[getattr(data, key)][()])

@@ -43,11 +43,28 @@ from pathlib import Path
 import numpy as np
 
 from ensemble.inference.combine import BATCH, member_output, predict_arrays, predict_file, score
-from ensemble.inference.inputs import (TEST_KEYWORD, PredictInput, data_input, encode_targets, input_settings,
-                                       load_input, match_columns, parse_keep, prepare_features, read_input)
+from ensemble.inference.inputs import (
+    TEST_KEYWORD,
+    PredictInput,
+    data_input,
+    encode_targets,
+    input_settings,
+    load_input,
+    match_columns,
+    parse_keep,
+    prepare_features,
+    read_input,
+)
 from ensemble.inference.load import EnsembleRun, Member, PredictError, load_run
-from ensemble.inference.outputs import (OUT_SUFFIXES, check_kept_names, format_metrics, prediction_arrays,
-                                        prediction_columns, prediction_frame, write_predictions)
+from ensemble.inference.outputs import (
+    OUT_SUFFIXES,
+    check_kept_names,
+    format_metrics,
+    prediction_arrays,
+    prediction_columns,
+    prediction_frame,
+    write_predictions,
+)
 
 __all__ = ["BATCH", "EnsembleRun", "Member", "OUT_SUFFIXES", "PredictError", "PredictInput", "TEST_KEYWORD",
            "data_input", "encode_targets", "format_metrics", "input_settings", "load_input", "load_run", "main",
@@ -181,5 +198,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":                        # run the importable module, so that pickled and
-    from ensemble.predict import main as _main    # isinstance-checked classes are one and the same
+    from ensemble.predict import main as _main  # isinstance-checked classes are one and the same
     sys.exit(_main())

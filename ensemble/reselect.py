@@ -56,8 +56,6 @@ def _next_free(run_dir: Path) -> int:
 def reselect(run_dir: str | Path, overrides: dict) -> dict:
     """Re-select the ensemble of the finished run in ``run_dir`` with ``overrides`` of its
     ``[ensemble]`` settings; returns the new summary (also written as ensemble.json)."""
-    from datafeed.prepare import prepare
-    from datafeed.readers import read_dataset
     from ensemble.config import ConfigError, read_saved_config
     from ensemble.config.schema import check_task_settings
     from ensemble.results.artifacts import Artifacts
@@ -86,15 +84,11 @@ def reselect(run_dir: str | Path, overrides: dict) -> dict:
     except ConfigError as exc:
         raise ReselectError(str(exc).replace("`ensemble.", "`--").replace("_metric`", "-metric`")) from None
 
+    from ensemble.inference.load import PredictError, run_arrays
     try:
-        x, y, info = read_dataset(cfg.data)
-        arrays, fresh = prepare(x, y, info, cfg.data, cfg.seed)
-    except (OSError, ValueError) as exc:
-        raise ReselectError(f"cannot read the run's data {cfg.data.source!r} again for the targets: "
-                            f"{exc}") from None
-    if fresh.get("sizes") != meta.get("sizes") or fresh.get("task") != meta.get("task"):
-        raise ReselectError(f"the data {cfg.data.source!r} is not what the run trained on (split sizes "
-                            f"{fresh.get('sizes')} vs {meta.get('sizes')}); re-selection needs the same file")
+        arrays = run_arrays(rd.path, cfg, meta)
+    except PredictError as exc:
+        raise ReselectError(f"{exc}; re-selection needs the run's targets") from None
 
     lines = rd.read_lines()
     records = [r for r in lines if "event" not in r]

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from ensemble.config import ConfigError, RunConfig, read_saved_config
+from ensemble.modes import MODES, mode_of
 from ensemble.results.events import Event, EventKind
 from ensemble.results.heartbeat import FINAL, read_heartbeat
 from ensemble.results.records import Counts, MemberRecord, Status, latest
@@ -90,16 +91,8 @@ def read_run_config(run_dir: Path) -> RunConfig | None:
 
 def expected_members(cfg: RunConfig | None) -> int | None:
     """Members a run is meant to end with, from its config alone (the heartbeat's ``total``
-    wins when there is one): evolve, ``evolve.evaluations``; pbt, ``pbt.population`` (None
-    for 0: one per worker group); else the architectures' ``members``. TRANSITIONAL: moves
-    to the mode objects (``ensemble.modes``, ``Mode.expected_members``)."""
-    if cfg is None:
-        return None
-    if cfg.mode == "evolve":
-        return cfg.evolve.evaluations
-    if cfg.mode == "pbt":
-        return cfg.pbt.population or None
-    return sum(a.members for a in cfg.architectures) or None
+    wins when there is one; ``Mode.expected_members``)."""
+    return (mode_of(cfg).expected_members(cfg) or None) if cfg is not None else None
 
 
 def _duration(seconds: float | None) -> str:
@@ -126,7 +119,8 @@ def time_budget(cfg: RunConfig | None, beat: dict, tail: JournalTail) -> tuple[f
     elif "deadline" not in beat and cfg is not None and cfg.runtime.time_limit and opens:
         ends.append((opens[-1].data["time"] + cfg.runtime.time_limit - cfg.runtime.finish_reserve,
                      "`runtime.time_limit`"))
-    if cfg is not None and cfg.mode == "evolve" and cfg.evolve.time_limit and opens:
+    own = mode_of(cfg).search_time_limit(cfg) if cfg is not None else None
+    if own is not None and opens:
         closes = [e.data["time"] for e in tail.events if e.kind is EventKind.CLOSE]
         received = [r.received for r in tail.records if r.received is not None]
         searched = 0.0
@@ -134,7 +128,7 @@ def time_budget(cfg: RunConfig | None, beat: dict, tail: JournalTail) -> tuple[f
             start, until = seg.data["time"], opens[n + 1].data["time"]
             last = max([t for t in closes + received if start <= t < until], default=start)
             searched += last - start
-        ends.append((opens[-1].data["time"] + cfg.evolve.time_limit - searched, "`evolve.time_limit`"))
+        ends.append((opens[-1].data["time"] + own[0] - searched, own[1]))
     if not ends:
         return None, None
     return min(ends)
@@ -152,7 +146,7 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     ``queued_up_to`` is the most that could still start."""
     from ensemble.config.vocabulary import PROPER_SCORES
     from ensemble.results.selection import rank_members
-    from ensemble.task.metrics import higher_is_better, metric_task
+    from ensemble.task.metrics import metric_task
     now = time.time() if now is None else now
     tail.read()
     beat = read_heartbeat(run_dir) or {}
@@ -211,16 +205,11 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     if summary and "ensemble" in summary:
         out["ensemble"] = {"members": len(summary.get("members", [])),
                            "test": summary["ensemble"]["test"].get(summary.get("metric"))}
-    rounds = [e.data for e in tail.events if e.kind is EventKind.PBT_ROUND]
-    if (cfg is not None and cfg.mode == "pbt") or rounds:    # a population's progress is in rounds
-        out["pbt"] = {"round": rounds[-1]["round"] if rounds else 0, "rounds": cfg.pbt.rounds if cfg else None}
-        if rounds:
-            values = [(m["value"], m["id"]) for m in rounds[-1]["members"] if m.get("value") is not None]
-            if values:
-                up = higher_is_better(rounds[-1]["members"][0]["metric"])
-                value, member = (max if up else min)(values)
-                out["pbt"].update(best=member, value=value, metric=rounds[-1]["members"][0]["metric"],
-                                  copies=sum(1 for e in rounds for m in e["members"] if m.get("copied_from")))
+    if cfg is not None:
+        out["mode"] = cfg.mode
+        section = mode_of(cfg).status_section(cfg, tail.events)
+        if section is not None:                         # the mode's own progress, under its name
+            out[cfg.mode] = section
     if beat.get("reason"):
         out["reason"] = beat["reason"]
     if beat.get("error"):
@@ -309,11 +298,8 @@ def format_status(s: dict) -> str:
             line += f"; about {s['expected_more']} more end by then" + (
                 f", not all {s['left']} left to {total}" if s["left"] is not None else "")
         lines.append(line)
-    if s.get("pbt"):
-        p = s["pbt"]
-        lines.append(f"population: round {p['round']} of {p['rounds'] or '?'} done"
-                     + (f", best {p['best']} val {p['metric']} {p['value']:.4f}, {p['copies']} copies so far"
-                        if "best" in p else ""))
+    if s.get("mode") in MODES and s.get(s["mode"]):      # the mode's own progress (``Mode.status_lines``)
+        lines += MODES[s["mode"]].status_lines(s[s["mode"]])
     if s["best"]:
         b = s["best"]
         lines.append(f"best member so far: {b['id']}  val {s['metric']} {b['val']:.4f}"

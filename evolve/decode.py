@@ -194,7 +194,7 @@ def check(genome: Genome, input_shape: tuple[int, ...], n_outputs: int,
             return (f"{format_sci(a.n_params)} parameters > "
                     f"max_params {format_sci(space.max_params)}")
         return None
-    except Exception as e:  # a malformed genome is a reason, not a crash
+    except Exception as e:  # noqa: BLE001 - a malformed genome is a reason, not a crash
         return f"malformed genome: {type(e).__name__}: {e}"
 
 
@@ -212,7 +212,7 @@ def decode(genome: Genome, input_shape: tuple[int, ...], space: SearchSpace | No
     if reason:
         try:
             name = genome.summary(input_shape)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a genome too broken to summarise is named by its repr
             name = repr(genome)
         raise ValueError(f"cannot decode genome {name}: {reason}")
     return a.layers

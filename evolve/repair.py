@@ -175,5 +175,5 @@ def repair(genome: Genome, input_shape: tuple[int, ...], n_outputs: int,
                 continue
             break
         return g if check(g, input_shape, n_outputs, space) is None else None
-    except Exception:
+    except Exception:  # noqa: BLE001 - a genome repair cannot mend is dropped, not a crash
         return None

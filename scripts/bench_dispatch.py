@@ -9,9 +9,9 @@ messages (a real spec, a real journal record) the same number of times with noth
 done per message. Prints the run's members/s, the master's CPU share and CPU microseconds
 per result (from ensemble.json, i.e. from the journal's close event), the ping-pong's, and
 their ratio. "steady/s" counts only from the moment the last worker started its first
-member (64 ranks on 2 cores finish importing seconds apart; see ``steady_rate``). Last, an idle master: members of ``--idle-seconds`` at -n 4, the master's CPU
-share while it waits. Both are ratios measured in one sitting, so a noisy machine shifts
-both sides alike.
+member (64 ranks on 2 cores finish importing seconds apart; see ``steady_rate``). Last, an
+idle master: members of ``--idle-seconds`` at -n 4, the master's CPU share while it waits.
+Both are ratios measured in one sitting, so a noisy machine shifts both sides alike.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ensemble.results import report as R                    # noqa: E402
-from tests.ensemble.test_report import make_run             # noqa: E402
+from ensemble.results import report as R
+from tests.ensemble.test_report import make_run
 
 
 def main() -> int:

@@ -122,7 +122,8 @@ def table(rows: list[dict]) -> str:
             f"| {r['members']:,} | {r['files']} | {5 * r['members'] + 7:,} | {r['bytes'] / 1e6:.1f} "
             f"| {r['journal_bytes'] / 1e6:.1f} | {r['stored_in_run']:,} | {max(r['peak_mb'], r['resume_peak_mb']):.0f} "
             f"| {r['finalize_s']:.2f} | {r['selection_s']:.2f} | {r['resume_state_s']:.2f} | {r['resume_wall_s']:.1f} "
-            f"| {r['selection_s'] / base['selection_s']:.1f}x | {r['finalize_s'] / base['finalize_s']:.1f}x | {r['resume_state_s'] / max(base['resume_state_s'], 1e-3):.1f}x |")
+            f"| {r['selection_s'] / base['selection_s']:.1f}x | {r['finalize_s'] / base['finalize_s']:.1f}x "
+            f"| {r['resume_state_s'] / max(base['resume_state_s'], 1e-3):.1f}x |")
     return "\n".join(lines)
 
 

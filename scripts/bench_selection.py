@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ensemble.results.selection import choose_ensemble  # noqa: E402
+from ensemble.results.selection import choose_ensemble
 
 
 def pool(m: int, n: int, c: int, seed: int = 0) -> tuple[dict, np.ndarray]:
@@ -42,7 +42,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=270)
     p.add_argument("--classes", type=int, default=10)
     args = p.parse_args()
-    print(f"| candidates | greedy s | bagged s | auto s | auto chose | effective size | auto / greedy |")
+    print("| candidates | greedy s | bagged s | auto s | auto chose | effective size | auto / greedy |")
     print("|---|---|---|---|---|---|---|")
     for m in args.candidates:
         preds, y = pool(m, args.rows, args.classes)

@@ -8,10 +8,27 @@ all the rest of the code sees; ``vocabulary`` holds the names every other layer 
 docs/config.md from them. Imports nothing from the rest of ``ensemble``.
 """
 
-from ensemble.config.schema import (ConfigError, Problems, dump_toml, load_config, locate, member_train_settings,
-                                    read_saved_config, resolve_config)
-from ensemble.config.typed import (ArchitectureConfig, DataConfig, EnsembleConfig, EvolveConfig, PbtConfig,
-                                   RehearsalConfig, RunConfig, RuntimeConfig, TrainConfig)
+from ensemble.config.schema import (
+                                    ConfigError,
+                                    Problems,
+                                    dump_toml,
+                                    load_config,
+                                    locate,
+                                    member_train_settings,
+                                    read_saved_config,
+                                    resolve_config,
+)
+from ensemble.config.typed import (
+                                    ArchitectureConfig,
+                                    DataConfig,
+                                    EnsembleConfig,
+                                    EvolveConfig,
+                                    PbtConfig,
+                                    RehearsalConfig,
+                                    RunConfig,
+                                    RuntimeConfig,
+                                    TrainConfig,
+)
 
 __all__ = ["ArchitectureConfig", "ConfigError", "DataConfig", "EnsembleConfig", "EvolveConfig", "PbtConfig",
            "Problems", "RehearsalConfig", "RunConfig", "RuntimeConfig", "TrainConfig", "dump_toml", "load_config",

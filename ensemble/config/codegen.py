@@ -51,7 +51,8 @@ def _class(name: str, table: dict, doc: str, *, sections: dict[str, str], arrays
            extra: tuple[str, str] | None = None) -> list[str]:
     out = ["", "", "@dataclass(frozen=True)", f"class {name}(Section):", f'    """{doc or name}"""', ""]
     if sections:
-        out.append(f"    SECTIONS: ClassVar[dict[str, type[Section]]] = {{{', '.join(f'{k!r}: {v}' for k, v in sections.items())}}}")
+        nested = ", ".join(f"{k!r}: {v}" for k, v in sections.items())
+        out.append(f"    SECTIONS: ClassVar[dict[str, type[Section]]] = {{{nested}}}")
     if arrays:
         out.append(f"    ARRAYS: ClassVar[tuple[str, ...]] = ({', '.join(repr(a) for a in arrays)},)")
     if extra:

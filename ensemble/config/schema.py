@@ -1,8 +1,11 @@
 """Read and validate a run's TOML config; fill in every default.
 
 Every rank calls :func:`load_config` on the same file, so a bad config fails
-identically everywhere and no rank waits for another. The result is a plain nested
-dict (the *resolved* config): what the run directory records as ``config.toml``.
+identically everywhere and no rank waits for another. ``resolve_dict`` checks a raw TOML
+dict and fills in every default (the *resolved* config, what the run directory records
+as ``config.toml``); ``resolve_config``/``load_config`` return it typed, as a frozen
+``RunConfig`` (``ensemble.config.typed``, generated from this schema), which is how every
+other module reads a setting.
 
 Every problem is found in one pass: a wrong setting is noted and falls back to its
 default, so the rest is still checked, and the checks that read a wrong setting are
@@ -27,8 +30,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ensemble.config.typed import ArchitectureConfig, RunConfig, TrainConfig
-from ensemble.config.vocabulary import (CALIBRATIONS, LOSSES, METRICS, MODES, OPTIMIZERS, TASKS, calibration_problem,
-                                        check_layer, gaussian_head, suggest)
+from ensemble.config.vocabulary import (
+    CALIBRATIONS,
+    LOSSES,
+    METRICS,
+    MODES,
+    OPTIMIZERS,
+    TASKS,
+    calibration_problem,
+    check_layer,
+    gaussian_head,
+    suggest,
+)
 
 
 class ConfigError(ValueError):
@@ -114,7 +127,7 @@ def _one_of(*options):
     def check(v):
         return None if v in options else (
             f"must be one of {', '.join(repr(o) for o in options)}{suggest(v, options)}")
-    check.options = options       # the allowed values, for docs/config.md
+    check.options = options       # type: ignore[attr-defined]  # the allowed values, for docs/config.md
     return check
 
 
@@ -595,10 +608,12 @@ def check_pbt(cfg: dict, found: Problems) -> None:
             found.add(f"`{where}` must lie in [0, 1), but got {bounds!r}", where)
 
 
-def check_task_settings(cfg: dict, task: str, why: str, problems: Problems | None = None) -> None:
+def check_task_settings(config: dict | RunConfig, task: str, why: str, problems: Problems | None = None) -> None:
     """The settings that depend on the task, once it is known (from `data.task`, or on
     rank 0 from the labels: ``why`` says which): a regression loss, the [ensemble] metrics
-    and calibration. Raises a ``ConfigError`` naming each, or gathers them in ``problems``."""
+    and calibration. Raises a ``ConfigError`` naming each, or gathers them in ``problems``.
+    ``config``: the resolved dict (while resolving) or the typed config."""
+    cfg = config.to_dict() if isinstance(config, RunConfig) else config
     found = Problems() if problems is None else problems
     if task == "classification" and {"gaussian_nll", "mse"} & {
             cfg["train"]["loss"], *(a["loss"] for a in cfg["architectures"])}:

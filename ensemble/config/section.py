@@ -16,7 +16,6 @@ from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
 S = TypeVar("S", bound="Section")
-_MISSING = object()
 
 
 def _freeze(value: Any) -> Any:
@@ -85,21 +84,6 @@ class Section:
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as its dict (read-only mappings do not pickle): a config crosses MPI."""
         return (_rebuild, (type(self), self.to_dict()))
-
-    # TRANSITIONAL (removed once every reader uses attributes; tests/test_config_typed.py)
-    def __getitem__(self, key: str) -> Any:
-        if self.EXTRA is not None and key not in {f.name for f in dataclasses.fields(self)}:
-            return getattr(self, self.EXTRA)[key]
-        return getattr(self, key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        try:
-            return self[key]
-        except (AttributeError, KeyError):
-            return default
-
-    def __contains__(self, key: str) -> bool:
-        return self.get(key, _MISSING) is not _MISSING
 
     def replace(self: S, **changes: Any) -> S:
         """A copy with ``changes`` (setting name -> value; a nested section as a Section)."""

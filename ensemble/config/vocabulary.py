@@ -149,7 +149,7 @@ def _edit_distance(a: str, b: str) -> int:
     return d[-1][-1]
 
 
-def suggest(word: str, options) -> str:
+def suggest(word: object, options) -> str:
     """A " (did you mean 'x'?)" hint, or an empty string: the fewest typing slips first
     ('adma' -> 'adam', not 'adamax'), else the closest by difflib's ratio."""
     word, options = str(word), [str(o) for o in options]

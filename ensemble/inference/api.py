@@ -78,6 +78,7 @@ class Ensemble:
     def journal(self):
         """One row per member record of the journal (flattened: ``val.accuracy`` ...)."""
         import pandas as pd
+
         from ensemble.results.journal import read_journal
         return pd.json_normalize(read_journal(self.path / "journal.jsonl"))
 

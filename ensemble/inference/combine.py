@@ -37,6 +37,7 @@ def _local_ensemble(run: EnsembleRun, x: np.ndarray, rank: int, size: int,
     if not mine:
         return 0.0, None
     import keras
+
     from ensemble.runtime.env import configure_tensorflow
     configure_tensorflow(1)
     task = get_task(run.task)
@@ -45,7 +46,7 @@ def _local_ensemble(run: EnsembleRun, x: np.ndarray, rank: int, size: int,
     for m in mine:
         try:
             model = models.get(m.id) or keras.models.load_model(m.model_path, compile=False)
-        except Exception as exc:                   # noqa: BLE001 - a corrupt or foreign file
+        except Exception as exc:
             raise PredictError(f"member {m.id!r}: cannot load {m.model_path!r}: {exc}") from exc
         models[m.id] = model
         want = task.output_width(run.n_outputs, m.gaussian)
@@ -72,7 +73,7 @@ def predict_arrays(run: EnsembleRun, x: np.ndarray, comm=None, models: dict | No
     error, weight, part = None, 0.0, None
     try:
         weight, part = _local_ensemble(run, x, rank, size, models)
-    except Exception as exc:                       # noqa: BLE001 - every rank must learn of it
+    except Exception as exc:
         error = str(exc) if isinstance(exc, PredictError) else f"{type(exc).__name__}: {exc}"
         if size == 1:
             raise PredictError(error) from exc

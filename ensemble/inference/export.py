@@ -43,6 +43,7 @@ def _normalize(z, shift: np.ndarray, scale: np.ndarray):
 def build_ensemble_model(run: EnsembleRun):
     """The Keras model: raw features -> normalisation -> members -> weighted combination."""
     import keras
+
     from ensemble.runtime.env import configure_tensorflow
     configure_tensorflow(1)
     shape = run.input_shape

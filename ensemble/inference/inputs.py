@@ -329,14 +329,6 @@ def _pandas_hdf5(data: DataConfig, source: str):
 
 
 def _test_split(run: EnsembleRun) -> tuple[np.ndarray, np.ndarray]:
-    from datafeed.prepare import prepare
-    from datafeed.readers import read_dataset
-    data = run.config.data
-    x, y, info = read_dataset(data)
-    arrays, _ = prepare(x, y, info, data, run.config.seed)
-    if arrays["x_mean"].shape != run.shift.shape or not (
-            np.allclose(arrays["x_mean"], run.shift) and np.allclose(arrays["x_scale"], run.scale)):
-        raise PredictError(f"the training data {data.source!r} has changed since the run: its "
-                           "normalisation differs from normalization.npz, so --data test cannot "
-                           "regenerate the run's test split")
+    from ensemble.inference.load import run_arrays
+    arrays = run_arrays(run.path, run.config, run.meta)
     return arrays["x_test"], arrays["y_test"]

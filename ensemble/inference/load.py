@@ -129,3 +129,30 @@ def load_run(run_dir: str | Path) -> EnsembleRun:
     return EnsembleRun(str(path), config, meta, tuple(members), shift, scale, summary)
 
 
+
+
+def run_arrays(run_dir: str | Path, config: RunConfig, meta: dict) -> dict[str, np.ndarray]:
+    """The run's own prepared splits (``x_train`` ... ``y_test``, normalised and encoded as
+    its members saw them), from its data file and ``splits.npz``: the one way every later
+    step (``--data test``, re-selection, the notebook API) gets the run's rows back. A run
+    written before ``splits.npz`` existed draws its split again from its seed. Raises
+    ``PredictError`` when the data is not the file the run trained on."""
+    from datafeed.prepare import prepare_with_rows
+    from datafeed.readers import DataError, read_dataset
+    rd = RunDirectory(Path(run_dir))
+    data = config.data
+    try:
+        x, y, info = read_dataset(data)
+        rows = rd.load_splits() if (rd.path / rd.SPLITS).is_file() else None
+        arrays, fresh, _ = prepare_with_rows(x, y, info, data, config.seed, rows)
+    except (OSError, DataError, ValueError) as exc:
+        raise PredictError(f"cannot read the run's data {data.source!r} again: {exc}") from None
+    shift, scale = rd.load_normalization()
+    same = (fresh.get("sizes") == meta.get("sizes") and fresh.get("task") == meta.get("task")
+            and arrays["x_mean"].shape == shift.shape and np.allclose(arrays["x_mean"], shift)
+            and np.allclose(arrays["x_scale"], scale))
+    if not same:
+        raise PredictError(f"the data {data.source!r} is not what the run trained on (its split sizes "
+                           f"{fresh.get('sizes')} vs {meta.get('sizes')}, or its normalisation differs from "
+                           "normalization.npz); use the file the run was trained on")
+    return arrays

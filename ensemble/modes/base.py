@@ -121,6 +121,11 @@ class Mode:
         models, else None."""
         return None
 
+    def search_time_limit(self, cfg: RunConfig) -> tuple[float, str] | None:
+        """The mode's own time budget, counted over the run's jobs (a resumed run goes on where
+        it stopped): (seconds, the setting's name), or None."""
+        return None
+
     def status_section(self, cfg: RunConfig | None, events: list[Event]) -> dict | None:
         """The mode's own part of ``ensemble.status --json`` (None: nothing to add)."""
         return None

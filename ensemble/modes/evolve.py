@@ -10,7 +10,6 @@ from ensemble.config import Problems, RunConfig
 from ensemble.modes.base import Mode, RunContext, Sample
 from ensemble.sources.base import Decider, GoOn, Source
 
-
 #: genomes of the search space ``--check`` builds
 SAMPLE_GENOMES = 5
 
@@ -86,6 +85,9 @@ class EvolveMode(Mode):
 
     def ranks_hint(self, cfg: RunConfig) -> str:
         return ""
+
+    def search_time_limit(self, cfg: RunConfig) -> tuple[float, str] | None:
+        return (cfg.evolve.time_limit, "`evolve.time_limit`") if cfg.evolve.time_limit else None
 
     def pareto(self, cfg: RunConfig, meta: dict) -> Any:
         from ensemble.sources.search import pareto_objectives

@@ -173,8 +173,8 @@ def check_samples(cfg: RunConfig, arrays: dict, meta: dict, found: Problems) -> 
             model = check_architecture(s.spec, arrays["x_train"][:BUILD_CHECK_BATCH], meta["n_outputs"],
                                        meta["task"])
         except ArchitectureError as exc:
-            found.add(f"`{s.where}` ({s.name}: {s.count}): {exc}" if s.arch is None else f"`{s.where}` ({s.name}): {exc}",
-                      s.where)
+            what = s.name if s.arch is not None else f"{s.name}: {s.count}"
+            found.add(f"`{s.where}` ({what}): {exc}", s.where)
             print(f"  {s.name}: fails (see the problems)")
             continue
         size = {"name": s.name, **footprint(model), **{k: s.spec[k] for k in ("batch_size", "optimizer")}}

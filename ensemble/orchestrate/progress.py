@@ -65,7 +65,8 @@ class Progress:
         workers, both from specs out and not back; queued (None for an open-ended search)."""
         out = self.handed - self.new
         running = min(out, self.workers)
-        return {"done": self.done, "failed": self.failed, "discarded": self.discarded, "running": running, "held_ahead": out - running,
+        return {"done": self.done, "failed": self.failed, "discarded": self.discarded, "running": running,
+                "held_ahead": out - running,
                 "queued": None if self.total is None else max(0, self.total - self.done - running),
                 "best": self.best}
 

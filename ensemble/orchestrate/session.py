@@ -189,9 +189,7 @@ class MasterSession:
             code = 4 if budget.n_failed and "failed" in budget.reason else 0
         stats = run_stats(records, self.events)
         log.info(format_stats(stats))
-        extra: dict = {"run": stats, **source.finish(records)}
-        if "pbt" in extra:
-            extra["pbt"]["master_report_bytes"] = self.executor.report_bytes
+        extra: dict = {"run": stats, **source.finish(records), "master_report_bytes": self.executor.report_bytes}
         if self.predictions:
             extra["baseline"] = baseline_section(self.meta, self.data, cfg.seed)
         try:

@@ -114,11 +114,13 @@ class SimExecutor:
         self._advance(worker, t)
 
     def _advance(self, worker: int, t: float) -> None:
-        """The member trains on from ``t``: to its next report, or to its end."""
+        """The member trains on from ``t``: to its next report, or to its end. As a real member
+        does, it reports after its last epoch too when that is a reporting epoch (a population's
+        last round is decided on that report)."""
         state = self.running[worker]
         per_epoch = state["seconds"] / state["epochs"]
-        nxt = state["epoch"] + state["every"] if state["every"] else state["epochs"]
-        if nxt >= state["epochs"]:
+        nxt = state["epoch"] + state["every"]
+        if not state["every"] or nxt > state["epochs"]:
             self._push(t + (state["epochs"] - state["epoch"]) * per_epoch, "end", worker, state)
             return
         when = t + (nxt - state["epoch"]) * per_epoch

@@ -305,7 +305,7 @@ def plot_search(view: RunView):
     and against wall time since the run began; candidates discarded early (a low-fidelity
     value, not a result) and failures at the bottom, as ticks and crosses."""
     metric = view.metric
-    if view.mode != "evolve" or not view.records or not metric:
+    if not any("search" in r.extra for r in view.records) or not metric:      # a search's candidates
         return None
     evaluated = sorted(view.final, key=lambda r: r.received or 0.0)
     t0 = _t0(view)
@@ -408,7 +408,7 @@ def plot_costs(view: RunView):
         return None
     higher = higher_is_better(metric)
     value = np.array([r.val[metric] for r in ranked])
-    second = view.config.evolve.settings.get("objectives") if view.mode == "evolve" else None
+    second = view.config.evolve.settings.get("objectives") if view.config is not None else None
     costs = [("params", "parameters", True)]
     costs.append(("predict_seconds_per_sample", "inference seconds per sample", True) if second == "metric_time"
                  else ("train_seconds", "training seconds", False))

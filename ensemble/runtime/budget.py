@@ -7,7 +7,6 @@ Python, so it is tested without MPI.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
@@ -51,8 +50,8 @@ class RunBudget:
         if self.reason:
             return True
         if self.deadline is not None and self.clock() + self.expected_member_seconds() > self.deadline:
-            self.reason = ("the run's time limit is near (`runtime.time_limit` or the job's end as the scheduler set it, "
-                           "less `runtime.finish_reserve`); stopped handing out members")
+            self.reason = ("the run's time limit is near (`runtime.time_limit` or the job's end as the scheduler "
+                           "set it, less `runtime.finish_reserve`); stopped handing out members")
             return True
         return False
 

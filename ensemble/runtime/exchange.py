@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from ensemble.runtime.mpi import TAG_STATE, poll_recv, polite_bcast
+from ensemble.runtime.mpi import TAG_STATE, polite_bcast, poll_recv
 
 Header = list[tuple[tuple[int, ...], str]]
 

@@ -1,11 +1,16 @@
 """Executors: where member specs are trained, behind one small interface.
 
-The master's dispatch loop (``ensemble.orchestrate.dispatch``) only ever calls
-``free()``, ``submit(spec)``, ``busy()``, ``wait(decide)`` and ``shutdown()``:
+The master calls only what the ``Executor`` protocol declares: ``free()``,
+``submit(spec)``, ``busy()``, ``wait(decide, idle)``, ``answer(spec_id, decision)`` and
+``shutdown()``, and reads ``workers``, ``idle_seconds`` and ``report_bytes``:
 
 - ``SerialExecutor`` trains in this process (``mpirun -n 1``, notebooks, tests);
 - ``MpiExecutor`` hands specs to worker ranks (group leaders) over MPI; the workers
-  run ``serve``. A Dask or Ray executor would be a third class with these five methods.
+  run ``serve`` with a ``Trainer`` (``OneByOne`` wraps a function; a packing trainer
+  trains several specs at once);
+- ``ensemble.orchestrate.simulate.SimExecutor`` trains nothing, on a virtual clock.
+A Dask or Ray executor would be one more class with the same members
+(tests/ensemble/test_seams.py runs one contract suite over them all).
 
 While a member trains, its trainer may call ``report(payload)`` (per epoch or per round)
 and gets back the master's decision: ``CONTINUE``, ``STOP`` (end training now, keep what
@@ -298,7 +303,7 @@ class MpiExecutor:
 
     def __init__(self, comm, workers: list[int], max_sleep: float = 0.05, in_hand: int | None = 1,
                  batch: int = 256, local: Callable[[], Trainer] | None = None, block: int = 1):
-        from ensemble.runtime import mpi            # only here: the serial path needs no MPI
+        from ensemble.runtime import mpi  # only here: the serial path needs no MPI
         self.mpi = mpi
         self.comm, self.max_sleep, self.batch = comm, max_sleep, batch
         self.leaders = list(workers)
@@ -520,8 +525,16 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: di
     so every rank of the group trains the same spec and takes the same decision at the
     same step.
     """
-    from ensemble.runtime.mpi import (ANY_TAG, TAG_DECISION, TAG_REPORT, TAG_RESULT, TAG_STOP, poll_recv,
-                                      polite_bcast, try_recv)
+    from ensemble.runtime.mpi import (
+        ANY_TAG,
+        TAG_DECISION,
+        TAG_REPORT,
+        TAG_RESULT,
+        TAG_STOP,
+        polite_bcast,
+        poll_recv,
+        try_recv,
+    )
     leader = group is None or group.Get_rank() == 0
     grouped = group is not None and group.Get_size() > 1
     inbox: deque = deque()

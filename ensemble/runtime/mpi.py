@@ -46,12 +46,13 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
 
     Without this, one rank dies and the others wait forever in a collective.
     Ctrl-C is not an error: MPICH's mpiexec (hydra) forwards SIGINT to every rank (each in
-    its own process group, so the terminal signals mpiexec only), each raises KeyboardInterrupt, the ``with`` blocks on the way up close
-    (the journal is flushed, status.json says "stopped"), and then, instead of a traceback
-    per rank, rank 0 prints the one line ``interrupted()`` returns and every rank exits with
-    130. A rank that is still running when another leaves is stopped by mpiexec, as after
-    any exit without MPI_Finalize, so the workers wait ``INTERRUPT_GRACE`` before leaving
-    (rank 0 has closed its files by then) and rank 0 twice that.
+    its own process group, so the terminal signals mpiexec only), each raises KeyboardInterrupt,
+    the ``with`` blocks on the way up close (the journal is flushed, status.json says
+    "stopped"), and then, instead of a traceback per rank, rank 0 prints the one line
+    ``interrupted()`` returns and every rank exits with 130. A rank that is still running
+    when another leaves is stopped by mpiexec, as after any exit without MPI_Finalize, so
+    the workers wait ``INTERRUPT_GRACE`` before leaving (rank 0 has closed its files by
+    then) and rank 0 twice that.
     """
     def hook(kind, value, tb):
         if issubclass(kind, KeyboardInterrupt):

@@ -10,7 +10,6 @@ from ensemble.config import RunConfig, member_train_settings
 from ensemble.results.records import MemberRecord
 from ensemble.sources.base import Hooks
 
-
 _M32 = 0xFFFFFFFF
 
 

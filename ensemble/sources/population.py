@@ -27,18 +27,18 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from ensemble.config import ConfigError, RunConfig, member_train_settings
-from ensemble.config.schema import PBT_HYPERPARAMETERS, PBT_WHAT as WHAT
+from ensemble.config.schema import PBT_HYPERPARAMETERS
+from ensemble.config.schema import PBT_WHAT as WHAT
 from ensemble.results.events import Event, EventKind
 from ensemble.results.records import MemberRecord
 from ensemble.results.rundir import RunDirectory
-from ensemble.sources.base import Hooks
 from ensemble.runtime.executor import CONTINUE, STOP
+from ensemble.sources.base import Hooks
 from ensemble.sources.members import derive_seed
 from ensemble.task import get_task
 from ensemble.task.metrics import higher_is_better
@@ -408,10 +408,9 @@ def search_winners(run_path: str, count: int, meta: dict, train: dict) -> list[d
     """The best ``count`` candidates of a finished mode "evolve" run, as starting members:
     decoded with that run's own search space, with its optimizer, learning rate and batch
     size."""
-    from evolve import Genome, SearchSpace, decode
-
     from ensemble.config import read_saved_config
     from ensemble.results.journal import read_journal
+    from evolve import Genome, SearchSpace, decode
     path = Path(run_path)
     if not (path / "journal.jsonl").is_file() or not (path / "config.toml").is_file():
         raise ConfigError(f"`pbt.start` {run_path!r} is not a run directory (no journal.jsonl and config.toml "

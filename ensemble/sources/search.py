@@ -27,7 +27,7 @@ import numpy as np
 
 from ensemble.config import ConfigError, RunConfig
 from ensemble.results.events import Event, EventKind
-from ensemble.results.records import MemberRecord, Status
+from ensemble.results.records import MemberRecord
 from ensemble.results.rundir import RunDirectory
 from ensemble.sources.base import Hooks
 from ensemble.sources.members import derive_seed

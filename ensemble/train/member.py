@@ -138,6 +138,7 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     predicts, writes files and returns the record (the others return None).
     """
     import keras
+
     from ensemble.train.architecture import build_model, make_optimizer
 
     t0 = time.monotonic()
@@ -284,7 +285,7 @@ def guarded(train, spec: dict, rank: int) -> dict | None:
         result = train()
         if result is None:                      # a group member that is not the leader
             return None
-    except Exception as exc:          # noqa: BLE001 - any member failure is recorded, the run goes on
+    except Exception as exc:
         if getattr(exc, "inside_group_fit", False):
             raise                         # cannot be recovered without a hang: abort the job
         result = failure_record(spec, exc, t0)

@@ -142,13 +142,13 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
     """Train ``specs`` (equal ``pack_key``) together; return one journal record per spec, in
     order (a failure is a "failed" record, as ``member.guarded`` makes)."""
     import keras
+    import tensorflow as tf
 
     from datafeed.pipeline import index_batches, member_indices, row_gather
     from ensemble.config.vocabulary import gaussian_head
+    from ensemble.task import get_task
     from ensemble.train.architecture import build_model, make_optimizer
     from ensemble.train.member import HOST, MemberFailed, failure_record, member_record
-    from ensemble.task import get_task
-    import tensorflow as tf
 
     t0 = time.monotonic()
     first = specs[0]
@@ -194,8 +194,8 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
             history[i]["val_loss"].append(float(val_loss[i]))
             trained[i] = epoch + 1
             if not np.isfinite(train_loss[i]):
-                failed[i] = MemberFailed("nan_loss", f"training loss became NaN/inf at epoch {epoch + 1}; lower "
-                                                     f"`learning_rate` (now {specs[i]['learning_rate']}) or check the data")
+                failed[i] = MemberFailed("nan_loss", f"training loss became NaN/inf at epoch {epoch + 1}; "
+                                         f"lower `learning_rate` (now {specs[i]['learning_rate']}) or check the data")
                 active.discard(i)
                 continue
             if best_weights[i] is None:      # Keras EarlyStopping's rule, restore_best_weights=True

@@ -181,6 +181,7 @@ def train_population_member(spec: dict, data: Mapping[str, np.ndarray], meta: di
     (None on a group rank that is not the leader). ``comm``: the world communicator the
     members' states travel on."""
     import keras
+
     from ensemble.runtime.exchange import recv_state, send_state, share_in_group, state_bytes
 
     t0 = time.monotonic()

@@ -106,7 +106,7 @@ class RehearsalTrainer:
         if not self.settings.predictions:             # made now: start-up, not the first members
             rng = np.random.default_rng(0)
             for gaussian in ((False, True) if self.task.name == "regression" else (False,)):
-                for i in range(8):
+                for _ in range(8):
                     self._score(rng, float(np.clip(self.settings.accuracy + rng.normal(0.0, 0.05), 0, 1)),
                                 gaussian)
 

@@ -18,9 +18,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mpi4py import MPI  # noqa: E402
+from mpi4py import MPI
 
-from datafeed.distribute import broadcast_arrays  # noqa: E402
+from datafeed.distribute import broadcast_arrays
 
 
 def expected_arrays(npy: str | None, mmap: bool) -> dict[str, np.ndarray]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ensemble.runtime.env import (LAUNCHER_LOCAL_RANK, bind_gpu, choose_binding, count_gpus, hide_gpus)
+from ensemble.runtime.env import LAUNCHER_LOCAL_RANK, bind_gpu, choose_binding, count_gpus, hide_gpus
 
 
 def nvidia(root, n):

@@ -55,7 +55,8 @@ def config(**arch):
 
 def test_check_builds_turns_a_bad_builder_into_a_config_error_before_training():
     arrays, meta = {"x_train": X}, {"n_outputs": 10, "task": "classification"}
-    with pytest.raises(ConfigError, match=r"^`architectures\[0\]` \(mine\): `model` 'tests.mpi.user_models:logits_mlp'"):
+    with pytest.raises(ConfigError,
+                       match=r"^`architectures\[0\]` \(mine\): `model` 'tests.mpi.user_models:logits_mlp'"):
         check_builds(config(model="tests.mpi.user_models:logits_mlp"), arrays, meta)
     check_builds(config(model="tests.mpi.user_models:small_mlp"), arrays, meta)
     rehearsal = config(model="tests.mpi.user_models:logits_mlp")

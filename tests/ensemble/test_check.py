@@ -157,7 +157,7 @@ def test_gathered_problems_leave_defaults_and_skip_what_depends_on_them():
     cfg = resolve_config({"mode": "evolv", "data": {"val_fraction": 2.0, "test_fraction": 0.85},
                           "train": {"epochs": 0}, "evolve": {"strategy": "nsga", "mu": 3},
                           "architectures": [{"layers": [{"type": "Dens", "units": 3}]}]}, problems=found)
-    assert cfg["train"]["epochs"] == 30 and cfg["mode"] == "ensemble" and cfg["evolve"]["strategy"] == "regularized"
+    assert cfg.train.epochs == 30 and cfg.mode == "ensemble" and cfg.evolve.strategy == "regularized"
     assert len(found) == 5, found.messages      # no "leave 10% for training", no "needs exactly one of"
     assert not found.ok("architectures[0].layers") and found.ok("architectures[0].model", "train.batch_size")
     assert not found.ok("data.val_fraction") and not found.ok("evolve.strategy")

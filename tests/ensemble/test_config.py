@@ -76,14 +76,14 @@ def test_duplicate_architecture_names():
 
 def test_defaults_are_filled_and_per_arch_overrides_kept():
     cfg = resolve_config(bad(architectures__0__learning_rate=0.5))
-    assert cfg["train"]["epochs"] == 30 and cfg["ensemble"]["k"] == 5 and cfg["mode"] == "ensemble"
-    assert cfg["architectures"][0]["learning_rate"] == 0.5
-    assert cfg["architectures"][0]["epochs"] is None          # falls back to [train]
+    assert cfg.train.epochs == 30 and cfg.ensemble.k == 5 and cfg.mode == "ensemble"
+    assert cfg.architectures[0].learning_rate == 0.5
+    assert cfg.architectures[0].epochs is None                # falls back to [train]
 
 
 def test_integer_accepted_where_number_expected():
     cfg = resolve_config(bad(train__learning_rate=1))
-    assert cfg["train"]["learning_rate"] == 1.0 and isinstance(cfg["train"]["learning_rate"], float)
+    assert cfg.train.learning_rate == 1.0 and isinstance(cfg.train.learning_rate, float)
 
 
 def test_dump_round_trips(tmp_path):
@@ -113,8 +113,8 @@ def test_relative_data_path_resolves_against_config_dir(tmp_path):
         layers = [{type = "Dense", units = 4}]
     """))
     cfg = load_config(path)
-    assert cfg["data"]["source"] == str((tmp_path / "d.npz").resolve())
-    assert cfg["name"] == "c"
+    assert cfg.data.source == str((tmp_path / "d.npz").resolve())
+    assert cfg.name == "c"
 
 
 def test_shipped_configs_are_valid():
@@ -160,15 +160,15 @@ def test_builder_module_beside_the_config_is_found_from_any_folder(tmp_path, mon
     monkeypatch.chdir(tmp_path)                                 # not the config's folder
     monkeypatch.setattr(sys, "path", list(sys.path))
     cfg = load_config(path)
-    dirs = [a["model_dir"] for a in cfg["architectures"]]
+    dirs = [a.model_dir for a in cfg.architectures]
     assert dirs == [str(folder.resolve()), str((folder / "nets").resolve()), None]   # None: from sys.path
-    assert use_builder_folders(cfg["architectures"]) == dirs[:2] and sys.path[:2] == dirs[1::-1]
+    assert use_builder_folders(cfg.architectures) == dirs[:2] and sys.path[:2] == dirs[1::-1]
     assert load_builder("beside_cfg_builders:build")((4,), 2) == "built"
     assert load_builder("beside_cfg_pkg:build")((4,), 2) == "pkg"
     saved = tmp_path / "saved.toml"                             # the run directory's config.toml reads back
     saved.write_text(dump_toml(cfg))
     again = resolve_config(__import__("tomllib").loads(saved.read_text()), saved=True)
-    assert again["architectures"] == cfg["architectures"]
+    assert again.architectures == cfg.architectures
 
 
 def test_model_dir_must_be_a_folder_and_needs_a_model(tmp_path):

@@ -70,6 +70,7 @@ def test_mixed_precision_and_xla_train_with_a_float32_head(tmp_path, data, preci
     """`runtime.precision` and `runtime.jit_compile`: hidden layers in half precision, the
     output head (and so the predictions and the loss) in float32, the step compiled by XLA."""
     import keras
+
     from ensemble.runtime.env import TENSORFLOW, configure_tensorflow
     from ensemble.train.member import run_member
     configure_tensorflow(1, precision, jit_compile=True)

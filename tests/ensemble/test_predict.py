@@ -17,9 +17,9 @@ import pytest
 
 from datafeed.prepare import encode_labels, split_indices
 from datafeed.readers import read_dataset
-from ensemble.task import metrics as M
 from ensemble import predict as P
-from tests.conftest import ROOT, run_mpi
+from ensemble.task import metrics as M
+from tests.conftest import run_mpi
 
 pytestmark = pytest.mark.mpi
 

@@ -205,7 +205,6 @@ def test_a_run_without_names_takes_table_columns_in_order_but_not_kept_ones(base
 
 # ----------------------------------------------------------------------- arrays without names
 def bare_run(shape: list[int], reshape: list[int] | None = None) -> EnsembleRun:
-    size = int(np.prod(shape))
     arch = {"name": "m", "members": 1, "layers": [{"type": "Dense", "units": 4}]}
     config = resolve_config({"architectures": [arch], "data": {} if reshape is None else {"reshape": reshape}})
     return EnsembleRun("r", config, {"task": "regression", "n_outputs": 1,

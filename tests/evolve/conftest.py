@@ -9,7 +9,6 @@ import pytest
 from evolve import Genome, SearchSpace
 
 
-
 def synthetic_fitness(g: Genome) -> float:
     """Structured toy objective, best (0.0) at 3 convs, 1 dense of 128 units,
     lr 1e-3 and adam. Higher is better."""

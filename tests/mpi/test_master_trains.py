@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from ensemble.results.journal import read_journal
 from ensemble.config import resolve_config
+from ensemble.results.journal import read_journal
 from ensemble.run import trains_on_master
 from ensemble.runtime.env import Binding
 from tests.conftest import run_mpi

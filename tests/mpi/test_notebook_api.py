@@ -21,7 +21,7 @@ assert ens.evaluate(x, y) == __import__("pytest").approx(ens.metrics, rel=1e-9)
 assert proba.shape == (len(x), 10) and np.allclose(proba.sum(axis=1), 1.0, atol=1e-5)
 assert entropy.shape == (len(x),) and (entropy >= 0).all()
 assert len(ens.leaderboard) == 3 and abs(ens.members["weight"].sum() - 1) < 1e-9
-assert ens.config["train"]["epochs"] == 5
+assert ens.config.train.epochs == 5
 mean, spread = ens.predict(x[:4])                      # models stay loaded: a second call
 assert np.allclose(mean, proba[:4], atol=1e-12)
 print("CHECKED")

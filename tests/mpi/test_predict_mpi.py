@@ -24,8 +24,8 @@ def make_run(run_dir, data: dict, members: list[dict]) -> None:
     """A run directory as `ensemble.run` writes it; members: {"id", "weight", "gaussian"}."""
     import keras
     cfg = resolve_config({"seed": 1, "data": data, "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]})
-    x, y, info = read_dataset(cfg["data"])
-    arrays, meta = prepare(x, y, info, cfg["data"], cfg["seed"])
+    x, y, info = read_dataset(cfg.data)
+    arrays, meta = prepare(x, y, info, cfg.data, cfg.seed)
     run_dir.mkdir()
     (run_dir / "config.toml").write_text(dump_toml(cfg))
     (run_dir / "data.json").write_text(json.dumps(meta))
