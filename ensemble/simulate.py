@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(args.run_dir) / f"workers{workers}" if args.run_dir else Path(tmp)
             path.mkdir(parents=True, exist_ok=True)
             (path / RunDirectory.JOURNAL).unlink(missing_ok=True)
-            stats = simulate(run, meta, data, RunDirectory(path), workers, latency=args.latency,
+            stats = simulate(run, meta, data, RunDirectory(path), workers, report=True, latency=args.latency,
                              message_seconds=args.message_us * 1e-6, replay=args.replay,
                              speed=args.master_slowdown)
         if args.json:

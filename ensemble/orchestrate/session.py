@@ -67,16 +67,18 @@ def baseline_section(meta: dict, data: Any, seed: int) -> dict:
 class MasterSession:
     """Rank 0 of a run (real or simulated). ``executor`` trains; ``clock`` is the master's;
     ``budget`` must use the same clock; ``heartbeat``: keep ``status.json`` (a real job);
-    ``predictions``: members return predictions, so an ensemble is selected."""
+    ``predictions``: members return predictions, so an ensemble is selected; ``report``:
+    write report.html at the end."""
 
     def __init__(self, cfg: RunConfig, meta: dict, data: Any, run_dir: RunDirectory, executor: Executor,
                  budget: RunBudget, *, resume: bool = False, clock: Callable[[], float] = time.time,
-                 heartbeat: bool = True, predictions: bool = True, open_fields: dict | None = None,
+                 heartbeat: bool = True, predictions: bool = True, report: bool = True,
+                 open_fields: dict | None = None,
                  job_started: float | None = None, serial: bool = False, master_trains: bool = False):
         self.cfg, self.meta, self.data, self.run_dir = cfg, meta, data, run_dir
         self.executor, self.budget, self.clock = executor, budget, clock
         self.resume, self.keep_beat, self.predictions, self.serial = resume, heartbeat, predictions, serial
-        self.master_trains = master_trains
+        self.master_trains, self.report = master_trains, report
         self.mode = mode_of(cfg)
         self.job_started = clock() if job_started is None else job_started
         self.open_fields = open_fields or {}
@@ -200,7 +202,8 @@ class MasterSession:
             log.error(f"error: {exc}")
             if beat is not None:
                 beat.final("failed", error=str(exc))
-            log.info(report_line(self.run_dir.path))              # the failures, listed with their messages
+            if self.report:
+                log.info(report_line(self.run_dir.path))          # the failures, listed with their messages
             return code or 1
         finally:
             artifacts.close()
@@ -214,7 +217,8 @@ class MasterSession:
                  f"({time.monotonic() - t0:.1f} s)")
         if beat is not None:
             beat.final("stopped" if budget.reason else "done", reason=budget.reason)
-        log.info(report_line(self.run_dir.path))
+        if self.report:
+            log.info(report_line(self.run_dir.path))
         return code
 
 

@@ -216,9 +216,11 @@ def learning_curve(metric: str, accuracy: float) -> Callable[[dict, int, int], d
 
 
 def simulate(cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, workers: int, *, latency: float = 0.0,
-             message_seconds: float = 0.0, replay: str | Path | None = None, speed: float = 1.0) -> dict:
+             message_seconds: float = 0.0, replay: str | Path | None = None, speed: float = 1.0,
+             report: bool = False) -> dict:
     """Run ``cfg`` through the real master session on ``workers`` simulated workers; returns
-    ``run_stats`` of the journal it wrote, with the master's account and timings."""
+    ``run_stats`` of the journal it wrote, with the master's account and timings. ``report``:
+    also write report.html (``python -m ensemble.simulate`` does; about a second of plotting)."""
     from ensemble.modes import mode_of
     from ensemble.orchestrate.session import MasterSession, in_hand
     from ensemble.task import get_task
@@ -240,7 +242,7 @@ def simulate(cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, workers: i
     budget = RunBudget(rt.time_limit, rt.finish_reserve, rt.max_failed_share, clock=clock)
     real0 = time.perf_counter()
     session = MasterSession(sim_cfg, meta, data, run_dir, executor, budget, clock=clock, heartbeat=False,
-                            predictions=False, job_started=0.0,
+                            predictions=False, report=report, job_started=0.0,
                             open_fields={"ranks": 1 + workers * rt.group_size, "host": "simulated"})
     clock.set(0.0)
     session.run()

@@ -31,11 +31,12 @@ def make_data(task: str):
 
 def spec(i: int, **extra):
     return {"id": f"m{i}", "arch": "mlp", "layers": LAYERS, "model": None, "params": {}, "seed": 100 + i,
-            "epochs": 12, "batch_size": 32, "optimizer": "adam", "learning_rate": 0.01, "patience": 2,
+            "epochs": 8, "batch_size": 32, "optimizer": "adam", "learning_rate": 0.01, "patience": 2,
             "member_time_limit": 60.0, "bootstrap": i % 2 == 1, "loss": "auto", **extra}
 
 
-@pytest.mark.parametrize("task", ["classification", "regression"])
+@pytest.mark.parametrize("task", ["classification",
+                                  pytest.param("regression", marks=pytest.mark.slow)])   # make test runs both
 def test_a_packed_member_equals_its_unpacked_twin(tmp_path, task):
     import keras
 

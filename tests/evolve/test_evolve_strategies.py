@@ -38,11 +38,13 @@ def random_baseline(drive) -> float:
     return mean_best("random", drive)
 
 
+@pytest.mark.slow                     # statistics over 20 seeds x 200 evaluations: make test runs them
 def test_regularized_beats_random(random_baseline, drive):
     evo = mean_best("regularized", drive)
     assert evo > random_baseline + 0.3, (evo, random_baseline)  # measured: -0.21 vs -0.87
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, floor, margin", [("mu_plus_lambda", -0.5, 0.3), ("nsga2", -0.85, 0.05)])
 def test_strategies_reach_a_good_value(name, floor, margin, random_baseline, drive):
     # optimum 0.0; measured on SEEDS: random -0.87, mu_plus_lambda -0.17, nsga2 -0.79 (over
