@@ -55,7 +55,22 @@ def _next_free(run_dir: Path) -> int:
 
 def reselect(run_dir: str | Path, overrides: dict) -> dict:
     """Re-select the ensemble of the finished run in ``run_dir`` with ``overrides`` of its
-    ``[ensemble]`` settings; returns the new summary (also written as ensemble.json)."""
+    ``[ensemble]`` settings; returns the new summary (also written as ensemble.json). It
+    writes the run, so it takes the run's lock: not while a job runs on it."""
+    from ensemble.results.lock import RunLock, RunLocked
+    lock = RunLock(Path(run_dir), what="ensemble.reselect")
+    if Path(run_dir).is_dir():
+        try:
+            lock.acquire()
+        except RunLocked as exc:
+            raise ReselectError(str(exc)) from None
+    try:
+        return _reselect(run_dir, overrides)
+    finally:
+        lock.release()
+
+
+def _reselect(run_dir: str | Path, overrides: dict) -> dict:
     from ensemble.config import ConfigError, read_saved_config
     from ensemble.config.schema import check_task_settings
     from ensemble.results.artifacts import Artifacts

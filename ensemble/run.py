@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     from ensemble.config import ConfigError, load_config
     from ensemble.runtime import mpi
     from ensemble.runtime.env import bind_gpu, hide_gpus
-    from ensemble.runtime.logs import add_debug_file, setup_logging
+    from ensemble.runtime.logs import setup_logging
 
     made = [] if made is None else made                  # the run directory, once rank 0 has made it
     comm = mpi.world
@@ -67,7 +67,6 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     except ConfigError as exc:
         log.error(f"config error in {args.config}: {exc}")
         return EXIT_CONFIG
-    group_size = cfg.runtime.group_size
     from ensemble.runtime.env import process_started
     from ensemble.runtime.scheduler import job_end_time
     stamps.update(process=process_started(), mpi_and_config=round(time.time(), 3))
@@ -87,17 +86,33 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
         hide_gpus()                                     # the master trains nothing: its build check
         binding = None                                  # runs on the CPU, taking no worker's GPU memory
     report_bindings(comm, binding)
-    max_sleep = cfg.runtime.poll_max_sleep
 
     # Rank 0 reads, checks and prepares; everyone learns the outcome before going on.
-    arrays, status = None, None
+    arrays, status, lock = None, None, None
     if rank == 0:
         from ensemble.orchestrate.prepare import prepare_run
         try:
-            arrays, meta, run_dir = prepare_run(cfg, args)
+            arrays, meta, run_dir, lock = prepare_run(cfg, args)
             status = ("ok", meta, str(run_dir.path))
         except (ConfigError, ValueError) as exc:
             status = ("error", f"{type(exc).__name__.replace('Error', ' error').lower()}: {exc}", None)
+    held = [arrays]                                      # handed over: rank 0 keeps the shared copy only
+    del arrays
+    try:
+        return _run(comm, cfg, args, argv, status, held, made, stamps, job_started, master_trains)
+    finally:
+        if lock is not None:                             # this job's hold on the run directory
+            lock.release()
+
+
+def _run(comm, cfg, args, argv, status, held: list, made, stamps, job_started, master_trains) -> int:
+    """Every rank, once rank 0 has prepared (``status``): the data broadcast (``held``: rank
+    0's prepared arrays, taken out so that nothing else references them), then the master
+    side on rank 0 and the worker side elsewhere."""
+    arrays = held.pop()
+    from ensemble.runtime import mpi
+    from ensemble.runtime.logs import add_debug_file
+    rank, max_sleep, group_size = comm.Get_rank(), cfg.runtime.poll_max_sleep, cfg.runtime.group_size
     status = mpi.polite_bcast(comm, status, 0, max_sleep)
     if status[0] != "ok":
         log.error(status[1])

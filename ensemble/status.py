@@ -55,7 +55,7 @@ class JournalTail:
         for line in chunk[:end].splitlines():
             try:
                 item = json.loads(line)
-            except json.JSONDecodeError:
+            except ValueError:                      # not JSON, or not UTF-8: skipped
                 continue
             if not isinstance(item, dict):
                 continue

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble.inference.load import EnsembleRun, PredictError, load_run
+from ensemble.results.rundir import atomic_write
 from ensemble.task import get_task
 from ensemble.task.graph import MemberOutput
 
@@ -73,5 +74,4 @@ def export_ensemble(run: EnsembleRun | str | Path, path: str | Path) -> Path:
     if isinstance(run, (str, Path)):
         run = load_run(run)
     model = build_ensemble_model(run)
-    model.save(path)
-    return path
+    return atomic_write(path, model.save)           # never a half-written model at the final path

@@ -1,16 +1,18 @@
 """Prediction inputs: a file (or, in the API, a DataFrame or array) read as in training,
-checked, reshaped and normalised as in training; targets encoded as the metrics take them.
+checked, reshaped and normalised as in training; targets encoded as the metrics take
+them.
 
 Inputs with names are matched by name, never by position: CSV and Parquet columns, the
-fields of a compound (structured) array in HDF5, npz or npy, a pandas HDF5 table (needs
-the ``tables`` package) and a DataFrame. The training columns (``feature_names`` in the
-run's data.json) are picked in training order; a missing one is an error that names it;
-other columns are ignored and listed in a warning; ``keep`` columns (IDs, any type) are
-carried through, in the input's row order, and may also be features. A run trained on
-arrays has no names: then a table's columns other than the label and the kept ones are
-its features, in file order. Arrays without names (npy, npz, a plain HDF5 dataset) are
-checked for dtype and width against the training input shape (flat or reshaped).
-``test`` regenerates the run's own test split.
+fields of a compound (structured) array in HDF5, npz or npy, and a DataFrame (a pandas
+HDF5 table is refused: pandas unpickles it, which can run code the file holds). The
+training columns (``feature_names`` in the run's data.json) are picked in training
+order; a missing one is an error that names it; other columns are ignored and listed in
+a warning; ``keep`` columns (IDs, any type) are carried through, in the input's row
+order, and may also be features. A run trained on arrays has no names: then a table's
+columns other than the label and the kept ones are its features, in file order. Arrays
+without names (npy, npz, a plain HDF5 dataset) are checked for dtype and width against
+the training input shape (flat or reshaped). ``test`` regenerates the run's own test
+split.
 """
 
 from __future__ import annotations
@@ -307,7 +309,9 @@ def _read_table(run: EnsembleRun, data: DataConfig, kind: str, keep: list[str], 
 
 
 def _pandas_hdf5(data: DataConfig, source: str):
-    """The DataFrame of a pandas HDF5 table (``df.to_hdf``) at ``data.x``, or None for a dataset."""
+    """None for an HDF5 dataset; a pandas HDF5 table (``df.to_hdf``) at ``data.x`` is refused:
+    pandas reads its object columns with pickle, which runs code the file holds, and data
+    from someone else must never run code here."""
     import h5py
     try:
         with h5py.File(data.source, "r") as f:
@@ -317,15 +321,10 @@ def _pandas_hdf5(data: DataConfig, source: str):
         return None                              # not HDF5: the reader says so
     if not is_pandas:
         return None
-    try:
-        import tables  # noqa: F401 - pandas reads its HDF5 tables through PyTables
-    except ImportError:
-        raise PredictError(f"{source}: {data.x!r} is a pandas HDF5 table (written by DataFrame.to_hdf), "
-                           "which needs the `tables` package to read, and it is not installed; install it "
-                           "(pip install tables), or give the table as Parquet/CSV or as an HDF5 compound "
-                           "dataset (h5py)") from None
-    import pandas as pd
-    return pd.read_hdf(data.source, key=data.x)
+    raise PredictError(f"{source}: {data.x!r} is a pandas HDF5 table (written by DataFrame.to_hdf); it is not "
+                       "read, because pandas unpickles such tables' object columns, which can run code stored "
+                       "in the file. Save the table as Parquet or CSV (df.to_parquet), or the arrays as HDF5 "
+                       "datasets with h5py")
 
 
 def _test_split(run: EnsembleRun) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ensemble.results.rundir import RunDirectory
+from ensemble.results.rundir import RunDirectory, file_matches
 
 if TYPE_CHECKING:
     from ensemble.config import RunConfig
@@ -109,12 +109,19 @@ def load_run(run_dir: str | Path) -> EnsembleRun:
         raise PredictError(f"{str(path / rd.ENSEMBLE)!r} lists no member with a positive weight")
     members = []
     for m in entries:
-        model_path = path / m["model"] if m.get("model") else rd.model_path(m["id"])
+        try:
+            model_path = rd.inside(m["model"]) if m.get("model") else rd.model_path(str(m["id"]))
+        except ValueError as exc:
+            raise PredictError(f"{str(path / rd.ENSEMBLE)!r}: member {m.get('id')!r}: {exc}") from None
         if not model_path.is_file() and rd.legacy_model_path(m["id"]).is_file():
             model_path = rd.legacy_model_path(m["id"])          # a run written before retention
         if not model_path.is_file():
             raise PredictError(f"ensemble member {m['id']!r} has no model file "
                                f"{str(model_path)!r}; the run directory is incomplete")
+        if not file_matches(model_path, m.get("model_file")):
+            raise PredictError(f"ensemble member {m['id']!r}: its model file {str(model_path)!r} is damaged (its "
+                               "size or SHA-256 differs from what the run recorded); resume the run "
+                               "(`python -m ensemble.run CONFIG --resume`), which trains damaged members again")
         scaling = m if "y_shift" in m else {}
         legacy_scaling = rd.legacy_model_path(m["id"]).parent / rd.LEGACY_SCALING
         if not scaling and legacy_scaling.is_file():

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble.inference.load import EnsembleRun, PredictError
+from ensemble.results.rundir import atomic_write
 
 OUT_SUFFIXES = (".csv", ".npz", ".parquet")
 
@@ -83,11 +84,12 @@ def write_predictions(path: str | Path, run: EnsembleRun, result: dict, y: np.nd
         check_kept_names(run, list(kept or {}), set(arrays) | {"file", "allow_pickle"})   # np.savez's own
         text = {k: np.asarray(v).astype(str) if np.asarray(v).dtype.kind == "O" else np.asarray(v)
                 for k, v in (kept or {}).items()}           # no pickled object arrays in the .npz
-        np.savez(path, **text, **arrays)
-        return path
+        return atomic_write(path, lambda tmp: np.savez(tmp, **text, **arrays))
     frame = prediction_frame(run, result, y, kept)
-    frame.to_csv(path, index=False) if path.suffix == ".csv" else frame.to_parquet(path, index=False)
-    return path
+    # written whole or not at all: a killed predict leaves no file whose rows look complete
+    if path.suffix == ".csv":
+        return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
+    return atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
 def format_metrics(label: str, metrics: dict[str, float]) -> str:

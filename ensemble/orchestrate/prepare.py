@@ -9,11 +9,13 @@ from pathlib import Path
 
 from ensemble.config import ConfigError, Problems, RunConfig, dump_toml, read_saved_config
 from ensemble.config.schema import check_task_settings
+from ensemble.results.lock import LOCK_NAME, RunLock, RunLocked
 from ensemble.results.rundir import RunDirectory
 
 
-def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory]:
-    """Rank 0: read, check and prepare the data, check architectures, create the run directory."""
+def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock]:
+    """Rank 0: read, check and prepare the data, check architectures, create the run
+    directory and lock it (the caller releases the lock when the job ends)."""
     from datafeed.prepare import prepare_with_rows
     from datafeed.readers import read_dataset
     from ensemble.config.vocabulary import check_input_rank
@@ -45,14 +47,19 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory]:
     found = Problems()
     mode.preflight(cfg, meta, None, found)
     found.raise_any()
-    run_dir = RunDirectory(choose_run_dir(cfg, args))
-    if args.resume:
-        check_same_run(cfg, run_dir)
-    run_dir.write_text(run_dir.CONFIG, dump_toml(cfg))
-    run_dir.write_json(run_dir.DATA, meta)
-    run_dir.save_normalization(arrays["x_mean"], arrays["x_scale"])
-    run_dir.write_npz(run_dir.SPLITS, **rows)        # row indices, so a baseline can use the same rows
-    return arrays, meta, run_dir
+    path, lock = choose_run_dir(cfg, args)
+    run_dir = RunDirectory(path)
+    try:
+        if args.resume:
+            check_same_run(cfg, run_dir)
+        run_dir.write_text(run_dir.CONFIG, dump_toml(cfg))
+        run_dir.write_json(run_dir.DATA, meta)
+        run_dir.save_normalization(arrays["x_mean"], arrays["x_scale"])
+        run_dir.write_npz(run_dir.SPLITS, **rows)    # row indices, so a baseline can use the same rows
+    except BaseException:
+        lock.release()
+        raise
+    return arrays, meta, run_dir, lock
 
 
 BUILD_CHECK_BATCH = 64          # samples the check runs each architecture on (at most one batch)
@@ -127,27 +134,53 @@ def _comparable(key: str, value):
     return [{k: v for k, v in arch.items() if k != "model_dir"} for arch in value]
 
 
-def choose_run_dir(cfg: RunConfig, args: argparse.Namespace) -> Path:
-    """Where this run writes; never silently mixes two runs in one directory."""
-    if args.run_dir:
-        run_dir = Path(args.run_dir)
-    else:
-        run_dir = Path(cfg.output_dir) / cfg.name
-    has_results = RunDirectory(run_dir).has_journal()
+def choose_run_dir(cfg: RunConfig, args: argparse.Namespace) -> tuple[Path, RunLock]:
+    """Where this run writes, locked for this job (``results.lock``); never silently mixes
+    two runs in one directory, never runs two jobs on one, and ``--overwrite`` deletes only
+    a run of this project."""
+    run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.output_dir) / cfg.name
     if args.resume:
-        if not has_results:
+        if not RunDirectory(run_dir).has_journal():
             raise ConfigError(f"--resume: {str(run_dir)!r} holds no journal.jsonl to resume from; "
                               "start the run without --resume")
-        return run_dir
-    if run_dir.exists() and args.overwrite:
-        shutil.rmtree(run_dir)
-    elif has_results and args.run_dir:
-        raise ConfigError(f"--run-dir {str(run_dir)!r} already holds a run; add --resume to continue it "
-                          "or --overwrite to replace it")
-    elif has_results:
+        return run_dir, take_lock(run_dir)
+    if args.overwrite and run_dir.exists():
+        if not is_run_directory(run_dir):
+            raise ConfigError(f"--overwrite: {str(run_dir)!r} is not a run directory of ensemble.run (no "
+                              "config.toml with journal.jsonl or data.json in it), so it is not deleted; "
+                              "choose another --run-dir or `name`, or remove the folder yourself")
+        lock = take_lock(run_dir)                   # not while another job writes it
+        for child in run_dir.iterdir():
+            if child.name != LOCK_NAME:
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        return run_dir, lock
+    if not args.run_dir:
         n = 2
-        while (run_dir.parent / f"{run_dir.name}-{n}").exists():
+        base = run_dir
+        while RunDirectory(run_dir).has_journal():
+            run_dir = base.parent / f"{base.name}-{n}"
             n += 1
-        run_dir = run_dir.parent / f"{run_dir.name}-{n}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    lock = take_lock(run_dir)
+    if RunDirectory(run_dir).has_journal():          # checked under the lock: a run another job began
+        lock.release()
+        raise ConfigError(f"{'--run-dir ' if args.run_dir else ''}{str(run_dir)!r} already holds a run; add "
+                          "--resume to continue it or --overwrite to replace it")
+    return run_dir, lock
+
+
+def is_run_directory(path: Path) -> bool:
+    """Whether ``path`` is (recognisably) a run directory of this project, or empty."""
+    names = {p.name for p in path.iterdir()} if path.is_dir() else set()
+    return not names or names <= {LOCK_NAME} or (
+        RunDirectory.CONFIG in names and bool({RunDirectory.JOURNAL, RunDirectory.DATA} & names))
+
+
+def take_lock(run_dir: Path) -> RunLock:
+    """This job's lock on ``run_dir``; another job's lock is a ``ConfigError`` naming it."""
+    lock = RunLock(run_dir)
+    try:
+        lock.acquire()
+    except RunLocked as exc:
+        raise ConfigError(str(exc)) from None
+    return lock

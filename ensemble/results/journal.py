@@ -26,6 +26,7 @@ written.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -34,6 +35,8 @@ from typing import Any
 
 from ensemble.results.events import Event
 from ensemble.results.records import MemberRecord
+
+log = logging.getLogger(__name__)
 
 #: a journal line as the code sees it: a member's record or a run event
 Entry = MemberRecord | Event
@@ -129,19 +132,27 @@ class Journal:
 
 def read_lines(path: str | Path) -> list[dict]:
     """Every whole line (member records and event lines) in order; a torn or corrupt line
-    is skipped, not fatal."""
+    (not JSON, not UTF-8, not an object) is skipped, not fatal, and one warning counts them
+    (the torn last line of a killed job is expected and not counted)."""
     path = Path(path)
     out = []
+    bad = 0
     if path.exists():
         loads = json.loads
-        with open(path, encoding="utf-8") as fh:
+        with open(path, "rb") as fh:
             for line in fh:
                 try:
                     item = loads(line)
-                except json.JSONDecodeError:
+                except ValueError:               # JSONDecodeError, UnicodeDecodeError
+                    bad += line.endswith(b"\n") and bool(line.strip())
                     continue
                 if isinstance(item, dict):
                     out.append(item)
+                else:
+                    bad += 1
+    if bad:
+        log.warning(f"{path}: {bad} damaged line(s) skipped (not JSON or not UTF-8); the members they held, "
+                    "if any, count as not run and are trained again on resume")
     return out
 
 

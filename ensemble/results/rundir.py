@@ -21,10 +21,12 @@ of such a run is not supported: it finds no stored predictions).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +57,37 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
 def write_text_atomic(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
 
+
+def file_digest(path: str | Path) -> dict[str, Any]:
+    """Size and SHA-256 of a file (read in 1 MiB blocks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return {"bytes": Path(path).stat().st_size, "sha256": h.hexdigest()}
+
+
+def file_matches(path: str | Path, digest: Mapping[str, Any] | None) -> bool:
+    """``path`` is a file and, with a ``digest``, of that size and hash (the size first: a
+    truncated file is told without reading it)."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    if not digest:
+        return True
+    if path.stat().st_size != digest.get("bytes"):
+        return False
+    return "sha256" not in digest or file_digest(path)["sha256"] == digest["sha256"]
+
+
+def member_file_name(member_id: str) -> str:
+    """``member_id`` as the one path component its files are named by; an id that would
+    name a path elsewhere (``../x``, ``/abs``) is refused (ids come from the config's names,
+    which are checked, or from a journal, which may not be)."""
+    if not member_id or member_id in (".", "..") or any(c in member_id for c in "/\\\0"):
+        raise ValueError(f"member id {member_id!r} is not a plain name; a member's files are named by its id, "
+                         "inside the run directory")
+    return member_id
 
 class RunDirectory:
     """A run's directory on disk; paths by role, never spelled out by callers."""
@@ -146,29 +179,48 @@ class RunDirectory:
 
     def model_ref(self, member_id: str) -> str:
         """How the journal and ensemble.json name a member's model (relative to the run directory)."""
-        return f"{self.MODELS}/{member_id}{self.MODEL_SUFFIX}"
+        return f"{self.MODELS}/{member_file_name(member_id)}{self.MODEL_SUFFIX}"
+
+    def inside(self, ref: str) -> Path:
+        """The file a run's record names (``ensemble.json``'s ``model``), which must lie inside
+        the run directory: an absolute path or one that climbs out is refused (a run from
+        someone else must not make predict load, or pruning delete, a file elsewhere)."""
+        root = self.path.resolve()
+        path = (root / ref).resolve()
+        if Path(ref).is_absolute() or not path.is_relative_to(root):
+            raise ValueError(f"{ref!r} is outside the run directory {str(self.path)!r}; a run names its files "
+                             "relative to itself, so this one has been edited or is not from ensemble.run")
+        return path
 
     def model_path(self, member_id: str) -> Path:
         return self.path / self.model_ref(member_id)
 
     def legacy_model_path(self, member_id: str) -> Path:
-        return self.path / self.LEGACY_MEMBERS / member_id / self.LEGACY_MODEL
+        return self.path / self.LEGACY_MEMBERS / member_file_name(member_id) / self.LEGACY_MODEL
 
     def model_files(self) -> list[Path]:
         folder = self.path / self.MODELS
         return sorted(folder.glob("*" + self.MODEL_SUFFIX)) if folder.is_dir() else []
 
-    def save_model(self, member_id: str, model) -> Path:
-        """A member's Keras model, written whole or not at all."""
+    def save_model(self, member_id: str, model) -> dict[str, Any]:
+        """A member's Keras model, written whole or not at all; returns its ``file_digest``,
+        which the member's record keeps (``model_file``) so resume and predict can tell a
+        damaged file from a good one."""
         path = self.model_path(member_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        return atomic_write(path, lambda p: model.save(p))
+        atomic_write(path, lambda p: model.save(p))
+        return file_digest(path)
+
+    def model_intact(self, member_id: str, digest: Mapping[str, Any] | None) -> bool:
+        """Whether the member's model file is there and, where its record has a digest (runs
+        since the digest was recorded), has that size and SHA-256."""
+        return file_matches(self.model_path(member_id), digest)
 
     # -- population-based training: a member's state between rounds --------------------
     def state_path(self, member_id: str, round_: int) -> Path:
         """Where a member's state after ``round_`` is: two slots per member (by the round's
         parity), so writing round r+1 never touches the state a resume from round r reads."""
-        return self.path / self.STATES / f"{member_id}.{round_ % 2}.npz"
+        return self.path / self.STATES / f"{member_file_name(member_id)}.{round_ % 2}.npz"
 
     def save_state(self, member_id: str, round_: int, arrays: list[np.ndarray], info: dict) -> Path:
         """Weights and optimizer state, packed in one file, written whole or not at all."""

@@ -15,17 +15,19 @@ An entry is written with one ``write`` and flushed; ``sync`` fsyncs it (the run 
 just before the journal's fsync, so a journal line that is on disk never names an entry
 that is not). Opening the store reads every entry's header and checks every checksum: a
 torn or zero-filled tail (a crash mid-append, a node that lost its page cache) is cut off
-and what was before it stays whole; an entry whose checksum fails in the middle of a file
-is skipped. The index (member id -> file, offset) lives in memory and is rebuilt on open,
-so the journal never has to name offsets, and ``compact`` can rewrite the live entries
-into a fresh file (written and fsynced before the old ones are removed: a crash in
-between leaves duplicates, and the later copy wins).
+and what was before it stays whole; a damaged entry in the middle of a file (a flipped
+bit in its magic, length or payload) is skipped by resynchronising on the next valid
+entry, never by cutting the valid ones after it. The index (member id -> file, offset)
+lives in memory and is rebuilt on open, so the journal never has to name offsets, and
+``compact`` can rewrite the live entries into a fresh file (written and fsynced before
+the old ones are removed: a crash in between leaves duplicates, and the later copy wins).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import struct
 import zlib
@@ -84,34 +86,35 @@ class PackStore:
 
     # -- reading --------------------------------------------------------------------
     def _scan(self, number: int, path: Path) -> None:
-        """Index one pack file; cut a torn tail (and anything after it)."""
+        """Index one pack file. A damaged entry (bad magic, length or checksum: a flipped bit,
+        a zeroed block) is skipped by resynchronising on the next valid entry, so one bad
+        byte costs one entry; only what lies past the last valid entry (a torn tail) is cut."""
         size = path.stat().st_size
         keep = good_bytes = 0
         with open(path, "rb") as fh:
-            pos = 0
-            while pos < size:
-                head = fh.read(PREFIX.size)
-                if len(head) < PREFIX.size:
-                    break
-                magic, hlen, plen, crc = PREFIX.unpack(head)
-                end = pos + PREFIX.size + hlen + plen
-                if magic != MAGIC or end > size:
-                    break                                  # torn tail: nothing after it can be trusted
-                body = fh.read(hlen + plen)
-                good = len(body) == hlen + plen and zlib.crc32(body) == crc
-                if good:
-                    try:
-                        header = json.loads(body[:hlen])
-                        self.index[str(header["id"])] = (number, pos, end - pos)   # a later copy wins
-                    except (ValueError, KeyError, TypeError):
-                        good = False
-                if good:
-                    keep, good_bytes = end, good_bytes + end - pos
-                else:
-                    log.warning("%s: entry at byte %d fails its checksum; skipped", path, pos)
-                pos = end
+            data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            try:
+                pos = 0
+                while pos < size:
+                    entry = _entry_at(data, pos, size)
+                    if entry is None:
+                        nxt = data.find(MAGIC, pos + 1)
+                        while nxt != -1 and _entry_at(data, nxt, size) is None:
+                            nxt = data.find(MAGIC, nxt + 1)
+                        if nxt == -1:
+                            break                          # nothing valid after it: a torn tail
+                        log.warning("%s: %d damaged byte(s) at byte %d skipped; the entries after them are "
+                                    "whole", path, nxt - pos, pos)
+                        pos = nxt
+                        continue
+                    end, member_id = entry
+                    self.index[member_id] = (number, pos, end - pos)     # a later copy wins
+                    keep, good_bytes, pos = end, good_bytes + end - pos, end
+            finally:
+                if isinstance(data, mmap.mmap):
+                    data.close()
         self.lost_bytes += size - good_bytes
-        if keep < size:                           # bad entries at the end (a torn or zero-filled tail)
+        if keep < size:                           # past the last valid entry: a torn or zero-filled tail
             log.warning("%s: cut %d bytes of torn tail (a crash mid-append); entries before it are whole",
                         path, size - keep)
             with open(path, "r+b") as fh:
@@ -203,6 +206,24 @@ class PackStore:
         self.index = index
         self._sizes = {number: offset} if keep else {}
         return before - offset
+
+
+def _entry_at(data, pos: int, size: int) -> tuple[int, str] | None:
+    """(end, member id) of a valid entry at ``pos`` of ``data`` (a pack file's bytes), or
+    None: the magic, lengths within the file, checksum and JSON header must all hold."""
+    if pos + PREFIX.size > size:
+        return None
+    magic, hlen, plen, crc = PREFIX.unpack(data[pos:pos + PREFIX.size])
+    end = pos + PREFIX.size + hlen + plen
+    if magic != MAGIC or end > size:
+        return None
+    body = data[pos + PREFIX.size:end]
+    if zlib.crc32(body) != crc:
+        return None
+    try:
+        return end, str(json.loads(body[:hlen])["id"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def encode(member_id: str, arrays: dict[str, np.ndarray], meta: dict | None = None) -> bytes:

@@ -8,6 +8,7 @@ wait here probes without blocking and sleeps with a growing back-off instead.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
@@ -39,6 +40,11 @@ def where() -> str:
 
 
 EXIT_INTERRUPTED = 130          # 128 + SIGINT: what a shell reports for Ctrl-C
+EXIT_TERMINATED = 143           # 128 + SIGTERM: a scheduler ending the job
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so it ends as an interrupt does."""
 
 
 def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
@@ -53,7 +59,19 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
     when another leaves is stopped by mpiexec, as after any exit without MPI_Finalize, so
     the workers wait ``INTERRUPT_GRACE`` before leaving (rank 0 has closed its files by
     then) and rank 0 twice that.
+
+    SIGTERM (what batch schedulers send at the time limit, then SIGKILL after a grace period,
+    30 s on Slurm by default) is taken the same way: it raises ``Terminated``, a
+    KeyboardInterrupt, so the run closes its journal, writes "stopped" and prints the resume
+    hint in the same milliseconds; the exit status is then 143 (128 + SIGTERM).
     """
+    def on_term(signum, frame):
+        raise Terminated(f"signal {signum}")
+    try:
+        signal.signal(signal.SIGTERM, on_term)
+    except ValueError:                  # not the main thread (an embedding host): keep its handler
+        pass
+
     def hook(kind, value, tb):
         if issubclass(kind, KeyboardInterrupt):
             if world.Get_rank() == 0:
@@ -69,7 +87,7 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
                 time.sleep(INTERRUPT_GRACE * (2 if world.Get_rank() == 0 else 1))
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(EXIT_INTERRUPTED)
+            os._exit(EXIT_TERMINATED if issubclass(kind, Terminated) else EXIT_INTERRUPTED)
         text = "".join(traceback.format_exception(kind, value, tb))
         sys.stderr.write(f"[{where()}] fatal error, aborting the job:\n{text}")
         sys.stderr.flush()

@@ -230,15 +230,14 @@ def member_record(spec: dict, model, data: Mapping[str, np.ndarray], run_dir: Ru
     val = task.metrics(np.asarray(data["y_val"]), preds["val"], variances["val"])
     keep_model = passes(spec.get("retain"), "models", val, member)
     t_write = time.perf_counter()
-    if keep_model:                                       # only a member that can still matter
-        run_dir.save_model(member, model)
+    model_file = run_dir.save_model(member, model) if keep_model else None   # only one that can still matter
     write_seconds = time.perf_counter() - t_write
     result = {
         "id": member, "status": Status.OK.value, "arch": spec.get("arch"), "seed": spec["seed"],
         "val": val, "test": task.metrics(np.asarray(data["y_test"]), preds["test"], variances["test"]),
         "params": count_params(model), "epochs": epochs, "stopped": stopped,
         "train_seconds": round(time.monotonic() - t0, 3), "build_seconds": round(build_seconds, 3),
-        "model": keep_model, "path": run_dir.model_ref(member) if keep_model else None,
+        "model": keep_model, "path": run_dir.model_ref(member) if keep_model else None, "model_file": model_file,
         "scaling": {"y_shift": y_shift, "y_scale": y_scale, "gaussian": gaussian},
         "predict_seconds_per_sample": predict_seconds / max(1, len(preds["val"])),
         "costs": {"predict": round(predict_all, 4), "write": round(write_seconds, 4)},

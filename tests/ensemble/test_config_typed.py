@@ -58,7 +58,8 @@ def test_a_runs_saved_config_reads_back_as_the_config_it_ran(tmp_path):
 
 #: a subscript of something named like a config with a string: ``cfg["train"]``, ``config['data']``
 #: (the mappings a config holds, a strategy's ``settings``, a builder's ``params``, are subscripted)
-STRING_LOOKUP = re.compile(r"""\b(cfg|config|saved_cfg|source_cfg|run_cfg)(\.(?!settings\b|params\b|ranges\b)\w+)*\[["']""")
+STRING_LOOKUP = re.compile(r"""\b(cfg|config|saved_cfg|source_cfg|run_cfg)"""
+                           r"""(\.(?!settings\b|params\b|ranges\b)\w+)*\[["']""")
 
 
 def test_no_code_reads_a_config_by_string_key():

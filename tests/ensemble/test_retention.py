@@ -141,6 +141,34 @@ def test_store_skips_a_damaged_entry_in_the_middle(tmp_path):
     assert set(again.index) == {"m0", "m2"}
 
 
+@pytest.mark.parametrize("where", ["magic", "lengths", "zeroed block"])
+def test_a_damaged_entry_header_costs_that_entry_only_and_nothing_is_cut(tmp_path, where):
+    """A flipped bit in one entry's magic or length must not make the scan take the rest of
+    the file for a torn tail: the entries after it are found again and kept on disk."""
+    store = PackStore(tmp_path)
+    for i in range(7):
+        store.put(f"m{i}", arrays(i))
+    _, offset, length = store.index["m1"]
+    store.close()
+    path = store.files[0]
+    size = path.stat().st_size
+    with open(path, "r+b") as fh:
+        if where == "magic":
+            fh.seek(offset)
+            fh.write(b"EPK0")
+        elif where == "lengths":
+            fh.seek(offset + 8)
+            fh.write(b"\xff" * 8)                                   # a payload length past the file's end
+        else:
+            fh.seek(offset + 3)
+            fh.write(bytes(length - 20))
+    again = PackStore(tmp_path)
+    assert set(again.index) == {"m0", *(f"m{i}" for i in range(2, 7))}
+    assert path.stat().st_size == size                               # nothing valid was cut
+    for i in range(2, 7):
+        np.testing.assert_array_equal(again.get(f"m{i}")[0]["val_pred"], arrays(i)["val_pred"])
+
+
 # ------------------------------------------------------------------------- master + resume
 def members(n, rng, c=3, rows=40):
     y = rng.integers(0, c, rows)

@@ -1,5 +1,7 @@
 """Ctrl-C on a real run: mpiexec forwards SIGINT to every rank; rank 0 prints one line (no
-traceback per rank), every rank exits, the job's status is 130, and `--resume` continues."""
+traceback per rank), every rank exits, the job's status is 130, and `--resume` continues.
+SIGTERM (a scheduler's time limit) ends the same way, with status 143; and while a job
+holds the run directory, a second job on it refuses at once."""
 
 from __future__ import annotations
 
@@ -18,13 +20,14 @@ from tests.conftest import ROOT, mpiexec, run_mpi
 pytestmark = pytest.mark.mpi
 
 
-def test_ctrl_c_prints_one_line_and_resume_continues(tmp_path):
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_prints_one_line_and_resume_continues(tmp_path, sig, code):
     cfg = tmp_path / "c.toml"
     cfg.write_text(textwrap.dedent("""
         [data]
         source = "iris"
         [[architectures]]
-        members = 8
+        members = 16
         layers = [{type = "Dense", units = 4}]
         [runtime]
         trainer = "rehearsal"        # members sleep: no TensorFlow, seconds per member known
@@ -44,21 +47,28 @@ def test_ctrl_c_prints_one_line_and_resume_continues(tmp_path):
         while not (journal.exists() and '"status"' in journal.read_text()):   # a member has finished
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)                  # what Ctrl-C does to mpiexec in a terminal
+        if sig == signal.SIGTERM:                        # a second job meanwhile: refused, nothing touched
+            second = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"],
+                             timeout=120)
+            assert second.returncode != 0 and "is in use by ensemble.run on host" in second.stderr, second.stderr
+        proc.send_signal(sig)                            # Ctrl-C in a terminal, or the scheduler's SIGTERM
         out, err = proc.communicate(timeout=60)          # every rank exits (a hang fails here)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err and "fatal error" not in err, err
     lines = [x for x in err.splitlines() if x.startswith("interrupted")]
     assert lines == [f"interrupted; `--resume` continues: the same command with `--run-dir {run_dir} --resume` "
                      "(finished members are kept)"], err
     done = {r["id"] for r in map(json.loads, journal.read_text().splitlines()) if r.get("status") == "ok"}
-    assert 0 < len(done) < 8
+    assert 0 < len(done) < 16
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "stopped", status
+    assert not (run_dir / "run.lock").exists()           # the job let go of the run directory
 
     again = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=120)
     assert again.returncode == 0, again.stderr
     records = [r for r in map(json.loads, journal.read_text().splitlines()) if r.get("status") == "ok"]
-    assert len(records) == 8 and len({r["id"] for r in records}) == 8            # none trained twice
+    assert len(records) == 16 and len({r["id"] for r in records}) == 16          # none trained twice
     assert f"resuming with {len(done)} finished" in again.stdout

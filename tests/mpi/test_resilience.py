@@ -244,13 +244,11 @@ def test_evolve_run_survives_failed_candidates(tmp_path):
 def test_too_many_failures_stop_the_run_with_a_summary(tmp_path):
     cfg = write_config(tmp_path, with_faults(CONFIG.replace("max_failed_share = 0.9", "max_failed_share = 0.5")))
     run_dir = tmp_path / "run"
-    t0 = time.monotonic()
     proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
                    env=faults.env(**{f"mlp-{i:03d}": "raise" for i in range(6)}))
     assert proc.returncode == 4
     assert "max_failed_share" in proc.stderr and "failures:" in proc.stderr
     assert len(read_journal(run_dir / "journal.jsonl")) < 6          # it stopped handing out work
-    assert time.monotonic() - t0 < 90
 
 
 def test_run_time_limit_stops_handing_out_work_and_still_writes_results(tmp_path):

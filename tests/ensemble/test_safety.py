@@ -1,0 +1,200 @@
+"""Nothing lost, nothing run, nothing outside the run (issue 29), without MPI: the run
+directory's lock, names that become paths, files a record names, a journal with damaged
+bytes, ``--overwrite`` of a folder that is not a run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ensemble.config import ConfigError, resolve_config
+from ensemble.orchestrate.prepare import choose_run_dir, is_run_directory
+from ensemble.results.journal import read_history, read_lines
+from ensemble.results.lock import LOCK_NAME, RunLock, RunLocked
+from ensemble.results.rundir import RunDirectory, member_file_name
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
+ARCH = {"layers": [{"type": "Dense", "units": 2}]}
+
+
+# -- the run directory's lock -----------------------------------------------------------------
+def test_a_second_holder_is_refused_and_named(tmp_path):
+    with RunLock(tmp_path):
+        with pytest.raises(RunLocked) as info:
+            RunLock(tmp_path).acquire()
+        text = str(info.value)
+        assert socket.gethostname() in text and f"PID {os.getpid()}" in text and "in use by" in text
+    assert not (tmp_path / LOCK_NAME).exists()                      # released by its owner
+    with RunLock(tmp_path):                                         # and free again
+        pass
+
+
+def test_a_lock_whose_process_is_gone_is_taken_over(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    pid = int(dead.stdout)                                          # a PID that has exited
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": pid, "time": time.time()}))
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    lock.release()
+
+
+def test_another_hosts_lock_holds_until_it_is_stale(tmp_path):
+    path = tmp_path / LOCK_NAME
+    path.write_text(json.dumps({"host": "elsewhere-node-7", "pid": 1, "job": "4242", "time": time.time()}))
+    with pytest.raises(RunLocked, match="elsewhere-node-7.*job 4242"):
+        RunLock(tmp_path, stale_seconds=60).acquire()
+    old = time.time() - 120                                         # its refreshes stopped 2 min ago
+    os.utime(path, (old, old))
+    lock = RunLock(tmp_path, stale_seconds=60)
+    lock.acquire()
+    assert lock.owned()
+    lock.release()
+
+
+def test_the_owner_refreshes_and_releases_only_its_own_lock(tmp_path):
+    lock = RunLock(tmp_path, refresh_seconds=0.05)
+    lock.acquire()
+    path = tmp_path / LOCK_NAME
+    old = time.time() - 1000
+    os.utime(path, (old, old))
+    for _ in range(100):                                            # the refresh thread touches it
+        if path.stat().st_mtime > old + 500:
+            break
+        time.sleep(0.02)
+    assert path.stat().st_mtime > old + 500
+    path.unlink()                                                   # removed by hand, taken by another
+    other = RunLock(tmp_path)
+    other.acquire()
+    lock.release()                                                  # not this one's any more: kept
+    assert other.owned()
+    other.release()
+
+
+# -- names that become paths --------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["..", ".", "../../escaped", "a/b", "a\\b", " x", ""])
+def test_names_that_would_leave_the_run_are_config_errors(name):
+    with pytest.raises(ConfigError, match="`name` must be a plain name"):
+        resolve_config({"name": name, "architectures": [ARCH]})
+    with pytest.raises(ConfigError, match=r"`architectures\[0\].name` must be a plain name"):
+        resolve_config({"architectures": [{**ARCH, "name": name}]})
+
+
+def test_member_ids_from_a_journal_never_name_a_path_outside(tmp_path):
+    rd = RunDirectory(tmp_path)
+    assert rd.model_path("mlp-000") == tmp_path / "models" / "mlp-000.keras"
+    for bad in ("../../x", "/etc/passwd", "..", "a/b"):
+        with pytest.raises(ValueError, match="not a plain name"):
+            rd.model_path(bad)
+        with pytest.raises(ValueError, match="not a plain name"):
+            rd.state_path(bad, 1)
+
+
+def test_files_a_record_names_must_lie_inside_the_run(tmp_path):
+    rd = RunDirectory(tmp_path)
+    assert rd.inside("models/a.keras") == (tmp_path / "models" / "a.keras").resolve()
+    for bad in ("/etc/passwd", "../other/models/a.keras", "models/../../x.keras"):
+        with pytest.raises(ValueError, match="outside the run directory"):
+            rd.inside(bad)
+    assert member_file_name("arch0-003") == "arch0-003"
+
+
+# -- --overwrite and new runs ------------------------------------------------------------------
+def args(run_dir=None, resume=False, overwrite=False):
+    return argparse.Namespace(run_dir=run_dir and str(run_dir), resume=resume, overwrite=overwrite)
+
+
+def test_overwrite_refuses_a_folder_that_is_not_a_run(tmp_path):
+    precious = tmp_path / "thesis"
+    precious.mkdir()
+    (precious / "chapter1.tex").write_text("years of work")
+    cfg = resolve_config({"architectures": [ARCH]})
+    with pytest.raises(ConfigError, match="--overwrite: .* not a run directory"):
+        choose_run_dir(cfg, args(precious, overwrite=True))
+    assert (precious / "chapter1.tex").read_text() == "years of work"
+    assert not is_run_directory(precious)
+
+
+def test_overwrite_replaces_a_run_and_keeps_its_lock(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.toml", "journal.jsonl"):
+        (run / name).write_text("x\n")
+    (run / "models").mkdir()
+    (run / "models" / "a.keras").write_text("x")
+    assert is_run_directory(run)
+    path, lock = choose_run_dir(resolve_config({"architectures": [ARCH]}), args(run, overwrite=True))
+    try:
+        assert path == run and sorted(p.name for p in run.iterdir()) == [LOCK_NAME]
+    finally:
+        lock.release()
+
+
+def test_a_run_held_by_another_job_is_refused_before_anything_is_touched(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("x\n")
+    (run / "journal.jsonl").write_text("{}\n")
+    cfg = resolve_config({"architectures": [ARCH]})
+    with RunLock(run, what="another job"):
+        for a in (args(run, resume=True), args(run, overwrite=True)):
+            with pytest.raises(ConfigError, match="in use by another job"):
+                choose_run_dir(cfg, a)
+    assert (run / "journal.jsonl").read_text() == "{}\n"
+
+
+# -- a journal with damaged bytes -----------------------------------------------------------------
+def test_a_journal_with_invalid_bytes_skips_those_lines_and_warns_once(tmp_path, caplog):
+    path = tmp_path / "journal.jsonl"
+    good = [{"id": "a", "status": "ok"}, {"id": "b", "status": "failed"}]
+    path.write_bytes(json.dumps(good[0]).encode() + b"\n" + b'{"id": "\xff\xfe", "status": "ok"}\n'
+                     + b"[1, 2]\n" + json.dumps(good[1]).encode() + b"\n" + b'{"id": "c", "sta')
+    with caplog.at_level("WARNING"):
+        lines = read_lines(path)
+    assert lines == good                                 # the torn tail is not a damaged line
+    assert sum("2 damaged line(s) skipped" in r.message for r in caplog.records) == 1
+    assert [r.id for r in read_history(path)] == ["a", "b"]
+
+
+@pytest.mark.slow                       # five processes: make test runs it
+def test_of_many_jobs_breaking_one_stale_lock_at_once_exactly_one_holds_it(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout),
+                                                  "time": time.time()}))
+    code = ("import sys, time\n"
+            "from ensemble.results.lock import RunLock, RunLocked\n"
+            f"lock = RunLock({str(tmp_path)!r})\n"
+            "time.sleep(max(0.0, float(sys.argv[1]) - time.time()))\n"   # all start together
+            "try:\n    lock.acquire()\nexcept RunLocked:\n    print('refused'); sys.exit(0)\n"
+            "print('holds'); sys.stdout.flush(); time.sleep(3); lock.release()\n")
+    start = time.time() + 3
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(start)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}) for _ in range(5)]
+    said = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
+    assert said == ["holds"] + ["refused"] * 4, said
+
+
+# -- model files are verified ---------------------------------------------------------------------
+def test_a_truncated_or_altered_model_file_is_told_from_a_good_one(tmp_path):
+    from ensemble.results.rundir import file_digest, file_matches
+    rd = RunDirectory(tmp_path)
+    path = rd.model_path("m-000")
+    path.parent.mkdir()
+    path.write_bytes(b"PK\x03\x04" + bytes(range(256)) * 40)
+    digest = file_digest(path)
+    assert rd.model_intact("m-000", digest) and rd.model_intact("m-000", None)
+    with open(path, "r+b") as fh:                                   # a crash before the disk had it all
+        fh.truncate(digest["bytes"] // 2)
+    assert not rd.model_intact("m-000", digest) and rd.model_intact("m-000", None)
+    path.write_bytes(b"PK\x03\x04" + bytes(range(255, -1, -1)) * 40)   # same size, other bytes
+    assert not file_matches(path, digest)
+    assert not rd.model_intact("m-001", None)                       # no file at all
