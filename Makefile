@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 NP     ?= 4
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint evolve-demo pbt-demo install clean
+.PHONY: demo test test-fast test-long lint evolve-demo pbt-demo install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,9 +25,14 @@ pbt-demo: $(STAMP)
 	$(BIN)/mpirun -n 5 $(BIN)/python -m ensemble.run configs/digits_pbt.toml
 
 test: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not long"
 
-# inner loop: everything that starts no mpiexec (about 70 s on 2 cores); `make test` runs all
+# the long real-MPI scenarios `make test` leaves out (about 5 minutes on 2 cores)
+test-long: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m long
+
+# inner loop: everything that starts no mpiexec (under a minute on 2 cores); `make test` runs all
+# but the `long` scenarios
 test-fast: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not mpi and not slow"
 

@@ -8,6 +8,7 @@ learnt on the way (feature names, class names). Only rank 0 reads.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -83,9 +84,48 @@ def read_dataset(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray
     fmt = detect_format(data)
     if fmt != "builtin" and not Path(data.source).exists():
         raise DataError(f"`data.source` file {data.source!r} does not exist")
-    if require_y:
-        return READERS[fmt](data)
-    return READERS[fmt](data, require_y=False)
+    if fmt != "builtin" and Path(data.source).is_file() and Path(data.source).stat().st_size == 0:
+        raise DataError(f"`data.source` file {data.source!r} is empty (0 bytes)")
+    try:
+        x, y, info = READERS[fmt](data) if require_y else READERS[fmt](data, require_y=False)
+    except DataError:
+        raise
+    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
+        raise DataError(f"`data.source` {data.source!r} cannot be read as {fmt}: {type(exc).__name__}: "
+                        f"{one_line(str(exc))}; check the file, or set `data.format` if it is not {fmt}") from None
+    if len(x) == 0:
+        raise DataError(f"`data.source` {data.source!r} holds no samples (0 rows)")
+    return x, y, info
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """An error's text as one short line: a message must never echo a file's contents."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit] + " ..."
+
+
+#: how much of a text file is looked at before pandas parses it
+TEXT_PROBE = 1 << 20
+
+
+def check_text(path: str) -> None:
+    """A CSV must be text: no NUL bytes, a first line shorter than ``TEXT_PROBE``, and UTF-8
+    (or plain ASCII); told in milliseconds whatever the file's size."""
+    with open(path, "rb") as fh:
+        head = fh.read(TEXT_PROBE)
+    if b"\0" in head:
+        raise DataError(f"`data.source` {path!r} is not a text CSV: it holds NUL bytes (a binary or "
+                        "zero-filled file); check the file, or set `data.format`")
+    if b"\n" not in head and len(head) == TEXT_PROBE:
+        raise DataError(f"`data.source` {path!r}: its first line is longer than {TEXT_PROBE // 2 ** 20} MiB, "
+                        "which is not a CSV header; check the file")
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if len(head) < TEXT_PROBE or exc.start < len(head) - 4:   # not a character cut at the probe's end
+            raise DataError(f"`data.source` {path!r} is not UTF-8 text (byte {exc.start} is "
+                            f"0x{head[exc.start]:02x}); save it as UTF-8 (e.g. from latin-1: "
+                            "iconv -f latin1 -t utf-8)") from None
 
 
 @reader("builtin")
@@ -168,7 +208,17 @@ def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.n
 @reader("csv")
 def read_csv(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     import pandas as pd
-    return _from_frame(pd.read_csv(data.source), data, require_y)
+    check_text(data.source)
+    try:
+        frame = pd.read_csv(data.source)
+    except pd.errors.EmptyDataError:
+        raise DataError(f"`data.source` {data.source!r} holds no columns (an empty CSV)") from None
+    except pd.errors.ParserError as exc:
+        raise DataError(f"`data.source` {data.source!r} is not a well-formed CSV: {one_line(str(exc))}") from None
+    if len(frame) == 0:
+        raise DataError(f"`data.source` {data.source!r} has a header ({one_line(', '.join(map(str, frame.columns)))}) "
+                        "but no data rows")
+    return _from_frame(frame, data, require_y)
 
 
 @reader("parquet")

@@ -75,9 +75,16 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     except ValueError as exc:
         log.error(f"error: {exc}")
         return EXIT_CONFIG
-    from ensemble.train.architecture import use_builder_folders
-    use_builder_folders(cfg.architectures)           # every rank imports the user's builder from there
+    from ensemble.train.architecture import ArchitectureError, use_builder_folders
+    try:
+        use_builder_folders(cfg.architectures)          # every rank imports the user's builder from there
+    except ArchitectureError as exc:                    # the same on every rank: all leave alike
+        log.error(f"config error in {args.config}: {exc}")
+        return EXIT_CONFIG
     local_rank = mpi.node_local_rank(comm)              # collective: every rank calls it
+    if local_rank == 0:                                 # what crashed jobs left in this node's memory
+        from ensemble.runtime.shm import clean_stale_segments
+        clean_stale_segments()
     binding = bind_gpu(local_rank, cfg.runtime.ranks_per_gpu)
     from ensemble.modes import mode_of
     master_trains = (rank == 0 and size > 1 and mode_of(cfg).master_may_train
@@ -153,7 +160,7 @@ def configured_threads(path: str) -> int:
     try:
         with open(path, "rb") as fh:
             threads = tomllib.load(fh).get("runtime", {}).get("threads", 1)
-    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+    except (OSError, ValueError, AttributeError):       # TOMLDecodeError, UnicodeDecodeError: load_config says
         return 1
     return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else 1
 

@@ -725,9 +725,14 @@ def load_config(path: str | Path, problems: Problems | None = None) -> RunConfig
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte {exc.start}); TOML files are "
+                          "UTF-8: save it as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
     found = Problems() if problems is None else problems
     cfg = _locate(resolve_dict(raw, source=str(path), problems=found), path.parent, found)
     if problems is None:

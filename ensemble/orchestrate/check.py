@@ -167,9 +167,9 @@ def check_samples(cfg: RunConfig, arrays: dict, meta: dict, found: Problems) -> 
                 found.add(msg, f"{s.where}.layers")
                 print(f"  {s.name}: not built (see the problems)")
                 continue
-        if s.arch is not None:
-            use_builder_folders([s.arch])
         try:
+            if s.arch is not None:
+                use_builder_folders([s.arch])
             model = check_architecture(s.spec, arrays["x_train"][:BUILD_CHECK_BATCH], meta["n_outputs"],
                                        meta["task"])
         except ArchitectureError as exc:

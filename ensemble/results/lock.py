@@ -8,7 +8,9 @@ on the same run directory (a resubmitted job script while the first still runs, 
 ``--resume`` of one killed run) finds the lock and refuses at once, naming the holder.
 
 The lock is broken only when provably stale: its owner is on this host and its PID is
-gone, or it has not been touched for ``STALE_SECONDS`` (the owner's node died: a kill -9
+gone, the batch scheduler says the owner's job has ended (Slurm, LSF, Flux: the next job
+of a chain, on other nodes, after its predecessor was killed at its time limit), or it
+has not been touched for ``STALE_SECONDS`` (the owner's node died: a kill -9
 of a job on another node is recovered from after that time, or at once by removing
 ``run.lock`` by hand once the job is known to be gone). A stale lock is removed under a
 guard file (``run.lock.break``, also ``O_EXCL``): of two jobs breaking it at once one
@@ -48,6 +50,36 @@ class RunLocked(RuntimeError):
 
 def _job_id() -> str | None:
     return next((os.environ[v] for v in JOB_VARIABLES if os.environ.get(v)), None)
+
+
+#: per scheduler: the job-id variable, the query of a job's state, and the states of a job still alive
+SCHEDULER_QUERIES = {
+    "SLURM_JOB_ID": (["squeue", "-h", "-o", "%T", "-j"], {"PENDING", "RUNNING", "SUSPENDED", "COMPLETING",
+                                                          "CONFIGURING", "RESIZING", "REQUEUED", "STOPPED"}),
+    "LSB_JOBID": (["bjobs", "-noheader", "-o", "stat"], {"PEND", "RUN", "PSUSP", "USUSP", "SSUSP", "WAIT"}),
+    "FLUX_JOB_ID": (["flux", "jobs", "-n", "-o", "{state}"], {"DEPEND", "PRIORITY", "SCHED", "RUN", "CLEANUP"}),
+}
+
+
+def job_ended(job: str) -> bool:
+    """Whether the batch scheduler this job runs under says job ``job`` has ended (True only
+    on a clear answer: a job it no longer lists, or one in a final state). A chained job
+    (``ensemble.jobscript --chain``) starts once the one before has ended however it ended,
+    perhaps on other nodes, so this is how it takes over a lock its SIGKILLed predecessor
+    left behind."""
+    import subprocess
+    for variable, (command, alive) in SCHEDULER_QUERIES.items():
+        if not os.environ.get(variable):
+            continue
+        try:
+            out = subprocess.run([*command, job], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        state = out.stdout.strip().split("\n")[0].strip().upper() if out.stdout.strip() else ""
+        if out.returncode == 0 and state:
+            return state not in alive
+        return out.returncode == 0 or "invalid job id" in out.stderr.lower() or "not found" in out.stderr.lower()
+    return False
 
 
 def _pid_alive(pid: int) -> bool:
@@ -96,6 +128,9 @@ class RunLock:
             if not _pid_alive(holder["pid"]):
                 return f"its process {holder['pid']} on this host is gone"
             return None
+        job = holder.get("job")
+        if job and job != _job_id() and job_ended(str(job)):
+            return f"the scheduler says its job {job} has ended"
         if holder["age"] > self.stale_seconds:
             return f"it was last refreshed {holder['age']:.0f} s ago (> {self.stale_seconds:.0f} s)"
         return None

@@ -73,6 +73,11 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
         pass
 
     def hook(kind, value, tb):
+        try:                            # the node's shared data: not left behind in /dev/shm
+            from ensemble.runtime.shm import remove_mapped_segments
+            remove_mapped_segments()
+        except Exception:               # noqa: BLE001 - never a second error on the way out
+            pass
         if issubclass(kind, KeyboardInterrupt):
             if world.Get_rank() == 0:
                 try:

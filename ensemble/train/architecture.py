@@ -101,9 +101,40 @@ def use_builder_folders(architectures: Iterable[ArchitectureConfig | Mapping[str
         else:
             model, folder = arch.model, arch.model_dir
         if model and folder and folder not in sys.path:
+            check_no_shadowing(folder)
             sys.path.insert(0, folder)
             added.append(folder)
     return added
+
+
+#: what the run imports, at once or later (TensorFlow after the config): a module of the same
+#: name in a builder's folder would be imported instead of it, on every rank
+RUN_IMPORTS = frozenset({"ensemble", "evolve", "datafeed", "numpy", "pandas", "sklearn", "scipy", "mpi4py",
+                         "deap", "h5py", "pyarrow", "matplotlib", "tensorflow", "keras", "ml_dtypes", "jax",
+                         "tomllib", "json", "pickle", "logging", "typing"})
+
+
+def check_no_shadowing(folder: str) -> None:
+    """A builder's folder goes first on ``sys.path``: it must not hold a module (``x.py`` or a
+    package ``x/``) named like one the run imports (``RUN_IMPORTS`` or any module already
+    imported), which would be imported instead of it. Raises ``ArchitectureError`` naming both."""
+    import importlib.util
+    path = Path(folder)
+    if not path.is_dir():
+        return
+    imported = {name.partition(".")[0] for name in sys.modules}
+    for entry in path.iterdir():
+        name = entry.stem if entry.suffix == ".py" else entry.name if (entry / "__init__.py").is_file() else None
+        if not name or not name.isidentifier() or name not in RUN_IMPORTS | imported:
+            continue
+        spec = importlib.util.find_spec(name) if name not in sys.modules else None
+        origin = getattr(sys.modules.get(name), "__file__", None) or (spec.origin if spec else None)
+        if origin and Path(origin).resolve().is_relative_to(path.resolve()):
+            continue                              # it is the folder's own module already
+        raise ArchitectureError(f"the builder folder {folder!r} holds {entry.name!r}, which would be imported "
+                                f"instead of the module {name!r} the run uses ({origin or 'standard library'}), "
+                                "since the folder goes first on sys.path; rename it, or move the builder to a "
+                                "folder of its own (`model_dir`)")
 
 
 def load_builder(ref: str):

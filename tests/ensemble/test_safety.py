@@ -198,3 +198,115 @@ def test_a_truncated_or_altered_model_file_is_told_from_a_good_one(tmp_path):
     path.write_bytes(b"PK\x03\x04" + bytes(range(255, -1, -1)) * 40)   # same size, other bytes
     assert not file_matches(path, digest)
     assert not rd.model_intact("m-001", None)                       # no file at all
+
+
+# -- shared memory left by crashed jobs -------------------------------------------------------------
+@pytest.mark.skipif(not os.path.isdir("/dev/shm") or not os.path.exists("/proc/self/maps"),
+                    reason="Linux /dev/shm and /proc only")
+def test_stale_segments_are_removed_and_live_or_young_ones_kept():
+    import mmap
+
+    from ensemble.runtime import shm
+    tag = f"mpich_shm_test{os.getpid()}_"
+    old, young, mapped = (shm.SHM / f"{tag}{n}" for n in ("old", "young", "mapped"))
+    for path in (old, young, mapped):
+        path.write_bytes(bytes(4096))
+    then = time.time() - 10 * shm.STALE_AGE
+    for path in (old, mapped):
+        os.utime(path, (then, then))
+    with open(mapped, "r+b") as fh:
+        view = mmap.mmap(fh.fileno(), 4096)                          # a running job's segment
+    try:
+        assert mapped in shm.mapped_segments()
+        files, size = shm.clean_stale_segments()
+        assert files >= 1 and size >= 4096
+        assert not old.exists() and young.exists() and mapped.exists()
+        assert shm.remove_mapped_segments() >= 1 and not mapped.exists()   # a failing rank's own
+    finally:
+        view.close()
+        for path in (old, young, mapped):
+            path.unlink(missing_ok=True)
+
+
+# -- a builder's folder does not shadow what the run imports --------------------------------------
+def test_a_builder_folder_that_would_shadow_an_installed_module_is_refused(tmp_path, monkeypatch):
+    from ensemble.train.architecture import ArchitectureError, use_builder_folders
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "mine.py").write_text("def build(shape, n):\n    return None\n")
+    (tmp_path / "numpy.py").write_text("raise SystemExit('shadowed')\n")
+    arch = {"model": "mine:build", "model_dir": str(tmp_path)}
+    with pytest.raises(ArchitectureError, match=r"holds 'numpy.py', which would be imported instead of the module "
+                                                r"'numpy'"):
+        use_builder_folders([arch])
+    assert str(tmp_path) not in sys.path
+    (tmp_path / "numpy.py").unlink()
+    assert use_builder_folders([arch]) == [str(tmp_path)]
+
+
+# -- data and config errors name the setting and the file, quickly, in one line ---------------
+def bad_file(tmp_path, name, content: bytes):
+    path = tmp_path / name
+    path.write_bytes(content)
+    return path
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("empty.npz", b"", "is empty (0 bytes)"),
+    ("empty.csv", b"\n", "holds no columns"),
+    ("header.csv", b"a,b,label\n", "has a header (a, b, label) but no data rows"),
+    ("latin.csv", "a,b,label\n1,2,caf\u00e9\n".encode("latin-1"), "is not UTF-8 text"),
+    ("zeros.csv", bytes(3 << 20), "holds NUL bytes"),
+    ("zeros.npy", bytes(4096), "cannot be read as npy"),
+    ("broken.npz", b"PK\x03\x04 not really a zip", "cannot be read as npz"),
+])
+def test_unreadable_data_names_the_setting_and_the_file_in_one_short_line(tmp_path, name, content, message):
+    from datafeed.readers import DataError, read_dataset
+    path = bad_file(tmp_path, name, content)
+    if name.endswith(".npy"):
+        __import__("numpy").save(tmp_path / "y.npy", __import__("numpy").zeros(12))   # the targets beside it
+    data = resolve_config({"data": {"source": str(path)}, "architectures": [ARCH]}).data
+    with pytest.raises(DataError) as info:
+        read_dataset(data)
+    text = str(info.value)
+    assert "`data.source`" in text and str(path) in text and message in text, text
+    assert "\n" not in text and len(text) < 600
+
+
+def test_object_arrays_are_refused_not_unpickled(tmp_path):
+    import numpy as np
+
+    from datafeed.readers import DataError, read_dataset
+    np.savez(tmp_path / "obj.npz", x=np.array([{"a": 1}] * 12, dtype=object), y=np.zeros(12))
+    data = resolve_config({"data": {"source": str(tmp_path / "obj.npz")}, "architectures": [ARCH]}).data
+    with pytest.raises(DataError, match="`data.source` .*obj.npz.* cannot be read as npz: ValueError"):
+        read_dataset(data)
+
+
+def test_a_config_that_is_not_utf8_is_a_config_error(tmp_path):
+    from ensemble.config import load_config
+    path = bad_file(tmp_path, "c.toml", 'name = "caf\xe9"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("squeue_says, taken", [("RUNNING", False), ("", True), ("TIMEOUT", True)])
+def test_a_chained_job_takes_over_the_lock_of_a_predecessor_the_scheduler_says_ended(
+        tmp_path, monkeypatch, squeue_says, taken):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "squeue"                                       # Slurm's answer about job 41
+    fake.write_text(f"#!/bin/sh\necho '{squeue_says}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_NAME).write_text(json.dumps({"host": "other-node", "pid": 7, "job": "41", "time": time.time()}))
+    lock = RunLock(run)
+    if taken:
+        lock.acquire()
+        assert lock.owned() and json.loads((run / LOCK_NAME).read_text())["job"] == "42"
+        lock.release()
+    else:
+        with pytest.raises(RunLocked, match="job 41"):
+            lock.acquire()

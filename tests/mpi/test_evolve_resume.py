@@ -45,6 +45,7 @@ def kill_after(cfg, run_dir, finished: int) -> list[dict]:
     return read_lines(run_dir / "journal.jsonl")
 
 
+@pytest.mark.long                       # make test-long: kept out of make test's 12 minutes
 def test_evolve_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
     cfg = tmp_path / "evr.toml"
     cfg.write_text(textwrap.dedent(CONFIG))

@@ -55,6 +55,7 @@ def test_ensemble_run_with_groups_matches_single_rank_members(tmp_path):
     assert (grouped / "ensemble.json").exists()
 
 
+@pytest.mark.long                       # make test-long: kept out of make test's 12 minutes
 def test_evolve_run_with_groups(tmp_path):
     run_dir, _ = run(tmp_path, 5, """
         mode = "evolve"

@@ -198,6 +198,7 @@ def test_pbs_script_runs_the_ensemble_with_the_walltime_pbs_holds(tmp_path, monk
     assert int(started) <= end - 1800 <= call["time"]     # the script's start + qstat's walltime, not the 2 h
 
 
+@pytest.mark.long                       # make test-long: kept out of make test's 12 minutes
 def test_a_chain_killed_by_its_time_limit_continues_and_trains_every_member_once(tmp_path, monkeypatch):
     members = 20
     config(tmp_path, members=members, seconds=1.0)       # 10 s of training on 2 workers, cut at 9 s

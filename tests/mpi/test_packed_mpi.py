@@ -35,6 +35,7 @@ members_per_rank = {k}
 """
 
 
+@pytest.mark.long                       # make test-long: kept out of make test's 12 minutes
 def test_packed_members_equal_the_unpacked_run(tmp_path):
     boards = {}
     for k in (1, 4):
@@ -60,6 +61,7 @@ def test_packed_members_equal_the_unpacked_run(tmp_path):
         pd.testing.assert_series_equal(a[column], b[column], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.long                       # make test-long: kept out of make test's 12 minutes
 def test_a_packed_run_killed_and_resumed_trains_every_member_once(tmp_path):
     from tests.conftest import kill_when
     cfg = tmp_path / "k3.toml"

@@ -140,6 +140,7 @@ group_size = 2
 """
 
 
+@pytest.mark.long                       # make test-long: kept out of make test's 12 minutes
 def test_groups_of_two_take_a_copy_together_across_architectures(tmp_path):
     cfg = tmp_path / "pbtg.toml"
     cfg.write_text(MIXED)

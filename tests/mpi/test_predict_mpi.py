@@ -70,6 +70,7 @@ def predict(n, run_dir, out, *args):
                    timeout=120)
 
 
+@pytest.mark.long                       # make test-long: kept out of make test's 12 minutes
 def test_three_ranks_equal_one_rank_regression(runs):
     proc3 = predict(3, runs / "reg", runs / "reg3.npz")
     assert proc3.returncode == 0, proc3.stdout + proc3.stderr

@@ -40,6 +40,7 @@ learning_rate = [1e-5, 1e-2]
 """
 
 
+@pytest.mark.long                       # make test-long: kept out of make test's 12 minutes
 def test_discarding_and_inheritance_survive_a_kill_and_resume(tmp_path):
     cfg = tmp_path / "fast.toml"
     cfg.write_text(CONFIG)

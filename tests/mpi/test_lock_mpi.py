@@ -1,0 +1,64 @@
+"""Two jobs on one run directory (issue 29): a killed run resumed twice at the same moment
+(a job script resubmitted while its first copy still starts): one job refuses at once,
+naming the other, and the one that runs trains every member exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+
+import pytest
+
+from tests.conftest import ROOT, kill_when, mpiexec
+
+pytestmark = pytest.mark.mpi
+
+MEMBERS = 12
+
+
+def test_two_resumes_of_one_killed_run_one_refuses_the_other_trains_each_member_once(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(textwrap.dedent(f"""
+        [data]
+        source = "iris"
+        [[architectures]]
+        members = {MEMBERS}
+        layers = [{{type = "Dense", units = 4}}]
+        [runtime]
+        trainer = "rehearsal"        # members sleep: no TensorFlow
+        journal_sync_seconds = 0
+        [rehearsal]
+        seconds = 0.6
+    """))
+    run_dir = tmp_path / "run"
+    journal = run_dir / "journal.jsonl"
+
+    def finished() -> int:
+        return journal.read_text().count('"status": "ok"') if journal.exists() else 0
+    kill_when(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], lambda: finished() >= 3,
+              120, "3 finished members")
+    assert (run_dir / "run.lock").exists()                # kill -9 left the lock behind: provably stale
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [mpiexec(), "-n", "3", sys.executable, "-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir),
+           "--resume"]
+    jobs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    try:
+        outs = [job.communicate(timeout=180) for job in jobs]
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                job.kill()
+    codes = sorted(job.returncode for job in jobs)
+    refused = [err for job, (_, err) in zip(jobs, outs) if job.returncode != 0]
+    assert codes[0] == 0 and codes[1] != 0, outs
+    assert len(refused) == 1 and "is in use by ensemble.run on host" in refused[0], refused
+    ok = Counter(r["id"] for r in map(json.loads, journal.read_text().splitlines())
+                 if r.get("status") == "ok")
+    assert len(ok) == MEMBERS and set(ok.values()) == {1}, ok        # every member exactly once
+    assert not (run_dir / "run.lock").exists()
+    assert json.loads((run_dir / "ensemble.json").read_text())["members"]
