@@ -25,7 +25,7 @@ pbt-demo: $(STAMP)
 	$(BIN)/mpirun -n 5 $(BIN)/python -m ensemble.run configs/digits_pbt.toml
 
 test: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not long"
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not long" --durations=15
 
 # the long real-MPI scenarios `make test` leaves out (about 5 minutes on 2 cores)
 test-long: $(STAMP)

@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
             status = ("ok", meta, str(run_dir.path))
         except (ConfigError, ValueError) as exc:
             status = ("error", f"{type(exc).__name__.replace('Error', ' error').lower()}: {exc}", None)
+        except OSError as exc:                           # a read-only or full file system: said once
+            where = exc.filename or args.run_dir or os.path.join(cfg.output_dir, cfg.name)
+            status = ("error", f"cannot write the run directory {str(where)!r}: {exc.strerror or exc}; "
+                               "choose a writable `output_dir` (or --run-dir) with free space", None)
     held = [arrays]                                      # handed over: rank 0 keeps the shared copy only
     del arrays
     try:

@@ -75,7 +75,8 @@ class TrainConfig(Section):
 class ArchitectureConfig(Section):
     """In mode "ensemble": one table per architecture, each with exactly one of `layers` or `model`."""
 
-    #: the architecture's name in the leaderboard (unique); unset: arch0, arch1, ...
+    #: the architecture's name in the leaderboard (unique; its members' files are named after it); unset:
+    #: arch0, arch1, ...
     name: str
     #: how many members (differently seeded) of this architecture
     members: int

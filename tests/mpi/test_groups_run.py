@@ -41,6 +41,7 @@ def run(tmp_path, n, text):
     return run_dir, proc
 
 
+@pytest.mark.long                       # make test-long: kept out of make test's 12 minutes
 def test_ensemble_run_with_groups_matches_single_rank_members(tmp_path):
     grouped, proc = run(tmp_path, 5, ENSEMBLE.replace("GROUP", "2"))
     assert "2 groups of 2 ranks" in proc.stdout

@@ -20,7 +20,8 @@ from tests.conftest import ROOT, mpiexec, run_mpi
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig, code", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.long),   # the same path
+                                       (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_prints_one_line_and_resume_continues(tmp_path, sig, code):
     cfg = tmp_path / "c.toml"
     cfg.write_text(textwrap.dedent("""

@@ -36,6 +36,7 @@ layers = [{type = "Dense", units = 16, activation = "tanh"}]
 """
 
 
+@pytest.mark.long                       # make test-long: kept out of make test's 12 minutes
 def test_recalibrated_interval_covers_what_it_claims_on_heteroscedastic_data(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.uniform(-3, 3, (2000, 2))
