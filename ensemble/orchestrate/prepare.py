@@ -140,6 +140,8 @@ def choose_run_dir(cfg: RunConfig, args: argparse.Namespace) -> tuple[Path, RunL
     a run of this project."""
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.output_dir) / cfg.name
     if args.resume:
+        if not args.run_dir:
+            run_dir = run_to_resume(run_dir)
         if not RunDirectory(run_dir).has_journal():
             raise ConfigError(f"--resume: {str(run_dir)!r} holds no journal.jsonl to resume from; "
                               "start the run without --resume")
@@ -167,6 +169,33 @@ def choose_run_dir(cfg: RunConfig, args: argparse.Namespace) -> tuple[Path, RunL
         raise ConfigError(f"{'--run-dir ' if args.run_dir else ''}{str(run_dir)!r} already holds a run; add "
                           "--resume to continue it or --overwrite to replace it")
     return run_dir, lock
+
+
+def run_to_resume(base: Path) -> Path:
+    """``--resume`` without ``--run-dir``: the run of this config's name that is not done.
+    A new run beside a finished one went to ``<name>-2`` (and on), so the killed run may be
+    there, not in ``<name>``: the one unfinished run among them is resumed (said in the
+    log); several unfinished ones are an error listing them; when all are done, the last."""
+    import logging
+
+    from ensemble.results.heartbeat import read_heartbeat
+    runs = [base] if RunDirectory(base).has_journal() else []
+    n = 2
+    while (base.parent / f"{base.name}-{n}").exists():
+        if RunDirectory(base.parent / f"{base.name}-{n}").has_journal():
+            runs.append(base.parent / f"{base.name}-{n}")
+        n += 1
+    unfinished = [r for r in runs if (read_heartbeat(r) or {}).get("state") != "done"
+                  or not (r / RunDirectory.ENSEMBLE).is_file()]
+    if len(unfinished) > 1:
+        raise ConfigError(f"--resume: {len(unfinished)} runs of {base.name!r} are unfinished ("
+                          + ", ".join(map(str, unfinished)) + "); say which with --run-dir")
+    chosen = unfinished[0] if unfinished else runs[-1] if runs else base
+    if chosen != base:
+        logging.getLogger(__name__).warning(f"--resume: resuming {chosen}, the "
+                                            f"{'unfinished' if unfinished else 'latest'} run of {base.name!r} "
+                                            f"({len(runs)} in {base.parent}); pass --run-dir to choose another")
+    return chosen
 
 
 def is_run_directory(path: Path) -> bool:

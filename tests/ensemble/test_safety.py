@@ -310,3 +310,31 @@ def test_a_chained_job_takes_over_the_lock_of_a_predecessor_the_scheduler_says_e
     else:
         with pytest.raises(RunLocked, match="job 41"):
             lock.acquire()
+
+
+# -- --resume finds the run that is not done ---------------------------------------------------------
+def fake_run(path, state=None, ensemble=False):
+    path.mkdir(parents=True)
+    (path / "journal.jsonl").write_text('{"id": "m", "status": "ok"}\n')
+    if state:
+        (path / "status.json").write_text(json.dumps({"state": state}))
+    if ensemble:
+        (path / "ensemble.json").write_text("{}")
+
+
+def test_resume_without_run_dir_takes_the_unfinished_run_not_the_finished_one(tmp_path):
+    cfg = resolve_config({"name": "demo", "output_dir": str(tmp_path), "architectures": [ARCH]})
+    fake_run(tmp_path / "demo", "done", ensemble=True)                # finished before
+    fake_run(tmp_path / "demo-2", "running")                         # killed with kill -9
+    path, lock = choose_run_dir(cfg, args(resume=True))
+    lock.release()
+    assert path == tmp_path / "demo-2"
+    fake_run(tmp_path / "demo-3", "stopped", ensemble=True)          # a time limit stopped it: unfinished too
+    with pytest.raises(ConfigError, match="2 runs of 'demo' are unfinished .*demo-2.*demo-3.*--run-dir"):
+        choose_run_dir(cfg, args(resume=True))
+    for name in ("demo-2", "demo-3"):
+        (tmp_path / name / "status.json").write_text(json.dumps({"state": "done"}))
+        (tmp_path / name / "ensemble.json").write_text("{}")
+    path, lock = choose_run_dir(cfg, args(resume=True))                # all done: the latest
+    lock.release()
+    assert path == tmp_path / "demo-3"

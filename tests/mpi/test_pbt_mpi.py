@@ -87,6 +87,7 @@ def test_a_copied_member_predicts_as_its_donor_and_no_state_goes_through_rank_0(
     assert np.abs(preds[other] - preds[donor]).max() > 1e-3
 
 
+@pytest.mark.long                       # make test-long: kept out of make test's 12 minutes
 def test_killed_during_a_round_resumes_after_the_last_journalled_one(tmp_path):
     cfg = write(tmp_path, rounds=6, low=1e-4, high=3e-2)
     run_dir = tmp_path / "run"

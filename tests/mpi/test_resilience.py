@@ -164,6 +164,7 @@ units = [16, 64]
 """
 
 
+@pytest.mark.long                       # make test-long: kept out of make test's 12 minutes
 def test_evolve_kill_then_resume_finishes_the_budget_without_retraining(tmp_path):
     run_dir = kill_mid_run(tmp_path, 1, EVOLVE, total=8)
     before = {r["id"]: (run_dir / r["path"]).stat().st_mtime_ns for r in ok_lines(run_dir)}
