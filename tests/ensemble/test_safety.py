@@ -170,16 +170,29 @@ def test_of_many_jobs_breaking_one_stale_lock_at_once_exactly_one_holds_it(tmp_p
                           text=True, check=True)
     (tmp_path / LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout),
                                                   "time": time.time()}))
-    code = ("import sys, time\n"
+    stop = tmp_path / "stop"
+    code = ("import sys, time, pathlib\n"
             "from ensemble.results.lock import RunLock, RunLocked\n"
             f"lock = RunLock({str(tmp_path)!r})\n"
-            "time.sleep(max(0.0, float(sys.argv[1]) - time.time()))\n"   # all start together
-            "try:\n    lock.acquire()\nexcept RunLocked:\n    print('refused'); sys.exit(0)\n"
-            "print('holds'); sys.stdout.flush(); time.sleep(3); lock.release()\n")
+            "time.sleep(max(0.0, float(sys.argv[1]) - time.time()))\n"   # all try together
+            "out = pathlib.Path(sys.argv[2])\n"
+            "try:\n    lock.acquire()\nexcept RunLocked:\n    out.write_text('refused'); sys.exit(0)\n"
+            "out.write_text('holds')\n"
+            f"while not pathlib.Path({str(stop)!r}).exists():\n    time.sleep(0.05)\n"   # held until all said
+            "lock.release()\n")
     start = time.time() + 3
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(start)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO)}) for _ in range(5)]
-    said = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
+    outs = [tmp_path / f"out{i}" for i in range(5)]
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(start), str(out)],
+                              env={**os.environ, "PYTHONPATH": str(REPO)}) for out in outs]
+    try:
+        deadline = time.time() + 120
+        while not all(o.exists() for o in outs) and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.write_text("")
+        for p in procs:
+            p.wait(timeout=60)
+    said = sorted(o.read_text() for o in outs if o.exists())
     assert said == ["holds"] + ["refused"] * 4, said
 
 
