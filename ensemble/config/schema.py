@@ -178,8 +178,10 @@ TRAIN_KEYS = {
                     doc="early stopping: epochs without a better validation loss before training stops; "
                         "the best epoch's weights are kept"),
     "member_time_limit": Key(NUM, 600.0, _positive,
-                             doc="seconds one member may train; past it the member stops and is recorded as "
-                                 "failed (`time_limit`); shortened to end before the run's own deadline"),
+                             doc="seconds one member may train; past it training stops at the next batch and the "
+                                 "member keeps its best validated weights (`stopped = \"time_limit\"`, ranked like "
+                                 "any other); one stopped before its first epoch ended fails (kind `time_limit`); "
+                                 "shortened to end before the run's own deadline"),
     "bootstrap": Key((bool,), False, doc="train each member on a seeded bootstrap resample of the training split"),
     "loss": Key((str,), "auto", _one_of(*LOSSES),
                 doc="\"auto\": cross-entropy for classification, Gaussian NLL (a mean and a variance head) for "

@@ -61,8 +61,9 @@ class TrainConfig(Section):
     #: early stopping: epochs without a better validation loss before training stops; the best epoch's
     #: weights are kept
     patience: int
-    #: seconds one member may train; past it the member stops and is recorded as failed (`time_limit`);
-    #: shortened to end before the run's own deadline
+    #: seconds one member may train; past it training stops at the next batch and the member keeps its best
+    #: validated weights (`stopped = "time_limit"`, ranked like any other); one stopped before its first
+    #: epoch ended fails (kind `time_limit`); shortened to end before the run's own deadline
     member_time_limit: float
     #: train each member on a seeded bootstrap resample of the training split
     bootstrap: bool

@@ -41,22 +41,31 @@ class MemberFailed(RuntimeError):
         self.kind = kind
 
 
+#: the clock ``member_time_limit`` is measured on (a test may replace it)
+_clock = time.monotonic
+
+
 def _time_limit_callback(limit: float):
     import keras
 
     class TimeLimit(keras.callbacks.Callback):
-        """Stop training at the first batch that ends past the member's time limit."""
+        """Stop training at the first batch that ends past the member's time limit;
+        ``completed`` counts the epochs that ended before it."""
         def __init__(self):
             super().__init__()
-            self.start = time.monotonic()
+            self.start = _clock()
             self.hit = False
+            self.completed = 0
 
         def on_train_batch_end(self, batch, logs=None):
-            if not self.hit and time.monotonic() - self.start > limit:
+            if not self.hit and _clock() - self.start > limit:
                 self.hit = True
                 self.model.stop_training = True
 
-        on_epoch_end = on_train_batch_end
+        def on_epoch_end(self, epoch, logs=None):
+            if not self.hit:
+                self.completed += 1
+            self.on_train_batch_end(0)
     return TimeLimit()
 
 
@@ -167,9 +176,8 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
                           shuffle=False, y_transform=y_tf)
     build_seconds = time.monotonic() - t0                 # model, optimizer and both datasets
     limit, clock = _time_limit_callback(spec["member_time_limit"]), _phase_clock()
-    callbacks = parallel[:1] + [clock, keras.callbacks.TerminateOnNaN(), limit,
-                                keras.callbacks.EarlyStopping(monitor="val_loss", patience=spec["patience"],
-                                                              restore_best_weights=True)] + parallel[1:]
+    early = keras.callbacks.EarlyStopping(monitor="val_loss", patience=spec["patience"], restore_best_weights=True)
+    callbacks = parallel[:1] + [clock, keras.callbacks.TerminateOnNaN(), limit, early] + parallel[1:]
     reporter = None
     if report is not None and spec.get("report_every"):
         reporter = _report_callback(report, int(spec["report_every"]))
@@ -186,15 +194,18 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
                            f"`learning_rate` (now {spec['learning_rate']}) or check the data")
     if group is not None:
         limit.hit = bool(group.allreduce(int(limit.hit)))        # one verdict for the whole group
-        if group.Get_rank() != 0:
+        limit.completed = min(group.allgather(limit.completed))
+        if group.Get_rank() != 0:                                # the leader alone records the member
             return None
-    if limit.hit:
+    if limit.hit and limit.completed == 0:
         raise MemberFailed(TIME_LIMIT_KIND, f"training exceeded `member_time_limit` "
-                           f"({spec['member_time_limit']:g} s) after {len(losses)} of {spec['epochs']} "
-                           "epochs; raise the limit or shrink the model")
+                           f"({spec['member_time_limit']:g} s) before its first epoch ended; raise the "
+                           "limit or shrink the model")
+    if limit.hit and early.best_weights is not None:             # the limit, not patience, stopped it:
+        model.set_weights(early.best_weights)                    # keep its best validated weights
 
     log.debug("%s: trained %d epochs in %.2f s", spec["id"], len(losses), time.monotonic() - t0)
-    stopped = "early_stopping" if len(losses) < spec["epochs"] else "epochs"
+    stopped = ("time_limit" if limit.hit else "early_stopping" if len(losses) < spec["epochs"] else "epochs")
     result = member_record(spec, model, data, run_dir, task, gaussian, y_shift, y_scale,
                            {k: [float(v) for v in vals] for k, vals in hist.items()}, len(losses), t0,
                            build_seconds, "master" if reporter is not None and reporter.stopped_by_master else stopped)

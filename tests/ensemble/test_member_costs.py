@@ -50,3 +50,45 @@ def test_the_run_summary_averages_the_phases_and_skips_records_without_them():
                          "members_per_second": 1.0, "member_costs": costs})
     assert "member time, mean of 2: build 1.00 s (12%), first epoch 2.00 s (25%), epochs 4.00 s (50%)" in line
     assert "validation inside the epochs 0.75 s" in line
+
+
+class Ticks:
+    """A clock that moves one second each time it is read: the time limit is crossed after a
+    known number of batch and epoch ends, whatever the machine's speed."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 1.0
+        return self.t
+
+
+@pytest.mark.parametrize("limit, kept", [(7.5, True), (1.5, False)], ids=["after 2 epochs", "in the first"])
+def test_a_member_stopped_by_its_time_limit_keeps_its_best_weights(tmp_path, monkeypatch, limit, kept):
+    """120 training rows in batches of 60: 2 batch ends and an epoch end read the clock per
+    epoch, so a limit of 7.5 s stops training in the third epoch (two epochs complete), 1.5 s
+    in the first: the first member is kept (ranked, its best weights, ``time_limit``), the
+    second fails with kind time_limit (the work it did is too little to keep)."""
+    from ensemble.results.records import MemberRecord
+    from ensemble.runtime.env import configure_tensorflow
+    from ensemble.train import member as M
+    configure_tensorflow(1)
+    monkeypatch.setattr(M, "_clock", Ticks())
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 5)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    data = {"x_train": x[:120], "y_train": y[:120], "x_val": x[120:160], "y_val": y[120:160],
+            "x_test": x[160:], "y_test": y[160:]}
+    spec = {"id": "m0", "arch": "a", "layers": [{"type": "Dense", "units": 4}], "model": None, "params": {},
+            "seed": 1, "epochs": 20, "batch_size": 60, "optimizer": "adam", "learning_rate": 0.01, "patience": 20,
+            "member_time_limit": limit, "bootstrap": False, "loss": "auto"}
+    meta = {"task": "classification", "input_shape": [5], "n_outputs": 2}
+    record = MemberRecord.from_json(M.guarded(lambda: M.run_member(spec, data, meta, RunDirectory(tmp_path), 0),
+                                              spec, 0))
+    if kept:
+        assert record.status is Status.OK and record.extra["stopped"] == "time_limit"
+        assert record.epochs == 3 and "accuracy" in record.val and record.has_model
+    else:
+        assert record.status is Status.LIMIT and record.error_kind == "time_limit"
+        assert "before its first epoch ended" in record.error["message"]
