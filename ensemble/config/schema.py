@@ -40,6 +40,7 @@ from ensemble.config.vocabulary import (
     calibration_problem,
     check_layer,
     gaussian_head,
+    path_component_problem,
     suggest,
 )
 
@@ -122,15 +123,6 @@ def _fraction(v):
     return None if 0.0 < v < 1.0 else "must be between 0 and 1 (exclusive)"
 
 
-def _path_component(v: str) -> str | None:
-    """A name that becomes one file or folder name inside the run (``runs/<name>``,
-    ``models/<arch>-000.keras``): never a path that leaves it."""
-    if not v or v in (".", "..") or any(c in v for c in "/\\\0") or v != v.strip():
-        return ("must be a plain name (letters, digits, '-', '_', '.'), not empty, '.' or '..', without '/' or "
-                "'\\' or surrounding spaces: it becomes a file name inside the run directory")
-    return None
-
-
 def _one_of(*options):
     def check(v):
         return None if v in options else (
@@ -190,7 +182,7 @@ TRAIN_KEYS = {
 }
 
 SCHEMA = Table({
-    "name": Key((str,), None, lambda v: _path_component(v),
+    "name": Key((str,), None, path_component_problem,
                 doc="the run's name: its directory is `output_dir/name` (suffixed -2, -3 if that holds a run); "
                     "unset: the config file's name"),
     "mode": Key((str,), "ensemble", _one_of(*MODES),
@@ -231,7 +223,7 @@ SCHEMA = Table({
     "train": Table(dict(TRAIN_KEYS), doc="How every member trains; each `[[architectures]]` may override any of "
                                          "these for its own members."),
     "architectures": Table({
-        "name": Key((str,), None, lambda v: _path_component(v),
+        "name": Key((str,), None, path_component_problem,
                     doc="the architecture's name in the leaderboard (unique; its members' files are named after "
                         "it); unset: arch0, arch1, ..."),
         "members": Key((int,), 1, _positive, doc="how many members (differently seeded) of this architecture"),

@@ -149,6 +149,16 @@ def _edit_distance(a: str, b: str) -> int:
     return d[-1][-1]
 
 
+def path_component_problem(name: str) -> str | None:
+    """Why ``name`` cannot be one file or folder name inside a run (a run's ``name``, an
+    architecture's, a member id: ``runs/<name>``, ``models/<arch>-000.keras``), or None:
+    never a path that leaves the run. The one rule for the config and the run directory."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0") or name != name.strip():
+        return ("must be a plain name (letters, digits, '-', '_', '.'), not empty, '.' or '..', without '/' or "
+                "'\\' or surrounding spaces: it becomes a file name inside the run directory")
+    return None
+
+
 def suggest(word: object, options) -> str:
     """A " (did you mean 'x'?)" hint, or an empty string: the fewest typing slips first
     ('adma' -> 'adam', not 'adamax'), else the closest by difflib's ratio."""

@@ -4,6 +4,7 @@ space against it, and choose and create the run directory (or check the one resu
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from ensemble.config import ConfigError, Problems, RunConfig, dump_toml, read_sa
 from ensemble.config.schema import check_task_settings
 from ensemble.results.lock import LOCK_NAME, RunLock, RunLocked
 from ensemble.results.rundir import RunDirectory
+
+log = logging.getLogger(__name__)
 
 
 def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock]:
@@ -176,8 +179,6 @@ def run_to_resume(base: Path) -> Path:
     A new run beside a finished one went to ``<name>-2`` (and on), so the killed run may be
     there, not in ``<name>``: the one unfinished run among them is resumed (said in the
     log); several unfinished ones are an error listing them; when all are done, the last."""
-    import logging
-
     from ensemble.results.heartbeat import read_heartbeat
     runs = [base] if RunDirectory(base).has_journal() else []
     n = 2
@@ -192,9 +193,8 @@ def run_to_resume(base: Path) -> Path:
                           + ", ".join(map(str, unfinished)) + "); say which with --run-dir")
     chosen = unfinished[0] if unfinished else runs[-1] if runs else base
     if chosen != base:
-        logging.getLogger(__name__).warning(f"--resume: resuming {chosen}, the "
-                                            f"{'unfinished' if unfinished else 'latest'} run of {base.name!r} "
-                                            f"({len(runs)} in {base.parent}); pass --run-dir to choose another")
+        log.warning(f"--resume: resuming {chosen}, the {'unfinished' if unfinished else 'latest'} run of "
+                    f"{base.name!r} ({len(runs)} in {base.parent}); pass --run-dir to choose another")
     return chosen
 
 

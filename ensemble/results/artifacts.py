@@ -38,13 +38,6 @@ from ensemble.results.rundir import RunDirectory
 log = logging.getLogger(__name__)
 
 
-def r_model_file(record: MemberRecord) -> dict | None:
-    """The size and SHA-256 a member's record holds for its model file (None in a run written
-    before they were recorded: its file is only checked to be there)."""
-    digest = record.extra.get("model_file")
-    return dict(digest) if isinstance(digest, Mapping) else None
-
-
 class Artifacts:
     def __init__(self, run_dir: RunDirectory, metric: str, candidates: int, keep_models: int,
                  objectives: Callable[[MemberRecord], tuple | None] | None = None):
@@ -135,7 +128,7 @@ class Artifacts:
             if r.has_model:
                 kept_m[r.id] = r
         lost = {i for i in kept_p if i not in self.store}
-        lost |= {i for i in kept_m if not self.run_dir.model_intact(i, r_model_file(kept_m[i]))}
+        lost |= {i for i in kept_m if not self.run_dir.model_intact(i, kept_m[i].model_file)}
         for i, r in {**kept_m, **kept_p}.items():
             if i in lost:
                 continue

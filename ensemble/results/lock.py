@@ -23,12 +23,15 @@ run replaces atomically. ``ensemble.reselect`` writes, so it takes the lock.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 #: the lock file's name in the run directory
 LOCK_NAME = "run.lock"
@@ -180,8 +183,7 @@ class RunLock:
             same = again is not None and all(again.get(k) == holder.get(k) for k in ("host", "pid", "time", "token"))
             if same and again is not None and self.stale_because(again) is not None:
                 self.path.unlink(missing_ok=True)
-                import logging
-                logging.getLogger(__name__).warning(f"took over the stale lock of {self.describe(holder)}: {why}")
+                log.warning(f"took over the stale lock of {self.describe(holder)}: {why}")
         finally:
             guard.unlink(missing_ok=True)
 

@@ -153,6 +153,13 @@ class MemberRecord:
         """Whether the member's model file is kept (``models/<id>.keras``)."""
         return bool(self.extra.get("model"))
 
+    @property
+    def model_file(self) -> dict[str, Any] | None:
+        """The size and SHA-256 the record holds for its model file (``RunDirectory.save_model``),
+        or None (a run written before they were recorded: its file is only checked to be there)."""
+        digest = self.extra.get("model_file")
+        return dict(digest) if isinstance(digest, Mapping) else None
+
     def with_extra(self, drop: Iterable[str] = (), **values: Any) -> MemberRecord:
         """A copy whose ``extra`` has ``values`` set and the keys ``drop`` removed."""
         gone = set(drop)

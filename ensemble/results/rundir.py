@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ensemble.config.vocabulary import path_component_problem
 from ensemble.results.events import Event
 from ensemble.results.journal import Entry, Journal, read_history, read_journal, read_lines, split_history
 from ensemble.results.records import MemberRecord
@@ -84,9 +85,9 @@ def member_file_name(member_id: str) -> str:
     """``member_id`` as the one path component its files are named by; an id that would
     name a path elsewhere (``../x``, ``/abs``) is refused (ids come from the config's names,
     which are checked, or from a journal, which may not be)."""
-    if not member_id or member_id in (".", "..") or any(c in member_id for c in "/\\\0"):
-        raise ValueError(f"member id {member_id!r} is not a plain name; a member's files are named by its id, "
-                         "inside the run directory")
+    problem = path_component_problem(member_id)
+    if problem:
+        raise ValueError(f"member id {member_id!r} is not a plain name: it {problem}")
     return member_id
 
 class RunDirectory:

@@ -150,8 +150,8 @@ def build_ensemble(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta
         entry = {"id": i, "weight": float(weights[i])}
         if by_id[i].has_model:
             entry["model"] = run_dir.model_ref(i)
-            if isinstance(by_id[i].extra.get("model_file"), Mapping):   # checked again by predict
-                entry["model_file"] = dict(by_id[i].extra["model_file"])
+            if by_id[i].model_file is not None:                          # checked again by predict
+                entry["model_file"] = by_id[i].model_file
         if by_id[i].extra.get("scaling"):
             entry.update(by_id[i].extra["scaling"])
         members.append(entry)

@@ -10,10 +10,12 @@ from ensemble.results.records import Status
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.timeline import format_stats, member_costs
 
+META = {"task": "classification", "input_shape": [5], "n_outputs": 2}
 
-def test_a_member_record_says_where_its_time_went(tmp_path):
+
+def tiny_member(**changes) -> tuple[dict, dict]:
+    """A small classification member's spec and data (120 training rows), TensorFlow ready."""
     from ensemble.runtime.env import configure_tensorflow
-    from ensemble.train.member import run_member
     configure_tensorflow(1)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 5)).astype(np.float32)
@@ -22,9 +24,14 @@ def test_a_member_record_says_where_its_time_went(tmp_path):
             "x_test": x[160:], "y_test": y[160:]}
     spec = {"id": "m0", "arch": "a", "layers": [{"type": "Dense", "units": 4}], "model": None, "params": {},
             "seed": 1, "epochs": 4, "batch_size": 32, "optimizer": "adam", "learning_rate": 0.01, "patience": 9,
-            "member_time_limit": 60.0, "bootstrap": False, "loss": "auto"}
-    record = run_member(spec, data, {"task": "classification", "input_shape": [5], "n_outputs": 2},
-                        RunDirectory(tmp_path), 0)
+            "member_time_limit": 60.0, "bootstrap": False, "loss": "auto", **changes}
+    return spec, data
+
+
+def test_a_member_record_says_where_its_time_went(tmp_path):
+    from ensemble.train.member import run_member
+    spec, data = tiny_member()
+    record = run_member(spec, data, META, RunDirectory(tmp_path), 0)
     costs = record["costs"]
     assert set(costs) == {"build", "first_epoch", "epochs", "validation", "predict", "write", "other"}
     assert all(v >= 0 for v in costs.values())
@@ -71,20 +78,10 @@ def test_a_member_stopped_by_its_time_limit_keeps_its_best_weights(tmp_path, mon
     in the first: the first member is kept (ranked, its best weights, ``time_limit``), the
     second fails with kind time_limit (the work it did is too little to keep)."""
     from ensemble.results.records import MemberRecord
-    from ensemble.runtime.env import configure_tensorflow
     from ensemble.train import member as M
-    configure_tensorflow(1)
     monkeypatch.setattr(M, "_clock", Ticks())
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(200, 5)).astype(np.float32)
-    y = (x[:, 0] > 0).astype(np.int64)
-    data = {"x_train": x[:120], "y_train": y[:120], "x_val": x[120:160], "y_val": y[120:160],
-            "x_test": x[160:], "y_test": y[160:]}
-    spec = {"id": "m0", "arch": "a", "layers": [{"type": "Dense", "units": 4}], "model": None, "params": {},
-            "seed": 1, "epochs": 20, "batch_size": 60, "optimizer": "adam", "learning_rate": 0.01, "patience": 20,
-            "member_time_limit": limit, "bootstrap": False, "loss": "auto"}
-    meta = {"task": "classification", "input_shape": [5], "n_outputs": 2}
-    record = MemberRecord.from_json(M.guarded(lambda: M.run_member(spec, data, meta, RunDirectory(tmp_path), 0),
+    spec, data = tiny_member(epochs=20, batch_size=60, patience=20, member_time_limit=limit)
+    record = MemberRecord.from_json(M.guarded(lambda: M.run_member(spec, data, META, RunDirectory(tmp_path), 0),
                                               spec, 0))
     if kept:
         assert record.status is Status.OK and record.extra["stopped"] == "time_limit"
