@@ -2,10 +2,15 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# ranks for `make demo` / `make evolve-demo`: rank 0 (the master) and NP-1 workers. MPI
+# oversubscribes, so 4 runs on 2 cores too; `make demo NP=2` matches a 2-core machine.
 NP     ?= 4
 STAMP  := $(VENV)/.installed
+# `make docs` installs mkdocs here, never into $(VENV): the project does not depend on it
+DOCS_VENV ?= .venv-docs
+SITE   ?= build/site
 
-.PHONY: demo test test-fast test-long lint evolve-demo pbt-demo install clean
+.PHONY: demo test test-fast test-long lint docs evolve-demo pbt-demo install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +20,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# writes runs/digits, or runs/digits-2, -3, ... beside an earlier run; its last line names the report
 demo: $(STAMP)
 	$(BIN)/mpirun -n $(NP) $(BIN)/python -m ensemble.run configs/digits.toml
 
@@ -27,12 +33,12 @@ pbt-demo: $(STAMP)
 test: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not long" --durations=15
 
-# the long real-MPI scenarios `make test` leaves out (about 5 minutes on 2 cores)
+# the long real-MPI scenarios `make test` leaves out (about 6-10 minutes on 2 cores)
 test-long: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m long
 
-# inner loop: everything that starts no mpiexec (under a minute on 2 cores); `make test` runs all
-# but the `long` scenarios
+# inner loop: everything that starts no mpiexec (under a minute, about 55 s on 2 cores); `make test`
+# (about 11 minutes) runs all but the `long` scenarios
 test-fast: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not mpi and not slow"
 
@@ -41,6 +47,12 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check ensemble evolve datafeed tests scripts
 	$(BIN)/mypy
+
+# the documentation site (mkdocs.yml, docs/), warnings as errors: a broken link or anchor fails
+docs:
+	test -x $(DOCS_VENV)/bin/mkdocs || { $(PYTHON) -m venv $(DOCS_VENV) && \
+		$(DOCS_VENV)/bin/python -m pip install --quiet "mkdocs~=1.6"; }
+	$(DOCS_VENV)/bin/mkdocs build --strict --site-dir $(SITE)
 
 clean:
 	rm -rf runs build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -244,11 +244,14 @@ SCHEMA = Table({
     }, array=True, doc="In mode \"ensemble\": one table per architecture, each with exactly one of `layers` "
                        "or `model`."),
     "ensemble": Table({
-        "k": Key((int,), 5, _positive, doc="ensemble size for `method = \"top_k\"`"),
+        "k": Key((int,), 5, _positive, doc="ensemble size for `method = \"top_k\"` (and for \"auto\" when the "
+                                            "validation split has too few rows to cross-validate)"),
         "method": Key((str,), "auto", _one_of("auto", "greedy", "bagged", "top_k"),
-                      doc="\"auto\": Caruana's greedy selection or its bagged variant, whichever scores better "
-                          "on held-out validation folds (both on `selection_metric`); \"top_k\": the `k` best "
-                          "by `metric`, equal weights"),
+                      doc="\"auto\": cross-validated selection on `selection_metric` among the uniform "
+                          "average of the k best (every k), Caruana's greedy selection and its bagged variant, "
+                          "preferring the larger ensemble when validation cannot tell them apart (one member "
+                          "only when it is significantly better); \"top_k\": the `k` best by `metric`, "
+                          "equal weights; \"greedy\", \"bagged\": that method alone"),
         "metric": Key((str,), "auto", _one_of("auto", *METRICS),
                       doc="what members are ranked by and the ensemble reports; \"auto\": accuracy "
                           "(classification), mse (regression)"),
@@ -257,8 +260,9 @@ SCHEMA = Table({
                                     "(log loss; Gaussian NLL, or mse for mean-only regression members)"),
         "calibration": Key((str,), "auto", _one_of(*CALIBRATIONS),
                            doc="recalibration on the validation split: \"auto\" recalibrates regression "
-                               "intervals (variance scaling or conformal) and leaves classes as they are; "
-                               "\"temperature\" is for classification"),
+                               "intervals (variance scaling or conformal, whichever covers held-out validation "
+                               "folds closer to nominal) and temperature-scales class probabilities when that "
+                               "lowers the log loss of held-out validation folds"),
         "candidates": Key((int,), 500, _positive,
                           doc="predictions are kept for the best this many members: the pool selection "
                               "chooses from"),

@@ -113,10 +113,13 @@ class ArchitectureConfig(Section):
 class EnsembleConfig(Section):
     """How the ensemble is chosen from the trained members and what is kept of the rest."""
 
-    #: ensemble size for `method = "top_k"`
+    #: ensemble size for `method = "top_k"` (and for "auto" when the validation split has too few rows to
+    #: cross-validate)
     k: int
-    #: "auto": Caruana's greedy selection or its bagged variant, whichever scores better on held-out
-    #: validation folds (both on `selection_metric`); "top_k": the `k` best by `metric`, equal weights
+    #: "auto": cross-validated selection on `selection_metric` among the uniform average of the k best (every
+    #: k), Caruana's greedy selection and its bagged variant, preferring the larger ensemble when validation
+    #: cannot tell them apart (one member only when it is significantly better); "top_k": the `k` best by
+    #: `metric`, equal weights; "greedy", "bagged": that method alone
     method: str
     #: what members are ranked by and the ensemble reports; "auto": accuracy (classification), mse
     #: (regression)
@@ -125,7 +128,8 @@ class EnsembleConfig(Section):
     #: mse for mean-only regression members)
     selection_metric: str
     #: recalibration on the validation split: "auto" recalibrates regression intervals (variance scaling or
-    #: conformal) and leaves classes as they are; "temperature" is for classification
+    #: conformal, whichever covers held-out validation folds closer to nominal) and temperature-scales class
+    #: probabilities when that lowers the log loss of held-out validation folds
     calibration: str
     #: predictions are kept for the best this many members: the pool selection chooses from
     candidates: int

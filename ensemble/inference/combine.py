@@ -63,7 +63,7 @@ def predict_arrays(run: EnsembleRun, x: np.ndarray, comm=None, models: dict | No
 
     Classification: "proba" (n, C), "total", "aleatoric", "epistemic" (n,) in nats.
     Regression: "mean", "var", "std", "aleatoric", "epistemic", each (n,) or (n, k), and
-    "intervals" (half-widths of the central 50/90/95% intervals). Both recalibrated as the
+    "intervals" (half-widths of the central intervals of ``metrics.COVERAGE_LEVELS``). Both recalibrated as the
     run's ``ensemble.json`` says.
     Collective over ``comm``; the result is complete on rank 0 only (empty elsewhere).
     """
@@ -96,7 +96,7 @@ def predict_arrays(run: EnsembleRun, x: np.ndarray, comm=None, models: dict | No
 
 def _calibrated(result: dict, run: EnsembleRun) -> dict:
     """The run's recalibration applied (``ensemble.task.calibration``): a regression result
-    gains "intervals" ({"50", "90", "95"} -> half-widths), its spread rescaled; a
+    gains "intervals" ({"50", "80", "90", "95"} -> half-widths), its spread rescaled; a
     classification result's probabilities are temperature-scaled if the run chose it."""
     return apply_calibration(run.task, result, run.calibration)
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from ensemble.inference.load import EnsembleRun, PredictError
 from ensemble.results.rundir import atomic_write
+from ensemble.task.metrics import COVERAGE_LEVELS, level_key
 
 OUT_SUFFIXES = (".csv", ".npz", ".parquet")
 
@@ -54,7 +55,7 @@ def output_names(run: EnsembleRun) -> set[str]:
         return {"prediction", "proba", "class_names", "total_entropy", "aleatoric", "epistemic", "target",
                 *(f"p_{c}" for c in run.class_names)}
     base = ("mean", "std", "aleatoric_var", "epistemic_var", "target",
-            *(f"{side}_{level}" for side in ("lower", "upper") for level in ("50", "90", "95")))
+            *(f"{side}_{level_key(level)}" for side in ("lower", "upper") for level in COVERAGE_LEVELS))
     return {*base, *(f"{b}_{i}" for b in base for i in range(run.n_outputs))}
 
 

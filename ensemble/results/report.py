@@ -11,8 +11,9 @@ a report is never the reason a run fails.
 
 Plots: the leaderboard; classification reliability (ensemble vs best member) and
 accuracy against the share of most-confident samples kept; regression predicted against
-true with the ensemble's intervals, and error against predicted spread with the rank
-correlation; for searches the metric of every evaluation and the best so far against
+true with the ensemble's intervals, error against predicted spread with the rank
+correlation, and the coverage curve (nominal against observed, with its binomial band);
+for searches the metric of every evaluation and the best so far against
 evaluations and wall time; cost (parameters, training time) against the metric with the
 Pareto front; a per-rank timeline of every member with the run's utilisation.
 """
@@ -226,13 +227,16 @@ def plot_classification(view: RunView):
     for label, proba, color, e in curves:
         rel = _reliability(proba, y)
         shown = label + (f" (ECE {e:.3f})" if e is not None else "")
-        ax1.plot(rel[:, 0], rel[:, 1], "o-", color=color, label=shown)
+        # two binomial standard errors of each bin's accuracy: a bin of 3 samples may swing by 0.5
+        band = 2 * np.sqrt(np.clip(rel[:, 1] * (1 - rel[:, 1]), 0.25 / rel[:, 2], None) / rel[:, 2])
+        ax1.errorbar(rel[:, 0], rel[:, 1], yerr=band, fmt="o-", color=color, capsize=2, lw=1, label=shown)
         for c, a, count in rel:              # a bin of 3 samples says little: show how many
             ax1.annotate(f"{int(count)}", (c, a), textcoords="offset points", xytext=(4, -10), fontsize=6,
                          color=color)
         share, acc = _kept_accuracy(proba, y)
         ax2.plot(share, acc, color=color, label=label)
-    ax1.set(xlabel="confidence (highest class probability); numbers: samples per bin", ylabel="accuracy in bin",
+    ax1.set(xlabel="confidence (highest class probability); numbers: samples per bin",
+            ylabel="accuracy in bin (± 2 binomial SE)",
             title="Reliability on the test split", xlim=(0, 1.02), ylim=(0, 1.02))
     ax2.set(xlabel="share of test samples kept (most confident first)", ylabel="accuracy of those kept",
             title="Accuracy against confidence")
@@ -260,8 +264,12 @@ def plot_regression(view: RunView):
     y, mean, std = first(np.asarray(t["y"], float)), first(t["mean"]), first(t["std"])
     lower = first(t["lower_90"]) if "lower_90" in t else mean - 1.645 * std
     upper = first(t["upper_90"]) if "upper_90" in t else mean + 1.645 * std
-    fig = _figure(9.5, 4.2)
-    ax1, ax2 = fig.subplots(1, 2)
+    curve = ((view.summary or {}).get("calibration") or {}).get("coverage_curve")
+    fig = _figure(13.5 if curve else 9.5, 4.2)
+    axes = fig.subplots(1, 3 if curve else 2)
+    ax1, ax2 = axes[0], axes[1]
+    if curve:
+        _coverage_curve(axes[2], curve, (view.summary or {}).get("calibration", {}).get("method", "none"))
     inside = (y >= lower) & (y <= upper)
     ax1.errorbar(y, mean, yerr=[mean - lower, upper - mean], fmt="none", ecolor="#bbb", lw=0.8, zorder=1)
     ax1.scatter(y[inside], mean[inside], s=10, color="#1f77b4", label="true value inside the 90% interval",
@@ -291,6 +299,22 @@ def plot_regression(view: RunView):
     if t["mean"].ndim > 1:
         fig.suptitle(f"first of {t['mean'].shape[1]} outputs", fontsize=8)
     return fig
+
+
+def _coverage_curve(ax, curve: dict, method: str) -> None:
+    """Nominal against observed coverage of the recalibrated intervals on the test split, with
+    the band two binomial standard errors wide that a calibrated ensemble stays inside."""
+    levels = np.array([int(k) / 100 for k in curve["levels"]])
+    n = curve["rows"]["test"]
+    band = 2 * np.sqrt(levels * (1 - levels) / n)
+    ax.fill_between(levels, levels - band, levels + band, color="#ddd", label=f"± 2 binomial SE ({n} test rows)")
+    ax.plot([0, 1], [0, 1], color="#999", ls="--", lw=1)
+    ax.plot(levels, curve["test"], "o-", color="#2ca02c", ms=4, label=f"test ({method} intervals)")
+    ax.plot(levels, curve["val"], ".:", color="#1f77b4", lw=1, label="validation (where they were fitted)")
+    ax.set(xlabel="nominal coverage of the central interval", ylabel="observed coverage",
+           title="Coverage curve", xlim=(0, 1), ylim=(0, 1.02))
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
 
 
 def _t0(view: RunView) -> float:
@@ -533,8 +557,7 @@ def _notes(view: RunView) -> str:
         items.append(f"Selection: {sel['method']} on validation {sel['metric']} {sel['val_score']:.4f} "
                      f"(best member alone {sel['best_member']['val_score']:.4f}); effective size "
                      f"{sel['effective_size']:.2f} of {sel['picks']} members"
-                     + ("; every ensemble scored worse, so the best member alone"
-                        if sel.get("fallback_to_best_member") else ""))
+                     + (f" ({html.escape(sel['why'])})" if sel.get("why") else ""))
     cal = s.get("calibration")
     if cal:
         items.append(f"Calibration: {cal.get('method', 'none')}"

@@ -7,9 +7,10 @@ All deterministic (ties go to a better proper score, then to the smaller id):
   on the members' stored validation predictions, weights = selection counts;
 - `bagged_selection`: Caruana's bagged variant, greedy selection on random halves
   of the candidates, weights averaged over the bags;
-- `choose_ensemble`: what a run does: greedy or bagged on a proper scoring rule,
-  whichever scores better on held-out folds of the validation split, never worse
-  on validation than the best single member.
+- `choose_ensemble`: what a run does: cross-validated selection on a proper scoring
+  rule among uniform averages of the k best, greedy and bagged, preferring the larger
+  ensemble when validation cannot tell them apart; one member only when validation
+  shows it significantly better.
 
 Weights come back as a dict id -> weight ordered best first (highest weight, then
 best single score), holding only nonzero weights, summing to 1.
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ensemble.results.records import MemberRecord
-from ensemble.task.metrics import higher_is_better, metric_task, score, score_unchecked
+from ensemble.task.metrics import POINTWISE, higher_is_better, metric_task, pointwise, score, score_unchecked
 
 __all__ = ["bagged_selection", "choose_ensemble", "effective_size", "ensemble_score",
            "greedy_selection", "rank_key", "rank_members", "select", "top_k"]
@@ -36,7 +37,10 @@ MIN_GAIN = 1e-12
 METHODS = ("greedy", "top_k")
 #: ``ensemble.method``: "auto" compares greedy and bagged by cross-validation
 CHOICES = ("auto", "greedy", "bagged", "top_k")
-BAGS, BAG_FRACTION, CV_FOLDS, MIN_CV_ROWS = 20, 0.5, 2, 20
+BAGS, BAG_FRACTION, CV_FOLDS, MIN_CV_ROWS = 20, 0.5, 5, 20
+#: "auto" keeps a single member only when it beats every larger ensemble out of fold by
+#: more than this many standard errors (one-sided 5%)
+SIGNIFICANCE_Z = 1.645
 
 
 # ------------------------------------------------------------------------ ordering
@@ -324,17 +328,7 @@ def ensemble_score(
 ) -> float:
     """`metric` of the weighted average of members (for "nll": of their mixture, as
     greedy selection scores it); NaN when it is not finite."""
-    ids = list(weights)
-    w = np.array([weights[i] for i in ids], dtype=np.float64)
-    w = w / w.sum()
-    preds = np.stack([np.asarray(val_preds[i], dtype=np.float64) for i in ids])
-    mean = np.tensordot(w, preds, axes=1)
-    var = None
-    if metric == "nll":
-        if val_vars is None:
-            raise ValueError("metric 'nll' needs the members' variances `val_vars`, but got None")
-        second = np.stack([np.asarray(val_vars[i], dtype=np.float64) for i in ids]) + preds**2
-        var = np.maximum(np.tensordot(w, second, axes=1) - mean**2, 0.0)
+    mean, var = _average(weights, val_preds, metric, val_vars)
     try:
         value = score(metric, y_val, mean, var)
     except ValueError:
@@ -386,6 +380,18 @@ def bagged_selection(
     return {i: total[i] / used for i in order}
 
 
+def _rank_on(preds: dict, y: np.ndarray, metric: str, variances: dict | None, tie_metric: str | None = None) -> list:
+    """Ids by their own `metric` on these rows, best first (ties by `tie_metric`, then id);
+    members whose score is not finite are left out."""
+    primary = _single_scores(metric, y, preds, variances if metric == "nll" else None)
+    tie = (_single_scores(tie_metric, y, preds, variances if tie_metric == "nll" else None)
+           if tie_metric else {})
+    sign = -1.0 if tie_metric and higher_is_better(tie_metric) else 1.0
+    higher = higher_is_better(metric)
+    kept = [i for i in preds if not math.isnan(primary[i])]
+    return sorted(kept, key=lambda i: rank_key(primary[i], i, higher, sign * tie[i] if i in tie else None))
+
+
 def _fit(method: str, preds: dict, y: np.ndarray, metric: str, rank_metric: str, k: int,
          variances: dict | None, seed: int, max_size: int, n_init: int) -> dict[Any, float]:
     """Weights of one method fitted on (a part of) the validation rows."""
@@ -399,12 +405,7 @@ def _fit(method: str, preds: dict, y: np.ndarray, metric: str, rank_metric: str,
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"`k` must be a positive integer, but got {k!r}")
     # the k best as the leaderboard ranks them: `rank_metric`, ties by the selection score
-    primary = _single_scores(rank_metric, y, preds, variances if rank_metric == "nll" else None)
-    tie = _single_scores(metric, y, preds, variances if metric == "nll" else None)
-    sign = -1.0 if higher_is_better(metric) else 1.0
-    higher = higher_is_better(rank_metric)
-    ranked = sorted((i for i in preds if not math.isnan(primary[i])),
-                    key=lambda i: rank_key(primary[i], i, higher, sign * tie[i]))
+    ranked = _rank_on(preds, y, rank_metric, variances, metric if metric != rank_metric else None)
     if not ranked:
         raise ValueError(f"no candidate has a finite validation {rank_metric!r} among {len(preds)} members")
     return _equal_weights(ranked[:k])
@@ -414,26 +415,122 @@ def _rows(arrays: dict | None, idx: np.ndarray) -> dict | None:
     return None if arrays is None else {i: a[idx] for i, a in arrays.items()}
 
 
-def _cross_validate(methods: tuple[str, ...], preds: dict, y: np.ndarray, metric: str,
-                    variances: dict | None, seed: int, **fit: Any) -> dict[str, float]:
-    """Each method's `metric` on held-out rows: fitted on CV_FOLDS - 1 folds of the
-    validation rows and scored on the remaining fold, averaged over rows."""
-    rows = np.random.default_rng(seed).permutation(len(y))
-    folds = np.array_split(rows, CV_FOLDS)
-    out = {}
-    for method in methods:
-        total = 0.0
-        for f, held in enumerate(folds):
-            part = np.sort(np.concatenate([folds[g] for g in range(CV_FOLDS) if g != f]))
+def _average(weights: Mapping[Any, float], preds: Mapping[Any, np.ndarray], metric: str,
+             variances: Mapping[Any, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The weighted average of members' predictions (for "nll": with the mixture's variance)."""
+    ids = list(weights)
+    w = np.array([weights[i] for i in ids], dtype=np.float64)
+    w = w / w.sum()
+    stacked = np.stack([np.asarray(preds[i], dtype=np.float64) for i in ids])
+    mean = np.tensordot(w, stacked, axes=1)
+    if metric != "nll":
+        return mean, None
+    if variances is None:
+        raise ValueError("metric 'nll' needs the members' variances `val_vars`, but got None")
+    second = np.stack([np.asarray(variances[i], dtype=np.float64) for i in ids]) + stacked**2
+    return mean, np.maximum(np.tensordot(w, second, axes=1) - mean**2, 0.0)
+
+
+def k_grid(m: int) -> list[int]:
+    """The ensemble sizes "auto" tries as uniform averages of the best: 1, 2, 3, ... growing
+    by about a quarter each step, and always all `m` candidates."""
+    out, k = [], 1
+    while k < m:
+        out.append(k)
+        k = max(k + 1, int(round(k * 1.25)))
+    return out + [m]
+
+
+def _configs(m: int) -> list[tuple[str, int | None]]:
+    """What "auto" compares: the uniform average of the k best for every k of `k_grid`,
+    greedy and bagged selection."""
+    return [("top_k", k) for k in k_grid(m)] + [("greedy", None), ("bagged", None)]
+
+
+def config_name(method: str, k: int | None) -> str:
+    """A config's name in ``ensemble.json`` (``selection.cv``): "top_5", "greedy", "bagged"."""
+    return f"top_{k}" if method == "top_k" else method
+
+
+def _cross_validate(preds: dict, y: np.ndarray, metric: str, variances: dict | None, seed: int,
+                    **fit: Any) -> dict[str, dict]:
+    """Every config of `_configs`, fitted on CV_FOLDS - 1 folds of the validation rows and
+    scored on the rows of the remaining fold. Per config: "rows" (each row's out-of-fold
+    value of `metric`, or None when the metric is not a mean over rows), "folds" (score per
+    fold), "score" (the out-of-fold score), "size" (mean effective size of the fold fits)."""
+    n = len(y)
+    folds = np.array_split(np.random.default_rng(seed).permutation(n), min(CV_FOLDS, n))
+    configs = _configs(len(preds))
+    y_fit = y.reshape(-1).astype(np.int64) if metric_task(metric) == "classification" else y.astype(np.float64)
+    out = {config_name(*c): {"rows": np.full(n, np.nan), "folds": [], "sizes": []} for c in configs}
+    for f, held in enumerate(folds):
+        part = np.sort(np.concatenate([folds[g] for g in range(len(folds)) if g != f]))
+        p_part, v_part = _rows(preds, part), _rows(variances, part)
+        p_held, v_held = _rows(preds, held), _rows(variances, held)
+        ranked = _rank_on(p_part, y[part], metric, v_part)
+        for method, k in configs:
+            entry = out[config_name(method, k)]
             try:
-                weights = _fit(method, _rows(preds, part), y[part], metric, metric, 1,
-                               _rows(variances, part), seed, **fit)
-                value = ensemble_score(weights, _rows(preds, held), y[held], metric, _rows(variances, held))
-            except ValueError:
-                value = math.nan
-            total += len(held) * value
-        out[method] = total / len(y)
+                if method == "top_k":
+                    if not ranked:
+                        raise ValueError("no finite candidate")
+                    weights = _equal_weights(ranked[:k])
+                else:
+                    weights = _fit(method, p_part, y[part], metric, metric, 1, v_part, seed, **fit)
+                mean, var = _average(weights, p_held, metric, v_held)
+                rows = pointwise(metric, y_fit[held], mean, var)
+                value = score_unchecked(metric, y_fit[held], mean, var)
+            except (ValueError, FloatingPointError):
+                rows, value, weights = None, math.nan, {}
+            if rows is not None:
+                entry["rows"][held] = rows
+            entry["folds"].append(value if math.isfinite(value) else math.nan)
+            entry["sizes"].append(effective_size(weights) if weights else 0.0)
+    for entry in out.values():
+        rows = entry["rows"]
+        if metric not in POINTWISE or not np.all(np.isfinite(rows)):
+            entry["rows"] = None
+        folds_ = np.asarray(entry["folds"])
+        entry["score"] = (float(np.mean(entry["rows"])) if entry["rows"] is not None
+                          else float(np.average(folds_, weights=[len(h) for h in folds]))
+                          if np.all(np.isfinite(folds_)) else math.nan)
+        entry["size"] = float(np.mean(entry.pop("sizes")))
     return out
+
+
+def _difference(a: dict, b: dict, higher: bool) -> tuple[float, float]:
+    """How much worse config `a` is than config `b` out of fold (positive: worse) and the
+    standard error of that difference: paired over rows where the metric is a mean over
+    rows, else over folds."""
+    sign = -1.0 if higher else 1.0
+    if a["rows"] is not None and b["rows"] is not None:
+        d = sign * (a["rows"] - b["rows"])
+    else:
+        d = sign * (np.asarray(a["folds"]) - np.asarray(b["folds"]))
+    if len(d) < 2 or not np.all(np.isfinite(d)):
+        return (math.inf if not np.all(np.isfinite(d)) else float(np.mean(d))), 0.0
+    return float(np.mean(d)), float(np.std(d, ddof=1) / math.sqrt(len(d)))
+
+
+def _auto(cv: dict[str, dict], higher: bool) -> tuple[str, str]:
+    """The config "auto" fits on all rows, and why: the best out-of-fold score, or (the
+    one-standard-error rule) the config of largest effective size whose score is within
+    one standard error of the best (a larger average is the safer bet when validation
+    cannot tell them apart)."""
+    finite = {name: e for name, e in cv.items() if math.isfinite(e["score"])}
+    if not finite:
+        raise ValueError("no selection method has a finite out-of-fold score")
+    best = min(finite, key=lambda c: (-finite[c]["score"] if higher else finite[c]["score"]))
+    close = []
+    for name, entry in finite.items():
+        gap, se = _difference(entry, finite[best], higher)
+        if gap <= se:
+            close.append((entry["size"], -gap, name))
+    size, _, chosen = max(close)
+    if chosen == best:
+        return chosen, "best out-of-fold score"
+    return chosen, (f"within one standard error of the best out-of-fold score ({best}) with the larger "
+                    f"effective size ({size:.1f})")
 
 
 def choose_ensemble(
@@ -452,21 +549,24 @@ def choose_ensemble(
     """The run's ensemble selection, minimising (or maximising) `metric` on validation,
     normally a proper scoring rule (log loss, Gaussian NLL).
 
-    `method`: "greedy" (Caruana's forward selection with replacement from the
-    `n_init` best), "bagged" (the same on random halves of the candidates, averaged),
-    "top_k" (the `k` best by `rank_metric`, equal weights: a user's explicit choice,
-    returned as asked), or "auto": greedy and bagged are each fitted on one half of
-    the validation rows and scored on the other (2-fold), and the better one is then
-    fitted on all rows (ties: greedy). Then, unless the method is top_k, the
-    ensemble's validation `metric` is compared with the best single member's: a
-    bagged ensemble that is worse is replaced by greedy's (which starts from the best
-    member and adds only what helps), and any ensemble still worse by the best member
-    alone, so the result is never worse than the best member on the selection score
-    on validation.
+    `method`: "greedy" (Caruana's forward selection with replacement from the `n_init`
+    best), "bagged" (the same on random halves of the candidates, averaged), "top_k" (the
+    `k` best by `rank_metric`, equal weights), each returned as asked; or "auto":
+    cross-validated selection. Every config (the uniform average of the k best for k = 1,
+    2, 3, ... all candidates; greedy; bagged) is fitted on 4 of 5 folds of the validation
+    rows and scored on the fifth; the config with the best out-of-fold score is fitted on
+    all rows, unless a config with a larger effective size is within one standard error of
+    it (paired over rows), which is then taken. A validation split tunes the greedy weights
+    of a small pool to its own noise; the uniform average does not overfit it, and
+    out-of-fold scores say which to trust. "auto" returns one member only when that member
+    alone beats the best ensemble of two or more out of fold by more than
+    ``SIGNIFICANCE_Z`` standard errors (``single_member`` says by how much); with fewer
+    than ``MIN_CV_ROWS`` validation rows it averages the `k` best.
 
-    Returns {"weights", "method", "metric", "val_score", "best_member": {"id",
-    "val_score"}, "effective_size", "cv" (method -> held-out score, or None),
-    "fallback" (True when the best member replaced a worse ensemble)}."""
+    Returns {"weights", "method" (greedy, bagged or top_k), "k" (top_k's size, else None),
+    "metric", "val_score", "best_member": {"id", "val_score"}, "effective_size", "cv"
+    (config name -> out-of-fold score, or None), "why" (a sentence), "single_member"
+    (None, or {"z": its advantage in standard errors})}."""
     if method not in CHOICES:
         raise ValueError(f"`method` must be one of {', '.join(CHOICES)}, but got {method!r}")
     if metric == "nll" and val_vars is None:
@@ -474,30 +574,48 @@ def choose_ensemble(
     preds, variances = _stack(val_preds, val_vars if val_vars is not None else None)
     y = np.asarray(y_val)
     fit = {"max_size": max_size, "n_init": n_init}
+    higher = higher_is_better(metric)
     single = _single_scores(metric, y, preds, variances if metric == "nll" else None)
     ranked = _ranked_ids(single, metric)
     if not ranked:
         raise ValueError(f"no candidate has a finite validation {metric!r} among {len(preds)} members")
-    cv = None
-    chosen = method
+    cv, single_member, size = None, None, k
+    chosen, why = method, "asked for"
     if method == "auto":
-        chosen = "greedy"
-        if len(ranked) > 1 and len(y) >= MIN_CV_ROWS:
-            cv = _cross_validate(("greedy", "bagged"), preds, y, metric, variances, seed, **fit)
-            if _better(cv["bagged"], cv["greedy"], higher_is_better(metric)):
-                chosen = "bagged"
-    weights = _fit(chosen, preds, y, metric, rank_metric or metric, k, variances, seed, **fit)
+        finite = {i: preds[i] for i in ranked}
+        finite_vars = None if variances is None else {i: variances[i] for i in ranked}
+        if len(ranked) == 1:
+            chosen, size, why = "top_k", 1, "only one candidate"
+        elif len(y) < MIN_CV_ROWS:
+            chosen, why = "top_k", (f"the {min(k, len(ranked))} best averaged: {len(y)} validation rows are too "
+                                    f"few to cross-validate a selection (at least {MIN_CV_ROWS})")
+        else:
+            table = _cross_validate(finite, y, metric, finite_vars, seed, **fit)
+            cv = {name: e["score"] for name, e in table.items()}
+            name, why = _auto(table, higher)
+            if name == "top_1":                       # one member: only if validation says so clearly
+                multi = {c: e for c, e in table.items() if c != "top_1" and math.isfinite(e["score"])
+                         and e["size"] > 1.0}
+                if multi:
+                    rival = min(multi, key=lambda c: -multi[c]["score"] if higher else multi[c]["score"])
+                    gap, se = _difference(multi[rival], table["top_1"], higher)
+                    z = gap / se if se > 0 else (math.inf if gap > 0 else 0.0)
+                    if z > SIGNIFICANCE_Z:
+                        single_member = {"z": round(z, 2), "rival": rival}
+                        why = (f"the best member alone beats the best ensemble ({rival}) out of fold by "
+                               f"{z:.1f} standard errors")
+                    else:
+                        name, why = rival, ("best ensemble of more than one member: the best member alone is "
+                                            f"not significantly better out of fold ({z:.1f} standard errors)")
+            chosen, size = ("top_k", int(name[4:])) if name.startswith("top_") else (name, None)
+        weights = _fit(chosen, finite, y, metric, metric, size or k, finite_vars, seed, **fit)
+        if len(weights) == 1 and single_member is None and len(ranked) > 1 and chosen != "top_k":
+            # greedy on all rows stopped at one member although its folds did not: average the best two
+            chosen, size, why = "top_k", 2, why + "; on all rows it kept one member, so the best two are averaged"
+            weights = _fit("top_k", finite, y, metric, metric, 2, finite_vars, seed, **fit)
+    else:
+        weights = _fit(chosen, preds, y, metric, rank_metric or metric, k, variances, seed, **fit)
     value = ensemble_score(weights, preds, y, metric, variances)
-    best = ranked[0]
-    fallback = False
-    higher = higher_is_better(metric)
-    if chosen == "bagged" and _better(single[best], value, higher):
-        # the bags' average lost to the best member on all of validation: greedy, which
-        # starts from the best member and adds only what helps, cannot lose to it
-        greedy = _fit("greedy", preds, y, metric, metric, k, variances, seed, **fit)
-        weights, value, chosen = greedy, ensemble_score(greedy, preds, y, metric, variances), "greedy"
-    if chosen != "top_k" and _better(single[best], value, higher):
-        weights, value, fallback = {best: 1.0}, single[best], True
-    return {"weights": weights, "method": chosen, "metric": metric, "val_score": value,
-            "best_member": {"id": best, "val_score": single[best]},
-            "effective_size": effective_size(weights), "cv": cv, "fallback": fallback}
+    return {"weights": weights, "method": chosen, "k": len(weights) if chosen == "top_k" else None,
+            "metric": metric, "val_score": value, "best_member": {"id": ranked[0], "val_score": single[ranked[0]]},
+            "effective_size": effective_size(weights), "cv": cv, "why": why, "single_member": single_member}

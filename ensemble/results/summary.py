@@ -24,8 +24,9 @@ from ensemble.results.rundir import RunDirectory
 from ensemble.results.selection import choose_ensemble, rank_members
 from ensemble.task import get_task
 from ensemble.task.calibration import apply as apply_calibration
+from ensemble.task.calibration import coverage_curve
 from ensemble.task.calibration import fit as fit_calibration
-from ensemble.task.metrics import higher_is_better, metric_task
+from ensemble.task.metrics import COVERAGE_LEVELS, CURVE_LEVELS, coverage_name, higher_is_better, level_key, metric_task
 
 Records = Iterable[MemberRecord | Mapping[str, Any]]
 
@@ -84,9 +85,38 @@ def selection_metric(settings: EnsembleConfig, task: str, gaussian: bool) -> str
 
 def _selection_table(ids: list, choice: dict) -> dict:
     """What ensemble.json says about the selection."""
-    return {"method": choice["method"], "metric": choice["metric"], "val_score": choice["val_score"],
-            "best_member": choice["best_member"], "effective_size": round(choice["effective_size"], 3),
-            "picks": len(ids), "cv": choice["cv"], "fallback_to_best_member": choice["fallback"]}
+    return {"method": choice["method"], "k": choice["k"], "metric": choice["metric"],
+            "val_score": choice["val_score"], "best_member": choice["best_member"],
+            "effective_size": round(choice["effective_size"], 3), "picks": len(ids), "cv": choice["cv"],
+            "why": choice["why"], "single_member": choice["single_member"]}
+
+
+def score_weights(task: Any, weights: Mapping[Any, float], arrays: Mapping[Any, Mapping[str, np.ndarray]],
+                  targets: Mapping[str, np.ndarray], calibration_setting: str, seed: int,
+                  gaussian: bool) -> dict:
+    """The ensemble of ``weights`` over members' stored predictions (``arrays[id]``: "val_pred",
+    "test_pred" and, for Gaussian members, "val_var", "test_var"), recalibrated on the
+    validation split as ``ensemble.calibration`` says, scored on each split of ``targets``
+    ({"val": y, "test": y}). Returns {"stats": split -> per-sample statistics, "metrics":
+    split -> metrics, "calibration": the fitted calibration or None, "before": split ->
+    metrics of the uncalibrated ensemble, "curve": a regression ensemble's coverage curve
+    ({"levels": ["10", ...], "rows": split -> rows, split -> observed coverage per level},
+    else None)}. Pure numpy: the run and the panel benchmark
+    (``scripts/bench_ensembles.py``) score an ensemble the same way."""
+    ids = list(weights)
+    w = np.array([weights[i] for i in ids], dtype=np.float64)
+    raw = {s: task.combine_outputs([(arrays[i][f"{s}_pred"], arrays[i].get(f"{s}_var")) for i in ids], w)
+           for s in targets}
+    calibration = fit_calibration(task.name, targets["val"], raw["val"], calibration_setting, seed)
+    stats = {s: apply_calibration(task.name, raw[s], calibration) for s in raw}
+    metrics = {s: task.ensemble_metrics(targets[s], stats[s], gaussian) for s in stats}
+    curve = None
+    if task.name == "regression" and coverage_name(COVERAGE_LEVELS[0]) in metrics["val"]:
+        curve = {"levels": [level_key(lv) for lv in CURVE_LEVELS], "rows": {s: len(targets[s]) for s in raw},
+                 **{s: list(coverage_curve(targets[s], raw[s], calibration).values()) for s in raw}}
+    return {"stats": stats, "calibration": calibration, "metrics": metrics, "curve": curve,
+            "before": {s: task.ensemble_metrics(targets[s], apply_calibration(task.name, raw[s], None), gaussian)
+                       for s in raw}}
 
 
 def _settings(cfg: RunConfig, ens: EnsembleConfig | Mapping[str, Any] | None) -> EnsembleConfig:
@@ -144,7 +174,6 @@ def build_ensemble(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta
                              val_vars=val_vars if gaussian else None, seed=cfg.seed)
     weights = choice["weights"]
     ids = list(weights)
-    w = np.array([weights[i] for i in ids])
     members = []
     for i in ids:
         entry = {"id": i, "weight": float(weights[i])}
@@ -157,16 +186,14 @@ def build_ensemble(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta
         members.append(entry)
     out = {"task": task.name, "metric": metric, "method": choice["method"], "members": members,
            **_count_fields(counts), "n_candidates": len(pool), "selection": _selection_table(ids, choice)}
-    raw = {s: task.combine_outputs([(arrays[i][f"{s}_pred"], arrays[i].get(f"{s}_var")) for i in ids], w)
-           for s in ("val", "test")}
-    targets = {"val": y_val, "test": y_test}
-    calibration = fit_calibration(task.name, y_val, raw["val"], settings.calibration, cfg.seed)
-    stats = {s: apply_calibration(task.name, raw[s], calibration) for s in raw}
-    out["ensemble"] = {s: task.ensemble_metrics(targets[s], stats[s], gaussian) for s in stats}
+    scored = score_weights(task, weights, arrays, {"val": y_val, "test": y_test}, settings.calibration,
+                           cfg.seed, gaussian)
+    stats, calibration = scored["stats"], scored["calibration"]
+    out["ensemble"] = scored["metrics"]
     out["calibration"] = {"method": "none"} if calibration is None else dict(calibration)
-    out["calibration"]["before"] = {
-        s: task.ensemble_metrics(targets[s], apply_calibration(task.name, raw[s], None), gaussian)
-        for s in raw}
+    out["calibration"]["before"] = scored["before"]
+    if scored["curve"] is not None:
+        out["calibration"]["coverage_curve"] = scored["curve"]
     out["best_member"] = {"id": best.id, "val": dict(best.val), "test": dict(best.test)}
     per_sample = task.per_sample(stats["test"])
     if best.id in arrays:                 # the report sets the ensemble's reliability beside its own
@@ -245,17 +272,17 @@ def format_comparison(summary: dict) -> str:
                          f"beats the ensemble on test {metric}: {base[metric]:.4f} vs {ens[metric]:.4f}")
     sel = summary.get("selection")
     if sel:
-        how = "best member alone (every ensemble scored worse)" if sel["fallback_to_best_member"] else sel["method"]
+        how = f"top {sel['k']}, equal weights" if sel["method"] == "top_k" else sel["method"]
         lines.append(f"selection: {how} on validation {sel['metric']} {sel['val_score']:.4f} "
                      f"(best member {sel['best_member']['val_score']:.4f}); effective size "
-                     f"{sel['effective_size']:.2f} of {n} members")
+                     f"{sel['effective_size']:.2f} of {n} members" + (f" ({sel['why']})" if sel.get("why") else ""))
     cal = summary.get("calibration") or {}
     before = (cal.get("before") or {}).get("test", {})
-    if "coverage90" in ens:
-        raw = "  ".join(f"{k[8:]}% {before[k]:.2f}" for k in ("coverage50", "coverage90", "coverage95")
-                        if k in before)
+    levels = [coverage_name(level) for level in COVERAGE_LEVELS if coverage_name(level) in ens]
+    if levels:
+        raw = "  ".join(f"{k[8:]}% {before[k]:.2f}" for k in levels if k in before)
         lines.append(f"test coverage of the {cal.get('method', 'none')} intervals: "
-                     + "  ".join(f"{k[8:]}% {ens[k]:.2f}" for k in ("coverage50", "coverage90", "coverage95"))
+                     + "  ".join(f"{k[8:]}% {ens[k]:.2f}" for k in levels)
                      + (f"   (uncalibrated: {raw})" if raw and cal.get("method") != "none" else ""))
     if cal.get("method") == "temperature" and cal["temperature"] == 1.0:
         lines.append("temperature scaling: kept T = 1 (a fitted temperature did not lower the log loss of "

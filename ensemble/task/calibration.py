@@ -21,7 +21,8 @@ predictions, per output:
 coverage of the 50/90/95% intervals is closer to nominal (ties: variance scaling).
 
 Classification: ``temperature`` (Guo et al. 2017) divides the log of the ensemble's
-probabilities by one temperature ``T`` fitted to minimise validation log loss; it
+probabilities by one temperature ``T`` fitted to minimise validation log loss, kept only
+when it also lowers the log loss of held-out validation folds (``auto`` does this); it
 changes confidence, never the predicted class. The members' split into aleatoric
 and epistemic parts is kept; the total entropy is that of the scaled probabilities.
 
@@ -43,7 +44,11 @@ from ensemble.task import metrics as M
 METHODS = tuple(CALIBRATIONS)            # ``ensemble.calibration``
 REGRESSION_METHODS = ("variance_scaling", "conformal")
 FOLDS, MIN_ROWS = 5, 20
+#: every level a calibration fits: the reported intervals and the coverage curve's
+LEVELS = tuple(sorted({*M.COVERAGE_LEVELS, *M.CURVE_LEVELS}))
 T_BOUNDS = (0.05, 20.0)
+#: misclassified validation rows needed before a temperature may sharpen probabilities
+MIN_ERRORS = 5
 
 
 def resolve(setting: str, task: str) -> str:
@@ -53,7 +58,7 @@ def resolve(setting: str, task: str) -> str:
     if problem:
         raise ValueError(problem)
     if setting == "auto":
-        return "auto" if task == "regression" else "none"
+        return "auto" if task == "regression" else "temperature"
     return setting
 
 
@@ -77,13 +82,21 @@ def _fit_factors(method: str, y: np.ndarray, mean: np.ndarray, std: np.ndarray) 
     scores, floor = _scores(y, mean, std)
     scale = np.sqrt(np.mean(scores ** 2, axis=0))
     if method == "variance_scaling":
-        widths = {level: M.Z[level] * scale for level in M.COVERAGE_LEVELS}
+        widths = {level: M.Z[level] * scale for level in LEVELS}
     else:
-        n = len(scores)
-        ordered = np.sort(scores, axis=0)
-        # the ceil((n + 1) a)-th smallest score (the largest one when that exceeds n)
-        widths = {level: ordered[min(n, math.ceil((n + 1) * level)) - 1] for level in M.COVERAGE_LEVELS}
+        widths = {level: conformal_quantile(scores, level) for level in LEVELS}
     return {"std_scale": scale, "widths": widths, "floor": floor}
+
+
+def conformal_quantile(scores: np.ndarray, level: float) -> np.ndarray:
+    """Split conformal's finite-sample quantile of calibration ``scores`` (n, k): the
+    ``ceil((n + 1) level)``-th smallest per column. An interval of this many scores covers a
+    new exchangeable point with probability at least ``level`` (Vovk et al. 2005; Lei et al.
+    2018); when ``ceil((n + 1) level) > n`` the guarantee needs an infinite interval, and the
+    largest score is used instead (said by ``"capped"`` levels in the fitted calibration)."""
+    n = len(scores)
+    rank = min(n, math.ceil((n + 1) * level - 1e-9))
+    return np.sort(scores, axis=0)[rank - 1]
 
 
 def _held_out_error(method: str, y: np.ndarray, mean: np.ndarray, std: np.ndarray, seed: int) -> float:
@@ -120,19 +133,18 @@ def fit_regression(y: np.ndarray, mean: np.ndarray, std: np.ndarray, method: str
                 method = "conformal"
     k = _columns(y).shape[1]
     if method == "none":
-        fit = {"std_scale": np.ones(k), "widths": {lv: np.full(k, M.Z[lv]) for lv in M.COVERAGE_LEVELS},
+        fit = {"std_scale": np.ones(k), "widths": {lv: np.full(k, M.Z[lv]) for lv in LEVELS},
                "floor": np.zeros(k)}
     else:
         fit = _fit_factors(method, y, mean, std)
     out = {"method": method, "std_scale": fit["std_scale"].tolist(), "floor": fit["floor"].tolist(),
-           "half_width": {_level_key(lv): fit["widths"][lv].tolist() for lv in M.COVERAGE_LEVELS}}
+           "half_width": {M.level_key(lv): fit["widths"][lv].tolist() for lv in M.COVERAGE_LEVELS},
+           "curve": {M.level_key(lv): fit["widths"][lv].tolist() for lv in M.CURVE_LEVELS}}
+    if method == "conformal":
+        out["capped"] = [M.level_key(lv) for lv in LEVELS if math.ceil((len(y) + 1) * lv - 1e-9) > len(y)]
     if errors is not None:
         out["held_out_error"] = errors
     return out
-
-
-def _level_key(level: float) -> str:
-    return str(round(level * 100))
 
 
 def _per_output(values: list[float], like: np.ndarray) -> np.ndarray:
@@ -149,7 +161,7 @@ def apply_regression(stats: dict, calibration: dict | None) -> dict:
     out = dict(stats)
     std = np.asarray(stats["std"], dtype=np.float64)
     if calibration is None:
-        out["intervals"] = {_level_key(lv): M.Z[lv] * std for lv in M.COVERAGE_LEVELS}
+        out["intervals"] = {M.level_key(lv): M.Z[lv] * std for lv in M.COVERAGE_LEVELS}
         return out
     scale = _per_output(calibration["std_scale"], std)
     floor = _per_output(calibration.get("floor", [0.0]), std)
@@ -158,6 +170,27 @@ def apply_regression(stats: dict, calibration: dict | None) -> dict:
     out["std"] = std * scale
     sd = np.maximum(std, floor)
     out["intervals"] = {key: _per_output(f, std) * sd for key, f in calibration["half_width"].items()}
+    return out
+
+
+def coverage_curve(y: np.ndarray, stats: dict, calibration: dict | None) -> dict[str, float]:
+    """Observed coverage at every level of ``CURVE_LEVELS`` ({"10": ..., "99": ...}) of the
+    intervals ``calibration`` gives ``stats`` (``Task.combine``'s uncalibrated statistics;
+    None: Gaussian intervals of the spread; a calibration fitted before the curve existed:
+    its Gaussian intervals rescaled)."""
+    mean = np.asarray(stats["mean"], dtype=np.float64)
+    std = np.asarray(stats["std"], dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64).reshape(mean.shape)
+    curve = (calibration or {}).get("curve")
+    out = {}
+    for level in M.CURVE_LEVELS:
+        key = M.level_key(level)
+        if curve is not None and key in curve:
+            width = _per_output(curve[key], std) * np.maximum(std, _per_output(calibration["floor"], std))
+        else:
+            scale = 1.0 if calibration is None else _per_output(calibration["std_scale"], std)
+            width = M.Z[level] * std * scale
+        out[key] = M.coverage(y, mean, width)
     return out
 
 
@@ -182,9 +215,15 @@ def _log_loss(y: np.ndarray, proba: np.ndarray, temperature: float) -> float:
 
 
 def _best_temperature(y: np.ndarray, proba: np.ndarray) -> float:
+    """The temperature of least log loss on these rows. Sharpening (T < 1) only when they hold
+    at least ``MIN_ERRORS`` misclassified rows: with fewer, the log loss keeps falling as T
+    falls (every row is right, so more confidence always looks better), and a test split's
+    first error is then punished with a near-zero probability."""
     from scipy.optimize import minimize_scalar
+    errors = int(np.sum(np.asarray(proba).argmax(axis=1) != y))
+    low = T_BOUNDS[0] if errors >= MIN_ERRORS else 1.0
     res = minimize_scalar(lambda log_t: _log_loss(y, proba, math.exp(log_t)),
-                          bounds=tuple(math.log(b) for b in T_BOUNDS), method="bounded", options={"xatol": 1e-4})
+                          bounds=(math.log(low), math.log(T_BOUNDS[1])), method="bounded", options={"xatol": 1e-4})
     return math.exp(res.x) if _log_loss(y, proba, math.exp(res.x)) < _log_loss(y, proba, 1.0) else 1.0
 
 

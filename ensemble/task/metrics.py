@@ -14,6 +14,7 @@ paid twice (and a 100,000-member rehearsal, a hundred thousand times).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from statistics import NormalDist
 from types import MappingProxyType
 
 import numpy as np
@@ -46,8 +47,13 @@ REGRESSION_METRICS = frozenset(task_metrics("regression"))
 ECE_BINS = 15
 #: central interval levels whose coverage is reported, and the standard normal's
 #: two-sided quantile of each (interval = mean +- z * std)
-COVERAGE_LEVELS = (0.5, 0.9, 0.95)
-Z = {0.5: 0.6744897501960817, 0.9: 1.6448536269514722, 0.95: 1.959963984540054}
+#: the central intervals a regression ensemble reports: ``coverage50`` ... in its metrics,
+#: ``lower_50``/``upper_50`` ... in its predictions
+COVERAGE_LEVELS = (0.5, 0.8, 0.9, 0.95)
+#: the levels of the coverage curve (nominal against observed) in ensemble.json and the report
+CURVE_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+#: the half-width of the central Gaussian interval of each level, in standard deviations
+Z = {level: NormalDist().inv_cdf(0.5 + level / 2) for level in sorted({*COVERAGE_LEVELS, *CURVE_LEVELS})}
 PROBA_EPS = 1e-15  # floor of a probability before the log
 PROBA_TOL = 1e-3  # how far rows may stray from a distribution (float32 softmax)
 VAR_EPS = 1e-12  # floor of a predicted variance before the log and the division
@@ -205,9 +211,14 @@ def _nll(y: np.ndarray, mean: np.ndarray, var: np.ndarray) -> float:
     return float(np.mean(0.5 * np.log(2 * np.pi * var) + (y - mean) ** 2 / (2 * var)))
 
 
+def level_key(level: float) -> str:
+    """A level's name in interval keys and columns: 0.9 -> "90"."""
+    return f"{round(level * 100):d}"
+
+
 def coverage_name(level: float) -> str:
     """The metric key of a central interval's coverage: 0.9 -> "coverage90"."""
-    return f"coverage{round(level * 100):d}"
+    return f"coverage{level_key(level)}"
 
 
 def coverage(y: np.ndarray, mean: np.ndarray, half_width: np.ndarray) -> float:
@@ -240,7 +251,7 @@ def regression_metrics(
 ) -> dict[str, float]:
     """mse, mae and r2 of `mean` against `y` ((n,) or (n, d), averaged over all
     entries; r2 over outputs); with a predicted `var` also nll (mean Gaussian negative
-    log likelihood) and coverage50/90/95 (fraction of y inside the central Gaussian
+    log likelihood) and the coverage of each of COVERAGE_LEVELS (fraction of y inside the central Gaussian
     interval mean +- z * sqrt(var) of that level)."""
     y, mean, var = _regression_arrays(y, mean, var)
     out = {"mse": _mse(y, mean), "mae": _mae(y, mean), "r2": _r2(y, mean)}
@@ -299,6 +310,36 @@ def score_unchecked(
         return _r2(y, pred)
     _check_metric(name)
     return _nll(y, pred, np.maximum(var.reshape(pred.shape), VAR_EPS))
+
+
+#: metrics that are a mean over rows (``pointwise`` gives the rows' values)
+POINTWISE = frozenset({"accuracy", "log_loss", "brier", "mse", "mae", "nll"})
+
+
+def pointwise(name: str, y: np.ndarray, pred: np.ndarray, var: np.ndarray | None = None) -> np.ndarray | None:
+    """Per-row values of metric `name` whose mean is `score_unchecked(name, ...)` (several
+    outputs: averaged per row), for paired comparisons on the same rows; None for a metric
+    that is not a mean over rows (r2, ece). Takes what `score_unchecked` takes."""
+    if name not in POINTWISE:
+        return None
+    n = len(pred)
+    if name in CLASSIFICATION_METRICS:
+        if name == "accuracy":
+            return (pred.argmax(axis=1) == y).astype(np.float64)
+        p = _safe_proba(pred)
+        p_true = p[np.arange(n), y]
+        if name == "log_loss":
+            return -np.log(p_true)
+        return np.sum(p * p, axis=1) - 2 * p_true + 1                    # brier
+    y = y.reshape(pred.shape)
+    if name == "mse":
+        rows = (y - pred) ** 2
+    elif name == "mae":
+        rows = np.abs(y - pred)
+    else:
+        v = np.maximum(var.reshape(pred.shape), VAR_EPS)
+        rows = 0.5 * np.log(2 * np.pi * v) + (y - pred) ** 2 / (2 * v)
+    return rows.reshape(n, -1).mean(axis=1)
 
 
 # ----------------------------------------------------------- averaging, uncertainty

@@ -240,7 +240,7 @@ class Regression(Task):
 
     def ensemble_metrics(self, y, stats, gaussian=False):
         """mse, mae, r2 and, when the ensemble has a spread (members' variances or their
-        disagreement), nll and the coverage of its 50/90/95% intervals (the recalibrated
+        disagreement), nll and the coverage of its intervals (``metrics.COVERAGE_LEVELS``) (the recalibrated
         ones when ``stats`` has "intervals", see ``ensemble.task.calibration``)."""
         var = np.asarray(stats["var"])
         spread = gaussian or bool(np.any(var > 0))

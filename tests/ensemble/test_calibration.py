@@ -102,4 +102,18 @@ def test_settings_that_do_not_fit_the_task_are_refused_naming_the_key():
         C.resolve("temperature", "regression")
     with pytest.raises(ValueError, match="ensemble.calibration"):
         C.resolve("conformal", "classification")
-    assert C.fit("classification", np.zeros(3), {}, "auto") is None     # auto leaves probabilities alone
+    assert C.resolve("auto", "classification") == "temperature"          # kept only where held-out rows agree
+    assert C.fit("classification", np.zeros(3), {}, "none") is None
+
+
+def test_temperature_never_sharpens_on_a_validation_split_with_too_few_errors():
+    """All validation rows right: the log loss keeps falling as T falls, and the first test
+    error would be punished with a near-zero probability; T stays at least 1."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 60)
+    proba = np.full((60, 3), 0.1)
+    proba[np.arange(60), y] = 0.8
+    assert C.fit_temperature(y, proba)["temperature"] == 1.0
+    wrong = y.copy()
+    wrong[: C.MIN_ERRORS] = (y[: C.MIN_ERRORS] + 1) % 3      # 8% wrong at 80% confidence: underconfident
+    assert C.fit_temperature(wrong, proba)["temperature"] < 1.0     # with enough errors it may sharpen

@@ -195,7 +195,8 @@ def test_a_run_without_names_takes_table_columns_in_order_but_not_kept_ones(base
     out = P.predict_frame(run, frame, keep=["sample_id"])
     expected = P.predict_arrays(run, P.prepare_features(run, x))
     assert list(out.columns) == ["sample_id", "mean", "std", "aleatoric_var", "epistemic_var",
-                                 *(f"{side}_{level}" for level in ("50", "90", "95") for side in ("lower", "upper"))]
+                                 *(f"{side}_{level}" for level in ("50", "80", "90", "95")
+                                   for side in ("lower", "upper"))]
     np.testing.assert_allclose(out["upper_90"] - out["mean"], 1.6448536269514722 * out["std"], rtol=1e-9)
     np.testing.assert_allclose(out["mean"], expected["mean"], rtol=1e-12)
     with pytest.raises(P.PredictError, match=r"column\(s\) 'sample_id' \((object|str)\) are not numeric, .* "

@@ -9,10 +9,12 @@ import pytest
 
 from ensemble.results.records import MemberRecord
 from ensemble.results.selection import (
+    SIGNIFICANCE_Z,
     bagged_selection,
     choose_ensemble,
     effective_size,
     greedy_selection,
+    k_grid,
     rank_members,
     select,
     top_k,
@@ -248,27 +250,64 @@ def test_proper_score_selection_leaves_a_poor_confident_member_out(method):
     assert 1.0 <= choice["effective_size"] <= len(choice["weights"]) + 1e-9
     assert sum(choice["weights"].values()) == pytest.approx(1.0)
     if method == "auto":
-        assert set(choice["cv"]) == {"greedy", "bagged"} and choice["method"] in choice["cv"]
+        assert set(choice["cv"]) == {*(f"top_{k}" for k in k_grid(len(pool))), "greedy", "bagged"}
+        assert choice["method"] in ("top_k", "greedy", "bagged") and choice["single_member"] is None
 
 
-def test_selection_is_never_worse_than_the_best_member_on_validation():
-    # bags that lack the one good member pick bad ones; their average is worse than the
-    # good member alone, which is then what the run gets
+def test_explicit_methods_are_returned_as_asked_and_auto_keeps_a_clearly_better_member_alone():
+    # one good member, two confidently wrong ones: every ensemble of two or more is worse
     rng = np.random.default_rng(0)
     y = rng.integers(0, 2, 200)
     sure = np.eye(2)[y] * 0.9 + 0.05
     wrong = np.eye(2)[1 - y] * 0.8 + 0.1
     pool = {"a": sure, "b": wrong, "c": wrong.copy()}
     assert "b" in bagged_selection(pool, y, "log_loss") or "c" in bagged_selection(pool, y, "log_loss")
-    choice = choose_ensemble(pool, y, "log_loss", method="bagged")
-    assert choice["weights"] == {"a": 1.0} and choice["method"] == "greedy"     # greedy took over
-    assert not choice["fallback"]                                  # greedy never loses to the best member
+    bagged = choose_ensemble(pool, y, "log_loss", method="bagged")
+    assert bagged["method"] == "bagged" and len(bagged["weights"]) > 1      # as asked, even when worse
     greedy = choose_ensemble(pool, y, "log_loss", method="greedy", n_init=3)
-    assert greedy["weights"] == {"a": 1.0} and not greedy["fallback"]     # initialisation stops at "a"
-    # a top_k ensemble is the user's explicit choice: returned as asked, even when worse
+    assert greedy["weights"] == {"a": 1.0}                                  # initialisation stops at "a"
     top = choose_ensemble(pool, y, "log_loss", method="top_k", k=3)
     assert len(top["weights"]) == 3 and top["val_score"] > top["best_member"]["val_score"]
-    assert choice["val_score"] == pytest.approx(score("log_loss", y, sure))
+    auto = choose_ensemble(pool, y, "log_loss")
+    assert auto["weights"] == {"a": 1.0} and auto["single_member"]["z"] > SIGNIFICANCE_Z
+    assert "standard errors" in auto["why"]
+    assert auto["val_score"] == pytest.approx(score("log_loss", y, sure))
+
+
+@pytest.mark.parametrize("metric", ["log_loss", "nll", "mse"])
+def test_auto_never_keeps_one_member_when_all_are_equally_good(metric):
+    """Members = the truth + independent noise of one size, small validation sets: the
+    best member on validation is best by chance, and "auto" must average."""
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        n = int(rng.integers(25, 120))
+        if metric == "log_loss":
+            y = rng.integers(0, 3, n)
+            pool = {}
+            for m in range(8):
+                logits = 1.5 * np.eye(3)[y] + rng.normal(0.0, 1.0, (n, 3))
+                e = np.exp(logits - logits.max(axis=1, keepdims=True))
+                pool[m] = e / e.sum(axis=1, keepdims=True)
+            variances = None
+        else:
+            y = rng.normal(size=n)
+            pool = {m: y + rng.normal(0.0, 0.5, n) for m in range(8)}
+            variances = {m: np.full(n, 0.3) for m in range(8)}
+        choice = choose_ensemble(pool, y, metric, val_vars=variances, seed=seed)
+        assert len(choice["weights"]) > 1 and choice["single_member"] is None, (seed, choice["why"])
+
+
+def test_auto_with_few_validation_rows_averages_the_k_best():
+    pool, y = planted_pool(n=12)
+    choice = choose_ensemble(pool, y, "log_loss", k=3)
+    assert choice["method"] == "top_k" and len(choice["weights"]) == 3 and choice["cv"] is None
+    assert "too few" in choice["why"]
+
+
+def test_k_grid():
+    assert k_grid(1) == [1] and k_grid(2) == [1, 2] and k_grid(8) == [1, 2, 3, 4, 5, 6, 8]
+    grid = k_grid(500)
+    assert grid[0] == 1 and grid[-1] == 500 and len(grid) < 30 and grid == sorted(set(grid))
 
 
 def test_bagged_selection_is_seeded_and_spreads_weight():

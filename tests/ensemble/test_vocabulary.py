@@ -1,5 +1,5 @@
 """One vocabulary: config validation, the search space and training accept the same names;
-strategies declare their settings, which the config, the search and the README share."""
+strategies declare their settings, which the config, the search and docs/search.md share."""
 
 from __future__ import annotations
 
@@ -74,11 +74,11 @@ def test_bad_strategy_settings_name_the_key(evolve, message):
     assert message in str(info.value)
 
 
-def test_readme_documents_exactly_the_declared_settings():
-    text = (ROOT / "README.md").read_text()
-    assert README_START in text and README_END in text, "README lacks the generated strategy table"
+def test_search_page_documents_exactly_the_declared_settings():
+    text = (ROOT / "docs" / "search.md").read_text()
+    assert README_START in text and README_END in text, "docs/search.md lacks the generated strategy table"
     block = text.split(README_START)[1].split(README_END)[0].strip()
-    assert block == strategy_table(), ("README's strategy table is stale; regenerate it with "
+    assert block == strategy_table(), ("the strategy table in docs/search.md is stale; regenerate it with "
                                        "`python -m ensemble.config.reference`")
 
 

@@ -1,4 +1,4 @@
-"""The README's notebook example, run as it stands in a fresh process (one rank, no mpirun):
+"""The notebook example of docs/predict.md, run as it stands in a fresh process (one rank, no mpirun):
 ``ensemble.run_config`` trains, ``ensemble.load(...).predict`` reproduces ensemble.json's
 test metrics, and the run wrote its report and the linear baseline row."""
 
@@ -28,15 +28,15 @@ print("CHECKED")
 """
 
 
-def readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    block = re.search(r"### In a notebook\n\n```python\n(.*?)```", text, re.S)
-    assert block, "README.md has no '### In a notebook' python block"
+def docs_example() -> str:
+    text = (ROOT / "docs" / "predict.md").read_text()
+    block = re.search(r"## In a notebook\n\n```python\n(.*?)```", text, re.S)
+    assert block, "docs/predict.md has no '## In a notebook' python block"
     return block.group(1)
 
 
-def test_the_readme_notebook_example_runs_and_reproduces_the_test_metrics(tmp_path):
-    code = readme_example() + CHECKS
+def test_the_docs_notebook_example_runs_and_reproduces_the_test_metrics(tmp_path):
+    code = docs_example() + CHECKS
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

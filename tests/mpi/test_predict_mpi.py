@@ -78,7 +78,7 @@ def test_three_ranks_equal_one_rank_regression(runs):
     proc1 = predict(1, runs / "reg", runs / "reg1.npz")
     assert proc1.returncode == 0, proc1.stdout + proc1.stderr
     one, three = np.load(runs / "reg1.npz"), np.load(runs / "reg3.npz")
-    intervals = {f"{side}_{level}" for level in ("50", "90", "95") for side in ("lower", "upper")}
+    intervals = {f"{side}_{level}" for level in ("50", "80", "90", "95") for side in ("lower", "upper")}
     assert set(one.files) == {"mean", "std", "aleatoric_var", "epistemic_var", "target", *intervals}
     for key in one.files:
         assert one[key].shape == (18, 2)

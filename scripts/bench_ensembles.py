@@ -1,0 +1,491 @@
+"""The ensemble panel: is the selected ensemble better than its best member, and do its
+intervals hold their promise, over many small and larger datasets and splits?
+
+    python scripts/bench_ensembles.py train [--jobs 2] [--seeds 5] [--datasets a b ...]
+    python scripts/bench_ensembles.py evaluate [--write docs/ensembles.md]
+
+``train`` runs the project (``ensemble.run_config``, the same run directory a CLI run
+writes) on every (dataset, seed) of the panel: 8 MLP members of the default kind (Gaussian
+NLL heads for regression), one split per seed. It keeps the run directories under
+``bench_out/ensembles/runs`` (``--root``); a pair already finished is not trained again.
+On two datasets it also predicts a test set made progressively harder (Gaussian noise
+added to every feature, in units of the feature's spread) and keeps the spread of the
+ensemble and the coverage of its intervals (``bench_shift.json``).
+
+``evaluate`` needs no TensorFlow: from each run's stored validation and test predictions it
+builds, with the project's own selection, calibration and metrics, (a) the ensemble every
+selection method chooses, (b) the best member (ranked on validation as the leaderboard
+ranks), (c) the uniform average of all members (a deep ensemble), and reads (d) the linear
+baseline the run fitted; then prints one table per dataset and the summary the acceptance
+asks for (win rates with counts, mean coverage with its standard error), and writes a plot
+of nominal against observed coverage. With ``--write`` it writes the panel's page of the
+documentation (dated), so the tables there are this script's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MEMBERS = 8
+SHIFT_LEVELS = (0.0, 0.25, 0.5, 1.0, 2.0)
+
+
+# --------------------------------------------------------------------------- panel
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    task: str                         # "classification" | "regression"
+    what: str                         # one line for the tables
+    source: str | Callable[[], tuple[np.ndarray, np.ndarray]]   # a built-in name, or a generator
+    shift: bool = False               # also measured on shifted test inputs
+
+
+def _moons() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import make_moons
+    x, y = make_moons(n_samples=600, noise=0.3, random_state=0)
+    rng = np.random.default_rng(0)
+    return np.hstack([x, rng.normal(size=(len(x), 4))]), y          # 4 irrelevant features
+
+
+def _classification() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import make_classification
+    return make_classification(n_samples=2000, n_features=20, n_informative=8, n_classes=3,
+                               n_clusters_per_class=2, flip_y=0.05, random_state=0)
+
+
+def _hastie() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import make_hastie_10_2
+    x, y = make_hastie_10_2(n_samples=1200, random_state=0)
+    return x, (y > 0).astype(np.int64)
+
+
+def _friedman1() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import make_friedman1
+    return make_friedman1(n_samples=500, n_features=8, noise=1.0, random_state=0)
+
+
+def _friedman2_large() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import make_friedman2
+    x, y = make_friedman2(n_samples=3000, noise=60.0, random_state=0)
+    return x, y
+
+
+def _heteroscedastic() -> tuple[np.ndarray, np.ndarray]:
+    """y = sin(3 x0) + x1 / 2 + noise whose scale grows with |x0| (0.05 to 1.05)."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1.0, 1.0, size=(1000, 5))
+    y = np.sin(3 * x[:, 0]) + 0.5 * x[:, 1] + (0.05 + np.abs(x[:, 0])) * rng.normal(size=len(x))
+    return x, y
+
+
+def _heavy_tails() -> tuple[np.ndarray, np.ndarray]:
+    """A sparse linear signal with Student-t (3 degrees of freedom) noise: Gaussian intervals
+    are wrong-shaped here, conformal ones are not."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 10))
+    y = x[:, 0] - 2 * x[:, 1] + 0.5 * x[:, 2] * x[:, 3] + rng.standard_t(3, size=len(x))
+    return x, y
+
+
+PANEL = (
+    Dataset("iris", "classification", "150 rows, 3 classes", "iris"),
+    Dataset("wine", "classification", "178 rows, 3 classes", "wine"),
+    Dataset("breast_cancer", "classification", "569 rows, 2 classes", "breast_cancer", shift=True),
+    Dataset("moons", "classification", "600 rows, 2 noisy moons + 4 noise features", _moons),
+    Dataset("hastie", "classification", "1,200 rows, 10 features (Hastie et al. 10.2)", _hastie),
+    Dataset("digits", "classification", "1,797 rows, 8x8 images, 10 classes", "digits"),
+    Dataset("classification3", "classification", "2,000 rows, 20 features, 3 classes, 5% flipped labels",
+            _classification),
+    Dataset("diabetes", "regression", "442 rows, 10 features", "diabetes"),
+    Dataset("heavy_tails", "regression", "400 rows, Student-t(3) noise", _heavy_tails),
+    Dataset("friedman1", "regression", "500 rows, Friedman #1, Gaussian noise", _friedman1),
+    Dataset("heteroscedastic", "regression", "1,000 rows, noise scale 0.05-1.05 with |x0|", _heteroscedastic,
+            shift=True),
+    Dataset("friedman2", "regression", "3,000 rows, Friedman #2, Gaussian noise", _friedman2_large),
+)
+BY_NAME = {d.name: d for d in PANEL}
+
+
+def config(d: Dataset, seed: int, root: Path) -> dict:
+    """The run of one (dataset, seed): the project's defaults but for the members' shape
+    and a longer training (early stopping ends it)."""
+    source = d.source
+    if callable(source):
+        path = root / "data" / f"{d.name}.npz"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            x, y = source()
+            np.savez(path, x=x.astype(np.float32), y=y)
+        source = str(path)
+    return {
+        "name": f"{d.name}-s{seed}", "output_dir": str(root / "runs"), "seed": seed,
+        "data": {"source": source, "task": d.task, "val_fraction": 0.2, "test_fraction": 0.2},
+        "train": {"epochs": 100, "patience": 10, "learning_rate": 3e-3, "batch_size": 32},
+        "architectures": [{"name": "mlp", "members": MEMBERS, "layers": [
+            {"type": "Dense", "units": 64, "activation": "relu"},
+            {"type": "Dense", "units": 32, "activation": "relu"}]}],
+    }
+
+
+def run_path(root: Path, name: str, seed: int) -> Path:
+    return root / "runs" / f"{name}-s{seed}"
+
+
+# --------------------------------------------------------------------------- train
+def _shifted(run: Path, task: str) -> dict:
+    """The ensemble on its test inputs with Gaussian noise of each level (times each
+    feature's spread on the test split): mean spread, coverage / accuracy, and how well the
+    spread tells shifted from clean inputs (AUROC)."""
+    from sklearn.metrics import roc_auc_score
+
+    import ensemble
+    ens = ensemble.load(run)
+    x, y = ens.data("test")
+    x = np.asarray(x, dtype=np.float64)
+    scale = x.std(axis=0)
+    rng = np.random.default_rng(0)
+    clean = None
+    out = []
+    for level in SHIFT_LEVELS:
+        xs = x + level * scale * rng.normal(size=x.shape)
+        d = ens.predict_details(xs.astype(np.float32))
+        spread = d["total"] if task == "classification" else d["std"].reshape(len(x), -1).mean(axis=1)
+        row = {"level": level, "spread": float(np.mean(spread))}
+        if task == "classification":
+            row["accuracy"] = float(np.mean(d["proba"].argmax(axis=1) == np.asarray(y).reshape(-1)))
+        else:
+            mean = d["mean"].reshape(len(x), -1)
+            for key, width in d["intervals"].items():
+                row[f"coverage{key}"] = float(np.mean(np.abs(np.asarray(y).reshape(len(x), -1) - mean)
+                                                      <= width.reshape(len(x), -1)))
+        if clean is None:
+            clean = spread
+        else:
+            labels = np.r_[np.zeros(len(clean)), np.ones(len(spread))]
+            row["auroc"] = float(roc_auc_score(labels, np.r_[clean, spread]))
+        out.append(row)
+    return {"levels": out}
+
+
+def train_pairs(pairs: list[tuple[str, int]], root: Path) -> None:
+    """Train each (dataset, seed) here, one after another (one TensorFlow start-up)."""
+    import ensemble
+    for name, seed in pairs:
+        d = BY_NAME[name]
+        run = run_path(root, name, seed)
+        if (run / "ensemble.json").is_file() and (not d.shift or (run / "bench_shift.json").is_file()):
+            continue
+        t = time.perf_counter()
+        ensemble.run_config(config(d, seed, root), overwrite=True)
+        if d.shift:
+            (run / "bench_shift.json").write_text(json.dumps(_shifted(run, d.task), indent=1))
+        print(f"trained {name} seed {seed} in {time.perf_counter() - t:.0f} s", flush=True)
+
+
+def train(args: argparse.Namespace) -> None:
+    root = Path(args.root)
+    root.mkdir(parents=True, exist_ok=True)
+    names = args.datasets or [d.name for d in PANEL]
+    pairs = [(n, s) for s in range(1, args.seeds + 1) for n in names
+             if not (run_path(root, n, s) / "ensemble.json").is_file()
+             or (BY_NAME[n].shift and not (run_path(root, n, s) / "bench_shift.json").is_file())]
+    print(f"{len(pairs)} (dataset, seed) runs to train with {args.jobs} processes", flush=True)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+    procs = []
+    for j in range(args.jobs):
+        share = pairs[j::args.jobs]
+        if not share:
+            continue
+        log = open(root / f"train-{j}.log", "a")
+        procs.append(subprocess.Popen(
+            [sys.executable, __file__, "_train", "--root", str(root), "--pairs", json.dumps(share)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"a training process failed (exit codes {codes}); see {root}/train-*.log")
+
+
+# ------------------------------------------------------------------------ evaluate
+METHODS = ("auto", "greedy", "bagged", "uniform", "best")
+LABEL = {"auto": "selected (default)", "greedy": "greedy", "bagged": "bagged", "uniform": "uniform average",
+         "best": "best member", "linear": "linear baseline"}
+
+
+def load_run(run: Path) -> dict:
+    """What a finished run kept: its config and task, the split's targets, every kept
+    member's validation and test predictions, the best member as the leaderboard ranks it,
+    and the linear baseline's test metrics."""
+    from ensemble.config import read_saved_config
+    from ensemble.config.vocabulary import PROPER_SCORES
+    from ensemble.inference.load import run_arrays
+    from ensemble.results.artifacts import Artifacts
+    from ensemble.results.rundir import RunDirectory
+    from ensemble.results.selection import rank_members
+    from ensemble.results.summary import finished_records
+    from ensemble.task import get_task
+    rd = RunDirectory(run)
+    cfg = read_saved_config(rd.path / rd.CONFIG)
+    meta = json.loads((rd.path / rd.DATA).read_text())
+    summary = json.loads((rd.path / rd.ENSEMBLE).read_text())
+    task = get_task(meta["task"])
+    metric = task.default_metric(cfg.ensemble.metric)
+    lines = rd.read_lines()
+    artifacts = Artifacts(rd, metric, cfg.ensemble.candidates, cfg.ensemble.keep_models)
+    artifacts.restore(lines, tidy=False)
+    try:
+        arrays = {i: artifacts.load(i) for i in artifacts.pool()}
+    finally:
+        artifacts.close()
+    finished = finished_records([r for r in lines if "event" not in r])
+    best = rank_members(finished, metric, PROPER_SCORES[task.name])[0].id
+    targets = run_arrays(rd.path, cfg, meta)
+    shift = rd.path / "bench_shift.json"
+    return {"cfg": cfg, "task": task, "metric": metric, "arrays": arrays, "best": best,
+            "targets": {"val": targets["y_val"], "test": targets["y_test"]},
+            "baseline": (summary.get("baseline") or {}).get("test"),
+            "shift": json.loads(shift.read_text()) if shift.is_file() else None}
+
+
+def assess(run: dict) -> dict:
+    """Every method's ensemble on one run, scored by the project's own code."""
+    from ensemble.config.vocabulary import proper_score
+    from ensemble.results.selection import choose_ensemble
+    from ensemble.results.summary import score_weights
+    task, arrays, cfg = run["task"], run["arrays"], run["cfg"]
+    gaussian = all("val_var" in a for a in arrays.values())
+    proper = proper_score(task.name, gaussian)
+    val_preds = {i: a["val_pred"] for i, a in arrays.items()}
+    val_vars = {i: a["val_var"] for i, a in arrays.items()} if gaussian else None
+    out: dict = {"proper": proper, "n_val": len(run["targets"]["val"]), "n_test": len(run["targets"]["test"])}
+    for method in METHODS:
+        why = None
+        if method == "uniform":
+            weights = {i: 1.0 / len(arrays) for i in arrays}
+        elif method == "best":
+            weights = {run["best"]: 1.0}
+        else:
+            choice = choose_ensemble(val_preds, run["targets"]["val"], proper, method=method, rank_metric=run["metric"],
+                                     k=cfg.ensemble.k, val_vars=val_vars, seed=cfg.seed)
+            weights, why = choice["weights"], choice["why"]
+        scored = score_weights(task, weights, arrays, run["targets"], cfg.ensemble.calibration, cfg.seed, gaussian)
+        w = np.array(list(weights.values()))
+        out[method] = {"test": scored["metrics"]["test"], "members": len(weights),
+                       "size": float(1.0 / np.sum(w ** 2)), "why": why,
+                       "calibration": (scored["calibration"] or {}).get("method", "none"), "curve": scored["curve"]}
+        if method == "auto":              # the other recalibrations of the same ensemble
+            for setting in (("none", "variance_scaling", "conformal") if task.name == "regression"
+                            else ("none", "temperature")):
+                other = score_weights(task, weights, arrays, run["targets"], setting, cfg.seed, gaussian)
+                out[f"auto/{setting}"] = {"test": other["metrics"]["test"], "curve": other["curve"]}
+    out["linear"] = {"test": run["baseline"]} if run["baseline"] else None
+    out["shift"] = run["shift"]
+    return out
+
+
+def _mean_sd(values: list[float]) -> str:
+    v = np.asarray(values, dtype=np.float64)
+    return f"{v.mean():.4g} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.2g}"
+
+
+def _better_or_equal(a: float, b: float, higher: bool) -> bool:
+    return a >= b - 1e-12 if higher else a <= b + 1e-12
+
+
+def summarise(results: dict[str, dict[int, dict]]) -> tuple[str, dict]:
+    """The panel's tables (markdown) and the acceptance figures."""
+    from ensemble.task.metrics import COVERAGE_LEVELS, coverage_name, higher_is_better
+    lines, figures = [], {"pairs": 0, "beats_best": 0, "ece_pairs": 0, "ece_le_best": 0, "worse_than_uniform": [],
+                          "coverage": {lv: [] for lv in COVERAGE_LEVELS}, "below_nominal": []}
+    for d in PANEL:
+        seeds = results.get(d.name)
+        if not seeds:
+            continue
+        first = next(iter(seeds.values()))
+        proper = first["proper"]
+        accuracy = "accuracy" if d.task == "classification" else "mse"
+        extra = ["ece"] if d.task == "classification" else [coverage_name(lv) for lv in COVERAGE_LEVELS]
+        cols = [proper, accuracy, *extra]
+        lines.append(f"\n### {d.name}: {d.what} ({d.task}, {len(seeds)} seeds, "
+                     f"{first['n_val']} validation / {first['n_test']} test rows)\n")
+        lines.append("| | " + " | ".join(f"test {c}" for c in cols) + " | members (effective) |")
+        lines.append("|---" * (len(cols) + 2) + "|")
+        for method in (*METHODS, "linear"):
+            rows = [r[method] for r in seeds.values() if r.get(method)]
+            if not rows:
+                continue
+            cells = [_mean_sd([r["test"][c] for r in rows]) if all(c in r["test"] for r in rows) else ""
+                     for c in cols]
+            size = (f"{np.mean([r['members'] for r in rows]):.1f} ({np.mean([r['size'] for r in rows]):.1f})"
+                    if "members" in rows[0] else "")
+            lines.append(f"| {LABEL[method]} | " + " | ".join(cells) + f" | {size} |")
+        higher = higher_is_better(proper)
+        diffs = []
+        for r in seeds.values():
+            figures["pairs"] += 1
+            figures["beats_best"] += _better_or_equal(r["auto"]["test"][proper], r["best"]["test"][proper], higher)
+            diffs.append((r["auto"]["test"][proper] - r["uniform"]["test"][proper]) * (-1 if higher else 1))
+            if d.task == "classification":
+                figures["ece_pairs"] += 1
+                figures["ece_le_best"] += r["auto"]["test"]["ece"] <= r["best"]["test"]["ece"] + 1e-12
+        diffs_ = np.asarray(diffs)
+        se = diffs_.std(ddof=1) / math.sqrt(len(diffs_)) if len(diffs_) > 1 else 0.0
+        if diffs_.mean() > se:
+            figures["worse_than_uniform"].append(f"{d.name} ({diffs_.mean():+.4g}, SE {se:.2g})")
+        if d.task == "regression":
+            n = sum(r["n_test"] for r in seeds.values())
+            for lv in COVERAGE_LEVELS:
+                observed = float(np.mean([r["auto"]["test"][coverage_name(lv)] for r in seeds.values()]))
+                figures["coverage"][lv].append(observed)
+                if observed < lv - 2 * math.sqrt(lv * (1 - lv) / n):
+                    figures["below_nominal"].append(f"{d.name} at {lv:.0%}: {observed:.3f} over {n} test rows")
+        whys = sorted({r["auto"]["why"] for r in seeds.values()})
+        lines.append("\nselected: " + "; ".join(f"seed {s}: {r['auto']['members']} members "
+                                                  f"(effective {r['auto']['size']:.1f})"
+                                                  for s, r in sorted(seeds.items())))
+        lines.append("\n" + "\n".join(f"- {w}" for w in whys))
+    return "\n".join(lines), figures
+
+
+def acceptance(figures: dict) -> str:
+    from ensemble.task.metrics import COVERAGE_LEVELS
+    pairs = figures["pairs"]
+    out = ["| figure | measured | asked |", "|---|---|---|",
+           f"| selected ensemble's test proper score at least its best member's | "
+           f"{figures['beats_best']} of {pairs} pairs ({figures['beats_best'] / max(pairs, 1):.0%}) | at least 90% |",
+           f"| datasets where the selected ensemble is worse than the uniform average by more than the "
+           f"seed-to-seed standard error | {', '.join(figures['worse_than_uniform']) or 'none'} | none |",
+           f"| classification: ensemble's ECE at most its best member's | {figures['ece_le_best']} of "
+           f"{figures['ece_pairs']} pairs ({figures['ece_le_best'] / max(figures['ece_pairs'], 1):.0%}) | "
+           f"at least 80% |"]
+    for lv in COVERAGE_LEVELS:
+        v = np.asarray(figures["coverage"][lv])
+        if len(v):
+            se = v.std(ddof=1) / math.sqrt(len(v)) if len(v) > 1 else 0.0
+            out.append(f"| regression: mean observed coverage of the {lv:.0%} interval over {len(v)} datasets | "
+                       f"{v.mean():.3f} ± {se:.3f} | within 0.03 of {lv:.2f}"
+                       + (" |" if lv >= 0.8 else " (not asked) |"))
+    out.append(f"| regression datasets below nominal by more than twice the binomial SE | "
+               f"{'; '.join(figures['below_nominal']) or 'none'} | none |")
+    return "\n".join(out)
+
+
+def shift_table(results: dict[str, dict[int, dict]]) -> str:
+    """Spread, accuracy or coverage, and AUROC of the spread against the noise level,
+    averaged over seeds, for the datasets measured under shift."""
+    out = []
+    for d in PANEL:
+        runs = [r["shift"] for r in results.get(d.name, {}).values() if r.get("shift")]
+        if not runs:
+            continue
+        keys = [k for k in runs[0]["levels"][0] if k != "level"] + ["auroc"]
+        out.append(f"\n**{d.name}** ({len(runs)} seeds; noise in units of each feature's spread; spread = "
+                   f"{'predictive entropy' if d.task == 'classification' else 'predicted std'})\n")
+        out.append("| noise | " + " | ".join(keys) + " |")
+        out.append("|---" * (len(keys) + 1) + "|")
+        for j, level in enumerate(SHIFT_LEVELS):
+            cells = [f"{np.mean([r['levels'][j][k] for r in runs]):.3f}" if k in runs[0]["levels"][j] else ""
+                     for k in keys]
+            out.append(f"| {level} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def coverage_plot(results: dict[str, dict[int, dict]], path: Path) -> None:
+    """Nominal against observed coverage of the selected ensemble's recalibrated intervals,
+    one line per regression dataset (seeds pooled), with the binomial band of the panel."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    pooled: dict[str, list] = {}
+    levels = None
+    for d in PANEL:
+        runs = [r["auto"] for r in results.get(d.name, {}).values() if r["auto"].get("curve")]
+        if not runs:
+            continue
+        levels = np.array([int(k) / 100 for k in runs[0]["curve"]["levels"]])
+        rows = np.array([r["curve"]["rows"]["test"] for r in runs], dtype=np.float64)
+        observed = np.array([r["curve"]["test"] for r in runs])
+        mean = (observed * rows[:, None]).sum(axis=0) / rows.sum()
+        ax.plot(levels, mean, marker=".", label=d.name)
+        pooled.setdefault("obs", []).append(observed * rows[:, None])
+        pooled.setdefault("rows", []).append(rows)
+    if levels is None:
+        return
+    n = np.concatenate(pooled["rows"]).sum()
+    band = 2 * np.sqrt(levels * (1 - levels) / n)
+    ax.fill_between(levels, levels - band, levels + band, color="0.85", label=f"±2 binomial SE ({int(n)} rows)")
+    ax.plot([0, 1], [0, 1], color="k", lw=0.8)
+    ax.set_xlabel("nominal coverage")
+    ax.set_ylabel("observed test coverage")
+    ax.set_title("Recalibrated intervals of the selected ensemble")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def evaluate(args: argparse.Namespace) -> None:
+    root = Path(args.root)
+    results: dict[str, dict[int, dict]] = {}
+    t = time.perf_counter()
+    names = args.datasets or [d.name for d in PANEL]
+    for name in names:
+        for seed in range(1, args.seeds + 1):
+            run = run_path(root, name, seed)
+            if (run / "ensemble.json").is_file():
+                results.setdefault(name, {})[seed] = assess(load_run(run))
+    tables, figures = summarise(results)
+    plot = Path(args.write).with_name("ensembles-coverage.png") if args.write else root / "coverage.png"
+    coverage_plot(results, plot)
+    text = (f"## Acceptance\n\n{acceptance(figures)}\n\n## Per dataset\n{tables}\n\n"
+            f"## Under shift\n{shift_table(results)}\n")
+    print(text)
+    print(f"({sum(len(v) for v in results.values())} runs evaluated in {time.perf_counter() - t:.0f} s; "
+          f"coverage plot: {plot})")
+    if args.write:
+        page = Path(args.write)
+        header = page.read_text().split(MARK)[0] if page.is_file() and MARK in page.read_text() else ""
+        page.write_text(header + MARK + f"\n\nGenerated by `python scripts/bench_ensembles.py evaluate --write "
+                        f"{args.write}` on {time.strftime('%Y-%m-%d')} from the runs `python "
+                        f"scripts/bench_ensembles.py train` made ({MEMBERS} members per run, "
+                        f"{args.seeds} seeds).\n\n![coverage]({plot.name})\n\n" + text)
+
+
+MARK = "<!-- generated by scripts/bench_ensembles.py below this line -->"
+
+
+# ------------------------------------------------------------------------ command
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("stage", choices=("train", "evaluate", "_train"))
+    p.add_argument("--root", default=str(ROOT / "bench_out" / "ensembles"))
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--jobs", type=int, default=2, help="training processes (one TensorFlow thread each)")
+    p.add_argument("--datasets", nargs="+", choices=sorted(BY_NAME))
+    p.add_argument("--pairs", help=argparse.SUPPRESS)
+    p.add_argument("--write", help="write the documentation page (markdown) here")
+    args = p.parse_args(argv)
+    if args.stage == "_train":
+        train_pairs([tuple(x) for x in json.loads(args.pairs)], Path(args.root))
+    elif args.stage == "train":
+        train(args)
+    else:
+        evaluate(args)
+
+
+if __name__ == "__main__":
+    main()
