@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import socket
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from ensemble.config import ConfigError, RunConfig, read_saved_config
 from ensemble.modes import MODES, mode_of
 from ensemble.results.events import Event, EventKind
 from ensemble.results.heartbeat import FINAL, read_heartbeat
+from ensemble.results.lock import pid_alive
 from ensemble.results.records import Counts, MemberRecord, Status, latest
 from ensemble.results.rundir import RunDirectory
 
@@ -158,12 +160,15 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     if state is None:
         state = "done" if summary else ("unknown" if tail.records else "starting")
     beat_age = None if "time" not in beat else now - beat["time"]
-    if state in ("running", "finishing") and beat_age is not None and \
+    if state in ("running", "finishing") and beat.get("host") == socket.gethostname() \
+            and isinstance(beat.get("pid"), int) and not pid_alive(beat["pid"]):
+        state = "dead"                     # killed on this host: no need to wait for missed beats
+    elif state in ("running", "finishing") and beat_age is not None and \
             beat_age > max(STALE_BEATS * beat.get("every", 10.0), 60.0):
         state = "silent"
     ended_by_id = Counts.of_records(tail.records).ended
     running = beat.get("running")
-    if state in FINAL:                                      # the job is over: nothing runs
+    if state in FINAL or state == "dead":                   # the job is over: nothing runs
         running = 0 if running is not None else None
     elif running is not None and total is not None:        # the journal may be a beat ahead of status.json
         running = min(running, max(0, total - ended_by_id))
@@ -178,6 +183,7 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     started = opens[0].data.get("job_started", opens[0].time) if opens else beat.get("job_started")
     out["age_seconds"] = None if started is None else round(now - started, 1)
     out["heartbeat_age_seconds"] = None if beat_age is None else round(beat_age, 1)
+    out["pid"] = beat.get("pid")
     out["state"] = state
     out["ended_seconds_ago"] = None
     closes = [e.time for e in tail.events if e.kind is EventKind.CLOSE]
@@ -261,7 +267,10 @@ def format_status(s: dict) -> str:
                   "unknown": ("state unknown", "no status.json: a run from before it, or one killed before its "
                                                "first heartbeat"),
                   "silent": ("silent", f"no heartbeat for {_duration(s['heartbeat_age_seconds'])}: the job "
-                                       f"looks dead; {resume}")}.get(state, (state, None))
+                                       f"looks dead; {resume}"),
+                  "dead": ("dead", f"its master (process {s.get('pid')} on this host) is gone without writing "
+                                   f"its end: killed (kill -9, out of memory, a node failure); {resume}")
+                  }.get(state, (state, None))
     total = s["total"]
     if s["ended_seconds_ago"] is not None:
         head += (f" after {_duration(s['age_seconds'])}" if s["age_seconds"] is not None else "") \

@@ -147,38 +147,49 @@ def run_path(root: Path, name: str, seed: int) -> Path:
 
 # --------------------------------------------------------------------------- train
 def _shifted(run: Path, task: str) -> dict:
-    """The ensemble on its test inputs with Gaussian noise of each level (times each
-    feature's spread on the test split): mean spread, coverage / accuracy, and how well the
-    spread tells shifted from clean inputs (AUROC)."""
+    """The ensemble on its test inputs made harder, two ways, at each level (in units of
+    each feature's spread on the test split): Gaussian noise added to every feature
+    ("noise"), and every feature moved by the level ("offset", a covariate shift). Per level:
+    mean spread, accuracy or coverage, and how well the spread tells the changed inputs
+    from the clean ones (AUROC)."""
     from sklearn.metrics import roc_auc_score
 
     import ensemble
     ens = ensemble.load(run)
     x, y = ens.data("test")
     x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y)
     scale = x.std(axis=0)
     rng = np.random.default_rng(0)
-    clean = None
-    out = []
-    for level in SHIFT_LEVELS:
-        xs = x + level * scale * rng.normal(size=x.shape)
-        d = ens.predict_details(xs.astype(np.float32))
-        spread = d["total"] if task == "classification" else d["std"].reshape(len(x), -1).mean(axis=1)
-        row = {"level": level, "spread": float(np.mean(spread))}
-        if task == "classification":
-            row["accuracy"] = float(np.mean(d["proba"].argmax(axis=1) == np.asarray(y).reshape(-1)))
-        else:
-            mean = d["mean"].reshape(len(x), -1)
-            for key, width in d["intervals"].items():
-                row[f"coverage{key}"] = float(np.mean(np.abs(np.asarray(y).reshape(len(x), -1) - mean)
-                                                      <= width.reshape(len(x), -1)))
-        if clean is None:
-            clean = spread
-        else:
-            labels = np.r_[np.zeros(len(clean)), np.ones(len(spread))]
-            row["auroc"] = float(roc_auc_score(labels, np.r_[clean, spread]))
-        out.append(row)
-    return {"levels": out}
+    out: dict = {}
+    for kind in ("noise", "offset"):
+        clean = None
+        rows = []
+        for level in SHIFT_LEVELS:
+            xs = x + level * scale * (rng.normal(size=x.shape) if kind == "noise" else 1.0)
+            d = ens.predict_details(xs.astype(np.float32))
+            spread = d["total"] if task == "classification" else d["std"].reshape(len(x), -1).mean(axis=1)
+            row = {"level": level, "spread": float(np.mean(spread))}
+            if task == "classification":
+                row["accuracy"] = float(np.mean(d["proba"].argmax(axis=1) == y.reshape(-1)))
+            else:
+                mean = d["mean"].reshape(len(x), -1)
+                for key, width in d["intervals"].items():
+                    row[f"coverage{key}"] = float(np.mean(np.abs(y.reshape(len(x), -1) - mean)
+                                                          <= width.reshape(len(x), -1)))
+            if clean is None:
+                clean = spread
+            else:
+                labels = np.r_[np.zeros(len(clean)), np.ones(len(spread))]
+                row["auroc"] = float(roc_auc_score(labels, np.r_[clean, spread]))
+            rows.append(row)
+        out[kind] = rows
+    return out
+
+
+def _has_shift(run: Path) -> bool:
+    path = run / "bench_shift.json"
+    return path.is_file() and "offset" in json.loads(path.read_text())
 
 
 def train_pairs(pairs: list[tuple[str, int]], root: Path) -> None:
@@ -187,10 +198,11 @@ def train_pairs(pairs: list[tuple[str, int]], root: Path) -> None:
     for name, seed in pairs:
         d = BY_NAME[name]
         run = run_path(root, name, seed)
-        if (run / "ensemble.json").is_file() and (not d.shift or (run / "bench_shift.json").is_file()):
+        if (run / "ensemble.json").is_file() and (not d.shift or _has_shift(run)):
             continue
         t = time.perf_counter()
-        ensemble.run_config(config(d, seed, root), overwrite=True)
+        if not (run / "ensemble.json").is_file():
+            ensemble.run_config(config(d, seed, root), overwrite=True)
         if d.shift:
             (run / "bench_shift.json").write_text(json.dumps(_shifted(run, d.task), indent=1))
         print(f"trained {name} seed {seed} in {time.perf_counter() - t:.0f} s", flush=True)
@@ -202,7 +214,7 @@ def train(args: argparse.Namespace) -> None:
     names = args.datasets or [d.name for d in PANEL]
     pairs = [(n, s) for s in range(1, args.seeds + 1) for n in names
              if not (run_path(root, n, s) / "ensemble.json").is_file()
-             or (BY_NAME[n].shift and not (run_path(root, n, s) / "bench_shift.json").is_file())]
+             or (BY_NAME[n].shift and not _has_shift(run_path(root, n, s)))]
     print(f"{len(pairs)} (dataset, seed) runs to train with {args.jobs} processes", flush=True)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
     procs = []
@@ -384,22 +396,24 @@ def acceptance(figures: dict) -> str:
 
 
 def shift_table(results: dict[str, dict[int, dict]]) -> str:
-    """Spread, accuracy or coverage, and AUROC of the spread against the noise level,
-    averaged over seeds, for the datasets measured under shift."""
+    """Spread, accuracy or coverage, and AUROC of the spread against the level of each
+    shift, averaged over seeds, for the datasets measured under shift."""
     out = []
     for d in PANEL:
-        runs = [r["shift"] for r in results.get(d.name, {}).values() if r.get("shift")]
+        runs = [r["shift"] for r in results.get(d.name, {}).values() if r.get("shift") and "noise" in r["shift"]]
         if not runs:
             continue
-        keys = [k for k in runs[0]["levels"][0] if k != "level"] + ["auroc"]
-        out.append(f"\n**{d.name}** ({len(runs)} seeds; noise in units of each feature's spread; spread = "
-                   f"{'predictive entropy' if d.task == 'classification' else 'predicted std'})\n")
-        out.append("| noise | " + " | ".join(keys) + " |")
-        out.append("|---" * (len(keys) + 1) + "|")
-        for j, level in enumerate(SHIFT_LEVELS):
-            cells = [f"{np.mean([r['levels'][j][k] for r in runs]):.3f}" if k in runs[0]["levels"][j] else ""
-                     for k in keys]
-            out.append(f"| {level} | " + " | ".join(cells) + " |")
+        for kind, what in (("noise", "Gaussian noise added to every feature"),
+                           ("offset", "every feature moved by the level (covariate shift)")):
+            keys = [k for k in runs[0][kind][0] if k != "level"] + ["auroc"]
+            out.append(f"\n**{d.name}, {kind}**: {what}; {len(runs)} seeds; level in units of each feature's "
+                       f"spread; spread = {'predictive entropy' if d.task == 'classification' else 'predicted std'}\n")
+            out.append("| level | " + " | ".join(keys) + " |")
+            out.append("|---" * (len(keys) + 1) + "|")
+            for j, level in enumerate(SHIFT_LEVELS):
+                cells = [f"{np.mean([r[kind][j][k] for r in runs]):.3f}" if k in runs[0][kind][j] else ""
+                         for k in keys]
+                out.append(f"| {level} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 

@@ -85,7 +85,8 @@ def job_ended(job: str) -> bool:
     return False
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host exists (someone else's counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -128,7 +129,7 @@ class RunLock:
         if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
             if holder["pid"] == os.getpid() and holder.get("token") != self.owner.get("token"):
                 return None                     # this process, another lock object: not stale
-            if not _pid_alive(holder["pid"]):
+            if not pid_alive(holder["pid"]):
                 return f"its process {holder['pid']} on this host is gone"
             return None
         job = holder.get("job")

@@ -446,6 +446,11 @@ def plot_costs(view: RunView):
             ax.set_title(f"no {label} recorded")
             continue
         c, v = cost[good], value[good]
+        if np.unique(c).size == 1:                 # one architecture: a column of points says nothing
+            ax.set_title(f"every member: {c[0]:,.4g} {label}", fontsize=9)
+            ax.set_xticks([])
+            ax.grid(alpha=0.3)
+            continue
         ax.scatter(c, v, s=14, color="#1f77b4", alpha=0.7, label="member")
         front = pareto_front(c, v, higher)
         ax.step(c[front], v[front], where="post", color="#d62728", lw=1.2, label="Pareto front")
@@ -482,7 +487,8 @@ def plot_timeline(view: RunView):
         if lane is not None:
             per_lane.setdefault((color, lane), []).append((r.started - t0, max(r.ended - r.started, 1e-3)))
     for (color, lane), bars in per_lane.items():
-        ax.broken_barh(bars, (lane - 0.4, 0.8), facecolors=color, edgecolors="none")
+        # a white edge between bars: members back to back on one rank stay apart
+        ax.broken_barh(bars, (lane - 0.4, 0.8), facecolors=color, edgecolors="white", linewidth=0.6)
     for e in view.events:                 # each job's start-up: imports, data broadcast, until the open
         if e.kind is EventKind.OPEN:
             start = e.data.get("job_started", e.time) - t0
@@ -600,8 +606,22 @@ def _how(view: RunView) -> str:
         out.append("<p>The journal records no versions (a run written before they were recorded).</p>")
     stats = (view.summary or {}).get("run") or run_stats(view.records, view.events)
     if stats:
-        out.append(_table(["run figure", "value"], [[k, v] for k, v in stats.items()]))
+        out.append(_table(["run figure", "value"], _flat(stats)))
     return "".join(out)
+
+
+def _flat(table: dict, prefix: str = "") -> list[list]:
+    """Rows (name, value) of a nested dict, nested keys joined by dots (no raw JSON in a cell)."""
+    rows: list[list] = []
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            rows.extend(_flat(value, name + "."))
+        elif isinstance(value, (list, tuple)):
+            rows.append([name, ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value)])
+        else:
+            rows.append([name, value])
+    return rows
 
 
 STYLE = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1000px;

@@ -26,7 +26,17 @@ from typing import Any
 import numpy as np
 
 from ensemble.results.records import MemberRecord
-from ensemble.task.metrics import POINTWISE, higher_is_better, metric_task, pointwise, score, score_unchecked
+from ensemble.task.metrics import (
+    POINTWISE,
+    PROBA_EPS,
+    PROBA_TOL,
+    VAR_EPS,
+    higher_is_better,
+    metric_task,
+    pointwise,
+    score,
+    score_unchecked,
+)
 
 __all__ = ["bagged_selection", "choose_ensemble", "effective_size", "ensemble_score",
            "greedy_selection", "rank_key", "rank_members", "select", "top_k"]
@@ -41,6 +51,10 @@ BAGS, BAG_FRACTION, CV_FOLDS, MIN_CV_ROWS = 20, 0.5, 5, 20
 #: "auto" keeps a single member only when it beats every larger ensemble out of fold by
 #: more than this many standard errors (one-sided 5%)
 SIGNIFICANCE_Z = 1.645
+#: numbers per batch when greedy selection scores every candidate at once
+BATCH_ELEMENTS = 4_000_000
+#: the scores `_Ensemble.scores_all` computes for all candidates at once
+BATCHED = frozenset({"log_loss", "nll", "mse"})
 
 
 # ------------------------------------------------------------------------ ordering
@@ -153,13 +167,29 @@ def _stack(
 def _single_scores(
     metric: str, y: np.ndarray, preds: dict, variances: dict | None
 ) -> dict[Any, float]:
-    """Each member's own score; NaN for a member whose predictions are not finite."""
-    out = {}
-    for i, p in preds.items():
-        var = None if variances is None else variances[i]
-        finite = np.all(np.isfinite(p)) and (var is None or np.all(np.isfinite(var)))
-        out[i] = score(metric, y, p, var) if finite else math.nan
-    return out
+    """Each member's own score; NaN for a member whose predictions are not finite. Inputs are
+    checked as ``score`` checks them (bad labels or rows that are not probabilities raise);
+    the proper scores are then computed for all members at once."""
+    out: dict[Any, float] = {}
+    finite = [i for i, p in preds.items()
+              if np.all(np.isfinite(p)) and (variances is None or np.all(np.isfinite(variances[i])))]
+    if metric not in BATCHED or len(finite) < 2:
+        for i in preds:
+            var = None if variances is None else variances[i]
+            out[i] = score(metric, y, preds[i], var) if i in finite else math.nan
+        return out
+    first = finite[0]
+    score(metric, y, preds[first], None if variances is None else variances[first])   # labels, shapes
+    if metric_task(metric) == "classification":
+        for i in finite:                     # rows of probabilities, as `score` checks them
+            p = preds[i]
+            if p.min() < -PROBA_TOL or p.max() > 1 + PROBA_TOL or np.max(np.abs(p.sum(axis=1) - 1)) > PROBA_TOL:
+                score(metric, y, p)          # raises the message that says what is wrong
+        y_fit = y.reshape(-1).astype(np.int64)
+    else:
+        y_fit = y.astype(np.float64)
+    at = dict(zip(finite, _Ensemble(metric, y_fit, preds, variances).scores_all(finite).tolist()))
+    return {i: at.get(i, math.nan) for i in preds}
 
 
 class _Ensemble:
@@ -186,6 +216,36 @@ class _Ensemble:
             var = np.maximum(second / n - mean**2, 0.0)
         value = score_unchecked(self.metric, self.y, mean, var)
         return value if math.isfinite(value) else math.nan
+
+    def scores_all(self, ids: list) -> np.ndarray:
+        """``score_with(i)`` for every id, as one array (NaN where not finite): batched over
+        candidates for log loss, Gaussian NLL and MSE (the proper scores selection uses),
+        in chunks of at most ``BATCH_ELEMENTS`` numbers; one by one for other metrics."""
+        if self.metric not in BATCHED:
+            return np.array([self.score_with(i) for i in ids], dtype=np.float64)
+        out = np.empty(len(ids), dtype=np.float64)
+        n = self.size + 1
+        chunk = max(1, BATCH_ELEMENTS // max(1, self.sum.size))
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            mean = (self.sum[None] + np.stack([self.preds[i] for i in part])) / n
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                if self.metric == "log_loss":
+                    p = np.clip(mean, PROBA_EPS, 1.0)
+                    rows = np.arange(p.shape[1])
+                    values = -np.mean(np.log(p[:, rows, self.y] / p.sum(axis=2)), axis=1)
+                elif self.metric == "mse":
+                    values = np.mean(((self.y.reshape(self.sum.shape)[None] - mean) ** 2).reshape(len(part), -1),
+                                     axis=1)
+                else:
+                    second = (self.sum_sq[None] + np.stack([self._second(i) for i in part])) / n
+                    var = np.maximum(np.maximum(second - mean**2, 0.0), VAR_EPS)
+                    y = self.y.reshape(self.sum.shape)[None]
+                    values = np.mean((0.5 * np.log(2 * np.pi * var) + (y - mean) ** 2 / (2 * var))
+                                     .reshape(len(part), -1), axis=1)
+            out[start:start + len(part)] = values
+        out[~np.isfinite(out)] = np.nan
+        return out
 
     def add(self, i: Any) -> None:
         self.sum += self.preds[i]
@@ -261,14 +321,13 @@ def greedy_selection(
         current = value
 
     while ensemble.size < max_size:
-        best_id, best = None, math.nan
-        for i in by_id:  # strict comparison: ties go to the smaller id
-            value = ensemble.score_with(i)
-            if math.isnan(value):
-                continue
-            if best_id is None or (value > best if higher else value < best):
-                best_id, best = i, value
-        if best_id is None or not _better(best, current, higher):
+        values = ensemble.scores_all(by_id)
+        if np.all(np.isnan(values)):
+            break
+        # the first of equal values: ties go to the smaller id
+        j = int(np.nanargmax(values) if higher else np.nanargmin(values))
+        best_id, best = by_id[j], float(values[j])
+        if not _better(best, current, higher):
             break
         ensemble.add(best_id)
         counts[best_id] = counts.get(best_id, 0) + 1

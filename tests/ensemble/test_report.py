@@ -65,7 +65,7 @@ def make_run(path, task="classification", evolve=False, finished=True, n=12):
                             "test": {k: 0.95 for k in keys}},
                "selection": {"method": "greedy", "metric": "log_loss", "val_score": 0.1, "picks": 2,
                              "best_member": {"id": ok[0]["id"], "val_score": 0.12}, "effective_size": 1.9,
-                             "fallback_to_best_member": False},
+                             "why": "best out-of-fold score", "single_member": None},
                "calibration": {"method": "none"},
                "run": {"utilisation": 0.8, "members": n}}
     (path / rd.ENSEMBLE).write_text(json.dumps(summary))
@@ -166,3 +166,9 @@ def test_discarded_and_limited_members_are_counted_apart_and_never_plotted_as_re
         in header.group(2)
     assert "stopped by its time limit" in page and "over 60 s" in page           # in the failure table
     assert "could not be drawn" not in page
+
+
+def test_run_figures_are_rows_not_json():
+    from ensemble.results.report import _flat
+    rows = _flat({"utilisation": 0.8, "ranks": {"workers": 3, "master": {"busy": 0.1}}, "levels": [0.5, 2]})
+    assert rows == [["utilisation", 0.8], ["ranks.workers", 3], ["ranks.master.busy", 0.1], ["levels", "0.5, 2"]]

@@ -5,6 +5,10 @@ heartbeat's writer (when due, kept alive from a thread, an exception written as 
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -71,6 +75,23 @@ def test_a_silent_job_is_called_dead_with_how_to_resume(tmp_path):
     run = make(tmp_path, beat=beat)
     s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1000.0 + 600)
     assert s["state"] == "silent" and "looks dead" in S.format_status(s) and "--resume" in S.format_status(s)
+
+
+def test_a_job_killed_on_this_host_is_called_dead_at_once(tmp_path):
+    """kill -9 leaves status.json saying "running"; its master's pid is gone, so status need
+    not wait a minute of missed heartbeats to say so."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    beat = {"state": "running", "time": 1000.0, "every": 10.0, "total": 12, "running": 3,
+            "host": socket.gethostname(), "pid": gone.pid}
+    run = make(tmp_path, beat=beat)
+    s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1001.0)
+    assert s["state"] == "dead" and s["running"] == 0
+    text = S.format_status(s)
+    assert f"process {gone.pid}" in text and "--resume" in text and "ETA" not in text
+    (tmp_path / "b").mkdir()
+    alive = make(tmp_path / "b", beat={**beat, "pid": os.getpid()})
+    assert S.run_status(alive, S.JournalTail(alive / "journal.jsonl"), now=1001.0)["state"] == "running"
 
 
 def test_without_a_heartbeat_the_journal_and_config_still_answer(tmp_path):
