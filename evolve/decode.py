@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from evolve.genome import Genome, format_sci
+from evolve.genome import format_sci
 from evolve.space import SPATIAL_TYPES, SearchSpace
+from evolve.structured import AnyGenome, StructuredGenome, structure_problem
 
 
 @dataclass
@@ -44,8 +45,11 @@ def _pos_int(gene, name: str) -> int:
     return v
 
 
-def analyse(genome: Genome, input_shape: tuple[int, ...], n_outputs: int = 1) -> Analysis:
-    """Decode and count parameters; never raises (problems go into ``.problem``)."""
+def analyse(genome: AnyGenome, input_shape: tuple[int, ...], n_outputs: int = 1) -> Analysis:
+    """Decode and count parameters; never raises (problems go into ``.problem``). A
+    structured genome is analysed as the free genome it lowers to."""
+    if isinstance(genome, StructuredGenome):
+        genome = genome.to_genome()
     out = Analysis()
     try:
         shape = tuple(int(n) for n in input_shape)
@@ -106,7 +110,7 @@ def analyse(genome: Genome, input_shape: tuple[int, ...], n_outputs: int = 1) ->
                     out.problem_kind, out.problem_index = "pool", i
                     return out
                 kind = "MaxPooling" if gene.kind == "maxpool" else "AveragePooling"
-                layer = {"type": f"{kind}{d}D", "pool_size": p}
+                layer = {"type": f"{kind}{d}D", "pool_size": p, "padding": "valid"}  # builder default: "same"
                 spatial = tuple(n // p for n in spatial)
             elif gene.kind == "dense":
                 if spatial is not None:
@@ -144,14 +148,19 @@ def analyse(genome: Genome, input_shape: tuple[int, ...], n_outputs: int = 1) ->
     return out
 
 
-def count_params(genome: Genome, input_shape: tuple[int, ...], n_outputs: int) -> int | None:
+def count_params(genome: AnyGenome, input_shape: tuple[int, ...], n_outputs: int) -> int | None:
     """Parameter count including the output layer, or None if the genome is broken."""
     a = analyse(genome, input_shape, n_outputs)
     return None if a.problem else a.n_params
 
 
-def _space_problem(genome: Genome, space: SearchSpace) -> str | None:
+def _space_problem(genome: AnyGenome, space: SearchSpace) -> str | None:
     """Why the genome lies outside the search space (None if inside)."""
+    if space.structured or isinstance(genome, StructuredGenome):
+        if not (space.structured and isinstance(genome, StructuredGenome)):
+            kind = "structured" if isinstance(genome, StructuredGenome) else "free"
+            return f"a {kind} genome, but search.space is {space.space!r}"
+        return structure_problem(genome, space)
     if not space.min_depth <= genome.depth <= space.max_depth:
         return (f"depth {genome.depth} outside [{space.min_depth}, {space.max_depth}] "
                 "(search.min_depth, search.max_depth)")
@@ -180,7 +189,7 @@ def _space_problem(genome: Genome, space: SearchSpace) -> str | None:
     return None
 
 
-def check(genome: Genome, input_shape: tuple[int, ...], n_outputs: int,
+def check(genome: AnyGenome, input_shape: tuple[int, ...], n_outputs: int,
           space: SearchSpace) -> str | None:
     """The reason ``genome`` is invalid for this data and space, or None. Never raises."""
     try:
@@ -198,7 +207,7 @@ def check(genome: Genome, input_shape: tuple[int, ...], n_outputs: int,
         return f"malformed genome: {type(e).__name__}: {e}"
 
 
-def decode(genome: Genome, input_shape: tuple[int, ...], space: SearchSpace | None = None,
+def decode(genome: AnyGenome, input_shape: tuple[int, ...], space: SearchSpace | None = None,
            n_outputs: int | None = None) -> list[dict]:
     """Layer dicts for the model builder (output layer not included).
 

@@ -2,9 +2,10 @@
 
 Every genome these functions return is valid for the space (``check`` is None):
 results are repaired, and an operator that cannot produce a valid child falls
-back to a random genome. DEAP's tools do the tournament and the one-point
-crossover; they draw from Python's ``random`` module, so each call runs under
-``python_random_from(rng)``, which seeds ``random`` from the Generator and
+back to a random genome. A structured space (``search.space = "structured"``) is handed to
+its own operators (``evolve.structured_operators``), so callers need not know which it
+is. DEAP's tools do the tournament and the one-point crossover; they draw from Python's
+``random`` module, so each call runs under ``python_random_from(rng)``, which seeds ``random`` from the Generator and
 restores its previous state afterwards: results depend on ``rng`` only.
 """
 
@@ -22,6 +23,8 @@ from evolve.decode import check
 from evolve.genome import Genome, LayerGene
 from evolve.repair import quantize_lr, quantize_rate, repair
 from evolve.space import SPATIAL_TYPES, SearchSpace
+from evolve.structured import AnyGenome, StructuredGenome
+from evolve.structured_operators import crossover_structured, mutate_structured, random_structured
 
 T = TypeVar("T")
 MAX_TRIES = 30
@@ -100,8 +103,10 @@ def random_lr(rng: np.random.Generator, space: SearchSpace) -> float:
 
 
 def random_genome(rng: np.random.Generator, space: SearchSpace, input_shape: tuple[int, ...],
-                  n_outputs: int) -> Genome:
+                  n_outputs: int) -> AnyGenome:
     """A valid random genome; ValueError if the space admits none (e.g. max_params too small)."""
+    if space.structured:
+        return random_structured(rng, space, input_shape, n_outputs)
     reason = None
     for _ in range(MAX_TRIES):
         depth = int(rng.integers(space.min_depth, space.max_depth + 1))
@@ -158,13 +163,17 @@ def _change_hyper(g: Genome, rng: np.random.Generator, space: SearchSpace,
     return g.replace(reduction=_other(rng, space.reductions, g.reduction))
 
 
-def mutate(genome: Genome, rng: np.random.Generator, space: SearchSpace,
-           input_shape: tuple[int, ...], n_outputs: int) -> Genome:
+def mutate(genome: AnyGenome, rng: np.random.Generator, space: SearchSpace,
+           input_shape: tuple[int, ...], n_outputs: int) -> AnyGenome:
     """A valid child differing from ``genome``.
 
     One of: add, remove, replace a layer; change one layer param (widths step on
     the power-of-two grid); change one hyperparameter. Retried until the repaired
     child is valid and new, else a random genome."""
+    if space.structured:
+        return mutate_structured(genome, rng, space, input_shape, n_outputs)
+    if isinstance(genome, StructuredGenome):
+        return random_genome(rng, space, input_shape, n_outputs)
     kinds = [k for k in space.layer_types if len(input_shape) >= 2 or k not in SPATIAL_TYPES]
     for _ in range(MAX_TRIES):
         layers, n = list(genome.layers), genome.depth
@@ -192,10 +201,14 @@ def mutate(genome: Genome, rng: np.random.Generator, space: SearchSpace,
     return random_genome(rng, space, input_shape, n_outputs)
 
 
-def crossover(a: Genome, b: Genome, rng: np.random.Generator, space: SearchSpace,
-              input_shape: tuple[int, ...], n_outputs: int) -> tuple[Genome, Genome]:
+def crossover(a: AnyGenome, b: AnyGenome, rng: np.random.Generator, space: SearchSpace,
+              input_shape: tuple[int, ...], n_outputs: int) -> tuple[AnyGenome, AnyGenome]:
     """One-point crossover of the layer lists (deap.tools.cxOnePoint) and uniform
     crossover of the hyperparameters; children are repaired (a parent stands in if not)."""
+    if isinstance(a, StructuredGenome) or isinstance(b, StructuredGenome):
+        if isinstance(a, StructuredGenome) and isinstance(b, StructuredGenome):
+            return crossover_structured(a, b, rng, space, input_shape, n_outputs)
+        return a, b
     la, lb = list(a.layers), list(b.layers)
     if min(len(la), len(lb)) >= 2:
         with python_random_from(rng):

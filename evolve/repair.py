@@ -6,7 +6,9 @@ dense head are moved in front of it (stable); pooling past the map is dropped; a
 stride on a 1x1 map becomes 1; too deep is trimmed (dropout/batchnorm first),
 too shallow is padded with the smallest dense (or conv) layer; too many
 parameters halves the widest-costing width (or swaps Flatten for global average
-pooling), greedily, until under ``max_params``.
+pooling), greedily, until under ``max_params``. A structured genome, or a structured
+space, is repaired by ``evolve.structured_operators.repair_structured`` (a free genome
+cannot become a structured one: None).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import math
 from evolve.decode import analyse, check
 from evolve.genome import Genome, LayerGene
 from evolve.space import SPATIAL_TYPES, SearchSpace
+from evolve.structured import AnyGenome, StructuredGenome
 
 _WIDTH = {"conv": "filters", "dense": "units"}
 _MAX_STEPS = 200
@@ -135,9 +138,14 @@ def _shrink(g: Genome, input_shape, n_outputs: int, space: SearchSpace) -> Genom
     return min(scored, key=lambda t: t[0])[1] if scored else None
 
 
-def repair(genome: Genome, input_shape: tuple[int, ...], n_outputs: int,
-           space: SearchSpace) -> Genome | None:
+def repair(genome: AnyGenome, input_shape: tuple[int, ...], n_outputs: int,
+           space: SearchSpace) -> AnyGenome | None:
     """The nearest valid genome, or None if it cannot be fixed. Never raises."""
+    if space.structured or isinstance(genome, StructuredGenome):
+        if not (space.structured and isinstance(genome, StructuredGenome)):
+            return None
+        from evolve.structured_operators import repair_structured  # it builds on this module
+        return repair_structured(genome, input_shape, n_outputs, space)
     try:
         if check(genome, input_shape, n_outputs, space) is None:
             return genome

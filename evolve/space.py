@@ -10,6 +10,12 @@ in between; ``dropout``: uniform; ``learning_rate``: log-uniform) and a *choice*
 ``batch_size``, ``optimizers``, ``reductions``: one of the values given, nothing in
 between). ``min_depth``/``max_depth`` bound the number of layers; ``max_params`` caps
 the size. docs/search.md has the table, with the defaults.
+
+``space`` picks the genome: "free" (a list of layer genes, ``evolve.genome``) or
+"structured" (stages of conv blocks with downsampling and widening between them, then a
+reduction and dense layers; dense blocks for flat tables: ``evolve.structured``). A *count*
+``[min, max]`` (``stages``, ``blocks``, ``dense_layers``: any integer in between) shapes the
+structured genome only, as ``min_depth``/``max_depth`` shape the free one.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ SPATIAL_TYPES = frozenset({"conv", "maxpool", "avgpool"})
 ACTIVATIONS = _VOCAB_ACTIVATIONS          # one vocabulary with configs and training
 OPTIMIZERS = tuple(_VOCAB_OPTIMIZERS)
 REDUCTIONS = ("global_average", "flatten")
+SPACES = ("free", "structured")
 
 
 def default_layer_types(input_rank: int) -> tuple[str, ...]:
@@ -77,6 +84,16 @@ def _int_range(key: str, v: Any) -> tuple[int, int]:
     return lo, hi
 
 
+def _count_range(key: str, v: Any, lo: int) -> tuple[int, int]:
+    items = _as_list(key, v, "two integers [min, max]")
+    if len(items) != 2:
+        raise ValueError(f"{_name(key)} must be [min, max] (two integers), but got {v!r}")
+    a, b = (_as_int(key, x, lo) for x in items)
+    if a > b:
+        raise ValueError(f"{_name(key)} must be [min, max] with min <= max, but got {v!r}")
+    return a, b
+
+
 def _choices(key: str, v: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
     items = _as_list(key, v, "names")
     out = []
@@ -114,11 +131,16 @@ class SearchSpace:
     optimizers: tuple[str, ...] = ("adam", "sgd", "rmsprop", "adamw")         # choice
     reductions: tuple[str, ...] = REDUCTIONS          # choice: spatial maps -> vector (GAP, Flatten)
     max_params: int = 2_000_000
+    space: str = "free"                               # the genome: free layer list or structured
+    stages: tuple[int, int] = (1, 3)                  # structured, spatial: count [min, max]
+    blocks: tuple[int, int] = (1, 3)                  # structured: conv blocks per stage; tables: dense blocks
+    dense_layers: tuple[int, int] = (0, 2)            # structured, spatial: dense layers after the reduction
 
     KEYS: ClassVar[frozenset[str]] = frozenset({
         "layer_types", "min_depth", "max_depth", "units", "filters", "kernel_sizes",
         "strides", "pool_sizes", "activations", "dropout", "skip_connections",
-        "learning_rate", "batch_size", "optimizers", "reductions", "max_params"})
+        "learning_rate", "batch_size", "optimizers", "reductions", "max_params",
+        "space", "stages", "blocks", "dense_layers"})
 
     @property
     def unit_choices(self) -> tuple[int, ...]:
@@ -127,6 +149,11 @@ class SearchSpace:
     @property
     def filter_choices(self) -> tuple[int, ...]:
         return powers_of_two(*self.filters)
+
+    @property
+    def structured(self) -> bool:
+        """True for ``search.space = "structured"`` (genomes are ``StructuredGenome``)."""
+        return self.space == "structured"
 
     @property
     def spatial(self) -> bool:
@@ -201,6 +228,23 @@ class SearchSpace:
             kw["skip_connections"] = d["skip_connections"]
         if "max_params" in d:
             kw["max_params"] = _as_int("max_params", d["max_params"])
+        if "space" in d:
+            if d["space"] not in SPACES:
+                raise ValueError(f"{_name('space')} must be one of {', '.join(map(repr, SPACES))}, "
+                                 f"but got {d['space']!r}")
+            kw["space"] = d["space"]
+        for key, lo in (("stages", 1), ("blocks", 1), ("dense_layers", 0)):
+            if key in d:
+                kw[key] = _count_range(key, d[key], lo)
+        if kw.get("space") == "structured":
+            need = "conv" if input_rank > 1 else "dense"
+            if need not in lt:
+                raise ValueError(f"{_name('space')} \"structured\" on samples of rank {input_rank} builds "
+                                 f"{need} blocks, so {_name('layer_types')} must include {need!r}, "
+                                 f"but got {list(lt)}")
+            if input_rank > 1 and "dense" not in lt and kw.get("dense_layers", cls.dense_layers)[0] > 0:
+                raise ValueError(f"{_name('dense_layers')} asks for at least one dense layer, but "
+                                 f"{_name('layer_types')} has no 'dense': {list(lt)}")
         return cls(**kw)
 
     def to_config(self) -> dict:

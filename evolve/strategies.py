@@ -14,6 +14,10 @@ from that sequence as a journal holds it, without re-running any ask. Genomes th
 were asked but not told when the original stopped stay pending after ``replay``:
 the caller hands them out again and tells their results, and the strategy goes on
 exactly as the original would have with the same results in the same order.
+
+Starting points: ``initial`` genomes (templates, an earlier run's best) are the first asks
+of the first population, each once, before any random genome. Which of them is next is
+read from what was asked, so ``replay`` skips those already handed out.
 """
 
 from __future__ import annotations
@@ -22,15 +26,15 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 from deap import tools
 
 from evolve.decode import count_params
-from evolve.genome import Genome
 from evolve.operators import Candidate, crossover, mutate, random_genome, tournament
 from evolve.space import SearchSpace
+from evolve.structured import AnyGenome, genome_from_dict
 
 MAX_TRIES = 50
 
@@ -71,8 +75,9 @@ class Strategy:
     def __init__(self, space: SearchSpace, input_shape: tuple[int, ...], n_outputs: int,
                  rng_seed: int = 0, budget_evaluations: int | None = None,
                  budget_seconds: float | None = None,
-                 clock: Callable[[], float] = time.monotonic, **params: Any):
+                 clock: Callable[[], float] = time.monotonic, initial: Sequence[AnyGenome] = (), **params: Any):
         self.space, self.input_shape, self.n_outputs = space, tuple(input_shape), int(n_outputs)
+        self.initial = tuple(initial)
         self.seed = int(rng_seed) % 2 ** 63
         self.budget_evaluations, self.budget_seconds = budget_evaluations, budget_seconds
         self.params = self.validate_params(params)
@@ -80,9 +85,9 @@ class Strategy:
         self.asked = self.told = self.failed = 0
         self.results: dict[str, float | None] = {}  # fitness cache by genome key
         self._seen: set[str] = set()
-        self._pending: dict[str, Genome] = {}
-        self._bred_from: dict[str, Genome] = {}        # child key -> the parent it was bred from
-        self.best: tuple[Genome, float] | None = None
+        self._pending: dict[str, AnyGenome] = {}
+        self._bred_from: dict[str, AnyGenome] = {}        # child key -> the parent it was bred from
+        self.best: tuple[AnyGenome, float] | None = None
         self.rng = self._derive_rng()
 
     # -- parameters ---------------------------------------------------------
@@ -124,7 +129,7 @@ class Strategy:
         """Budget spent and every asked genome told."""
         return self.budget_spent() and not self._pending
 
-    def ask(self) -> Genome | None:
+    def ask(self) -> AnyGenome | None:
         """Next genome to evaluate; None if the budget is spent or results must come first."""
         if self.budget_spent():
             return None
@@ -134,7 +139,7 @@ class Strategy:
             self._register(g)
         return g
 
-    def tell(self, genome: Genome, fitness: float | None,
+    def tell(self, genome: AnyGenome, fitness: float | None,
              objectives: tuple[float, ...] | None = None) -> None:
         """Result of an evaluation; fitness is maximised, None (or NaN) means it failed."""
         if fitness is not None:
@@ -163,7 +168,7 @@ class Strategy:
         """
         for n, rec in enumerate(events):
             try:
-                g = Genome.from_dict(rec["genome"])
+                g = genome_from_dict(rec["genome"])
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"journal record {n}: cannot read its genome ({e})") from e
             if rec.get("event") == "ask":
@@ -191,39 +196,46 @@ class Strategy:
     def _derive_rng(self) -> np.random.Generator:
         return np.random.default_rng([self.seed, self.told, self.asked])
 
-    def _register(self, g: Genome) -> None:
+    def _register(self, g: AnyGenome) -> None:
         self.asked += 1
         key = g.key()
         self._seen.add(key)
         self._pending[key] = g
         self._on_ask(g)
 
-    def _random(self) -> Genome:
+    def _random(self) -> AnyGenome:
         return random_genome(self.rng, self.space, self.input_shape, self.n_outputs)
 
-    def _mutate(self, g: Genome) -> Genome:
+    def _initial_genome(self) -> AnyGenome:
+        """A genome of the first population: the next starting point not yet asked, else random."""
+        for g in self.initial:
+            if g.key() not in self._seen:
+                return g
+        return self._random()
+
+    def _mutate(self, g: AnyGenome) -> AnyGenome:
         child = mutate(g, self.rng, self.space, self.input_shape, self.n_outputs)
         self._note_parent(child, self._bred_from.get(g.key(), g))   # a crossover child: its first parent
         return child
 
-    def _crossover(self, a: Genome, b: Genome) -> Genome:
+    def _crossover(self, a: AnyGenome, b: AnyGenome) -> AnyGenome:
         child = crossover(a, b, self.rng, self.space, self.input_shape, self.n_outputs)[0]
         self._note_parent(child, a)
         return child
 
-    def _note_parent(self, child: Genome, parent: Genome) -> None:
+    def _note_parent(self, child: AnyGenome, parent: AnyGenome) -> None:
         """Remember which evaluated genome ``child`` was bred from (weight inheritance reads
         it through ``parent_of``); bounded: only the latest breedings are kept."""
         self._bred_from[child.key()] = parent
         if len(self._bred_from) > 4096:
             self._bred_from.pop(next(iter(self._bred_from)))
 
-    def parent_of(self, child: Genome) -> Genome | None:
+    def parent_of(self, child: AnyGenome) -> AnyGenome | None:
         """The evaluated genome ``child`` was bred from by mutation (the first parent of a
         crossover); None for a random genome."""
         return self._bred_from.get(child.key())
 
-    def _fresh(self, propose: Callable[[], Genome]) -> Genome:
+    def _fresh(self, propose: Callable[[], AnyGenome]) -> AnyGenome:
         """A genome never asked before: retry ``propose``, then random; a duplicate at worst."""
         g = None
         for make in (propose, self._random):
@@ -233,13 +245,13 @@ class Strategy:
                     return g
         return g
 
-    def _propose(self) -> Genome | None:
+    def _propose(self) -> AnyGenome | None:
         raise NotImplementedError
 
-    def _on_ask(self, g: Genome) -> None:
+    def _on_ask(self, g: AnyGenome) -> None:
         pass
 
-    def _observe(self, g: Genome, fitness: float | None, objectives: tuple | None) -> None:
+    def _observe(self, g: AnyGenome, fitness: float | None, objectives: tuple | None) -> None:
         pass
 
     def _extra_state(self) -> dict:
@@ -251,8 +263,8 @@ class RandomSearch(Strategy):
 
     name = "random"
 
-    def _propose(self) -> Genome:
-        return self._fresh(self._random)
+    def _propose(self) -> AnyGenome:
+        return self._fresh(self._initial_genome)
 
 
 class RegularizedEvolution(Strategy):
@@ -277,14 +289,14 @@ class RegularizedEvolution(Strategy):
             raise ValueError(f"strategy 'regularized' parameter `sample_size` must be <= "
                              f"`population_size` ({self.params['population_size']}), "
                              f"but got {self.params['sample_size']}")
-        self.population: deque[tuple[Genome, float, int]] = deque()  # (genome, fitness, born)
+        self.population: deque[tuple[AnyGenome, float, int]] = deque()  # (genome, fitness, born)
 
-    def _propose(self) -> Genome:
+    def _propose(self) -> AnyGenome:
         if len(self.population) < self.params["population_size"]:
-            return self._fresh(self._random)
+            return self._fresh(self._initial_genome)
         return self._fresh(self._child)
 
-    def _child(self) -> Genome:
+    def _child(self) -> AnyGenome:
         genomes = [g for g, _, _ in self.population]
         fits = [f for _, f, _ in self.population]
         parent = tournament(genomes, fits, self.params["sample_size"], self.rng)
@@ -293,7 +305,7 @@ class RegularizedEvolution(Strategy):
             parent = self._crossover(parent, other)
         return self._mutate(parent)
 
-    def _observe(self, g: Genome, fitness: float | None, objectives: tuple | None) -> None:
+    def _observe(self, g: AnyGenome, fitness: float | None, objectives: tuple | None) -> None:
         if fitness is None:
             return
         self.population.append((g, fitness, self.told))
@@ -311,11 +323,11 @@ class Generational(Strategy):
     def __init__(self, *args: Any, **kw: Any):
         super().__init__(*args, **kw)
         self.generation = 0
-        self.parents: list[tuple[Genome, float, tuple]] = []  # (genome, fitness, objectives)
+        self.parents: list[tuple[AnyGenome, float, tuple]] = []  # (genome, fitness, objectives)
         self._gen_size = self._first_size()
         self._issued = 0
         self._outstanding: set[str] = set()
-        self._offspring: list[tuple[Genome, float, tuple]] = []
+        self._offspring: list[tuple[AnyGenome, float, tuple]] = []
 
     def _first_size(self) -> int:
         raise NotImplementedError
@@ -323,30 +335,30 @@ class Generational(Strategy):
     def _next_size(self) -> int:
         raise NotImplementedError
 
-    def _select(self, pool: list[tuple[Genome, float, tuple]]) -> list[tuple[Genome, float, tuple]]:
+    def _select(self, pool: list[tuple[AnyGenome, float, tuple]]) -> list[tuple[AnyGenome, float, tuple]]:
         raise NotImplementedError
 
-    def _pick_parent(self) -> Genome:
+    def _pick_parent(self) -> AnyGenome:
         return self.parents[int(self.rng.integers(len(self.parents)))][0]
 
-    def _offspring_one(self) -> Genome:
+    def _offspring_one(self) -> AnyGenome:
         if len(self.parents) >= 2 and self.rng.random() < self.params["crossover_prob"]:
             return self._crossover(self._pick_parent(), self._pick_parent())
         return self._mutate(self._pick_parent())
 
-    def _propose(self) -> Genome | None:
+    def _propose(self) -> AnyGenome | None:
         if self._issued >= self._gen_size:
             return None
-        return self._fresh(self._offspring_one if self.parents else self._random)
+        return self._fresh(self._offspring_one if self.parents else self._initial_genome)
 
-    def _on_ask(self, g: Genome) -> None:
+    def _on_ask(self, g: AnyGenome) -> None:
         self._issued += 1
         self._outstanding.add(g.key())
 
-    def _objectives(self, g: Genome, fitness: float, objectives: tuple | None) -> tuple:
+    def _objectives(self, g: AnyGenome, fitness: float, objectives: tuple | None) -> tuple:
         return (fitness,)
 
-    def _observe(self, g: Genome, fitness: float | None, objectives: tuple | None) -> None:
+    def _observe(self, g: AnyGenome, fitness: float | None, objectives: tuple | None) -> None:
         key = g.key()
         if key not in self._outstanding:
             return  # a result from outside this generation: cached, not bred from
@@ -415,7 +427,7 @@ class NSGA2(Generational):
 
     _next_size = _first_size
 
-    def _objectives(self, g: Genome, fitness: float, objectives: tuple | None) -> tuple:
+    def _objectives(self, g: AnyGenome, fitness: float, objectives: tuple | None) -> tuple:
         if objectives is None:
             objectives = (fitness, -float(count_params(g, self.input_shape, self.n_outputs) or 0))
         objectives = tuple(float(x) for x in objectives)
@@ -439,11 +451,11 @@ class NSGA2(Generational):
                 self._rank[c.index] = (r, -c.fitness.crowding_dist)
         return parents
 
-    def _pick_parent(self) -> Genome:
+    def _pick_parent(self) -> AnyGenome:
         i, j = (int(x) for x in self.rng.integers(len(self.parents), size=2))
         return self.parents[min(i, j, key=lambda k: (self._rank[k], k))][0]
 
-    def pareto_front(self) -> list[tuple[Genome, tuple]]:
+    def pareto_front(self) -> list[tuple[AnyGenome, tuple]]:
         """Non-dominated members of the current parents, with their objectives."""
         return [(g, obj) for (g, _, obj), (r, _) in zip(self.parents, self._rank) if r == 0]
 
@@ -464,7 +476,8 @@ def make_strategy(name: str, space: SearchSpace, input_shape: tuple[int, ...], n
     """Build a strategy by name; ``params`` are its own settings (see ``STRATEGY_PARAMS``).
 
     ``clock`` (a zero-argument callable returning seconds) may be passed to drive
-    the seconds budget in tests.
+    the seconds budget in tests; ``initial`` (genomes valid for the space) are the first
+    asks of the first population (``Strategy._initial_genome``).
     """
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}")

@@ -232,9 +232,11 @@ def train(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------ evaluate
-METHODS = ("auto", "greedy", "bagged", "uniform", "best")
-LABEL = {"auto": "selected (default)", "greedy": "greedy", "bagged": "bagged", "uniform": "uniform average",
-         "best": "best member", "linear": "linear baseline"}
+METHODS = ("auto", "shrunk", "greedy", "bagged", "uniform", "best")
+LABEL = {"auto": "selected (default)", "shrunk": "shrunk", "greedy": "greedy", "bagged": "bagged",
+         "uniform": "uniform average",
+         "best": "best member", "linear": "linear baseline",
+         "previous": "previous default (as the run wrote it)"}
 
 
 def load_run(run: Path) -> dict:
@@ -269,6 +271,10 @@ def load_run(run: Path) -> dict:
     return {"cfg": cfg, "task": task, "metric": metric, "arrays": arrays, "best": best,
             "targets": {"val": targets["y_val"], "test": targets["y_test"]},
             "baseline": (summary.get("baseline") or {}).get("test"),
+            # the ensemble the run chose, when the selection code that wrote it was the previous
+            # default (greedy or bagged by 2-fold CV, the best member alone when in-sample better)
+            "previous": {"test": summary["ensemble"]["test"], "members": len(summary["members"])}
+            if "fallback_to_best_member" in summary.get("selection", {}) else None,
             "shift": json.loads(shift.read_text()) if shift.is_file() else None}
 
 
@@ -304,6 +310,7 @@ def assess(run: dict) -> dict:
                 other = score_weights(task, weights, arrays, run["targets"], setting, cfg.seed, gaussian)
                 out[f"auto/{setting}"] = {"test": other["metrics"]["test"], "curve": other["curve"]}
     out["linear"] = {"test": run["baseline"]} if run["baseline"] else None
+    out["previous"] = run["previous"]
     out["shift"] = run["shift"]
     return out
 
@@ -335,13 +342,14 @@ def summarise(results: dict[str, dict[int, dict]]) -> tuple[str, dict]:
                      f"{first['n_val']} validation / {first['n_test']} test rows)\n")
         lines.append("| | " + " | ".join(f"test {c}" for c in cols) + " | members (effective) |")
         lines.append("|---" * (len(cols) + 2) + "|")
-        for method in (*METHODS, "linear"):
+        for method in (*METHODS, "previous", "linear"):
             rows = [r[method] for r in seeds.values() if r.get(method)]
             if not rows:
                 continue
             cells = [_mean_sd([r["test"][c] for r in rows]) if all(c in r["test"] for r in rows) else ""
                      for c in cols]
-            size = (f"{np.mean([r['members'] for r in rows]):.1f} ({np.mean([r['size'] for r in rows]):.1f})"
+            size = (f"{np.mean([r['members'] for r in rows]):.1f}"
+                    + (f" ({np.mean([r['size'] for r in rows]):.1f})" if "size" in rows[0] else "")
                     if "members" in rows[0] else "")
             lines.append(f"| {LABEL[method]} | " + " | ".join(cells) + f" | {size} |")
         higher = higher_is_better(proper)
@@ -393,6 +401,39 @@ def acceptance(figures: dict) -> str:
     out.append(f"| regression datasets below nominal by more than twice the binomial SE | "
                f"{'; '.join(figures['below_nominal']) or 'none'} | none |")
     return "\n".join(out)
+
+
+def methods_table(results: dict[str, dict[int, dict]]) -> str:
+    """Every method against the best member and the uniform average, over all pairs: how
+    the default was chosen."""
+    from ensemble.task.metrics import higher_is_better
+    rows = []
+    for method in (*METHODS, "previous"):
+        vs_best = vs_uniform = ece = ece_pairs = pairs = alone = 0
+        worse = []
+        for d in PANEL:
+            diffs = []
+            for r in results.get(d.name, {}).values():
+                if not r.get(method):
+                    continue
+                p = r["proper"]
+                higher = higher_is_better(p)
+                pairs += 1
+                alone += r[method].get("members") == 1
+                vs_best += _better_or_equal(r[method]["test"][p], r["best"]["test"][p], higher)
+                vs_uniform += _better_or_equal(r[method]["test"][p], r["uniform"]["test"][p], higher)
+                diffs.append((r[method]["test"][p] - r["uniform"]["test"][p]) * (-1 if higher else 1))
+                if "ece" in r[method]["test"]:
+                    ece_pairs += 1
+                    ece += r[method]["test"]["ece"] <= r["best"]["test"]["ece"] + 1e-12
+            if len(diffs) > 1 and np.mean(diffs) > np.std(diffs, ddof=1) / math.sqrt(len(diffs)):
+                worse.append(d.name)
+        if pairs:
+            rows.append(f"| {LABEL[method]} | {vs_best} of {pairs} | {vs_uniform} of {pairs} | "
+                        f"{ece} of {ece_pairs} | {len(worse)} ({', '.join(worse) or '-'}) | {alone} |")
+    return ("| method | test proper score at least the best member's | at least the uniform average's | "
+            "ECE at most the best member's | datasets worse than the uniform average by more than the SE | "
+            "one-member ensembles |\n|---|---|---|---|---|---|\n" + "\n".join(rows))
 
 
 def shift_table(results: dict[str, dict[int, dict]]) -> str:
@@ -465,7 +506,8 @@ def evaluate(args: argparse.Namespace) -> None:
     tables, figures = summarise(results)
     plot = Path(args.write).with_name("ensembles-coverage.png") if args.write else root / "coverage.png"
     coverage_plot(results, plot)
-    text = (f"## Acceptance\n\n{acceptance(figures)}\n\n## Per dataset\n{tables}\n\n"
+    text = (f"## Acceptance\n\n{acceptance(figures)}\n\n## Every method\n\n{methods_table(results)}\n\n"
+            f"## Per dataset\n{tables}\n\n"
             f"## Under shift\n{shift_table(results)}\n")
     print(text)
     print(f"({sum(len(v) for v in results.values())} runs evaluated in {time.perf_counter() - t:.0f} s; "

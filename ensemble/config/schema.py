@@ -36,6 +36,7 @@ from ensemble.config.vocabulary import (
     METRICS,
     MODES,
     OPTIMIZERS,
+    SELECTION_METHODS,
     TASKS,
     calibration_problem,
     check_layer,
@@ -246,12 +247,14 @@ SCHEMA = Table({
     "ensemble": Table({
         "k": Key((int,), 5, _positive, doc="ensemble size for `method = \"top_k\"` (and for \"auto\" when the "
                                             "validation split has too few rows to cross-validate)"),
-        "method": Key((str,), "auto", _one_of("auto", "greedy", "bagged", "top_k"),
-                      doc="\"auto\": cross-validated selection on `selection_metric` among the uniform "
-                          "average of the k best (every k), Caruana's greedy selection and its bagged variant, "
-                          "preferring the larger ensemble when validation cannot tell them apart (one member "
-                          "only when it is significantly better); \"top_k\": the `k` best by `metric`, "
-                          "equal weights; \"greedy\", \"bagged\": that method alone"),
+        "method": Key((str,), "auto", _one_of(*SELECTION_METHODS),
+                      doc="\"auto\": \"shrunk\" unless another selection (the uniform average of the k best "
+                          "for every k, greedy, bagged) beats it clearly on held-out validation folds (both on "
+                          "`selection_metric`; one member only when it is significantly better); \"shrunk\": "
+                          "bagged selection with its weights moved a quarter of the way toward the uniform "
+                          "average; \"greedy\": Caruana's forward selection; \"bagged\": greedy on random "
+                          "halves of the candidates, averaged; \"top_k\": the `k` best by `metric`, equal "
+                          "weights"),
         "metric": Key((str,), "auto", _one_of("auto", *METRICS),
                       doc="what members are ranked by and the ensemble reports; \"auto\": accuracy "
                           "(classification), mse (regression)"),
@@ -415,14 +418,21 @@ SCHEMA = Table({
 #: ``[search]``: the meaning of each key ``evolve.space.SearchSpace`` takes (its defaults are
 #: read from the class; docs/search.md says more); a test keeps the two key sets equal
 SEARCH_DOCS = {
+    "space": "the genome: \"free\", a list of layer genes; or \"structured\", stages of conv blocks "
+             "(normalisation, activation, optional residual) with downsampling and widening between them, then "
+             "a reduction and dense layers, and for flat tables dense blocks (docs/search.md)",
     "layer_types": "choice: the kind of each layer gene, from conv, maxpool, avgpool, dense, dropout, batchnorm "
-                   "(conv and pooling need samples with spatial axes: set `data.reshape`)",
-    "min_depth": "fewest layer genes",
-    "max_depth": "most layer genes",
+                   "(conv and pooling need samples with spatial axes: set `data.reshape`); structured: which "
+                   "downsampling (maxpool, avgpool), normalisation, dropout and dense layers blocks may use",
+    "min_depth": "free: fewest layer genes",
+    "max_depth": "free: most layer genes",
+    "stages": "structured, spatial input: count [min, max] of stages (each after the first may downsample)",
+    "blocks": "structured: count [min, max] of conv blocks per stage, or of dense blocks for flat tables",
+    "dense_layers": "structured, spatial input: count [min, max] of dense layers after the reduction",
     "units": "range [min, max]: dense widths, the powers of two in it",
     "filters": "range [min, max]: conv filters, the powers of two in it",
     "kernel_sizes": "choice: conv kernel sizes",
-    "strides": "choice: conv strides",
+    "strides": "choice: conv strides (structured: those > 1 downsample at a stage's start)",
     "pool_sizes": "choice: pooling windows (>= 2; stride = window)",
     "activations": "choice: activations of conv and dense layers",
     "dropout": "range [min, max]: dropout rates, uniform in steps of 0.05",
@@ -661,6 +671,14 @@ EVOLVE_KEYS = {
                    doc="weight inheritance: a child bred by mutation starts from its parent's trained weights in "
                        "every layer whose shape is unchanged (when the parent's model file is kept); the "
                        "journal says which layers"),
+    "templates": Key((bool,), True,
+                     doc="the first population holds small known-good networks for the input's kind (a small "
+                         "CNN and a residual CNN for sequences and images, two MLPs for tables) next to the "
+                         "random ones"),
+    "start_from": Key((str,), "",
+                      doc="\"\": none; or an earlier mode \"evolve\" run directory (relative to the config) on "
+                          "samples of the same shape: its best candidates (up to half the first population) "
+                          "are trained again as the first ones"),
 }
 
 
@@ -776,6 +794,9 @@ def _locate(cfg: dict, base: Path, problems: Problems | None = None) -> dict:
     start = cfg["pbt"]["start"]
     if start and not Path(start).is_absolute() and (path.parent / start).exists():
         cfg["pbt"]["start"] = str((path.parent / start).resolve())
+    start = cfg["evolve"].get("start_from")
+    if start and not Path(start).is_absolute() and (path.parent / start).exists():
+        cfg["evolve"]["start_from"] = str((path.parent / start).resolve())
     if problems is None:
         found.raise_any()
     return cfg

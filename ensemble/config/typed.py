@@ -116,10 +116,11 @@ class EnsembleConfig(Section):
     #: ensemble size for `method = "top_k"` (and for "auto" when the validation split has too few rows to
     #: cross-validate)
     k: int
-    #: "auto": cross-validated selection on `selection_metric` among the uniform average of the k best (every
-    #: k), Caruana's greedy selection and its bagged variant, preferring the larger ensemble when validation
-    #: cannot tell them apart (one member only when it is significantly better); "top_k": the `k` best by
-    #: `metric`, equal weights; "greedy", "bagged": that method alone
+    #: "auto": "shrunk" unless another selection (the uniform average of the k best for every k, greedy,
+    #: bagged) beats it clearly on held-out validation folds (both on `selection_metric`; one member only
+    #: when it is significantly better); "shrunk": bagged selection with its weights moved a quarter of the
+    #: way toward the uniform average; "greedy": Caruana's forward selection; "bagged": greedy on random
+    #: halves of the candidates, averaged; "top_k": the `k` best by `metric`, equal weights
     method: str
     #: what members are ranked by and the ensemble reports; "auto": accuracy (classification), mse
     #: (regression)
@@ -208,6 +209,12 @@ class EvolveConfig(Section):
     #: weight inheritance: a child bred by mutation starts from its parent's trained weights in every layer
     #: whose shape is unchanged (when the parent's model file is kept); the journal says which layers
     inherit: bool
+    #: the first population holds small known-good networks for the input's kind (a small CNN and a residual
+    #: CNN for sequences and images, two MLPs for tables) next to the random ones
+    templates: bool
+    #: "": none; or an earlier mode "evolve" run directory (relative to the config) on samples of the same
+    #: shape: its best candidates (up to half the first population) are trained again as the first ones
+    start_from: str
     #: the chosen strategy's own settings (evolve.strategies), by name
     settings: Mapping[str, Any]
 

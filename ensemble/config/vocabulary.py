@@ -75,6 +75,9 @@ def proper_score(task: str, gaussian: bool = True) -> str:
     return "mse" if task == "regression" and not gaussian else PROPER_SCORES[task]
 
 
+#: ``ensemble.method``: how the ensemble is selected (see ensemble.results.selection)
+SELECTION_METHODS = ("auto", "shrunk", "greedy", "bagged", "top_k")
+
 #: ``ensemble.calibration`` -> the tasks it applies to ("auto": regression intervals
 #: recalibrated, classification probabilities temperature-scaled when that lowers the log loss
 #: of held-out validation rows; see ensemble.task.calibration)

@@ -36,12 +36,18 @@ class EvolveMode(Mode):
         if meta is None or not found.ok("search", "data.reshape"):
             return
         from ensemble.config import ConfigError
-        from ensemble.sources.search import check_search
+        from ensemble.sources.search import check_search, search_space
         with found.catch("search"):
             try:
                 check_search(cfg, meta)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+        if cfg.evolve.start_from and found.ok("search", "evolve.start_from"):
+            from ensemble.sources.earlier import start_genomes
+            try:
+                start_genomes(cfg.evolve.start_from, meta, search_space(cfg, meta), 1)
+            except (ConfigError, ValueError) as exc:
+                found.add(str(exc), "evolve.start_from")
 
     def describe(self, cfg: RunConfig) -> str:
         ev = cfg.evolve
@@ -68,8 +74,14 @@ class EvolveMode(Mode):
             return [], []
         shape, n_out = tuple(meta["input_shape"]), meta["n_outputs"]
         slots = max(OPTIMIZER_SLOTS[o] for o in space.optimizers)
-        heading = [f"Search space for samples of shape {list(shape)}: layer types {', '.join(space.layer_types)}; "
-                   f"depth {space.min_depth}..{space.max_depth}; at most {space.max_params:,} parameters",
+        if not space.structured:
+            form = f"layer types {', '.join(space.layer_types)}; depth {space.min_depth}..{space.max_depth}"
+        elif space.spatial:
+            form = (f"structured: {space.stages[0]}..{space.stages[1]} stages of {space.blocks[0]}..{space.blocks[1]}"
+                    f" conv blocks, then {space.dense_layers[0]}..{space.dense_layers[1]} dense layers")
+        else:
+            form = f"structured: {space.blocks[0]}..{space.blocks[1]} dense blocks"
+        heading = [f"Search space for samples of shape {list(shape)}: {form}; at most {space.max_params:,} parameters",
                    f"  its largest genome, {space.max_params:,} parameters, needs "
                    f"{VALUE_BYTES * (2 + slots) * space.max_params / 2 ** 20:.3g} MiB for weights, gradients and "
                    "optimizer state alone",

@@ -7,10 +7,10 @@ All deterministic (ties go to a better proper score, then to the smaller id):
   on the members' stored validation predictions, weights = selection counts;
 - `bagged_selection`: Caruana's bagged variant, greedy selection on random halves
   of the candidates, weights averaged over the bags;
-- `choose_ensemble`: what a run does: cross-validated selection on a proper scoring
-  rule among uniform averages of the k best, greedy and bagged, preferring the larger
-  ensemble when validation cannot tell them apart; one member only when validation
-  shows it significantly better.
+- `shrunk_selection`: bagged selection shrunk toward the uniform average;
+- `choose_ensemble`: what a run does: shrunk selection, unless another (the uniform
+  average of the k best, greedy, bagged) beats it clearly out of fold on a proper
+  scoring rule; one member only when validation shows it significantly better.
 
 Weights come back as a dict id -> weight ordered best first (highest weight, then
 best single score), holding only nonzero weights, summing to 1.
@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
+from ensemble.config.vocabulary import SELECTION_METHODS
 from ensemble.results.records import MemberRecord
 from ensemble.task.metrics import (
     POINTWISE,
@@ -38,7 +40,7 @@ from ensemble.task.metrics import (
     score_unchecked,
 )
 
-__all__ = ["bagged_selection", "choose_ensemble", "effective_size", "ensemble_score",
+__all__ = ["bagged_selection", "choose_ensemble", "shrunk_selection", "effective_size", "ensemble_score",
            "greedy_selection", "rank_key", "rank_members", "select", "top_k"]
 
 # An addition must beat the current ensemble by more than this relative margin,
@@ -46,11 +48,19 @@ __all__ = ["bagged_selection", "choose_ensemble", "effective_size", "ensemble_sc
 MIN_GAIN = 1e-12
 METHODS = ("greedy", "top_k")
 #: ``ensemble.method``: "auto" compares greedy and bagged by cross-validation
-CHOICES = ("auto", "greedy", "bagged", "top_k")
+CHOICES = SELECTION_METHODS
 BAGS, BAG_FRACTION, CV_FOLDS, MIN_CV_ROWS = 20, 0.5, 5, 20
 #: "auto" keeps a single member only when it beats every larger ensemble out of fold by
 #: more than this many standard errors (one-sided 5%)
 SIGNIFICANCE_Z = 1.645
+#: "auto" leaves the uniform average of all candidates only for a config that beats it out
+#: of fold at this one-sided significance level, Bonferroni-corrected for the number of
+#: configs compared (the best of many looks better than it is): 2.5 standard errors for 8
+#: candidates, 2.9 for 500
+DEPART_ALPHA = 0.05
+#: how far "shrunk" selection moves bagged weights toward the uniform average (chosen on the
+#: panel, docs/ensembles.md)
+SHRINK = 0.25
 #: numbers per batch when greedy selection scores every candidate at once
 BATCH_ELEMENTS = 4_000_000
 #: the scores `_Ensemble.scores_all` computes for all candidates at once
@@ -439,6 +449,32 @@ def bagged_selection(
     return {i: total[i] / used for i in order}
 
 
+def shrunk_selection(
+    val_preds: Mapping[Any, np.ndarray],
+    y_val: np.ndarray,
+    metric: str,
+    *,
+    shrink: float | None = None,
+    val_vars: Mapping[Any, np.ndarray] | None = None,
+    seed: int = 0,
+    **fit: Any,
+) -> dict[Any, float]:
+    """Bagged selection shrunk toward the uniform average: weights ``(1 - shrink) * bagged +
+    shrink / m`` over the m candidates with a finite score (``shrink`` defaults to
+    ``SHRINK``). Bagging already spreads the weight a small validation split would give one
+    member; the shrinkage keeps every member in, as a deep ensemble does, and leaves the
+    validation split only part of the say."""
+    shrink = SHRINK if shrink is None else shrink
+    if not 0.0 <= shrink <= 1.0:
+        raise ValueError(f"`shrink` must be in [0, 1], but got {shrink!r}")
+    bagged = bagged_selection(val_preds, y_val, metric, val_vars=val_vars, seed=seed, **fit)
+    variances = None if val_vars is None or metric != "nll" else val_vars
+    ranked = _ranked_ids(_single_scores(metric, np.asarray(y_val), dict(val_preds), variances), metric)
+    weights = {i: (1.0 - shrink) * bagged.get(i, 0.0) + shrink / len(ranked) for i in ranked}
+    position = {i: r for r, i in enumerate(ranked)}
+    return {i: weights[i] for i in sorted(weights, key=lambda i: (-weights[i], position[i])) if weights[i] > 0}
+
+
 def _rank_on(preds: dict, y: np.ndarray, metric: str, variances: dict | None, tie_metric: str | None = None) -> list:
     """Ids by their own `metric` on these rows, best first (ties by `tie_metric`, then id);
     members whose score is not finite are left out."""
@@ -459,6 +495,8 @@ def _fit(method: str, preds: dict, y: np.ndarray, metric: str, rank_metric: str,
     if method == "bagged":
         return bagged_selection(preds, y, metric, max_size=max_size, n_init=n_init,
                                 val_vars=variances, seed=seed)
+    if method == "shrunk":
+        return shrunk_selection(preds, y, metric, max_size=max_size, n_init=n_init, val_vars=variances, seed=seed)
     if method != "top_k":
         raise ValueError(f"`method` must be one of {', '.join(CHOICES)}, but got {method!r}")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
@@ -503,7 +541,7 @@ def k_grid(m: int) -> list[int]:
 def _configs(m: int) -> list[tuple[str, int | None]]:
     """What "auto" compares: the uniform average of the k best for every k of `k_grid`,
     greedy and bagged selection."""
-    return [("top_k", k) for k in k_grid(m)] + [("greedy", None), ("bagged", None)]
+    return [("top_k", k) for k in k_grid(m)] + [("greedy", None), ("bagged", None), ("shrunk", None)]
 
 
 def config_name(method: str, k: int | None) -> str:
@@ -571,25 +609,33 @@ def _difference(a: dict, b: dict, higher: bool) -> tuple[float, float]:
     return float(np.mean(d)), float(np.std(d, ddof=1) / math.sqrt(len(d)))
 
 
-def _auto(cv: dict[str, dict], higher: bool) -> tuple[str, str]:
-    """The config "auto" fits on all rows, and why: the best out-of-fold score, or (the
-    one-standard-error rule) the config of largest effective size whose score is within
-    one standard error of the best (a larger average is the safer bet when validation
-    cannot tell them apart)."""
+def _auto(cv: dict[str, dict], higher: bool, base: str) -> tuple[str, str]:
+    """The config "auto" fits on all rows, and why: `base` ("shrunk": bagged selection
+    shrunk toward the uniform average), unless the config of best out-of-fold score beats
+    it by more than `depart_z` standard errors of the paired difference (``DEPART_ALPHA``,
+    Bonferroni-corrected for the configs compared). A small validation split cannot tell
+    near-equal members apart, and a selection made on it fits its noise; the shrunk bagged
+    ensemble gives it only part of the say, and is what another config has to beat."""
     finite = {name: e for name, e in cv.items() if math.isfinite(e["score"])}
     if not finite:
         raise ValueError("no selection method has a finite out-of-fold score")
     best = min(finite, key=lambda c: (-finite[c]["score"] if higher else finite[c]["score"]))
-    close = []
-    for name, entry in finite.items():
-        gap, se = _difference(entry, finite[best], higher)
-        if gap <= se:
-            close.append((entry["size"], -gap, name))
-    size, _, chosen = max(close)
-    if chosen == best:
-        return chosen, "best out-of-fold score"
-    return chosen, (f"within one standard error of the best out-of-fold score ({best}) with the larger "
-                    f"effective size ({size:.1f})")
+    if base not in finite or best == base:
+        return best, "best out-of-fold score"
+    gap, se = _difference(finite[base], finite[best], higher)
+    z = gap / se if se > 0 else (math.inf if gap > 0 else 0.0)
+    limit = depart_z(len(cv))
+    if z > limit:
+        return best, f"beats {base} selection out of fold by {z:.1f} standard errors"
+    return base, (f"no other selection beats {base} out of fold by more than {limit:.1f} standard errors "
+                  f"(the best, {best}, by {max(z, 0.0):.1f})")
+
+
+def depart_z(configs: int) -> float:
+    """How many standard errors a config must beat the average of all candidates by, out of
+    `configs` compared (itself included): the one-sided ``DEPART_ALPHA`` level divided among
+    the others."""
+    return NormalDist().inv_cdf(1.0 - DEPART_ALPHA / max(1, configs - 1))
 
 
 def choose_ensemble(
@@ -612,13 +658,15 @@ def choose_ensemble(
     best), "bagged" (the same on random halves of the candidates, averaged), "top_k" (the
     `k` best by `rank_metric`, equal weights), each returned as asked; or "auto":
     cross-validated selection. Every config (the uniform average of the k best for k = 1,
-    2, 3, ... all candidates; greedy; bagged) is fitted on 4 of 5 folds of the validation
-    rows and scored on the fifth; the config with the best out-of-fold score is fitted on
-    all rows, unless a config with a larger effective size is within one standard error of
-    it (paired over rows), which is then taken. A validation split tunes the greedy weights
-    of a small pool to its own noise; the uniform average does not overfit it, and
-    out-of-fold scores say which to trust. "auto" returns one member only when that member
-    alone beats the best ensemble of two or more out of fold by more than
+    2, 3, ... all candidates; greedy; bagged; shrunk) is fitted on 4 of 5 folds of the
+    validation rows and scored on the fifth. "shrunk" (bagged selection, its weights moved
+    ``SHRINK`` of the way toward the uniform average) is kept unless the config of best
+    out-of-fold score beats it by more than `depart_z` standard errors (paired over rows;
+    2.5 for 8 candidates, 2.9 for 500); that config is then fitted on all rows. A validation split of a
+    few dozen rows tunes greedy weights to its own noise; bagging and shrinkage give it only
+    part of the say, and out-of-fold scores say when a sharper selection is worth it (a
+    pool with poor candidates, as a search's). "auto" returns one member only when that member
+    alone also beats the best ensemble of two or more out of fold by more than
     ``SIGNIFICANCE_Z`` standard errors (``single_member`` says by how much); with fewer
     than ``MIN_CV_ROWS`` validation rows it averages the `k` best.
 
@@ -651,7 +699,7 @@ def choose_ensemble(
         else:
             table = _cross_validate(finite, y, metric, finite_vars, seed, **fit)
             cv = {name: e["score"] for name, e in table.items()}
-            name, why = _auto(table, higher)
+            name, why = _auto(table, higher, "shrunk")
             if name == "top_1":                       # one member: only if validation says so clearly
                 multi = {c: e for c, e in table.items() if c != "top_1" and math.isfinite(e["score"])
                          and e["size"] > 1.0}

@@ -27,7 +27,6 @@ import logging
 import math
 import time
 from collections import deque
-from pathlib import Path
 
 import numpy as np
 
@@ -408,32 +407,16 @@ def search_winners(run_path: str, count: int, meta: dict, train: dict) -> list[d
     """The best ``count`` candidates of a finished mode "evolve" run, as starting members:
     decoded with that run's own search space, with its optimizer, learning rate and batch
     size."""
-    from ensemble.config import read_saved_config
-    from ensemble.results.journal import read_journal
-    from evolve import Genome, SearchSpace, decode
-    path = Path(run_path)
-    if not (path / "journal.jsonl").is_file() or not (path / "config.toml").is_file():
-        raise ConfigError(f"`pbt.start` {run_path!r} is not a run directory (no journal.jsonl and config.toml "
-                          "there); give a finished mode \"evolve\" run's directory, or \"\" to start from "
-                          "[[architectures]]")
-    source_cfg = read_saved_config(path / "config.toml")
-    if source_cfg.mode != "evolve":
-        raise ConfigError(f"`pbt.start` {run_path!r} is a mode {source_cfg.mode!r} run; it must be a mode "
-                          "\"evolve\" run (its candidates start the population)")
-    metric = source_cfg.ensemble.metric
-    records = [r for r in map(MemberRecord.from_json, read_journal(path / "journal.jsonl"))
-               if r.ok and r.genome is not None]
-    if not records:
-        raise ConfigError(f"`pbt.start` {run_path!r} has no finished candidates yet")
-    metric = get_task(meta["task"]).default_metric(metric)
+    from ensemble.sources.earlier import earlier_search
+    from evolve import SearchSpace, decode, genome_from_dict
+    earlier = earlier_search(run_path, "pbt.start", meta, "\"\" to start from [[architectures]]")
     input_shape, n_outputs = tuple(meta["input_shape"]), meta["n_outputs"]
-    sign = -1.0 if higher_is_better(metric) else 1.0
-    records.sort(key=lambda r: (sign * r.val[metric], r.id))
-    space = SearchSpace.from_config(dict(source_cfg.search), input_rank=len(input_shape))
+    space = SearchSpace.from_config(dict(earlier.config.search), input_rank=len(input_shape))
+    records = earlier.best_first
     out = []
     for i in range(count):                        # fewer winners than members: dealt round-robin
         record = records[i % len(records)]
-        genome = Genome.from_dict(record.genome)
+        genome = genome_from_dict(record.genome)
         out.append({"arch": record.id, "layers": decode(genome, input_shape, space, n_outputs), "model": None,
                     "params": {}, "model_dir": None, **train, "optimizer": genome.optimizer,
                     "learning_rate": genome.learning_rate, "batch_size": genome.batch_size})

@@ -13,6 +13,11 @@ strategy exactly as it was (``Strategy.replay``), and the candidates that were o
 job stopped go out again first, with the same id, genome and seed, before anything new is
 bred. With the same results told in the same order (one worker), the resumed search is
 the uninterrupted one.
+
+Starting points (``initial_genomes``): the first population begins with an earlier search's
+best genomes (``evolve.start_from``, ``sources.earlier``) and the known-good templates for
+the input's kind (``evolve.templates``), each asked once, then random genomes. They are read
+afresh on ``--resume`` and the strategy skips those already handed out.
 """
 
 from __future__ import annotations
@@ -38,8 +43,8 @@ log = logging.getLogger(__name__)
 
 
 def _genome_key(genome: dict) -> str:
-    from evolve import Genome
-    return Genome.from_dict(genome).key()
+    from evolve import genome_from_dict
+    return genome_from_dict(genome).key()
 
 
 def search_space(cfg: RunConfig, meta: dict):
@@ -61,6 +66,27 @@ def check_search(cfg: RunConfig, meta: dict) -> None:
             random_genome(rng, space, tuple(meta["input_shape"]), meta["n_outputs"])
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+#: the first population of a strategy that declares none (random search), for ``evolve.start_from``
+FIRST_POPULATION = 12
+
+
+def initial_genomes(cfg: RunConfig, meta: dict, space, first_population: int | None) -> list:
+    """The search's starting points, its first asks: an earlier run's best genomes
+    (``evolve.start_from``, up to half the first population), then the templates for the
+    input's kind (``evolve.templates``); distinct, at most the first population."""
+    from evolve import templates
+    size = first_population or FIRST_POPULATION
+    shape, n_outputs = tuple(meta["input_shape"]), meta["n_outputs"]
+    out = []
+    if cfg.evolve.start_from:
+        from ensemble.sources.earlier import start_genomes
+        out += start_genomes(cfg.evolve.start_from, meta, space, max(1, size // 2))
+    if cfg.evolve.templates:
+        keys = {g.key() for g in out}
+        out += [g for g in templates(space, shape, n_outputs) if g.key() not in keys]
+    return out[:size]
 
 
 def _fitness(record: MemberRecord, metric: str) -> float | None:
@@ -113,9 +139,11 @@ class SearchSource:
         cls = STRATEGIES[ev.strategy]
         params = dict(ev.settings)                    # as the strategy declares them, defaults filled in
         self.objectives = params.get("objectives", "metric_params")
+        first = cls.initial_size(cls.validate_params(params))
+        self.initial = initial_genomes(cfg, meta, self.space, first)
         self.strategy = make_strategy(ev.strategy, self.space, self.input_shape, meta["n_outputs"],
                                       rng_seed=cfg.seed, budget_evaluations=ev.evaluations,
-                                      budget_seconds=ev.time_limit, **params)
+                                      budget_seconds=ev.time_limit, initial=self.initial, **params)
         self.total = ev.evaluations
         self.population_size = cls.initial_size(self.strategy.params)
         self.hooks: Hooks | None = None
@@ -150,7 +178,7 @@ class SearchSource:
     def _replay(self, history: list[MemberRecord | Event]) -> list[MemberRecord]:
         """Tell the strategy the journal's asks and results in their order; queue the
         candidates issued but not finished for ``next_spec``. Returns the finished records."""
-        from evolve import Genome
+        from evolve import genome_from_dict
         events: list[dict] = []
         done: list[MemberRecord] = []
         issued: dict[str, Any] = {}
@@ -174,7 +202,7 @@ class SearchSource:
         self.strategy.replay(events)
         for spec_id, line in issued.items():
             if spec_id not in told:
-                self.genomes[spec_id] = Genome.from_dict(line["genome"])
+                self.genomes[spec_id] = genome_from_dict(line["genome"])
                 self.reissue.append(line)
         if self.reissue:
             log.info(f"resume: {len(self.reissue)} candidate(s) out when the run stopped go out again as they "
@@ -191,10 +219,10 @@ class SearchSource:
             return self._spec(line["id"], self.genomes[line["id"]], line["evaluation"], line.get("seed"),
                               line.get("inherit"))
         if self.retrain:
-            from evolve import Genome
+            from evolve import genome_from_dict
             record = self.retrain.pop()
             self.retraining.add(record.id)
-            return self._spec(record.id, Genome.from_dict(record.genome), int(record.id[1:]))
+            return self._spec(record.id, genome_from_dict(record.genome), int(record.id[1:]))
         if self.exhausted:
             return None
         try:
@@ -264,7 +292,8 @@ class SearchSource:
         return {"search": self.compare(rows)}
 
     def compare(self, rows: list[MemberRecord]) -> dict:
-        """Best of the initial random population against the best the search found."""
+        """Best of the initial population (its starting points and random genomes) against the
+        best the search found."""
         ok = [r for r in rows if r.extra["search"]["fitness"] is not None and r.status.ranked]
         if self.population_size is None:          # random search: no initial population to beat
             return {}
@@ -280,9 +309,9 @@ class SearchSource:
                "search_best": {"id": b.id, "val": b.val[self.metric],
                                "test": b.test[self.metric], "genome": b.summary},
                "evaluations": len(rows), "initial_population": self.population_size}
-        log.info(f"search: best of the initial random population ({self.population_size}) {a.id}: "
+        log.info(f"search: best of the initial population ({self.population_size}) {a.id}: "
                  f"val {self.metric} {out['initial_best']['val']:.4f}, test {out['initial_best']['test']:.4f}\n"
-                 f"search: best evolved after {len(rows)} evaluations          {b.id}: "
+                 f"search: best evolved after {len(rows)} evaluations   {b.id}: "
                  f"val {self.metric} {out['search_best']['val']:.4f}, test {out['search_best']['test']:.4f}"
                  f"  [{b.summary}]")
         return out

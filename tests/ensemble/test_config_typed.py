@@ -86,8 +86,8 @@ def test_a_section_has_no_string_lookup():
 MODE_BRANCH = re.compile(r"""\bmode\s*(==|!=|\bin\b|\bnot in\b)\s*[("'\[]""")
 #: where a mode's name may be read: the modes themselves, and the schema that checks each mode's tables
 MODE_HOMES = ("ensemble/modes/", "ensemble/config/")
-#: ``pbt.start`` names another run, which must be a search: a check of that run's mode, not of this one's
-MODE_BRANCH_ALLOWED = {"ensemble/sources/population.py": 'if source_cfg.mode != "evolve":'}
+#: ``pbt.start``, ``evolve.start_from`` name another run, which must be a search: a check of its mode, not this one's
+MODE_BRANCH_ALLOWED = {"ensemble/sources/earlier.py": 'if source_cfg.mode != "evolve":'}
 
 
 def test_nothing_outside_the_modes_branches_on_the_mode_name():

@@ -17,6 +17,7 @@ from ensemble.results.selection import (
     k_grid,
     rank_members,
     select,
+    shrunk_selection,
     top_k,
 )
 from ensemble.task.metrics import average_predictions, score
@@ -250,8 +251,21 @@ def test_proper_score_selection_leaves_a_poor_confident_member_out(method):
     assert 1.0 <= choice["effective_size"] <= len(choice["weights"]) + 1e-9
     assert sum(choice["weights"].values()) == pytest.approx(1.0)
     if method == "auto":
-        assert set(choice["cv"]) == {*(f"top_{k}" for k in k_grid(len(pool))), "greedy", "bagged"}
+        assert set(choice["cv"]) == {*(f"top_{k}" for k in k_grid(len(pool))), "greedy", "bagged", "shrunk"}
         assert choice["method"] in ("top_k", "greedy", "bagged") and choice["single_member"] is None
+        assert "beats shrunk selection out of fold" in choice["why"]      # a poor member: shrinkage costs
+
+
+def test_shrunk_selection_keeps_every_member_and_moves_bagged_weights_toward_uniform():
+    pool, y = planted_pool()
+    bagged = bagged_selection(pool, y, "log_loss", seed=2)
+    shrunk = shrunk_selection(pool, y, "log_loss", seed=2, shrink=0.25)
+    assert set(shrunk) == set(pool) and sum(shrunk.values()) == pytest.approx(1.0)
+    for i in pool:
+        assert shrunk[i] == pytest.approx(0.75 * bagged.get(i, 0.0) + 0.25 / len(pool))
+    assert shrunk_selection(pool, y, "log_loss", seed=2, shrink=0.0) == pytest.approx(bagged)
+    with pytest.raises(ValueError, match="shrink"):
+        shrunk_selection(pool, y, "log_loss", shrink=1.5)
 
 
 def test_explicit_methods_are_returned_as_asked_and_auto_keeps_a_clearly_better_member_alone():

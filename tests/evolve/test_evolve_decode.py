@@ -30,7 +30,7 @@ def test_schema_shapes_and_params_2d(image_space):
     assert decode(EXAMPLE, (32, 32, 3), image_space, 10) == [
         {"type": "Conv2D", "filters": 32, "kernel_size": 3, "strides": 1, "padding": "same",
          "activation": "relu"},
-        {"type": "MaxPooling2D", "pool_size": 2},
+        {"type": "MaxPooling2D", "pool_size": 2, "padding": "valid"},
         {"type": "GlobalAveragePooling2D"},
         {"type": "Dense", "units": 128, "activation": "elu"},
         {"type": "Dropout", "rate": 0.2},

@@ -12,6 +12,7 @@ import pytest
 from ensemble.results.journal import read_journal
 from ensemble.results.store import PackStore
 from ensemble.task import metrics as M
+from ensemble.task.calibration import apply_temperature
 from tests.conftest import run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -91,9 +92,13 @@ def check_run_dir(run_dir):
     assert len(weights) == 3 and abs(sum(weights.values()) - 1) < 1e-9
     assert set(weights) == set(board["id"][:3])                      # top-k by validation accuracy
     probs = sum(w * store.get(i)[0]["test_pred"] for i, w in weights.items())
-    recomputed = M.classification_metrics(y_test, probs)
+    raw = M.classification_metrics(y_test, probs)
+    # ensemble.json: the temperature-scaled probabilities (T = 1 where held-out rows did not agree)
+    scaled = apply_temperature({"proba": probs, "aleatoric": np.zeros(len(probs))}, ens["calibration"])["proba"]
+    recomputed = M.classification_metrics(y_test, scaled)
     for key in ("accuracy", "log_loss", "brier", "ece"):
         assert ens["ensemble"]["test"][key] == pytest.approx(recomputed[key], rel=1e-9)
+        assert ens["calibration"]["before"]["test"][key] == pytest.approx(raw[key], rel=1e-9)
     best = ens["best_member"]
     assert best["id"] == board["id"][0]
     best_pred = store.get(best["id"])[0]["test_pred"]

@@ -1,0 +1,184 @@
+"""Where a search starts (``evolve.templates``, ``evolve.start_from``), without MPI: the real
+SearchSource driven by hand, members "trained" at once to a metric that depends on the genome
+only. The first candidates are the templates for the input's kind, or an earlier run's best
+genomes then the templates; a bad ``start_from`` is one clear line, from the source and from
+the config check; a search started from an earlier run resumes with every candidate once."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+import zlib
+
+import pytest
+
+from ensemble.config import ConfigError, Problems, dump_toml, resolve_config
+from ensemble.modes.evolve import EvolveMode
+from ensemble.results.journal import read_lines
+from ensemble.results.journal import typed_history as history_of
+from ensemble.results.records import MemberRecord
+from ensemble.results.rundir import RunDirectory
+from ensemble.sources.base import Hooks
+from ensemble.sources.search import SearchSource, search_space
+from evolve import genome_from_dict, templates
+
+META = {"task": "classification", "input_shape": [8, 8, 1], "n_outputs": 10}
+SEARCH = {"filters": [4, 16], "units": [8, 32], "max_params": 20_000}
+
+
+def config(space: str = "structured", evaluations: int = 10, **evolve) -> object:
+    return resolve_config({"mode": "evolve", "seed": 7, "search": {**SEARCH, "space": space},
+                           "evolve": {"evaluations": evaluations, "population_size": 4, "sample_size": 2, **evolve}})
+
+
+def outcome(spec: dict) -> dict:
+    """A member's record: its metric a pure function of its genome."""
+    h = zlib.crc32(json.dumps(spec["genome"], sort_keys=True).encode())
+    return {"id": spec["id"], "genome": spec["genome"], "summary": spec["summary"], "seed": spec["seed"],
+            "params": 100, "seconds": 1.0, "status": "ok", "val": {"accuracy": (h % 1000) / 1000},
+            "test": {"accuracy": 0.5}}
+
+
+def drive(source: SearchSource, lines: list[dict], kill_after: int | None = None, in_hand: int = 2) -> None:
+    """Hand out up to ``in_hand`` candidates, finish the oldest, again, until done; journal lines to
+    ``lines`` as the master does; ``kill_after`` results: stop with the others still out."""
+    source.bind(Hooks(event=lines.append, answer=lambda spec_id, decision: None, deadline=lambda: None,
+                      clock=time.time))
+    out: list[dict] = []
+    finished = 0
+    while True:
+        while len(out) < in_hand and (spec := source.next_spec()) is not None:
+            out.append(spec)
+        if not out or finished == kill_after:
+            return
+        record = source.tell(MemberRecord.from_json(outcome(out.pop(0))))
+        lines.append(json.loads(json.dumps(record.to_json())))
+        finished += 1
+
+
+def write_run(path, cfg, lines: list[dict], meta: dict = META):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.toml").write_text(dump_toml(cfg))
+    (path / "data.json").write_text(json.dumps(meta))
+    (path / "journal.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+@pytest.fixture
+def earlier(tmp_path):
+    """A finished structured search of 10 candidates on META's data."""
+    cfg = config()
+    lines: list[dict] = []
+    drive(SearchSource(cfg, META, RunDirectory(tmp_path / "earlier"), []), lines)
+    return write_run(tmp_path / "earlier", cfg, lines)
+
+
+def issued_genomes(lines: list[dict]) -> list[dict]:
+    return [x["genome"] for x in lines if x.get("event") == "issued"]
+
+
+def test_the_first_candidates_are_the_templates_for_the_input(tmp_path):
+    for space in ("structured", "free"):
+        lines: list[dict] = []
+        source = SearchSource(config(space), META, RunDirectory(tmp_path / space), [])
+        drive(source, lines)
+        made = [g.to_dict() for g in templates(search_space(config(space), META), (8, 8, 1), 10)]
+        assert len(made) == 2 and issued_genomes(lines)[:2] == made
+        assert len({json.dumps(g, sort_keys=True) for g in issued_genomes(lines)}) == 10
+    lines = []
+    drive(SearchSource(config(templates=False), META, RunDirectory(tmp_path / "none"), []), lines)
+    assert not {json.dumps(g, sort_keys=True) for g in issued_genomes(lines)} & {
+        json.dumps(g.to_dict(), sort_keys=True) for g in templates(search_space(config(), META), (8, 8, 1), 10)}
+
+
+def test_a_search_starts_from_an_earlier_runs_best_genomes(tmp_path, earlier):
+    records = [x for x in read_lines(earlier / "journal.jsonl") if "event" not in x]
+    best = sorted(records, key=lambda x: (-x["val"]["accuracy"], x["id"]))
+    lines: list[dict] = []
+    source = SearchSource(config(start_from=str(earlier)), META, RunDirectory(tmp_path / "next"), [])
+    drive(source, lines)
+    first = issued_genomes(lines)
+    made = [g.to_dict() for g in templates(search_space(config(), META), (8, 8, 1), 10)]
+    starts = [r["genome"] for r in best][:2]                   # half the first population of 4
+    then = [g for g in made if g not in starts]                # the templates not among them
+    assert first[:2 + len(then)] == starts + then and len(starts + then) >= 3
+    assert len({json.dumps(g, sort_keys=True) for g in first}) == len(first) == 10
+
+
+def test_the_start_from_a_free_search_is_repaired_into_a_free_space(tmp_path):
+    lines: list[dict] = []
+    drive(SearchSource(config("free"), META, RunDirectory(tmp_path / "free"), []), lines)
+    run = write_run(tmp_path / "free", config("free"), lines)
+    cfg = config("free", start_from=str(run), templates=False)
+    out: list[dict] = []
+    drive(SearchSource(cfg, META, RunDirectory(tmp_path / "next"), []), out, kill_after=0)
+    assert all(g in issued_genomes(lines) for g in issued_genomes(out))
+    with pytest.raises(ConfigError, match=r"none of its 10 finished candidates fits this search space \(it "
+                                          r"searched `search.space` 'free', this run 'structured'\)"):
+        SearchSource(config(start_from=str(run)), META, RunDirectory(tmp_path / "other"), [])
+
+
+def bad_runs(tmp_path, earlier) -> dict[str, tuple[str, str]]:
+    """A wrong `start_from`: (the directory, what its error says)."""
+    cfg = config()
+    ensemble_cfg = resolve_config({"mode": "ensemble", "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]})
+    return {"missing": (str(tmp_path / "nowhere"), "is not a run directory"),
+            "ensemble": (str(write_run(tmp_path / "ens", ensemble_cfg, [])), "is a mode 'ensemble' run"),
+            "shape": (str(write_run(tmp_path / "shape", cfg, read_lines(earlier / "journal.jsonl"),
+                                    {**META, "input_shape": [64]})),
+                      "searched samples of shape [64], but this run's samples have shape [8, 8, 1]"),
+            "empty": (str(write_run(tmp_path / "empty", cfg, [])), "has no finished candidates yet")}
+
+
+@pytest.mark.parametrize("case", ["missing", "ensemble", "shape", "empty"])
+def test_a_bad_start_from_is_one_line_naming_the_setting(tmp_path, earlier, case):
+    run, says = bad_runs(tmp_path, earlier)[case]
+    cfg = config(start_from=run)
+    with pytest.raises(ConfigError) as info:
+        SearchSource(cfg, META, RunDirectory(tmp_path / "next"), [])
+    message = str(info.value)
+    assert message.startswith(f"`evolve.start_from` {run!r}") and says in message and "\n" not in message
+    found = Problems()
+    EvolveMode().preflight(cfg, META, None, found)                # what `--check` reports
+    assert found.messages == [message] and not found.ok("evolve.start_from")
+
+
+def test_the_config_check_reports_a_bad_start_from_relative_to_the_config(tmp_path, capsys):
+    from ensemble.orchestrate.check import check_main
+    (tmp_path / "old").mkdir()
+    path = tmp_path / "c.toml"
+    path.write_text(textwrap.dedent("""
+        mode = "evolve"
+        [data]
+        reshape = [8, 8, 1]
+        [evolve]
+        evaluations = 4
+        start_from = "old"
+        [search]
+        space = "structured"
+        filters = [4, 8]
+        units = [8, 16]
+        max_params = 20000
+    """))
+    assert check_main(str(path)) != 0
+    out = capsys.readouterr().out
+    assert f"`evolve.start_from` {str(tmp_path / 'old')!r} is not a run directory" in out
+    assert "structured: 1..3 stages of 1..3 conv blocks" in out and "  genome 5: in 8x8x1: C" in out
+
+
+@pytest.mark.parametrize("kill_after", [1, 3, 6])
+def test_a_search_started_from_an_earlier_run_resumes_with_every_candidate_once(tmp_path, earlier, kill_after):
+    cfg = config(start_from=str(earlier))
+    full: list[dict] = []
+    drive(SearchSource(cfg, META, RunDirectory(tmp_path / "full"), []), full)
+    lines: list[dict] = []
+    drive(SearchSource(cfg, META, RunDirectory(tmp_path / "killed"), []), lines, kill_after=kill_after)
+    resumed = SearchSource(cfg, META, RunDirectory(tmp_path / "killed"), history_of(lines))
+    drive(resumed, lines)
+    records = [x for x in lines if "event" not in x]
+    assert [x["id"] for x in records] == sorted(x["id"] for x in records)
+    assert len({x["id"] for x in records}) == len(records) == 10            # every candidate once
+    keys = [genome_from_dict(x["genome"]).key() for x in records]
+    assert len(set(keys)) == 10
+    assert [x["genome"] for x in records] == [x["genome"] for x in full if "event" not in x]
