@@ -5,10 +5,11 @@
 A pool of made-up classifiers (digits-shaped validation predictions: rows x classes, each
 member's accuracy drawn between weak and strong) is selected three ways in one sitting:
 greedy forward selection on validation log loss (what ``method = "greedy"`` does),
-bagged selection (20 bags of half the pool), and the default ``method = "auto"`` (both
-fitted on halves of the validation rows and scored on the other half, then the better
-one on all rows). Prints seconds and the ratio to greedy: the default's extra cost is
-paid once per run, in ``finalise``, on at most ``ensemble.candidates`` members.
+bagged selection (20 bags of half the pool), and the default ``method = "auto"`` (every
+uniform top-k, greedy, bagged and shrunk fitted on 4 of 5 folds of the validation rows
+and scored on the fifth, then the chosen one on all rows). Prints seconds and the ratio
+to greedy: the default's extra cost is paid once per run, in ``finalise``, on at most
+``ensemble.candidates`` members.
 """
 
 from __future__ import annotations

@@ -470,9 +470,15 @@ def shrunk_selection(
     bagged = bagged_selection(val_preds, y_val, metric, val_vars=val_vars, seed=seed, **fit)
     variances = None if val_vars is None or metric != "nll" else val_vars
     ranked = _ranked_ids(_single_scores(metric, np.asarray(y_val), dict(val_preds), variances), metric)
-    weights = {i: (1.0 - shrink) * bagged.get(i, 0.0) + shrink / len(ranked) for i in ranked}
+    return _shrink(bagged, ranked, shrink)
+
+
+def _shrink(weights: Mapping[Any, float], ranked: list, shrink: float) -> dict[Any, float]:
+    """``weights`` moved ``shrink`` of the way toward equal weights on the `ranked` ids
+    (best first), ordered by weight, then rank; zero weights left out."""
+    out = {i: (1.0 - shrink) * weights.get(i, 0.0) + shrink / len(ranked) for i in ranked}
     position = {i: r for r, i in enumerate(ranked)}
-    return {i: weights[i] for i in sorted(weights, key=lambda i: (-weights[i], position[i])) if weights[i] > 0}
+    return {i: out[i] for i in sorted(out, key=lambda i: (-out[i], position[i])) if out[i] > 0}
 
 
 def _rank_on(preds: dict, y: np.ndarray, metric: str, variances: dict | None, tie_metric: str | None = None) -> list:
@@ -565,6 +571,7 @@ def _cross_validate(preds: dict, y: np.ndarray, metric: str, variances: dict | N
         p_part, v_part = _rows(preds, part), _rows(variances, part)
         p_held, v_held = _rows(preds, held), _rows(variances, held)
         ranked = _rank_on(p_part, y[part], metric, v_part)
+        bagged: dict | None = None
         for method, k in configs:
             entry = out[config_name(method, k)]
             try:
@@ -572,8 +579,11 @@ def _cross_validate(preds: dict, y: np.ndarray, metric: str, variances: dict | N
                     if not ranked:
                         raise ValueError("no finite candidate")
                     weights = _equal_weights(ranked[:k])
+                elif method == "shrunk" and bagged:                # the fold's bagged weights, shrunk
+                    weights = _shrink(bagged, ranked, SHRINK)
                 else:
                     weights = _fit(method, p_part, y[part], metric, metric, 1, v_part, seed, **fit)
+                    bagged = weights if method == "bagged" else bagged
                 mean, var = _average(weights, p_held, metric, v_held)
                 rows = pointwise(metric, y_fit[held], mean, var)
                 value = score_unchecked(metric, y_fit[held], mean, var)
