@@ -4,8 +4,10 @@ A search's first population holds these next to its random genomes (``evolve.tem
 in the config; ``Strategy(initial=...)``), so the random draws compete with a sensible
 baseline from the first evaluation. Sequences, images and volumes get a small CNN (two
 stages, batch norm, global average pooling, one dense layer) and a small residual CNN
-(three stages of two blocks); flat tables get two MLPs (a funnel with dropout, and two
-residual blocks with batch norm). Each is moved into the search space (``repair``: widths
+(three stages of two blocks, strided); flat tables get two MLPs (a funnel with dropout, and
+two residual blocks with more dropout). Only the first has batch norm: with the few steps
+of a short training its moving statistics lag (Keras' momentum 0.99), which cost the
+residual CNN 0.67 against 0.93 validation accuracy in 8 epochs on a 1-D motif problem. Each is moved into the search space (``repair``: widths
 to the nearest allowed, stages the input is too small for dropped, too many parameters
 shrunk); one the space cannot hold is left out. In a free space a template is its
 lowered layer list (``StructuredGenome.to_genome``), repaired into that space.
@@ -23,14 +25,14 @@ SPATIAL_TEMPLATES: dict[str, StructuredGenome] = {
                             activation="relu", norm=True, residual=False, dropout=0.1,
                             reduction="global_average", optimizer="adam", learning_rate=1e-3, batch_size=32),
     "resnet": StructuredGenome(stages=(Stage(2, 32, 3), Stage(2, 64, 3, "stride", 2), Stage(2, 128, 3, "stride", 2)),
-                               dense=(), activation="relu", norm=True, residual=True, dropout=0.0,
+                               dense=(), activation="relu", norm=False, residual=True, dropout=0.0,
                                reduction="global_average", optimizer="adam", learning_rate=1e-3, batch_size=64),
 }
 #: for flat tables, by name
 TABLE_TEMPLATES: dict[str, StructuredGenome] = {
     "mlp": StructuredGenome(stages=(), dense=(128, 64), activation="relu", norm=False, residual=False,
                             dropout=0.1, optimizer="adam", learning_rate=1e-3, batch_size=32),
-    "resmlp": StructuredGenome(stages=(), dense=(256, 256), activation="relu", norm=True, residual=True,
+    "resmlp": StructuredGenome(stages=(), dense=(256, 256), activation="relu", norm=False, residual=True,
                                dropout=0.2, optimizer="adam", learning_rate=1e-3, batch_size=64),
 }
 

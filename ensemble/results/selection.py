@@ -53,11 +53,11 @@ BAGS, BAG_FRACTION, CV_FOLDS, MIN_CV_ROWS = 20, 0.5, 5, 20
 #: "auto" keeps a single member only when it beats every larger ensemble out of fold by
 #: more than this many standard errors (one-sided 5%)
 SIGNIFICANCE_Z = 1.645
-#: "auto" leaves the uniform average of all candidates only for a config that beats it out
+#: "auto" leaves shrunk selection only for a config that beats it out
 #: of fold at this one-sided significance level, Bonferroni-corrected for the number of
-#: configs compared (the best of many looks better than it is): 2.5 standard errors for 8
-#: candidates, 2.9 for 500
-DEPART_ALPHA = 0.05
+#: configs compared (the best of many looks better than it is): 3.1 standard errors for 8
+#: candidates, 3.4 for 500
+DEPART_ALPHA = 0.01
 #: how far "shrunk" selection moves bagged weights toward the uniform average (chosen on the
 #: panel, docs/ensembles.md)
 SHRINK = 0.25
@@ -672,7 +672,7 @@ def choose_ensemble(
     validation rows and scored on the fifth. "shrunk" (bagged selection, its weights moved
     ``SHRINK`` of the way toward the uniform average) is kept unless the config of best
     out-of-fold score beats it by more than `depart_z` standard errors (paired over rows;
-    2.5 for 8 candidates, 2.9 for 500); that config is then fitted on all rows. A validation split of a
+    3.1 for 8 candidates, 3.4 for 500); that config is then fitted on all rows. A validation split of a
     few dozen rows tunes greedy weights to its own noise; bagging and shrinkage give it only
     part of the say, and out-of-fold scores say when a sharper selection is worth it (a
     pool with poor candidates, as a search's). "auto" returns one member only when that member
