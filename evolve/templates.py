@@ -5,12 +5,12 @@ in the config; ``Strategy(initial=...)``), so the random draws compete with a se
 baseline from the first evaluation. Sequences, images and volumes get a small CNN (two
 stages, batch norm, global average pooling, one dense layer) and a small residual CNN
 (three stages of two blocks, strided); flat tables get two MLPs (a funnel with dropout, and
-two residual blocks with more dropout). Only the first has batch norm: with the few steps
-of a short training its moving statistics lag (Keras' momentum 0.99), which cost the
-residual CNN 0.67 against 0.93 validation accuracy in 8 epochs on a 1-D motif problem. Each is moved into the search space (``repair``: widths
-to the nearest allowed, stages the input is too small for dropped, too many parameters
-shrunk); one the space cannot hold is left out. In a free space a template is its
-lowered layer list (``StructuredGenome.to_genome``), repaired into that space.
+two residual blocks with more dropout). Only the first has batch norm: in a short training
+its moving statistics lag behind (Keras' momentum 0.99), which on a quick try hurt the
+residual CNN's validation accuracy badly. Each is moved into the search space (``repair``:
+widths to the nearest allowed, no downsampling where the maps are too small, too many
+parameters shrunk); one the space cannot hold is left out. In a free space a template is
+its lowered layer list (``StructuredGenome.to_genome``), repaired into that space.
 """
 
 from __future__ import annotations
