@@ -30,7 +30,7 @@ from ensemble.results.rundir import RunDirectory
 
 EXIT_USAGE = 2
 RECENT = 50                    # members/s over the last 50 results (and over the whole job)
-STALE_BEATS = 3                # a running job silent for 3 heartbeats (and at least a minute) looks dead
+STALE_BEATS = 3                # a running job silent for 3 heartbeats looks dead (15 s at the default)
 
 
 class JournalTail:
@@ -164,7 +164,7 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
             and isinstance(beat.get("pid"), int) and not pid_alive(beat["pid"]):
         state = "dead"                     # killed on this host: no need to wait for missed beats
     elif state in ("running", "finishing") and beat_age is not None and \
-            beat_age > max(STALE_BEATS * beat.get("every", 10.0), 60.0):
+            beat_age > STALE_BEATS * beat.get("every", 10.0):
         state = "silent"
     ended_by_id = Counts.of_records(tail.records).ended
     running = beat.get("running")

@@ -392,8 +392,10 @@ SCHEMA = Table({
                                         "line); a crash loses at most this many seconds of results"),
         "progress_seconds": Key(NUM, 10.0, _positive,
                                 doc="seconds between progress summary lines (when there are too many members "
-                                    "for a line each) and between rewrites of status.json, the heartbeat "
-                                    "`python -m ensemble.status` reads"),
+                                    "for a line each)"),
+        "heartbeat_seconds": Key(NUM, 5.0, _positive,
+                                 doc="seconds between rewrites of status.json, the heartbeat `ensemble status` "
+                                     "reads; a job silent for three of them is reported dead"),
         "progress_lines": Key((int,), 100, _nonneg,
                               doc="up to this many members, a progress line per result; more: summary lines"),
     }, doc="Where and how the run executes; unlike the settings that shape the results, these (and "

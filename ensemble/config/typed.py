@@ -283,9 +283,11 @@ class RuntimeConfig(Section):
     #: journal lines are fsynced together at most this often (0: every line); a crash loses at most this many
     #: seconds of results
     journal_sync_seconds: float
-    #: seconds between progress summary lines (when there are too many members for a line each) and between
-    #: rewrites of status.json, the heartbeat `python -m ensemble.status` reads
+    #: seconds between progress summary lines (when there are too many members for a line each)
     progress_seconds: float
+    #: seconds between rewrites of status.json, the heartbeat `ensemble status` reads; a job silent for three
+    #: of them is reported dead
+    heartbeat_seconds: float
     #: up to this many members, a progress line per result; more: summary lines
     progress_lines: int
 

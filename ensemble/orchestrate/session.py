@@ -114,7 +114,7 @@ class MasterSession:
         self.records = list(previous)
         progress = Progress(total, metric, workers, len(done_ids), rt.progress_lines, rt.progress_seconds,
                             clock=self.clock)
-        beat = Heartbeat(self.run_dir.path, rt.progress_seconds, progress.counts,
+        beat = Heartbeat(self.run_dir.path, rt.heartbeat_seconds, progress.counts,
                          job_started=round(self.job_started, 3), total=total, workers=workers, metric=metric,
                          deadline=self.budget.deadline, time_limit=rt.time_limit,
                          resumed_with=len(done_ids)) if self.keep_beat else None

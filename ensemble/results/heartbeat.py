@@ -3,10 +3,10 @@
 The journal says what finished; only the master knows what is in flight, what is left
 and when the job must end. It writes that here, atomically (temporary file and rename,
 so a reader on a login node never sees half a file and takes no lock), when the job
-opens, at most every ``runtime.progress_seconds`` while it runs (from the idle hook of
+opens, at most every ``runtime.heartbeat_seconds`` while it runs (from the idle hook of
 the dispatch loop, after the free workers have been handed specs, so the counts are
 right; on results only when the loop is never idle; a quiet master writes nothing and
-never spins), every ``progress_seconds`` from a thread while no loop can (a serial
+never spins), every ``heartbeat_seconds`` from a thread while no loop can (a serial
 master training a member; the ensemble being selected and written), and when it ends,
 Ctrl-C and a crash included. A few hundred bytes whatever the run's size.
 ``ensemble.status`` reads it with the journal: of the heartbeat it takes only what the

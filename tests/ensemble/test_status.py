@@ -16,6 +16,7 @@ import pytest
 from ensemble import status as S
 from ensemble.results.heartbeat import Heartbeat, read_heartbeat
 from ensemble.results.records import MemberRecord
+from ensemble.status import STALE_BEATS
 
 
 def record(i: int, ok: bool = True, t: float = 1000.0) -> dict:
@@ -75,6 +76,18 @@ def test_a_silent_job_is_called_dead_with_how_to_resume(tmp_path):
     run = make(tmp_path, beat=beat)
     s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1000.0 + 600)
     assert s["state"] == "silent" and "looks dead" in S.format_status(s) and "--resume" in S.format_status(s)
+
+
+def test_a_job_elsewhere_is_called_silent_after_three_missed_heartbeats(tmp_path):
+    from ensemble.config import resolve_config
+    every = resolve_config({"architectures": [{"name": "m", "layers": [{"type": "Dense", "units": 4}]}]}) \
+        .runtime.heartbeat_seconds
+    assert STALE_BEATS * every <= 15.0                        # a dead job is told within about 15 s
+    beat = {"state": "running", "time": 1000.0, "every": every, "total": 12, "host": "another-node", "pid": 1}
+    run = make(tmp_path, beat=beat)
+    tail = S.JournalTail(run / "journal.jsonl")
+    assert S.run_status(run, tail, now=1000.0 + 2.9 * every)["state"] == "running"
+    assert S.run_status(run, tail, now=1000.0 + 3.1 * every)["state"] == "silent"
 
 
 def test_a_job_killed_on_this_host_is_called_dead_at_once(tmp_path):

@@ -32,6 +32,7 @@ layers = [{type = "Dense", units = 8}]
 [runtime]
 trainer = "rehearsal"
 progress_seconds = 0.3
+heartbeat_seconds = 0.3
 [rehearsal]
 seconds = 1.2
 """

@@ -1,0 +1,52 @@
+"""The one ``ensemble`` command: its subcommands, their help, the generated reference page."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ensemble import cli
+
+
+def test_help_lists_every_subcommand(capsys):
+    assert cli.main(["--help"]) == 0 and cli.main([]) == 0
+    out = capsys.readouterr().out
+    for name in ("run", "check", "status", "report", "predict", "export", "reselect", "jobscript", "simulate"):
+        assert f"  {name} " in out
+
+
+def test_an_unknown_subcommand_is_refused_with_the_list(capsys):
+    assert cli.main(["trian", "c.toml"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'trian'" in err and "run, check, status" in err
+
+
+@pytest.mark.parametrize("name", list(cli.COMMANDS))
+def test_every_subcommand_has_help(name):
+    text = cli.help_text(name)
+    assert text.startswith("usage: ") and "-h, --help" in text
+
+
+def test_a_subcommand_runs_its_module_with_the_same_arguments(tmp_path, capsys):
+    from ensemble import status
+    missing = str(tmp_path / "no-run-here")
+    code = cli.main(["status", missing])
+    first = capsys.readouterr()
+    assert code == status.main([missing]) != 0
+    assert first == capsys.readouterr()                       # the same words, both ways
+    assert cli.COMMANDS["check"].argv(["c.toml"]) == ["--check", "c.toml"]
+
+
+def test_the_reference_page_is_generated_from_the_parsers():
+    assert cli.REFERENCE.read_text() == cli.reference(), \
+        "docs/cli.md is stale: python -m ensemble.cli --reference --write"
+
+
+def test_the_console_command_is_installed():
+    exe = Path(sys.executable).parent / "ensemble"
+    assert exe.is_file(), "the `ensemble` command is missing: make install (pip install -e .)"
+    proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "reselect" in proc.stdout
