@@ -188,17 +188,15 @@ def plot_leaderboard(view: RunView):
     return fig
 
 
-def _reliability(proba: np.ndarray, y: np.ndarray, bins: int = 10):
+def _reliability(proba: np.ndarray, y: np.ndarray, bins: int = 10, least: int = 15):
+    """(mean confidence, accuracy, samples) per bin of equal mass: the samples sorted by
+    confidence and cut into `bins` groups of equal size (fewer when that would leave fewer
+    than `least` samples in one), so no point rests on a handful of samples."""
     conf = proba.max(axis=1)
     right = proba.argmax(axis=1) == y
-    edges = np.linspace(0.0, 1.0, bins + 1)
-    which = np.clip(np.digitize(conf, edges[1:-1]), 0, bins - 1)
-    rows = []
-    for b in range(bins):
-        m = which == b
-        if m.any():
-            rows.append((conf[m].mean(), right[m].mean(), int(m.sum())))
-    return np.array(rows)
+    order = np.argsort(conf, kind="stable")
+    groups = np.array_split(order, max(1, min(bins, len(conf) // least)))
+    return np.array([(conf[g].mean(), right[g].mean(), len(g)) for g in groups if len(g)])
 
 
 def _kept_accuracy(proba: np.ndarray, y: np.ndarray):
@@ -235,7 +233,7 @@ def plot_classification(view: RunView):
                          color=color)
         share, acc = _kept_accuracy(proba, y)
         ax2.plot(share, acc, color=color, label=label)
-    ax1.set(xlabel="confidence (highest class probability); numbers: samples per bin",
+    ax1.set(xlabel="confidence (highest class probability); bins of equal size, numbers: samples per bin",
             ylabel="accuracy in bin (± 2 binomial SE)",
             title="Reliability on the test split", xlim=(0, 1.02), ylim=(0, 1.02))
     ax2.set(xlabel="share of test samples kept (most confident first)", ylabel="accuracy of those kept",
@@ -470,8 +468,9 @@ def plot_costs(view: RunView):
 
 def plot_timeline(view: RunView):
     """One lane per rank, one bar per training from its start to its end (blue: finished;
-    light blue: discarded early; red: failed, stopped or at its time limit); the gaps are
-    the idle time. Utilisation (``results.timeline``) in the title."""
+    light blue: discarded early; red: failed, stopped or at its time limit), each worker's
+    start-up before its first member (grey: Python, MPI, data; orange: TensorFlow and the
+    first build); the gaps are the idle time. Utilisation (``results.timeline``) in the title."""
     timed = [r for r in view.records if r.started is not None and r.ended is not None]
     if not timed:
         return None
@@ -486,6 +485,17 @@ def plot_timeline(view: RunView):
         color = "#1f77b4" if r.status.ranked else "#9ecae1" if r.status.evaluated else "#d62728"
         if lane is not None:
             per_lane.setdefault((color, lane), []).append((r.started - t0, max(r.ended - r.started, 1e-3)))
+    for r in timed:                       # each worker's own start-up, from its first result's stamps
+        lane, st = lanes.get(int(r.rank or 0)), r.extra.get("startup")
+        if lane is None or not isinstance(st, dict):
+            continue
+        begin = st.get("process") if st.get("process") is not None else st.get("main")
+        ready = st.get("data")                        # then TensorFlow's import and set-up, the first build
+        if begin is not None and ready is not None:
+            ax.broken_barh([(begin - t0, max(ready - begin, 1e-3))], (lane - 0.25, 0.5), facecolors="#bdbdbd",
+                           edgecolors="none")
+            ax.broken_barh([(ready - t0, max(r.started - ready, 1e-3))], (lane - 0.25, 0.5), facecolors="#fdae6b",
+                           edgecolors="none")
     for (color, lane), bars in per_lane.items():
         # a white edge between bars: members back to back on one rank stay apart
         ax.broken_barh(bars, (lane - 0.4, 0.8), facecolors=color, edgecolors="white", linewidth=0.6)
@@ -496,8 +506,9 @@ def plot_timeline(view: RunView):
             ax.axvline(start, color="#999", ls="--", lw=1)
     ax.set_yticks(range(len(lanes)), [f"rank {r}" for r in lanes], fontsize=7 if len(lanes) < 24 else 5)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds since the job began (grey: start-up; blue: a member training; light blue: discarded "
-                  "early; red: failed; white: idle)")
+    ax.set_xlabel("seconds since the job began; grey band: the master's start-up; per rank: grey, Python, MPI "
+                  "and data;\norange, TensorFlow and the first build; blue, a member training; light blue, "
+                  "discarded early; red, failed; white, idle", fontsize=8)
     stats = (view.summary or {}).get("run") or run_stats(view.records, view.events)
     util = stats.get("utilisation")
     more = f", first {len(lanes)} of {len(ranks)} ranks shown" if len(ranks) > len(lanes) else ""
