@@ -72,15 +72,16 @@ def check_search(cfg: RunConfig, meta: dict) -> None:
 FIRST_POPULATION = 12
 
 
-def initial_genomes(cfg: RunConfig, meta: dict, space, first_population: int | None) -> list:
+def initial_genomes(cfg: RunConfig, meta: dict, space, first_population: int | None, earlier: bool = True) -> list:
     """The search's starting points, its first asks: an earlier run's best genomes
-    (``evolve.start_from``, up to half the first population), then the templates for the
-    input's kind (``evolve.templates``); distinct, at most the first population."""
+    (``evolve.start_from``, up to half the first population; not with ``earlier=False``),
+    then the templates for the input's kind (``evolve.templates``); distinct, at most the
+    first population. Raises ``ConfigError`` for a bad ``start_from``."""
     from evolve import templates
     size = first_population or FIRST_POPULATION
     shape, n_outputs = tuple(meta["input_shape"]), meta["n_outputs"]
     out = []
-    if cfg.evolve.start_from:
+    if cfg.evolve.start_from and earlier:
         from ensemble.sources.earlier import start_genomes
         out += start_genomes(cfg.evolve.start_from, meta, space, max(1, size // 2))
     if cfg.evolve.templates:
@@ -140,7 +141,13 @@ class SearchSource:
         params = dict(ev.settings)                    # as the strategy declares them, defaults filled in
         self.objectives = params.get("objectives", "metric_params")
         first = cls.initial_size(cls.validate_params(params))
-        self.initial = initial_genomes(cfg, meta, self.space, first)
+        try:
+            self.initial = initial_genomes(cfg, meta, self.space, first)
+        except ConfigError as exc:
+            if not history:                       # a new search: the user's mistake, said before anything runs
+                raise
+            log.warning(f"resume: {exc}; the search goes on without the starting points it had not handed out")
+            self.initial = initial_genomes(cfg, meta, self.space, first, earlier=False)
         self.strategy = make_strategy(ev.strategy, self.space, self.input_shape, meta["n_outputs"],
                                       rng_seed=cfg.seed, budget_evaluations=ev.evaluations,
                                       budget_seconds=ev.time_limit, initial=self.initial, **params)

@@ -182,3 +182,19 @@ def test_a_search_started_from_an_earlier_run_resumes_with_every_candidate_once(
     keys = [genome_from_dict(x["genome"]).key() for x in records]
     assert len(set(keys)) == 10
     assert [x["genome"] for x in records] == [x["genome"] for x in full if "event" not in x]
+
+
+def test_a_resume_whose_earlier_run_is_gone_goes_on_without_it(tmp_path, earlier, caplog):
+    import shutil
+    cfg = config(start_from=str(earlier))
+    lines: list[dict] = []
+    drive(SearchSource(cfg, META, RunDirectory(tmp_path / "killed"), []), lines, kill_after=3)
+    shutil.rmtree(earlier)
+    with pytest.raises(ConfigError, match="is not a run directory"):          # a new search: refused
+        SearchSource(cfg, META, RunDirectory(tmp_path / "new"), [])
+    resumed = SearchSource(cfg, META, RunDirectory(tmp_path / "killed"), history_of(lines))
+    assert "the search goes on without the starting points" in caplog.text
+    drive(resumed, lines)
+    records = [x for x in lines if "event" not in x]
+    assert len({x["id"] for x in records}) == len(records) == 10
+    assert len({genome_from_dict(x["genome"]).key() for x in records}) == 10
