@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = {"config": 0, "runtime": 1, "task": 1, "results": 2, "train": 3, "inference": 3, "sources": 3,
           "modes": 4, "orchestrate": 5, "run": 6, "predict": 6, "simulate": 6,
-          "reselect": 6, "report": 6, "status": 6, "jobscript": 6}
+          "reselect": 6, "report": 6, "status": 6, "jobscript": 6, "export": 6, "cli": 7}
 #: what the packages beside ``ensemble`` may import from it
 BESIDE = {"evolve": {"ensemble.config.vocabulary"}, "datafeed": set()}
 #: the lowest ensemble layer that may import each neighbour package

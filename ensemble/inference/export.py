@@ -21,6 +21,7 @@ builder with custom layers still needs those layers, as its own model.keras does
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -30,6 +31,8 @@ from ensemble.inference.load import EnsembleRun, PredictError, load_run
 from ensemble.results.rundir import atomic_write
 from ensemble.task import get_task
 from ensemble.task.graph import MemberOutput
+
+log = logging.getLogger("ensemble.export")
 
 
 def _normalize(z, shift: np.ndarray, scale: np.ndarray):
@@ -74,4 +77,8 @@ def export_ensemble(run: EnsembleRun | str | Path, path: str | Path) -> Path:
     if isinstance(run, (str, Path)):
         run = load_run(run)
     model = build_ensemble_model(run)
+    temperature = (run.calibration or {}).get("temperature", 1.0)
+    if run.task == "classification" and temperature != 1.0:
+        log.warning(f"{path}: the model gives the averaged probabilities before the run's temperature "
+                    f"(T = {temperature:.4g}); predict applies it: softmax(log(p) / T)")
     return atomic_write(path, model.save)           # never a half-written model at the final path

@@ -23,8 +23,10 @@ coverage of the 50/90/95% intervals is closer to nominal (ties: variance scaling
 Classification: ``temperature`` (Guo et al. 2017) divides the log of the ensemble's
 probabilities by one temperature ``T`` fitted to minimise validation log loss, kept only
 when it also lowers the log loss of held-out validation folds (``auto`` does this); it
-changes confidence, never the predicted class. The members' split into aleatoric
-and epistemic parts is kept; the total entropy is that of the scaled probabilities.
+changes confidence, never the predicted class. The total entropy is that of the
+scaled probabilities; its split into aleatoric and epistemic parts keeps the members'
+proportions. (The exported Keras model, built of stock layers, gives the probabilities
+before the temperature: ``calibration.temperature`` in ensemble.json says what to apply.)
 
 Calibration uses the validation split, which also chose the ensemble and stopped
 training early; the test split, untouched, says whether it held (``ensemble.json``
@@ -258,7 +260,12 @@ def apply_temperature(stats: dict, calibration: dict | None) -> dict:
     out["proba"] = _scaled(stats["proba"], calibration["temperature"])
     p = out["proba"]
     out["total"] = -np.sum(p * np.log(np.where(p > 0, p, 1.0)), axis=1)
-    out["epistemic"] = np.maximum(out["total"] - np.asarray(stats["aleatoric"]), 0.0)
+    # the members' split of the entropy is kept, scaled to the new total: a sharper ensemble is
+    # less uncertain in both parts, and total = aleatoric + epistemic still holds
+    before = np.asarray(stats["total"], dtype=np.float64)
+    ratio = np.divide(out["total"], before, out=np.ones_like(before), where=before > 0)
+    out["aleatoric"] = np.asarray(stats["aleatoric"], dtype=np.float64) * ratio
+    out["epistemic"] = np.maximum(out["total"] - out["aleatoric"], 0.0)
     return out
 
 

@@ -162,6 +162,8 @@ class Classification(Task):
                 "epistemic": np.maximum(total - aleatoric, 0.0)}
 
     def combine_in_keras(self, members, n_outputs, calibration=None):
+        """The averaged probabilities, before any temperature: stock Keras layers have no
+        logarithm, and a custom layer would make the file need this project to load."""
         from ensemble.task.graph import classification_graph
         return classification_graph(members, n_outputs)
 

@@ -50,3 +50,9 @@ def test_the_console_command_is_installed():
     assert exe.is_file(), "the `ensemble` command is missing: make install (pip install -e .)"
     proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "reselect" in proc.stdout
+
+
+def test_export_of_a_missing_run_is_one_line(tmp_path, capsys):
+    assert cli.main(["export", str(tmp_path / "none"), str(tmp_path / "e.keras")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "does not exist" in err and len(err.strip().splitlines()) == 1
