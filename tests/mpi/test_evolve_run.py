@@ -63,7 +63,7 @@ def test_evolve_run_three_ranks(tmp_path):
     board = pd.read_csv(run_dir / "leaderboard.csv")
     assert len(board) == 7 and board["val_accuracy"].is_monotonic_decreasing
     ens = json.loads((run_dir / "ensemble.json").read_text())
-    assert ens["method"] in ("greedy", "bagged", "top_k") and 1 <= len(ens["members"]) <= 7
+    assert ens["method"] in ("shrunk", "greedy", "bagged", "top_k") and 1 <= len(ens["members"]) <= 7
     assert set(m["id"] for m in ens["members"]) <= set(board["id"])
     assert ens["search"]["search_best"]["val"] >= ens["search"]["initial_best"]["val"]
     assert ens["best_member"]["id"] == board["id"][0]

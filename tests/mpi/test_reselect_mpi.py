@@ -44,7 +44,7 @@ def test_reselect_writes_a_new_ensemble_and_keeps_the_old(tmp_path):
     proc = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=120)
     assert proc.returncode == 0, proc.stderr
     first = json.loads((run_dir / "ensemble.json").read_text())
-    assert first["selection"]["metric"] == "log_loss" and first["method"] in ("greedy", "bagged", "top_k")
+    assert first["selection"]["metric"] == "log_loss" and first["method"] in ("shrunk", "greedy", "bagged", "top_k")
     sel = first["selection"]
     assert sel["method"] == first["method"] and sel["why"] and len(first["members"]) == sel["picks"]
     assert sel["cv"] is None or {"top_1", "greedy", "bagged"} <= set(sel["cv"])
