@@ -2,9 +2,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# ranks for `make demo` / `make evolve-demo`: rank 0 (the master) and NP-1 workers. MPI
-# oversubscribes, so 4 runs on 2 cores too; `make demo NP=2` matches a 2-core machine.
-NP     ?= 4
+# ranks for `make demo` / `make evolve-demo`: rank 0 (the master, idle while it waits) and a
+# worker per core, from the machine it runs on; `make demo NP=2` chooses (MPI oversubscribes)
+NP     ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$((n + 1)))
 STAMP  := $(VENV)/.installed
 # `make docs` installs mkdocs here, never into $(VENV): the project does not depend on it
 DOCS_VENV ?= .venv-docs

@@ -175,6 +175,9 @@ TRAIN_KEYS = {
                                  "member keeps its best validated weights (`stopped = \"time_limit\"`, ranked like "
                                  "any other); one stopped before its first epoch ended fails (kind `time_limit`); "
                                  "shortened to end before the run's own deadline"),
+    "time_limit_fails": Key((bool,), False,
+                            doc="true: a member that reaches `member_time_limit` fails and its work is dropped "
+                                "(the behaviour before the limit kept the best weights)"),
     "bootstrap": Key((bool,), False, doc="train each member on a seeded bootstrap resample of the training split"),
     "loss": Key((str,), "auto", _one_of(*LOSSES),
                 doc="\"auto\": cross-entropy for classification, Gaussian NLL (a mean and a variance head) for "

@@ -65,6 +65,9 @@ class TrainConfig(Section):
     #: validated weights (`stopped = "time_limit"`, ranked like any other); one stopped before its first
     #: epoch ended fails (kind `time_limit`); shortened to end before the run's own deadline
     member_time_limit: float
+    #: true: a member that reaches `member_time_limit` fails and its work is dropped (the behaviour before
+    #: the limit kept the best weights)
+    time_limit_fails: bool
     #: train each member on a seeded bootstrap resample of the training split
     bootstrap: bool
     #: "auto": cross-entropy for classification, Gaussian NLL (a mean and a variance head) for regression (a
@@ -103,6 +106,8 @@ class ArchitectureConfig(Section):
     patience: int | None
     #: this architecture's own `train.member_time_limit`; unset: [train]'s
     member_time_limit: float | None
+    #: this architecture's own `train.time_limit_fails`; unset: [train]'s
+    time_limit_fails: bool | None
     #: this architecture's own `train.bootstrap`; unset: [train]'s
     bootstrap: bool | None
     #: this architecture's own `train.loss`; unset: [train]'s

@@ -38,8 +38,10 @@ def setup_logging(rank: int, level: str = "info") -> logging.Logger:
     console = ConsoleHandler()
     console.setLevel(getattr(logging, level.upper()) if rank == 0 else logging.CRITICAL + 1)
     logger.addHandler(console)
-    # the logger passes only what some handler keeps: a debug call in a hot loop costs nothing
-    logger.setLevel(min(h.level for h in logger.handlers))
+    # the logger passes only what some handler keeps: a debug call in a hot loop costs nothing (a
+    # handler at NOTSET, such as pytest's, keeps everything: the logger's own NOTSET would instead
+    # defer to the root logger's WARNING)
+    logger.setLevel(min(h.level if h.level > logging.NOTSET else logging.DEBUG for h in logger.handlers))
     return logger
 
 

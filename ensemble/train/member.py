@@ -197,6 +197,10 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         limit.completed = min(group.allgather(limit.completed))
         if group.Get_rank() != 0:                                # the leader alone records the member
             return None
+    if limit.hit and spec.get("time_limit_fails"):
+        raise MemberFailed(TIME_LIMIT_KIND, f"training exceeded `member_time_limit` "
+                           f"({spec['member_time_limit']:g} s) after {limit.completed} of {spec['epochs']} "
+                           "epochs (`train.time_limit_fails = true` drops such a member)")
     if limit.hit and limit.completed == 0:
         raise MemberFailed(TIME_LIMIT_KIND, f"training exceeded `member_time_limit` "
                            f"({spec['member_time_limit']:g} s) before its first epoch ended; raise the "

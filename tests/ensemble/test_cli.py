@@ -30,7 +30,7 @@ def test_every_subcommand_has_help(name):
     assert text.startswith("usage: ") and "-h, --help" in text
 
 
-def test_a_subcommand_runs_its_module_with_the_same_arguments(tmp_path, capsys):
+def test_a_subcommand_runs_its_module_with_the_same_arguments(tmp_path, capsys, own_logging):
     from ensemble import status
     missing = str(tmp_path / "no-run-here")
     code = cli.main(["status", missing])
@@ -52,7 +52,18 @@ def test_the_console_command_is_installed():
     assert proc.returncode == 0 and "reselect" in proc.stdout
 
 
-def test_export_of_a_missing_run_is_one_line(tmp_path, capsys):
+@pytest.fixture
+def own_logging():
+    """The subcommand configures the ``ensemble`` logger of this process: put it back after."""
+    import logging
+    logger = logging.getLogger("ensemble")
+    handlers, level = list(logger.handlers), logger.level
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+
+
+def test_export_of_a_missing_run_is_one_line(tmp_path, capsys, own_logging):
     assert cli.main(["export", str(tmp_path / "none"), str(tmp_path / "e.keras")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "does not exist" in err and len(err.strip().splitlines()) == 1

@@ -89,3 +89,16 @@ def test_a_member_stopped_by_its_time_limit_keeps_its_best_weights(tmp_path, mon
     else:
         assert record.status is Status.LIMIT and record.error_kind == "time_limit"
         assert "before its first epoch ended" in record.error["message"]
+
+
+def test_time_limit_fails_keeps_the_old_behaviour(tmp_path, monkeypatch):
+    """`train.time_limit_fails = true`: the member stopped in its third epoch fails (kind
+    time_limit, status limit) instead of being kept."""
+    from ensemble.results.records import MemberRecord
+    from ensemble.train import member as M
+    monkeypatch.setattr(M, "_clock", Ticks())
+    spec, data = tiny_member(epochs=20, batch_size=60, patience=20, member_time_limit=7.5, time_limit_fails=True)
+    record = MemberRecord.from_json(M.guarded(lambda: M.run_member(spec, data, META, RunDirectory(tmp_path), 0),
+                                              spec, 0))
+    assert record.status is Status.LIMIT and record.error_kind == "time_limit"
+    assert "after 2 of 20 epochs" in record.error["message"] and "time_limit_fails" in record.error["message"]

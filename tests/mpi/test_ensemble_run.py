@@ -94,7 +94,9 @@ def check_run_dir(run_dir):
     probs = sum(w * store.get(i)[0]["test_pred"] for i, w in weights.items())
     raw = M.classification_metrics(y_test, probs)
     # ensemble.json: the temperature-scaled probabilities (T = 1 where held-out rows did not agree)
-    scaled = apply_temperature({"proba": probs, "aleatoric": np.zeros(len(probs))}, ens["calibration"])["proba"]
+    entropy = -np.sum(probs * np.log(np.clip(probs, 1e-300, 1.0)), axis=1)
+    scaled = apply_temperature({"proba": probs, "total": entropy, "aleatoric": np.zeros(len(probs))},
+                               ens["calibration"])["proba"]
     recomputed = M.classification_metrics(y_test, scaled)
     for key in ("accuracy", "log_loss", "brier", "ece"):
         assert ens["ensemble"]["test"][key] == pytest.approx(recomputed[key], rel=1e-9)
