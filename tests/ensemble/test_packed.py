@@ -35,8 +35,8 @@ def spec(i: int, **extra):
             "member_time_limit": 60.0, "bootstrap": i % 2 == 1, "loss": "auto", **extra}
 
 
-@pytest.mark.parametrize("task", ["classification",
-                                  pytest.param("regression", marks=pytest.mark.slow)])   # make test runs both
+@pytest.mark.slow          # about 9 s of training: make test runs both, test-fast stays under a minute
+@pytest.mark.parametrize("task", ["classification", "regression"])
 def test_a_packed_member_equals_its_unpacked_twin(tmp_path, task):
     import keras
 

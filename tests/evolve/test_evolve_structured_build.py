@@ -14,6 +14,8 @@ import pytest
 
 from evolve import SearchSpace, count_params, decode, mutate, random_genome, templates
 
+pytestmark = pytest.mark.slow        # TensorFlow training: in `make test`, not in test-fast's minute
+
 #: one sample's shape for each kind of input
 SHAPES = {"sequence": (16, 2), "image": (6, 6, 1), "table": (5,)}
 SEEDS = 5
