@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 DOCS_VENV ?= .venv-docs
 SITE   ?= build/site
 
-.PHONY: demo test test-fast test-long lint docs evolve-demo pbt-demo install clean
+.PHONY: demo test test-fast test-long lint docs docs-check evolve-demo pbt-demo install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,16 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check ensemble evolve datafeed tests scripts
 	$(BIN)/mypy
+
+# every page of the built site in headless Chromium: pages load, images decode, site links answer
+# (chromium and chromedriver from Debian's packages when missing, selenium in the docs venv)
+docs-check: docs
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q chromium chromium-driver >/dev/null || \
+		  { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }; }
+	$(DOCS_VENV)/bin/python -c "import selenium" 2>/dev/null || \
+		$(DOCS_VENV)/bin/python -m pip install --quiet "selenium~=4.0"
+	$(DOCS_VENV)/bin/python scripts/check_site.py $(SITE)
 
 # the documentation site (mkdocs.yml, docs/), warnings as errors: a broken link or anchor fails
 docs:

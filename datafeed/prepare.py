@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from datafeed.readers import DataError, DataSettings
+from datafeed.splits import split_from
 
 SPLITS = ("train", "val", "test")
 
@@ -74,6 +75,24 @@ def split_indices(y: np.ndarray, task: str, val: float, test: float, seed: int) 
     return {"train": np.sort(train_idx), "val": np.sort(val_idx), "test": np.sort(test_idx)}
 
 
+def draw_validation(y: np.ndarray, train: np.ndarray, task: str, fraction: float,
+                    seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A given split without validation rows: ``fraction`` of its training rows drawn as
+    validation (seeded, stratified for classification as ``split_indices`` is); returns
+    (train, val), each sorted."""
+    from sklearn.model_selection import train_test_split
+    if len(train) < 2:
+        raise DataError(f"the given split has {len(train)} training row(s), too few to draw validation rows "
+                        "from (`data.val_fraction`); give validation rows or more training rows")
+    strat = y[train] if task == "classification" else None
+    if strat is not None:
+        counts = np.unique(strat, return_counts=True)[1]
+        if counts.min() < 3 or np.ceil(fraction * len(train)) < len(counts):
+            strat = None                  # a class too small to stratify: plain shuffle
+    rest, val = train_test_split(train, test_size=fraction, random_state=seed + 1, stratify=strat)
+    return np.sort(rest), np.sort(val)
+
+
 def fit_normalizer(x_train: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
     """Per-feature (shift, scale) fitted on the training split; x' = (x - shift) / scale."""
     flat = x_train.reshape(len(x_train), -1).astype(np.float64)
@@ -114,12 +133,13 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
     """``prepare``, plus the split itself: ``{"train", "val", "test"}`` -> sorted int64 row
     indices into ``x``/``y`` as given (the file's rows as read), what the run saves as
     ``splits.npz`` so a baseline can use the same rows. ``rows``: a split given (a run's
-    ``splits.npz``), used as it is instead of drawing one."""
+    ``splits.npz``, or the data's own from ``datafeed.splits.read_data``), used as it is
+    instead of drawing one; its ``val`` None: drawn from its train rows (``draw_validation``)."""
     x = np.asarray(x)
     y = np.asarray(y)
     check_arrays(x, y)
     task = str(info["task"]) if data.task == "auto" and info.get("task") else infer_task(y, data.task)
-    meta: dict = {"task": task, "feature_names": info.get("feature_names", [])}
+    meta: dict = {"task": task, "feature_names": info.get("feature_names", []), "split_from": split_from(data)}
     if task == "classification":
         y, names = encode_labels(y, info.get("class_names"))
         meta["class_names"], meta["n_outputs"] = names, len(names)
@@ -135,13 +155,18 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
         meta["n_outputs"] = 1 if y.ndim == 1 else int(np.prod(y.shape[1:]))
     x = reshape_features(np.asarray(x, dtype=np.float32), data.reshape)
     if rows is not None:
-        top = max((int(r.max()) for r in rows.values() if len(r)), default=-1)
+        given = {s: rows.get(s) for s in SPLITS}
+        top = max((int(np.max(r)) for r in given.values() if r is not None and len(r)), default=-1)
         if top >= len(y):
             raise DataError(f"the split refers to row {top}, but the data has {len(y)} rows: it is not the "
                             "data the split was made for")
-        idx = {s: np.asarray(rows[s], dtype=np.int64) for s in SPLITS}
+        idx = {s: np.asarray(r, dtype=np.int64) for s, r in given.items() if r is not None}
+        meta["val_drawn"] = given["val"] is None
+        if given["val"] is None:
+            idx["train"], idx["val"] = draw_validation(y, idx["train"], task, data.val_fraction, seed)
     else:
         idx = split_indices(y, task, data.val_fraction, data.test_fraction, seed)
+        meta["val_drawn"] = True
     shift, scale = fit_normalizer(x[idx["train"]], data.normalize)
     arrays = {"x_mean": shift, "x_scale": scale}
     for split in SPLITS:

@@ -47,6 +47,14 @@ class DataSettings(Protocol):
     def normalize(self) -> str: ...
     @property
     def reshape(self) -> tuple[Any, ...] | None: ...
+    @property
+    def test_source(self) -> str: ...
+    @property
+    def val_source(self) -> str: ...
+    @property
+    def split_column(self) -> str: ...
+    @property
+    def split_file(self) -> str: ...
 
 
 class DataError(ValueError):
@@ -187,22 +195,28 @@ def read_hdf5(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, n
 
 
 def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
-    label = data.label
+    label, split = data.label, data.split_column
     has_label = label in frame.columns
     if require_y and not has_label:
         raise DataError(f"`data.label` names column {label!r}, but the file has columns "
                         f"{', '.join(map(str, frame.columns))}")
-    features = list(data.features) or [c for c in frame.columns if c != label]
+    if require_y and split and split not in frame.columns:
+        raise DataError(f"`data.split_column` names column {split!r}, but {data.source!r} has columns "
+                        f"{one_line(', '.join(map(str, frame.columns)))}; name the column that says train/val/test")
+    features = list(data.features) or [c for c in frame.columns if c not in (label, split)]
     missing = [c for c in features if c not in frame.columns]
     if missing:
         raise DataError(f"`data.features` names columns {missing} that the file does not have; "
                         f"it has {', '.join(map(str, frame.columns))}")
     x = frame[features]
-    bad = [c for c in features if not np.issubdtype(x[c].dtype, np.number)]
+    bad = [c for c in features if not (isinstance(x[c].dtype, np.dtype) and np.issubdtype(x[c].dtype, np.number))]
     if bad:
         raise DataError(f"feature columns {bad} are not numeric; drop them with `data.features`")
     y = frame[label].to_numpy() if has_label else None
-    return x.to_numpy(dtype=np.float32), y, {"feature_names": list(map(str, features))}
+    info: dict = {"feature_names": list(map(str, features))}
+    if split and split in frame.columns:
+        info["split_values"] = frame[split].to_numpy()      # each row's split, read by datafeed.splits
+    return x.to_numpy(dtype=np.float32), y, info
 
 
 @reader("csv")

@@ -69,13 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.specs_in_hand:
         hand = "auto" if args.specs_in_hand == "auto" else int(args.specs_in_hand)
         cfg = cfg.replace(runtime=cfg.runtime.replace(specs_in_hand=hand))
-    from datafeed.prepare import prepare
-    from datafeed.readers import read_dataset
+    from datafeed.prepare import prepare_with_rows
+    from datafeed.splits import read_data
     from ensemble.orchestrate.simulate import simulate
     from ensemble.results.rundir import RunDirectory
     try:
-        x, y, info = read_dataset(cfg.data)
-        data, meta = prepare(x, y, info, cfg.data, cfg.seed)
+        got = read_data(cfg.data)
+        data, meta, _ = prepare_with_rows(got.x, got.y, got.info, cfg.data, cfg.seed, got.rows)
     except (ConfigError, ValueError) as exc:
         print(f"data error: {exc}", file=sys.stderr)
         return 3

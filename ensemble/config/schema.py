@@ -213,16 +213,32 @@ SCHEMA = Table({
                         "numbers), else regression"),
         "val_fraction": Key(NUM, 0.15, _fraction,
                             doc="share of the samples held out for validation (early stopping, ranking, "
-                                "ensemble selection, calibration)"),
+                                "ensemble selection, calibration); when the data gives its split without "
+                                "validation rows: share of the training rows"),
         "test_fraction": Key(NUM, 0.15, _fraction,
-                             doc="share of the samples held out for the final test scores, used for nothing else"),
+                             doc="share of the samples held out for the final test scores, used for nothing else; "
+                                 "not with a split the data gives"),
+        "test_source": Key((str,), "",
+                           doc="your own split by files: the test rows, a file of the same format and columns as "
+                               "`source` (whose rows are then the training rows); \"\": none"),
+        "val_source": Key((str,), "",
+                          doc="with `test_source`: the validation rows, a file like `source`; \"\": validation is "
+                              "drawn from the training rows (`val_fraction` of them)"),
+        "split_column": Key((str,), "",
+                            doc="your own split by a column (CSV/Parquet): its values \"train\", \"val\" (or "
+                                "\"valid\", \"validation\") and \"test\" say each row's split; not a feature; no "
+                                "\"val\" rows: validation is drawn from the train rows; \"\": none"),
+        "split_file": Key((str,), "",
+                          doc="your own split by row indices: an .npz with integer arrays `train`, `test` and "
+                              "optionally `val` into the rows of `source` (relative to the config); \"\": none"),
         "normalize": Key((str,), "standard", _one_of("standard", "minmax", "none"),
                          doc="per-feature scaling fitted on the training split only: \"standard\" (mean 0, "
                              "std 1), \"minmax\" (0 to 1) or \"none\""),
         "reshape": Key((list,), None, _shape, nullable=True,
                        doc="the shape of one sample, e.g. [8, 8, 1] for Conv2D layers on 64 pixels; "
                            "unset: as read"),
-    }, doc="What to train on: rank 0 reads it once, splits it (seeded, stratified for classification), "
+    }, doc="What to train on: rank 0 reads it once, splits it (seeded, stratified for classification) or "
+           "takes the split the data gives (`test_source`, `split_column` or `split_file`), "
            "normalises it and broadcasts it to one shared copy per node."),
     "train": Table(dict(TRAIN_KEYS), doc="How every member trains; each `[[architectures]]` may override any of "
                                          "these for its own members."),
@@ -538,10 +554,14 @@ def resolve_dict(raw: dict, *, source: str = "config", saved: bool = False,
     if cfg["name"] is None:
         cfg["name"] = Path(source).stem or "run"
     data = cfg["data"]
-    if found.ok("data.val_fraction", "data.test_fraction") and data["val_fraction"] + data["test_fraction"] >= 0.9:
+    random_split = not any(data[k] for k in GIVEN_SPLIT)
+    if (random_split and found.ok("data.val_fraction", "data.test_fraction")
+            and data["val_fraction"] + data["test_fraction"] >= 0.9):
         found.add("`data.val_fraction` + `data.test_fraction` must leave at least 10% "
                   f"for training, but they sum to {data['val_fraction'] + data['test_fraction']}",
                   "data.val_fraction", "data.test_fraction")
+    given = raw.get("data") if isinstance(raw.get("data"), dict) and not saved else {}
+    check_given_split(data, set(given), found)
     rt = cfg["runtime"]
     if rt["master_trains"] is True and rt["group_size"] > 1 and found.ok("runtime.master_trains",
                                                                          "runtime.group_size"):
@@ -599,6 +619,47 @@ def resolve_dict(raw: dict, *, source: str = "config", saved: bool = False,
     if problems is None:
         found.raise_any()
     return cfg
+
+
+#: the settings by which the data gives its own split, and how each names it
+GIVEN_SPLIT = {"test_source": "separate files", "val_source": "separate files", "split_column": "a column",
+               "split_file": "index arrays"}
+
+
+def check_given_split(data: dict, given: set[str], found: Problems) -> None:
+    """A split the data gives (``datafeed.splits``): one way at a time, and no random fraction
+    for a split it gives. ``given``: the `[data]` keys the config sets (a saved config sets
+    them all, so its fractions are not judged)."""
+    used = [k for k in GIVEN_SPLIT if data[k] and found.ok(f"data.{k}")]
+    ways: dict[str, str] = {}
+    for key in used:
+        ways.setdefault(GIVEN_SPLIT[key], key)
+    if len(ways) > 1:
+        first, *others = ways.values()
+        for other in others:
+            found.add(f"`data.{first}` and `data.{other}` both give the split ({GIVEN_SPLIT[first]} and "
+                      f"{GIVEN_SPLIT[other]}); keep one of them", f"data.{other}")
+        return
+    if not used:
+        return
+    if used == ["val_source"]:
+        found.add("`data.val_source` needs `data.test_source`: separate files give the test rows too "
+                  "(`data.source` holds the training rows)", "data.val_source")
+        return
+    if "test_fraction" in given:
+        found.add(f"`data.test_fraction` draws a random test split, but `data.{used[0]}` gives the test rows; "
+                  "remove `data.test_fraction`", "data.test_fraction")
+    if "val_fraction" in given and data["val_source"]:
+        found.add("`data.val_fraction` draws validation rows from the training rows, but `data.val_source` "
+                  "gives them; remove one of the two", "data.val_fraction")
+    column = data["split_column"]
+    if column and found.ok("data.label", "data.features"):
+        if column == data["label"]:
+            found.add(f"`data.split_column` {column!r} is the target column `data.label`; name the column that "
+                      "says train/val/test", "data.split_column")
+        elif column in data["features"]:
+            found.add(f"`data.split_column` {column!r} is listed in `data.features`, but the split column is "
+                      "not a feature; remove it from `data.features`", "data.features")
 
 
 def check_pbt(cfg: dict, found: Problems) -> None:
@@ -783,11 +844,12 @@ def _locate(cfg: dict, base: Path, problems: Problems | None = None) -> dict:
     dict (``ensemble.run_config``). A builder folder that does not exist raises, or is
     noted in ``problems``."""
     path = Path(base) / "config.toml"
-    src = cfg["data"]["source"]
-    if ("/" in src or "." in src) and not Path(src).is_absolute():
-        near_config = path.parent / src
-        if near_config.exists() or not Path(src).exists():
-            cfg["data"]["source"] = str(near_config.resolve())
+    for key in ("source", "test_source", "val_source", "split_file"):
+        src = cfg["data"][key]
+        if src and ("/" in src or "." in src or key != "source") and not Path(src).is_absolute():
+            near_config = path.parent / src
+            if near_config.exists() or not Path(src).exists():
+                cfg["data"][key] = str(near_config.resolve())
     found = Problems() if problems is None else problems
     for i, arch in enumerate(cfg["architectures"]):
         where = f"architectures[{i}].model_dir"

@@ -15,7 +15,7 @@ from ensemble.config.section import Section
 
 @dataclass(frozen=True)
 class DataConfig(Section):
-    """What to train on: rank 0 reads it once, splits it (seeded, stratified for classification), normalises it and broadcasts it to one shared copy per node."""
+    """What to train on: rank 0 reads it once, splits it (seeded, stratified for classification) or takes the split the data gives (`test_source`, `split_column` or `split_file`), normalises it and broadcasts it to one shared copy per node."""
 
     #: a built-in dataset (digits, iris, wine, breast_cancer, diabetes, california_housing_small) or a
     #: .npz/.npy/.csv/.parquet/.h5 file (relative to the config)
@@ -35,10 +35,24 @@ class DataConfig(Section):
     #: regression
     task: str
     #: share of the samples held out for validation (early stopping, ranking, ensemble selection,
-    #: calibration)
+    #: calibration); when the data gives its split without validation rows: share of the training rows
     val_fraction: float
-    #: share of the samples held out for the final test scores, used for nothing else
+    #: share of the samples held out for the final test scores, used for nothing else; not with a split the
+    #: data gives
     test_fraction: float
+    #: your own split by files: the test rows, a file of the same format and columns as `source` (whose rows
+    #: are then the training rows); "": none
+    test_source: str
+    #: with `test_source`: the validation rows, a file like `source`; "": validation is drawn from the
+    #: training rows (`val_fraction` of them)
+    val_source: str
+    #: your own split by a column (CSV/Parquet): its values "train", "val" (or "valid", "validation") and
+    #: "test" say each row's split; not a feature; no "val" rows: validation is drawn from the train rows;
+    #: "": none
+    split_column: str
+    #: your own split by row indices: an .npz with integer arrays `train`, `test` and optionally `val` into
+    #: the rows of `source` (relative to the config); "": none
+    split_file: str
     #: per-feature scaling fitted on the training split only: "standard" (mean 0, std 1), "minmax" (0 to 1)
     #: or "none"
     normalize: str
@@ -333,8 +347,9 @@ class RunConfig(Section):
     seed: int
     #: folder the run directory is made in
     output_dir: str
-    #: What to train on: rank 0 reads it once, splits it (seeded, stratified for classification), normalises
-    #: it and broadcasts it to one shared copy per node.
+    #: What to train on: rank 0 reads it once, splits it (seeded, stratified for classification) or takes the
+    #: split the data gives (`test_source`, `split_column` or `split_file`), normalises it and broadcasts it
+    #: to one shared copy per node.
     data: DataConfig
     #: How every member trains; each `[[architectures]]` may override any of these for its own members.
     train: TrainConfig

@@ -107,22 +107,11 @@ class Ensemble:
         return score(self._run, result, encode_targets(self._run, y, len(result[next(iter(result))])))
 
     def data(self, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
-        """The run's own ``split`` ("train", "val" or "test") as read from its data file:
-        (raw features, targets), the rows ``splits.npz`` records. Reads the file again."""
-        from datafeed.readers import read_dataset
-        from ensemble.results.rundir import RunDirectory
-        rd = RunDirectory(self.path)
-        if split not in ("train", "val", "test"):
-            raise ValueError(f"split must be 'train', 'val' or 'test', but got {split!r}")
-        if not (self.path / rd.SPLITS).is_file():
-            raise FileNotFoundError(f"{self.path / rd.SPLITS} does not exist: the run was written before "
-                                    "splits were saved")
-        x, y, _ = read_dataset(self.config.data)
-        rows = rd.load_splits()[split]
-        if rows.size and rows.max() >= len(x):
-            raise ValueError(f"the data {self.config.data.source!r} has {len(x)} rows, fewer than the "
-                             f"run's split refers to: it is not the file the run trained on")
-        return np.asarray(x)[rows], np.asarray(y)[rows]
+        """The run's own ``split`` ("train", "val" or "test") as read from its data file(s):
+        (raw features, targets), the rows ``splits.npz`` records. Reads the data again, as
+        the run did (``datafeed.splits.read_data``)."""
+        from ensemble.inference.load import run_split
+        return run_split(self.path, self.config, split)
 
     def __repr__(self) -> str:
         s = self._run.summary

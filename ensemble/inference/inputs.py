@@ -168,7 +168,8 @@ def input_settings(run: EnsembleRun, source: str, fmt: str | None = None, x: str
     from datafeed.readers import BUILTINS, SUFFIXES
     data = run.config.data
     detectable = source in BUILTINS or Path(source).suffix.lower() in SUFFIXES
-    changes = {"source": str(source), "format": fmt or ("auto" if detectable else data.format)}
+    changes = {"source": str(source), "format": fmt or ("auto" if detectable else data.format),
+               "test_source": "", "val_source": "", "split_column": "", "split_file": ""}   # no split here
     changes.update({key: value for key, value in (("x", x), ("y", y), ("label", label)) if value is not None})
     return data.replace(**changes)
 

@@ -138,20 +138,46 @@ def load_run(run_dir: str | Path) -> EnsembleRun:
 
 
 
+def run_split(run_dir: str | Path, config: RunConfig, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """One of the run's splits ("train", "val" or "test") as its data holds it: (raw features,
+    targets), the rows ``splits.npz`` records, the data read as the run read it
+    (``datafeed.splits.read_data``). Raises ``PredictError`` when the run has no
+    ``splits.npz`` or the data is not what it was made for."""
+    from datafeed.readers import DataError
+    from datafeed.splits import read_data
+    rd = RunDirectory(Path(run_dir))
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"split must be 'train', 'val' or 'test', but got {split!r}")
+    if not (rd.path / rd.SPLITS).is_file():
+        raise PredictError(f"{str(rd.path / rd.SPLITS)!r} does not exist: the run was written before splits "
+                           "were saved")
+    try:
+        got = read_data(config.data)
+    except (OSError, DataError) as exc:
+        raise PredictError(f"cannot read the run's data {config.data.source!r} again: {exc}") from None
+    rows = rd.load_splits()[split]
+    if rows.size and rows.max() >= len(got.x):
+        raise PredictError(f"the data {config.data.source!r} has {len(got.x)} rows, fewer than the run's split "
+                           "refers to: it is not the data the run trained on")
+    return np.asarray(got.x)[rows], np.asarray(got.y)[rows]
+
+
 def run_arrays(run_dir: str | Path, config: RunConfig, meta: dict) -> dict[str, np.ndarray]:
     """The run's own prepared splits (``x_train`` ... ``y_test``, normalised and encoded as
     its members saw them), from its data file and ``splits.npz``: the one way every later
-    step (``--data test``, re-selection, the notebook API) gets the run's rows back. A run
-    written before ``splits.npz`` existed draws its split again from its seed. Raises
-    ``PredictError`` when the data is not the file the run trained on."""
+    step (``--data test``, re-selection, the notebook API) gets the run's rows back. The data
+    is read as the run read it (``datafeed.splits.read_data``: separate files per split are
+    one array again). A run written before ``splits.npz`` existed draws its split again
+    from its seed. Raises ``PredictError`` when the data is not the file the run trained on."""
     from datafeed.prepare import prepare_with_rows
-    from datafeed.readers import DataError, read_dataset
+    from datafeed.readers import DataError
+    from datafeed.splits import read_data
     rd = RunDirectory(Path(run_dir))
     data = config.data
     try:
-        x, y, info = read_dataset(data)
-        rows = rd.load_splits() if (rd.path / rd.SPLITS).is_file() else None
-        arrays, fresh, _ = prepare_with_rows(x, y, info, data, config.seed, rows)
+        got = read_data(data)
+        rows = rd.load_splits() if (rd.path / rd.SPLITS).is_file() else got.rows
+        arrays, fresh, _ = prepare_with_rows(got.x, got.y, got.info, data, config.seed, rows)
     except (OSError, DataError, ValueError) as exc:
         raise PredictError(f"cannot read the run's data {data.source!r} again: {exc}") from None
     shift, scale = rd.load_normalization()

@@ -41,7 +41,8 @@ from ensemble.runtime.env import configure_tensorflow, set_thread_env
 
 EXIT_PROBLEMS = 2               # ensemble.run.EXIT_CONFIG: the run would stop with a config error
 PREDICT_BATCH = 512             # the validation and prediction batch (forward only)
-READ_SETTINGS = tuple(f"data.{k}" for k in ("source", "format", "x", "y", "label", "features"))
+READ_SETTINGS = tuple(f"data.{k}" for k in ("source", "format", "x", "y", "label", "features", "test_source",
+                                             "val_source", "split_column", "split_file"))
 SHAPE_SETTINGS = ("data.reshape",)
 
 
@@ -95,12 +96,14 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
     if not found.ok(*READ_SETTINGS):
         print("\nData: not read until the [data] settings above are fixed.")
         return None
-    from datafeed.prepare import prepare
-    from datafeed.readers import DataError, detect_format, read_dataset
+    from datafeed.prepare import prepare_with_rows
+    from datafeed.readers import DataError, detect_format
+    from datafeed.splits import describe_split, read_data
     t0, fmt = time.monotonic(), data.format
     try:
         fmt = detect_format(data)
-        x, y, info = read_dataset(data)
+        got = read_data(data)                   # and the split the data gives, checked
+        x, y = got.x, got.y
     except DataError as exc:
         found.add(str(exc), "data.source")
     except Exception as exc:            # noqa: BLE001 - a file that is not what its suffix says
@@ -111,7 +114,7 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
         return None
     seconds = time.monotonic() - t0
     try:
-        arrays, meta = prepare(x, y, info, data, cfg.seed)
+        arrays, meta, _ = prepare_with_rows(x, y, got.info, data, cfg.seed, got.rows)
     except ValueError as exc:
         found.add(str(exc), "data")
         print(f"\nData: {data.source} was read but cannot be used (see the problems).")
@@ -119,7 +122,9 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
     if data.task == "auto" and found.ok("data.task"):
         check_task_settings(cfg, meta["task"], "the labels make this task", found)
     import numpy as np
-    print(f"\nData: {data.source} ({'built-in' if fmt == 'builtin' else fmt}), read in {seconds:.1f} s")
+    files = "".join(f" + {key} {path}" for key, path in (("val_source", data.val_source),
+                                                          ("test_source", data.test_source)) if path)
+    print(f"\nData: {data.source}{files} ({'built-in' if fmt == 'builtin' else fmt}), read in {seconds:.1f} s")
     print(f"  features {list(np.shape(x))} {np.asarray(x).dtype}, targets {list(np.shape(y))}: "
           f"{len(x)} samples; one sample as the networks see it: {meta['input_shape']}")
     task_from = "from `data.task`" if data.task != "auto" else "inferred from the labels"
@@ -131,9 +136,8 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
     else:
         print(f"  task: regression ({task_from}), {meta['n_outputs']} output(s)")
     sizes = meta["sizes"]
-    print(f"  splits: train {sizes['train']}, validation {sizes['val']}, test {sizes['test']} "
-          f"(seed {cfg.seed}{', stratified' if meta['task'] == 'classification' else ''}); "
-          f"normalisation {data.normalize!r}, fitted on train")
+    print(f"  splits: train {sizes['train']}, validation {sizes['val']}, test {sizes['test']}, "
+          f"{describe_split(meta, data, cfg.seed)}; normalisation {data.normalize!r}, fitted on train")
     return arrays, meta
 
 

@@ -8,6 +8,8 @@ import logging
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 from ensemble.config import ConfigError, Problems, RunConfig, dump_toml, read_saved_config
 from ensemble.config.schema import check_task_settings
 from ensemble.results.lock import LOCK_NAME, RunLock, RunLocked
@@ -20,12 +22,13 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
     """Rank 0: read, check and prepare the data, check architectures, create the run
     directory and lock it (the caller releases the lock when the job ends)."""
     from datafeed.prepare import prepare_with_rows
-    from datafeed.readers import read_dataset
+    from datafeed.splits import read_data
     from ensemble.config.vocabulary import check_input_rank
     from ensemble.modes import mode_of
 
-    x, y, info = read_dataset(cfg.data)
-    arrays, meta, rows = prepare_with_rows(x, y, info, cfg.data, cfg.seed)
+    got = read_data(cfg.data)                   # the split too, where the data gives it
+    arrays, meta, rows = prepare_with_rows(got.x, got.y, got.info, cfg.data, cfg.seed, got.rows)
+    del got
     if cfg.data.task == "auto":                 # the task is known now: settings that depend on it
         check_task_settings(cfg, meta["task"], "the labels make this task")
     mode = mode_of(cfg)
@@ -58,7 +61,8 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
         run_dir.write_text(run_dir.CONFIG, dump_toml(cfg))
         run_dir.write_json(run_dir.DATA, meta)
         run_dir.save_normalization(arrays["x_mean"], arrays["x_scale"])
-        run_dir.write_npz(run_dir.SPLITS, **rows)    # row indices, so a baseline can use the same rows
+        run_dir.write_npz(run_dir.SPLITS, **rows,    # row indices, so a baseline can use the same rows
+                          split_from=np.array(meta["split_from"]))
     except BaseException:
         lock.release()
         raise

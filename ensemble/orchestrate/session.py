@@ -169,8 +169,9 @@ class MasterSession:
     def _announce(self, total: int | None, done: int, resume_seconds: float | None) -> None:
         rt = self.cfg.runtime
         workers = self.executor.workers - self.master_trains
-        log.info(f"run {self.run_dir.path}: {self.meta['task']} on {self.meta['sizes']} samples, {total or '?'} "
-                 f"members, {workers} "
+        from datafeed.splits import describe_split
+        log.info(f"run {self.run_dir.path}: {self.meta['task']} on {self.meta['sizes']} samples (split "
+                 f"{describe_split(self.meta, self.cfg.data, self.cfg.seed)}), {total or '?'} members, {workers} "
                  f"{'groups of ' + str(rt.group_size) + ' ranks' if rt.group_size > 1 else 'workers'}"
                  f"{' (serial)' if self.serial else ''}{' and the master' if self.master_trains else ''}"
                  + (f", resuming with {done} finished (state read in {resume_seconds:.1f} s)"

@@ -1,0 +1,233 @@
+"""Search problems where the architecture matters, made here (no download), and how much it
+matters on each: the gap between a linear model, an MLP and a small CNN.
+
+    python scripts/search_problems.py gap [--seeds 2]        # the table in docs/search.md
+    python scripts/search_problems.py write DIR               # DIR/<problem>.npz for configs
+    python scripts/search_problems.py spaces --problem signals --budget 150 [--seeds 2]
+
+Problems (each an .npz of x, y; the project splits it as any data file):
+- ``signals``: 1-D signals of 64 steps, 4 classes; a class is a motif of 8 steps placed at a
+  random position, under noise of the motif's size: a convolution finds it wherever it is,
+  a dense layer must learn every position.
+- ``textures``: 16x16 images, 3 classes of oriented stripes (horizontal, vertical,
+  diagonal) in a patch at a random place, under noise: locality and pooling matter.
+- ``peaks``: regression on 1-D sequences of 48 steps: the target is the height of the
+  largest of three bumps at random positions, plus a little noise.
+
+``gap`` trains, on one split per seed, a linear model (logistic or ridge regression), an
+MLP (two dense layers of 64) and a small CNN (two convolution blocks with pooling, global
+average pooling, a dense layer), each with early stopping, and prints test accuracy (R^2
+for ``peaks``). ``spaces`` runs the project's search (``mode = "evolve"``, 2 workers,
+``evolve.time_limit`` = the budget) with ``search.space = "free"`` and ``"structured"`` on
+one problem and prints best validation and test per side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+
+
+def signals(n: int = 3000, length: int = 64, classes: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    motifs = rng.normal(size=(classes, 8))
+    motifs /= np.linalg.norm(motifs, axis=1, keepdims=True) / np.sqrt(8)
+    y = rng.integers(0, classes, n)
+    x = rng.normal(0.0, 1.0, (n, length))
+    where = rng.integers(0, length - 8, n)
+    amplitude = rng.uniform(1.0, 2.0, n)
+    for i in range(n):
+        x[i, where[i]:where[i] + 8] += amplitude[i] * motifs[y[i]]
+    return x[..., None].astype(np.float32), y
+
+
+def textures(n: int = 3000, size: int = 16, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    x = rng.normal(0.0, 0.6, (n, size, size))
+    i, j = np.mgrid[0:7, 0:7]
+    kernels = [np.sin(i * np.pi / 2), np.sin(j * np.pi / 2), np.sin((i + j) * np.pi / 2)]
+    top, left = rng.integers(0, size - 7, n), rng.integers(0, size - 7, n)
+    for k in range(n):
+        x[k, top[k]:top[k] + 7, left[k]:left[k] + 7] += kernels[y[k]]
+    return x[..., None].astype(np.float32), y
+
+
+def peaks(n: int = 3000, length: int = 48, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    t = np.arange(length)
+    heights = rng.uniform(0.5, 3.0, (n, 3))
+    centres = rng.integers(4, length - 4, (n, 3))
+    x = (heights[:, :, None] * np.exp(-0.5 * ((t[None, None] - centres[:, :, None]) / 1.5) ** 2)).sum(axis=1)
+    x += rng.normal(0.0, 0.3, x.shape)
+    return x[..., None].astype(np.float32), heights.max(axis=1) + rng.normal(0.0, 0.05, n)
+
+
+PROBLEMS = {"signals": (signals, "classification"), "textures": (textures, "classification"),
+            "peaks": (peaks, "regression")}
+
+
+def write(folder: Path) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, (make, _) in PROBLEMS.items():
+        path = folder / f"{name}.npz"
+        if not path.is_file():
+            x, y = make()
+            np.savez(path, x=x, y=y)
+        out[name] = path
+    return out
+
+
+# ----------------------------------------------------------------------------- gap
+def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows = np.random.default_rng(seed).permutation(n)
+    return rows[: int(0.6 * n)], rows[int(0.6 * n): int(0.8 * n)], rows[int(0.8 * n):]
+
+
+def _keras_model(kind: str, shape: tuple, task: str, outputs: int):
+    import keras
+    inputs = keras.Input(shape)
+    conv = keras.layers.Conv1D if len(shape) == 2 else keras.layers.Conv2D
+    pool = keras.layers.MaxPooling1D if len(shape) == 2 else keras.layers.MaxPooling2D
+    gap = keras.layers.GlobalAveragePooling1D if len(shape) == 2 else keras.layers.GlobalAveragePooling2D
+    if kind == "mlp":
+        h = keras.layers.Flatten()(inputs)
+        h = keras.layers.Dense(64, activation="relu")(h)
+        h = keras.layers.Dense(64, activation="relu")(h)
+    else:
+        h = conv(16, 5 if len(shape) == 2 else 3, padding="same", activation="relu")(inputs)
+        h = pool(2)(h)
+        h = conv(32, 3, padding="same", activation="relu")(h)
+        h = pool(2)(h)
+        h = gap()(h)
+        h = keras.layers.Dense(32, activation="relu")(h)
+    out = keras.layers.Dense(outputs, activation="softmax" if task == "classification" else None)(h)
+    return keras.Model(inputs, out)
+
+
+def gap(seeds: int) -> str:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.metrics import r2_score
+
+    from ensemble.runtime.env import configure_tensorflow
+    configure_tensorflow(1)
+    rows = ["| problem | task | samples | linear | MLP | CNN | CNN - MLP |", "|---|---|---|---|---|---|---|"]
+    for name, (make, task) in PROBLEMS.items():
+        x, y = make()
+        scores: dict[str, list[float]] = {"linear": [], "mlp": [], "cnn": []}
+        for seed in range(seeds):
+            tr, va, te = _split(len(x), seed)
+            flat = x.reshape(len(x), -1)
+            mu, sd = flat[tr].mean(axis=0), flat[tr].std(axis=0) + 1e-8
+            if task == "classification":
+                lin = LogisticRegression(max_iter=2000).fit((flat[tr] - mu) / sd, y[tr])
+                scores["linear"].append(float(np.mean(lin.predict((flat[te] - mu) / sd) == y[te])))
+            else:
+                lin = Ridge().fit((flat[tr] - mu) / sd, y[tr])
+                scores["linear"].append(float(r2_score(y[te], lin.predict((flat[te] - mu) / sd))))
+            for kind in ("mlp", "cnn"):
+                keras.utils.set_random_seed(seed)
+                outputs = int(y.max()) + 1 if task == "classification" else 1
+                model = _keras_model(kind, x.shape[1:], task, outputs)
+                model.compile(optimizer=keras.optimizers.Adam(2e-3),
+                              loss="sparse_categorical_crossentropy" if task == "classification" else "mse")
+                model.fit(x[tr], y[tr], validation_data=(x[va], y[va]), epochs=40, batch_size=64, verbose=0,
+                          callbacks=[keras.callbacks.EarlyStopping(patience=5, restore_best_weights=True)])
+                pred = model.predict(x[te], verbose=0)
+                scores[kind].append(float(np.mean(pred.argmax(axis=1) == y[te])) if task == "classification"
+                                    else float(r2_score(y[te], pred[:, 0])))
+        m = {k: float(np.median(v)) for k, v in scores.items()}
+        metric = "accuracy" if task == "classification" else "R^2"
+        rows.append(f"| {name} | {task} ({metric}) | {len(x):,} | {m['linear']:.3f} | {m['mlp']:.3f} | "
+                    f"{m['cnn']:.3f} | {m['cnn'] - m['mlp']:+.3f} |")
+    return "\n".join(rows)
+
+
+# -------------------------------------------------------------------------- spaces
+SPACES_CONFIG = """
+name = "{name}"
+mode = "evolve"
+seed = {seed}
+[data]
+source = "{source}"
+task = "{task}"
+[train]
+epochs = 30
+patience = 5
+member_time_limit = 120
+[evolve]
+strategy = "regularized"
+evaluations = 100000
+time_limit = {budget}
+population_size = 12
+sample_size = 4
+[search]
+space = "{space}"
+max_params = 100000
+[ensemble]
+metric = "{metric}"
+"""
+
+
+def spaces(problem: str, budget: float, seeds: int, folder: Path) -> str:
+    from benchkit import mpiexec
+    data = write(folder / "data")
+    task = PROBLEMS[problem][1]
+    metric = "accuracy" if task == "classification" else "r2"
+    rows = [f"| seed | space | evaluations | best validation {metric} | its test {metric} | "
+            f"ensemble test {metric} |", "|---|---|---|---|---|---|"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}
+    for seed in range(1, seeds + 1):
+        for space in ("free", "structured"):
+            name = f"{problem}-{space}-s{seed}"
+            cfg = folder / f"{name}.toml"
+            cfg.write_text(SPACES_CONFIG.format(name=name, seed=seed, source=data[problem], task=task,
+                                                budget=budget, space=space, metric=metric))
+            run_dir = folder / "runs" / name
+            proc = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-m", "ensemble.run", str(cfg),
+                                   "--run-dir", str(run_dir), "--overwrite"], cwd=ROOT, env=env,
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+            summary = json.loads((run_dir / "ensemble.json").read_text())
+            best = summary["best_member"]
+            rows.append(f"| {seed} | {space} | {summary['counts']['ok']} | {best['val'][metric]:.3f} | "
+                        f"{best['test'][metric]:.3f} | {summary['ensemble']['test'][metric]:.3f} |")
+            print(rows[-1], flush=True)
+    return "\n".join(rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("command", choices=("gap", "write", "spaces"))
+    p.add_argument("folder", nargs="?", default=str(ROOT / "bench_out" / "search_problems"))
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--problem", choices=sorted(PROBLEMS), default="signals")
+    p.add_argument("--budget", type=float, default=150.0)
+    args = p.parse_args()
+    t = time.perf_counter()
+    if args.command == "write":
+        print("\n".join(str(v) for v in write(Path(args.folder)).values()))
+    elif args.command == "gap":
+        print(gap(args.seeds))
+    else:
+        print(spaces(args.problem, args.budget, args.seeds, Path(args.folder)))
+    print(f"({time.perf_counter() - t:.0f} s, {time.strftime('%Y-%m-%d')})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""A run with its own split: rank 0's preparation records exactly the given rows in
+splits.npz (and how they were given, in data.json), every later reader (``run_arrays`` for
+predict's ``--data test`` and reselect, ``run_split`` for ``ensemble.load(run).data``) reads
+those rows again, and ``--check`` reports the split or its problems. No MPI; one end-to-end
+run in a subprocess (TensorFlow), marked slow."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ensemble.config import locate, resolve_config
+from ensemble.inference.load import run_arrays, run_split
+from ensemble.orchestrate.check import EXIT_PROBLEMS, check_main
+from ensemble.orchestrate.prepare import prepare_run
+from ensemble.results.rundir import RunDirectory
+
+ROOT = Path(__file__).resolve().parents[2]
+N = 60
+
+
+@pytest.fixture
+def table() -> pd.DataFrame:
+    rng = np.random.default_rng(3)
+    frame = pd.DataFrame(rng.normal(size=(N, 3)) * [1, 10, 100], columns=["a", "b", "c"])
+    frame["label"] = np.array(["x", "y", "z"])[np.arange(N) % 3]
+    return frame
+
+
+def ways(tmp_path: Path, table: pd.DataFrame) -> dict[str, tuple[dict, dict, pd.DataFrame]]:
+    """Each way of giving a split: its [data] settings, the rows it gives in the data as
+    the run reads it (val None: drawn from train), and that data."""
+    test = np.array([5, 11, 23, 42, 47, 50, 58])
+    val = np.array([1, 2, 30, 31, 32])
+    part = np.full(N, "train", dtype=object)
+    part[test], part[val] = "test", "validation"
+    table.assign(part=part).to_csv(tmp_path / "column.csv", index=False)
+    table.to_csv(tmp_path / "all.csv", index=False)
+    np.savez(tmp_path / "split.npz", train=np.setdiff1d(np.arange(N), test), test=test)
+    table.iloc[:45].to_csv(tmp_path / "train.csv", index=False)
+    table.iloc[45:].to_csv(tmp_path / "test.csv", index=False)
+    train = np.setdiff1d(np.arange(N), np.concatenate([test, val]))
+    return {
+        "column": ({"source": "column.csv", "split_column": "part"}, {"train": train, "val": val, "test": test},
+                   table),
+        "indices": ({"source": "all.csv", "split_file": "split.npz"},
+                    {"train": np.setdiff1d(np.arange(N), test), "val": None, "test": test}, table),
+        "sources": ({"source": "train.csv", "test_source": "test.csv"},
+                    {"train": np.arange(45), "val": None, "test": np.arange(45, N)}, table),
+    }
+
+
+def config(tmp_path: Path, data: dict):
+    raw = {"name": "given", "output_dir": str(tmp_path / "runs"), "data": {**data, "label": "label"},
+           "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]}
+    return locate(resolve_config(raw), tmp_path)
+
+
+@pytest.mark.parametrize("way", ["column", "indices", "sources"])
+def test_the_run_records_the_given_rows_and_every_later_reader_reads_them(tmp_path, table, way):
+    data, given, frame = ways(tmp_path, table)[way]
+    cfg = config(tmp_path, data)
+    args = argparse.Namespace(run_dir=str(tmp_path / "run"), resume=False, overwrite=False)
+    arrays, meta, rd, lock = prepare_run(cfg, args)
+    lock.release()
+    run_dir = rd.path
+    splits = np.load(run_dir / RunDirectory.SPLITS)
+    assert str(splits["split_from"]) == way and meta["split_from"] == way
+    assert json.loads((run_dir / RunDirectory.DATA).read_text())["split_from"] == way
+    assert splits["test"].tolist() == given["test"].tolist()
+    if given["val"] is None:                                      # drawn from the given train rows only
+        assert meta["val_drawn"] and len(splits["val"]) > 0
+        assert sorted([*splits["train"], *splits["val"]]) == given["train"].tolist()
+    else:
+        assert splits["val"].tolist() == given["val"].tolist()
+        assert splits["train"].tolist() == given["train"].tolist()
+    x_test, y_test = run_split(run_dir, cfg, "test")              # ensemble.load(run).data("test")
+    assert np.allclose(x_test, frame[["a", "b", "c"]].to_numpy()[given["test"]])
+    assert y_test.tolist() == frame["label"].to_numpy()[given["test"]].tolist()
+    again = run_arrays(run_dir, cfg, meta)                        # predict --data test, reselect
+    for key in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test"):
+        assert np.array_equal(again[key], arrays[key]), key
+    assert np.array_equal(arrays["y_test"], np.unique(frame["label"], return_inverse=True)[1][given["test"]])
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.toml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+REHEARSAL = """
+    [runtime]
+    trainer = "rehearsal"
+    [[architectures]]
+    layers = [{type = "Dense", units = 4}]
+"""
+
+
+def test_check_says_how_the_split_is_given_and_reports_its_problems(tmp_path, table, capsys, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "-1"))
+    ways(tmp_path, table)
+    good = write(tmp_path, '[data]\nsource = "column.csv"\nsplit_column = "part"\n' + textwrap.dedent(REHEARSAL))
+    assert check_main(str(good)) == 0
+    out = capsys.readouterr().out
+    assert "splits: train 48, validation 5, test 7, given by column 'part' (`data.split_column`)" in out
+    np.savez(tmp_path / "split.npz", train=np.arange(40), test=np.arange(30, 60))
+    bad = write(tmp_path, '[data]\nsource = "all.csv"\nsplit_file = "split.npz"\n' + textwrap.dedent(REHEARSAL))
+    assert check_main(str(bad)) == EXIT_PROBLEMS
+    out = capsys.readouterr().out
+    assert "1 problem(s) found" in out and "`train` and `test` overlap in 10 row(s)" in out
+    both = write(tmp_path, '[data]\nsource = "all.csv"\nsplit_file = "split.npz"\ntest_fraction = 0.2\n'
+                 + textwrap.dedent(REHEARSAL))
+    assert check_main(str(both)) == EXIT_PROBLEMS
+    out = capsys.readouterr().out
+    assert "`data.test_fraction` draws a random test split, but `data.split_file` gives the test rows" in out
+
+
+END_TO_END = """
+import json, sys
+import numpy as np
+import ensemble
+from ensemble.inference.inputs import read_input
+from ensemble.inference.load import load_run
+cfg = {"name": "own", "data": {"source": "train.csv", "test_source": "test.csv", "label": "label"},
+       "train": {"epochs": 1, "batch_size": 16},
+       "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]}
+ens = ensemble.run_config(cfg, overwrite=True)
+x, y = ens.data("test")
+splits = np.load(ens.path / "splits.npz")
+_, y_test = read_input(load_run(ens.path), "test")             # predict --data test
+with np.load(ens.path / "ensemble_test_predictions.npz") as f:
+    scored = f["y"].tolist()
+print("RESULT", json.dumps({"x": x.tolist(), "y": y.tolist(), "test": splits["test"].tolist(),
+                            "split_from": str(splits["split_from"]), "predict_y": y_test.tolist(),
+                            "scored_y": scored}))
+"""
+
+
+@pytest.mark.slow
+def test_a_run_on_separate_files_trains_and_its_notebook_api_reads_the_test_file(tmp_path, table):
+    ways(tmp_path, table)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "CUDA_VISIBLE_DEVICES": "-1"}
+    proc = subprocess.run([sys.executable, "-c", END_TO_END], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    test = table.iloc[45:]
+    assert got["split_from"] == "sources" and got["test"] == list(range(45, N))
+    assert np.allclose(got["x"], test[["a", "b", "c"]].to_numpy()) and got["y"] == test["label"].tolist()
+    codes = np.unique(table["label"], return_inverse=True)[1][45:].tolist()
+    assert got["predict_y"] == codes and got["scored_y"] == codes
+    assert "split given by separate files (`data.test_source`)" in proc.stdout + proc.stderr   # the start line
