@@ -49,14 +49,31 @@ def usage() -> str:
              "commands:"]
     lines += [f"  {name:<{width}}  {c.summary}" for name, c in COMMANDS.items()]
     lines += ["", "Each is also `python -m ensemble.<module>` (check: `python -m ensemble.run CONFIG --check`).",
-              "Under MPI: mpirun -n 4 ensemble run config.toml"]
+              "Under MPI: mpirun -n 4 ensemble run config.toml",
+              "Bash completion: eval \"$(ensemble completion)\""]
     return "\n".join(lines)
+
+
+def completion() -> str:
+    """A bash completion for ``ensemble``: the subcommands, then files (``eval "$(ensemble
+    completion)"``, or save it under ~/.local/share/bash-completion/completions/ensemble)."""
+    return ("_ensemble() {\n"
+            "  if [ \"$COMP_CWORD\" -eq 1 ]; then\n"
+            f"    COMPREPLY=($(compgen -W \"{' '.join(COMMANDS)} completion --help\" -- \"${{COMP_WORDS[1]}}\"))\n"
+            "  else\n"
+            "    COMPREPLY=($(compgen -f -- \"${COMP_WORDS[COMP_CWORD]}\"))\n"
+            "  fi\n"
+            "}\n"
+            "complete -o filenames -F _ensemble ensemble")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
+        return 0
+    if argv[0] == "completion":
+        print(completion())
         return 0
     name, rest = argv[0], argv[1:]
     command = COMMANDS.get(name)

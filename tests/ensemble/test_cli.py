@@ -67,3 +67,15 @@ def test_export_of_a_missing_run_is_one_line(tmp_path, capsys, own_logging):
     assert cli.main(["export", str(tmp_path / "none"), str(tmp_path / "e.keras")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "does not exist" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bash_completion_offers_the_subcommands(capsys):
+    import shutil
+    assert cli.main(["completion"]) == 0
+    script = capsys.readouterr().out
+    assert "complete -o filenames -F _ensemble ensemble" in script
+    bash = shutil.which("bash")
+    if bash:                                   # the script runs in bash and completes "re" to both
+        probe = script + '\nCOMP_WORDS=(ensemble re); COMP_CWORD=1; _ensemble; echo "${COMPREPLY[@]}"'
+        out = subprocess.run([bash, "-c", probe], capture_output=True, text=True, timeout=30).stdout.split()
+        assert sorted(out) == ["report", "reselect"]
