@@ -66,14 +66,13 @@ def read_data(data: DataSettings) -> DataRead:
     way = split_from(data)
     if way == "sources":
         return _read_sources(data)
+    if way == "column" and detect_format(data) not in ("csv", "parquet"):
+        raise DataError(f"`data.split_column` is for CSV/Parquet sources, but `data.source` {data.source!r} "
+                        f"is {detect_format(data)}; give the split as index arrays (`data.split_file`) or as "
+                        "separate files (`data.test_source`)")
     x, y, info = read_dataset(data)
     rows: dict[str, np.ndarray | None] | None = None
     if way == "column":
-        fmt = detect_format(data)
-        if fmt not in ("csv", "parquet"):
-            raise DataError(f"`data.split_column` is for CSV/Parquet sources, but `data.source` {data.source!r} "
-                            f"is {fmt}; give the split as index arrays (`data.split_file`) or as separate files "
-                            "(`data.test_source`)")
         rows = rows_from_column(info.pop("split_values"), data.split_column)
     elif way == "indices":
         rows = rows_from_file(data.split_file, len(x))

@@ -560,8 +560,8 @@ def resolve_dict(raw: dict, *, source: str = "config", saved: bool = False,
         found.add("`data.val_fraction` + `data.test_fraction` must leave at least 10% "
                   f"for training, but they sum to {data['val_fraction'] + data['test_fraction']}",
                   "data.val_fraction", "data.test_fraction")
-    given = raw.get("data") if isinstance(raw.get("data"), dict) and not saved else {}
-    check_given_split(data, set(given), found)
+    given = raw.get("data")
+    check_given_split(data, set(given) if isinstance(given, dict) and not saved else set(), found)
     rt = cfg["runtime"]
     if rt["master_trains"] is True and rt["group_size"] > 1 and found.ok("runtime.master_trains",
                                                                          "runtime.group_size"):

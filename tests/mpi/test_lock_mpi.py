@@ -62,3 +62,41 @@ def test_two_resumes_of_one_killed_run_one_refuses_the_other_trains_each_member_
     assert len(ok) == MEMBERS and set(ok.values()) == {1}, ok        # every member exactly once
     assert not (run_dir / "run.lock").exists()
     assert json.loads((run_dir / "ensemble.json").read_text())["members"]
+
+
+def test_resume_without_run_dir_continues_the_killed_run_beside_a_finished_one(tmp_path):
+    """Issue 32: `runs/demo` is finished, a second run of the config went to `runs/demo-2`
+    and was killed with kill -9; the command `mpirun ... ensemble run CONFIG --resume`
+    (no --run-dir) continues `runs/demo-2`, says so, and every member is trained once."""
+    cfg = tmp_path / "demo.toml"
+    cfg.write_text(textwrap.dedent(f"""
+        name = "demo"
+        output_dir = "{tmp_path / 'runs'}"
+        [data]
+        source = "iris"
+        [[architectures]]
+        members = 6
+        layers = [{{type = "Dense", units = 4}}]
+        [runtime]
+        trainer = "rehearsal"        # members sleep: no TensorFlow
+        journal_sync_seconds = 0
+        [rehearsal]
+        seconds = 0.3
+    """))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    run = [mpiexec(), "-n", "2", sys.executable, "-m", "ensemble.cli", "run", str(cfg)]
+    first = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert first.returncode == 0, first.stderr
+    journal = tmp_path / "runs" / "demo-2" / "journal.jsonl"
+
+    def finished() -> int:
+        return journal.read_text().count('"status": "ok"') if journal.exists() else 0
+    kill_when(2, ["-m", "ensemble.cli", "run", str(cfg)], lambda: finished() >= 2, 120, "2 finished members")
+    resumed = subprocess.run(run + ["--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stdout + resumed.stderr and "demo-2" in resumed.stdout + resumed.stderr
+    lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    ok = Counter(r["id"] for r in lines if r.get("status") == "ok")
+    assert len(ok) == 6 and set(ok.values()) == {1}
+    assert (tmp_path / "runs" / "demo-2" / "ensemble.json").is_file()
+    assert not (tmp_path / "runs" / "demo-3").exists()
