@@ -665,8 +665,9 @@ def choose_ensemble(
     normally a proper scoring rule (log loss, Gaussian NLL).
 
     `method`: "greedy" (Caruana's forward selection with replacement from the `n_init`
-    best), "bagged" (the same on random halves of the candidates, averaged), "top_k" (the
-    `k` best by `rank_metric`, equal weights), each returned as asked; or "auto":
+    best), "bagged" (the same on random halves of the candidates, averaged), "shrunk"
+    (bagged, moved toward the uniform average), "top_k" (the `k` best by `rank_metric`,
+    equal weights), each returned as asked; or "auto":
     cross-validated selection. Every config (the uniform average of the k best for k = 1,
     2, 3, ... all candidates; greedy; bagged; shrunk) is fitted on 4 of 5 folds of the
     validation rows and scored on the fifth. "shrunk" (bagged selection, its weights moved
@@ -680,7 +681,7 @@ def choose_ensemble(
     ``SIGNIFICANCE_Z`` standard errors (``single_member`` says by how much); with fewer
     than ``MIN_CV_ROWS`` validation rows it averages the `k` best.
 
-    Returns {"weights", "method" (greedy, bagged or top_k), "k" (top_k's size, else None),
+    Returns {"weights", "method" (shrunk, greedy, bagged or top_k), "k" (top_k's size, else None),
     "metric", "val_score", "best_member": {"id", "val_score"}, "effective_size", "cv"
     (config name -> out-of-fold score, or None), "why" (a sentence), "single_member"
     (None, or {"z": its advantage in standard errors})}."""
