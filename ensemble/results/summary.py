@@ -272,7 +272,7 @@ def format_comparison(summary: dict) -> str:
                          f"beats the ensemble on test {metric}: {base[metric]:.4f} vs {ens[metric]:.4f}")
     sel = summary.get("selection")
     if sel:
-        how = f"top {sel['k']}, equal weights" if sel["method"] == "top_k" else sel["method"]
+        how = f"top {sel.get('k') or sel['picks']}, equal weights" if sel["method"] == "top_k" else sel["method"]
         lines.append(f"selection: {how} on validation {sel['metric']} {sel['val_score']:.4f} "
                      f"(best member {sel['best_member']['val_score']:.4f}); effective size "
                      f"{sel['effective_size']:.2f} of {n} members" + (f" ({sel['why']})" if sel.get("why") else ""))
