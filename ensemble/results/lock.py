@@ -86,14 +86,20 @@ def job_ended(job: str) -> bool:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host exists (someone else's counts as alive)."""
+    """Whether process ``pid`` of this host exists and runs (someone else's counts as alive).
+    A zombie is dead: a rank killed with kill -9 stays one until its parent reaps it, and in
+    a container whose first process reaps nothing that is forever."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:                     # someone else's process: alive
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:                             # no /proc (macOS) or gone meanwhile
+        return not Path("/proc").is_dir()
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
 
 
 class RunLock:

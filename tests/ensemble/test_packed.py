@@ -35,7 +35,7 @@ def spec(i: int, **extra):
             "member_time_limit": 60.0, "bootstrap": i % 2 == 1, "loss": "auto", **extra}
 
 
-@pytest.mark.slow          # about 9 s of training: make test runs both, test-fast stays under a minute
+@pytest.mark.long          # about 25 s of training for both; tests/mpi/test_packed_mpi.py runs packs in make test
 @pytest.mark.parametrize("task", ["classification", "regression"])
 def test_a_packed_member_equals_its_unpacked_twin(tmp_path, task):
     import keras

@@ -351,3 +351,26 @@ def test_resume_without_run_dir_takes_the_unfinished_run_not_the_finished_one(tm
     path, lock = choose_run_dir(cfg, args(resume=True))                # all done: the latest
     lock.release()
     assert path == tmp_path / "demo-3"
+
+
+def test_a_zombie_holds_no_lock():
+    """A rank killed with kill -9 stays a zombie until its parent reaps it (forever under a
+    container's first process that reaps nothing): its pid exists, but it is dead."""
+    import signal
+    from pathlib import Path
+
+    from ensemble.results.lock import pid_alive
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert pid_alive(child.pid)
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pid_alive(child.pid) and time.monotonic() < deadline:   # not reaped: a zombie
+            time.sleep(0.01)
+        assert not pid_alive(child.pid)
+        if Path("/proc").is_dir():
+            assert Path(f"/proc/{child.pid}").exists()                 # it was a zombie, not gone
+    finally:
+        child.kill()
+        child.wait()
+    assert not pid_alive(child.pid)
