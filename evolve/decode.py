@@ -164,15 +164,10 @@ def _space_problem(genome: AnyGenome, space: SearchSpace) -> str | None:
     if not space.min_depth <= genome.depth <= space.max_depth:
         return (f"depth {genome.depth} outside [{space.min_depth}, {space.max_depth}] "
                 "(search.min_depth, search.max_depth)")
-    if genome.optimizer not in space.optimizers:
-        return f"optimizer {genome.optimizer!r} not in search.optimizers"
-    if genome.batch_size not in space.batch_size:
-        return f"batch_size {genome.batch_size} not in search.batch_size"
-    if genome.reduction not in space.reductions:
-        return f"reduction {genome.reduction!r} not in search.reductions"
-    lo, hi = space.learning_rate
-    if not lo * (1 - 1e-9) <= genome.learning_rate <= hi * (1 + 1e-9):
-        return f"learning_rate {genome.learning_rate:g} outside search.learning_rate"
+    problem = space.training_problem(genome.optimizer, genome.batch_size, genome.reduction,
+                                     genome.learning_rate)
+    if problem:
+        return problem
     allowed = {"units": space.unit_choices, "filters": space.filter_choices,
                "kernel_size": space.kernel_sizes, "strides": space.strides,
                "pool_size": space.pool_sizes, "activation": space.activations}

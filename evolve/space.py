@@ -160,6 +160,21 @@ class SearchSpace:
         """True when samples have spatial axes (rank 2-4, channels last)."""
         return self.input_rank >= 2
 
+    def training_problem(self, optimizer: str, batch_size: int, reduction: str,
+                         learning_rate: float) -> str | None:
+        """Why a genome's training settings and reduction fall outside this space (None: they
+        do not); the one check of them for free and structured genomes alike."""
+        if optimizer not in self.optimizers:
+            return f"optimizer {optimizer!r} not in search.optimizers"
+        if batch_size not in self.batch_size:
+            return f"batch_size {batch_size} not in search.batch_size"
+        if reduction not in self.reductions:
+            return f"reduction {reduction!r} not in search.reductions"
+        lo, hi = self.learning_rate
+        if not lo * (1 - 1e-9) <= learning_rate <= hi * (1 + 1e-9):
+            return f"learning_rate {learning_rate:g} outside search.learning_rate"
+        return None
+
     @classmethod
     def from_config(cls, d: Mapping[str, Any] | None, input_rank: int) -> "SearchSpace":
         """Validate the ``[search]`` table; ``input_rank`` is the rank of one sample."""

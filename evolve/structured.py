@@ -233,13 +233,4 @@ def structure_problem(g: StructuredGenome, space: SearchSpace) -> str | None:
     lo, hi = space.dropout if "dropout" in space.layer_types else (0.0, 0.0)
     if not lo - 1e-9 <= g.dropout <= hi + 1e-9:
         return f"dropout {g.dropout:g} outside search.dropout"
-    if g.reduction not in space.reductions:
-        return f"reduction {g.reduction!r} not in search.reductions"
-    if g.optimizer not in space.optimizers:
-        return f"optimizer {g.optimizer!r} not in search.optimizers"
-    if g.batch_size not in space.batch_size:
-        return f"batch_size {g.batch_size} not in search.batch_size"
-    lo, hi = space.learning_rate
-    if not lo * (1 - 1e-9) <= g.learning_rate <= hi * (1 + 1e-9):
-        return f"learning_rate {g.learning_rate:g} outside search.learning_rate"
-    return None
+    return space.training_problem(g.optimizer, g.batch_size, g.reduction, g.learning_rate)

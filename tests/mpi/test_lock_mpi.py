@@ -20,20 +20,25 @@ pytestmark = pytest.mark.mpi
 MEMBERS = 12
 
 
-def test_two_resumes_of_one_killed_run_one_refuses_the_other_trains_each_member_once(tmp_path):
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(textwrap.dedent(f"""
+def rehearsal_config(path, members: int, seconds: float, head: str = ""):
+    """A config whose members sleep `seconds` (no TensorFlow), every journal line fsynced."""
+    path.write_text(head + textwrap.dedent(f"""
         [data]
         source = "iris"
         [[architectures]]
-        members = {MEMBERS}
+        members = {members}
         layers = [{{type = "Dense", units = 4}}]
         [runtime]
         trainer = "rehearsal"        # members sleep: no TensorFlow
         journal_sync_seconds = 0
         [rehearsal]
-        seconds = 0.6
+        seconds = {seconds}
     """))
+    return path
+
+
+def test_two_resumes_of_one_killed_run_one_refuses_the_other_trains_each_member_once(tmp_path):
+    cfg = rehearsal_config(tmp_path / "c.toml", MEMBERS, 0.6)
     run_dir = tmp_path / "run"
     journal = run_dir / "journal.jsonl"
 
@@ -68,21 +73,7 @@ def test_resume_without_run_dir_continues_the_killed_run_beside_a_finished_one(t
     """Issue 32: `runs/demo` is finished, a second run of the config went to `runs/demo-2`
     and was killed with kill -9; the command `mpirun ... ensemble run CONFIG --resume`
     (no --run-dir) continues `runs/demo-2`, says so, and every member is trained once."""
-    cfg = tmp_path / "demo.toml"
-    cfg.write_text(textwrap.dedent(f"""
-        name = "demo"
-        output_dir = "{tmp_path / 'runs'}"
-        [data]
-        source = "iris"
-        [[architectures]]
-        members = 6
-        layers = [{{type = "Dense", units = 4}}]
-        [runtime]
-        trainer = "rehearsal"        # members sleep: no TensorFlow
-        journal_sync_seconds = 0
-        [rehearsal]
-        seconds = 0.3
-    """))
+    cfg = rehearsal_config(tmp_path / "demo.toml", 6, 0.3, f'name = "demo"\noutput_dir = "{tmp_path / "runs"}"\n')
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     run = [mpiexec(), "-n", "2", sys.executable, "-m", "ensemble.cli", "run", str(cfg)]
     first = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
