@@ -36,6 +36,7 @@ def spec(i: int, **extra):
 
 
 @pytest.mark.long          # about 25 s of training for both; tests/mpi/test_packed_mpi.py runs packs in make test
+@pytest.mark.slow          # and not in test-fast's minute either
 @pytest.mark.parametrize("task", ["classification", "regression"])
 def test_a_packed_member_equals_its_unpacked_twin(tmp_path, task):
     import keras
