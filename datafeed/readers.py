@@ -71,9 +71,13 @@ def reader(name: str) -> Callable[[Reader], Reader]:
 
 def detect_format(data: DataSettings) -> str:
     """The format named by ``data.format``, else by the file suffix, else a built-in name."""
+    src = data.source
+    if src not in BUILTINS:
+        from datafeed.shards import is_many, list_files
+        if is_many(src):
+            return list_files(data)[1]
     if data.format != "auto":
         return data.format
-    src = data.source
     if src in BUILTINS:
         return "builtin"
     fmt = SUFFIXES.get(Path(src).suffix.lower())
@@ -89,6 +93,12 @@ def read_dataset(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray
     ``require_y=False`` (prediction inputs) returns ``y = None`` when the file has no targets
     (no ``data.y`` array/dataset/file, no ``data.label`` column) instead of raising.
     """
+    from datafeed.shards import is_many, read_all
+    if data.source not in BUILTINS and is_many(data.source):
+        x, y, info = read_all(data, require_y)
+        if require_y and y is None:
+            raise DataError(f"`data.y`: the files of `data.source` {data.source!r} hold no targets")
+        return x, y, info
     fmt = detect_format(data)
     if fmt != "builtin" and not Path(data.source).exists():
         raise DataError(f"`data.source` file {data.source!r} does not exist")

@@ -237,6 +237,27 @@ SCHEMA = Table({
         "reshape": Key((list,), None, _shape, nullable=True,
                        doc="the shape of one sample, e.g. [8, 8, 1] for Conv2D layers on 64 pixels; "
                            "unset: as read"),
+        # many files, streaming, staging (datafeed.shards, datafeed.streaming, datafeed.staging)
+        "sample_per_file": Key((str, bool), "auto", lambda v: None if v in ("auto", True, False) else
+                               'must be "auto", true or false',
+                               doc="with many files (`source` a folder or a glob): each file holds one sample "
+                                   "(a volume) rather than samples along its first axis; \"auto\": when a file's "
+                                   "target is a scalar"),
+        "stream": Key((str, bool), "auto", lambda v: None if v in ("auto", True, False) else
+                      'must be "auto", true or false',
+                      doc="members read batches from the files instead of holding the data in memory; "
+                          "\"auto\": when the features (as float32) exceed `memory_share` of a node's memory"),
+        "memory_share": Key(NUM, 0.25, _fraction,
+                            doc="`stream = \"auto\"` streams data larger than this share of a node's memory"),
+        "node_memory_gb": Key(NUM, 0, _nonneg,
+                              doc="a node's memory for `stream = \"auto\"` and `--check`, in GB; 0: this "
+                                  "node's total memory"),
+        "shuffle_buffer": Key((int,), 10000, _positive,
+                              doc="streaming: rows a member's shuffle buffer holds (chunks of rows are also "
+                                  "read in a shuffled order)"),
+        "stage_dir": Key((str,), "",
+                         doc="streaming: copy the files once per node to this node-local folder before training "
+                             "and read them there (\"$TMPDIR\" expands); \"\": read them where they are"),
     }, doc="What to train on: rank 0 reads it once, splits it (seeded, stratified for classification) or "
            "takes the split the data gives (`test_source`, `split_column` or `split_file`), "
            "normalises it and broadcasts it to one shared copy per node."),

@@ -58,6 +58,21 @@ class DataConfig(Section):
     normalize: str
     #: the shape of one sample, e.g. [8, 8, 1] for Conv2D layers on 64 pixels; unset: as read
     reshape: tuple[Any, ...] | None
+    #: with many files (`source` a folder or a glob): each file holds one sample (a volume) rather than
+    #: samples along its first axis; "auto": when a file's target is a scalar
+    sample_per_file: str | bool
+    #: members read batches from the files instead of holding the data in memory; "auto": when the features
+    #: (as float32) exceed `memory_share` of a node's memory
+    stream: str | bool
+    #: `stream = "auto"` streams data larger than this share of a node's memory
+    memory_share: float
+    #: a node's memory for `stream = "auto"` and `--check`, in GB; 0: this node's total memory
+    node_memory_gb: float
+    #: streaming: rows a member's shuffle buffer holds (chunks of rows are also read in a shuffled order)
+    shuffle_buffer: int
+    #: streaming: copy the files once per node to this node-local folder before training and read them there
+    #: ("$TMPDIR" expands); "": read them where they are
+    stage_dir: str
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,362 @@
+"""Many files as one dataset: ``data.source`` a directory or a glob of shards.
+
+Each shard holds samples along its first axis (``x`` and ``y`` as for one file: arrays in an
+.npz, datasets in an HDF5/NetCDF-4 file, columns of a Parquet table, a features .npy with
+its targets .npy beside it), or exactly one sample (a volume per file: ``y`` a scalar, or
+``data.sample_per_file = true``). Shards are taken in sorted path order, so the rows of the
+dataset are the first file's, then the second's, and so on; that order is what a split's
+row indices (``data.split_file``, ``splits.npz``) refer to.
+
+``scan(data)`` reads only each shard's metadata (header, shapes, dtypes, row count) and
+checks that every shard agrees with the first, naming the file and the setting when one
+does not. ``read_rows(shards, i, start, stop)`` reads rows of one shard; ``read_all`` the
+whole dataset (the in-memory path), ``datafeed.streaming`` a chunk at a time.
+
+npy shards: the features files are those whose name starts with ``data.x`` (``x_000.npy``),
+and each one's targets file is the same name with ``data.y`` in its place (``y_000.npy``).
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from datafeed.readers import SUFFIXES, DataError, DataSettings, one_line
+
+#: the formats a shard may have (NetCDF-4 files are HDF5 files)
+SHARD_FORMATS = ("npz", "npy", "hdf5", "parquet")
+SHARD_SUFFIXES = {**{k: v for k, v in SUFFIXES.items() if v in SHARD_FORMATS}, ".nc": "hdf5", ".nc4": "hdf5"}
+
+
+def is_many(source: str) -> bool:
+    """Whether ``data.source`` names many files: an existing directory or a glob pattern."""
+    return bool(source) and (Path(source).is_dir() or any(c in source for c in "*?["))
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One file of the dataset: its rows and what one row (sample) of it looks like."""
+    path: str
+    rows: int
+    x_shape: tuple[int, ...]
+    x_dtype: str
+    y_shape: tuple[int, ...]
+    y_dtype: str
+    y_path: str = ""           # npy: the targets file
+    groups: tuple[int, ...] = ()   # parquet: rows of each row group
+
+
+@dataclass(frozen=True)
+class ShardSet:
+    """The files of ``data.source`` and how they are read."""
+    source: str
+    fmt: str
+    shards: tuple[Shard, ...]
+    per_sample: bool
+    x: str
+    y: str
+    label: str
+    features: tuple[str, ...]
+    split_column: str = ""
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def starts(self) -> np.ndarray:
+        """The first global row of each shard (and the total at the end)."""
+        return np.concatenate([[0], np.cumsum([s.rows for s in self.shards])]).astype(np.int64)
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return self.shards[0].x_shape
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the features as float32, the way a run holds them in memory."""
+        return self.rows * int(np.prod(self.sample_shape, dtype=np.int64)) * 4
+
+    @property
+    def file_bytes(self) -> int:
+        """Bytes of the files on disk."""
+        return sum(Path(s.path).stat().st_size + (Path(s.y_path).stat().st_size if s.y_path else 0)
+                   for s in self.shards)
+
+
+def list_files(data: DataSettings) -> tuple[list[Path], str]:
+    """The shard files ``data.source`` names (sorted) and their format; an empty match or
+    mixed formats is a ``DataError`` naming ``data.source``."""
+    src = data.source
+    if Path(src).is_dir():
+        paths = sorted(p for p in Path(src).iterdir() if p.is_file() and p.suffix.lower() in SHARD_SUFFIXES)
+        what = f"directory {src!r} holds no data files ({', '.join(SHARD_SUFFIXES)})"
+    else:
+        paths = sorted(Path(p) for p in globlib.glob(src, recursive=True) if Path(p).is_file())
+        what = f"glob {src!r} matches no files"
+    if not paths:
+        raise DataError(f"`data.source` {what}; check the path, or the pattern's folder and suffix")
+    if data.format != "auto":
+        if data.format not in SHARD_FORMATS:
+            raise DataError(f"`data.format` {data.format!r} cannot be read from many files; shards may be "
+                            f"{', '.join(SHARD_FORMATS)}")
+        fmt = data.format
+    else:
+        kinds = {SHARD_SUFFIXES.get(p.suffix.lower()) for p in paths}
+        if None in kinds:
+            odd = next(p for p in paths if p.suffix.lower() not in SHARD_SUFFIXES)
+            raise DataError(f"`data.source` {src!r}: file {str(odd)!r} has no known suffix "
+                            f"({', '.join(SHARD_SUFFIXES)}); narrow the glob or set `data.format`")
+        if len(kinds) > 1:
+            raise DataError(f"`data.source` {src!r} mixes formats ({', '.join(sorted(map(str, kinds)))}); "
+                            "give files of one format (narrow the glob)")
+        fmt = kinds.pop()  # type: ignore[assignment]
+    if fmt == "npy":
+        paths = [p for p in paths if p.name.startswith(data.x)]
+        if not paths:
+            raise DataError(f"`data.source` {src!r}: no .npy file's name starts with `data.x` {data.x!r}; "
+                            "npy shards are features files x*.npy beside targets files y*.npy")
+    return paths, fmt
+
+
+def scan(data: DataSettings, require_y: bool = True) -> ShardSet:
+    """The shards of ``data.source``, their metadata read and checked against each other."""
+    paths, fmt = list_files(data)
+    setting = getattr(data, "sample_per_file", "auto")
+    shards = []
+    for p in paths:
+        try:
+            shards.append(_SCAN[fmt](p, data, require_y))
+        except DataError:
+            raise
+        except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
+            raise DataError(f"`data.source` {data.source!r}: file {str(p)!r} cannot be read as {fmt}: "
+                            f"{type(exc).__name__}: {one_line(str(exc))}; fix or remove the file") from None
+    per_sample = _per_sample(shards[0], setting, fmt)
+    if fmt != "parquet":
+        shards = [_settle(s, per_sample, bool(s.y_dtype)) for s in shards]
+    first = shards[0]
+    for s in shards[1:]:
+        for what, key, a, b in (("one sample", "x", first.x_shape, s.x_shape),
+                                ("one target", "y", first.y_shape, s.y_shape)):
+            if a != b and (key == "x" or require_y):
+                raise DataError(f"`data.source` {data.source!r}: file {s.path!r} has {what} (`data.{key}`) of "
+                                f"shape {list(b)}, but {first.path!r} has {list(a)}; every file needs the same "
+                                "shapes")
+        for what, key, a, b in (("features", "x", first.x_dtype, s.x_dtype), ("targets", "y", first.y_dtype,
+                                                                                 s.y_dtype)):
+            if _kind(a) != _kind(b) and (key == "x" or require_y):
+                raise DataError(f"`data.source` {data.source!r}: file {s.path!r} has {what} (`data.{key}`) of "
+                                f"dtype {b}, but {first.path!r} has {a}; every file needs the same kind of values")
+    features = tuple(getattr(data, "features", ()) or ())
+    return ShardSet(data.source, fmt, tuple(shards), per_sample, data.x, data.y, data.label, features,
+                    getattr(data, "split_column", ""))
+
+
+def _per_sample(first: Shard, setting, fmt: str) -> bool:
+    if setting is True:
+        if fmt == "parquet":
+            raise DataError("`data.sample_per_file = true` does not apply to Parquet files (a table holds rows)")
+        return True
+    if setting is False or fmt == "parquet":
+        return False
+    return first.y_shape == () and first.y_dtype != ""       # a raw scalar target: the file is one sample
+
+
+def _kind(dtype: str) -> str:
+    kind = np.dtype(dtype).kind if dtype else ""
+    return {"u": "i", "S": "U", "O": "U"}.get(kind, kind)
+
+
+def _missing(data: DataSettings, key: str, path: Path, names: list[str], what: str) -> DataError:
+    return DataError(f"`data.{key}` names {what} {getattr(data, key)!r}, but file {str(path)!r} of `data.source` "
+                     f"holds {', '.join(names) or 'none'}")
+
+
+def _scan_npz(p: Path, data: DataSettings, require_y: bool) -> Shard:
+    dtypes = {}
+    with zipfile.ZipFile(p) as z:
+        for name in z.namelist():
+            if name.endswith(".npy"):
+                with z.open(name) as fh:
+                    version = np.lib.format.read_magic(fh)
+                    head = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                        np.lib.format.read_array_header_2_0
+                    shape, _, dtype = head(fh)
+                dtypes[name[:-4]] = (tuple(shape), dtype.str)
+    if data.x not in dtypes:
+        raise _missing(data, "x", p, list(dtypes), "array")
+    if data.y not in dtypes and require_y:
+        raise _missing(data, "y", p, list(dtypes), "array")
+    return _shard(p, dtypes[data.x], dtypes.get(data.y))
+
+
+def _shard(p: Path, x: tuple, y: tuple | None, y_path: str = "") -> Shard:
+    """A shard from its raw shapes; ``rows`` -1 and the raw shapes until ``_settle`` knows
+    whether files hold one sample each."""
+    (xs, xd), (ys, yd) = x, (y if y is not None else (None, ""))
+    return Shard(str(p), -1, tuple(xs), xd, tuple(ys) if ys is not None else (), yd, y_path)
+
+
+def _settle(s: Shard, per_sample: bool, has_y: bool) -> Shard:
+    """The shard's rows and one sample's shapes: a one-sample file's raw shapes are the sample's."""
+    if per_sample:
+        return Shard(s.path, 1, s.x_shape, s.x_dtype, s.y_shape, s.y_dtype, s.y_path)
+    if not s.x_shape:
+        raise DataError(f"file {s.path!r} of `data.source` holds a scalar `data.x`, not samples along a first "
+                        "axis; set `data.sample_per_file = true` if each file is one sample")
+    if has_y and (not s.y_shape or s.y_shape[0] != s.x_shape[0]):
+        raise DataError(f"file {s.path!r} of `data.source` has {s.x_shape[0]} samples (`data.x`) but targets "
+                        f"(`data.y`) of shape {list(s.y_shape)}; each file needs one target per sample (or set "
+                        "`data.sample_per_file = true` if each file is one sample)")
+    return Shard(s.path, s.x_shape[0], s.x_shape[1:], s.x_dtype, s.y_shape[1:] if has_y else (), s.y_dtype,
+                 s.y_path, s.groups)
+
+
+def _scan_npy(p: Path, data: DataSettings, require_y: bool) -> Shard:
+    x = np.load(p, mmap_mode="r")
+    y_path = p.with_name(data.y + p.name[len(data.x):])
+    if not y_path.exists():
+        if require_y:
+            raise DataError(f"`data.y`: the targets file {str(y_path)!r} for {str(p)!r} (`data.source`) does not "
+                            f"exist; name each targets file like its features file with {data.y!r} for {data.x!r}")
+        return _shard(p, (x.shape, x.dtype.str), None)
+    y = np.load(y_path, mmap_mode="r")
+    return _shard(p, (x.shape, x.dtype.str), (y.shape, y.dtype.str), str(y_path))
+
+
+def _scan_hdf5(p: Path, data: DataSettings, require_y: bool) -> Shard:
+    import h5py
+    with h5py.File(p, "r") as f:
+        names: list[str] = []
+        f.visit(lambda n: names.append("/" + n) if isinstance(f[n], h5py.Dataset) else None)
+        if data.x not in f:
+            raise _missing(data, "x", p, names, "HDF5 dataset")
+        if data.y not in f and require_y:
+            raise _missing(data, "y", p, names, "HDF5 dataset")
+        x = (f[data.x].shape, f[data.x].dtype.str)
+        y = (f[data.y].shape, f[data.y].dtype.str) if data.y in f else None
+    return _shard(p, x, y)
+
+
+def _scan_parquet(p: Path, data: DataSettings, require_y: bool) -> Shard:
+    import pyarrow.parquet as pq
+    f = pq.ParquetFile(p)
+    cols = list(f.schema_arrow.names)
+    split = getattr(data, "split_column", "")
+    if data.label not in cols and require_y:
+        raise DataError(f"`data.label` names column {data.label!r}, but file {str(p)!r} of `data.source` has "
+                        f"columns {one_line(', '.join(cols))}")
+    features = list(data.features) or [c for c in cols if c not in (data.label, split)]
+    missing = [c for c in features if c not in cols]
+    if missing:
+        raise DataError(f"`data.features` names columns {missing} that file {str(p)!r} of `data.source` lacks")
+    groups = tuple(f.metadata.row_group(i).num_rows for i in range(f.num_row_groups))
+    ytype = f.schema_arrow.field(data.label).type.to_pandas_dtype() if data.label in cols else None
+    return Shard(str(p), int(f.metadata.num_rows), (len(features),), "<f4", (),
+                 np.dtype(ytype).str if ytype is not None else "", "", groups)
+
+
+_SCAN = {"npz": _scan_npz, "npy": _scan_npy, "hdf5": _scan_hdf5, "parquet": _scan_parquet}
+
+
+def read_rows(ss: ShardSet, i: int, start: int, stop: int, want_x: bool = True,
+              want_y: bool = True) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Rows ``[start, stop)`` of shard ``i``: (features, targets), either skipped when not wanted."""
+    s = ss.shards[i]
+    x = y = None
+    if ss.fmt == "hdf5":
+        import h5py
+        with h5py.File(s.path, "r") as f:
+            if ss.per_sample:
+                x = f[ss.x][()][None] if want_x else None
+                y = np.asarray(f[ss.y][()])[None] if want_y and ss.y in f else None
+            else:
+                x = f[ss.x][start:stop] if want_x else None
+                y = f[ss.y][start:stop] if want_y and ss.y in f else None
+    elif ss.fmt == "npz":
+        with np.load(s.path, allow_pickle=False) as f:
+            if want_x:
+                x = f[ss.x][None] if ss.per_sample else f[ss.x][start:stop]
+            if want_y and ss.y in f.files:
+                y = np.asarray(f[ss.y])[None] if ss.per_sample else f[ss.y][start:stop]
+    elif ss.fmt == "npy":
+        if want_x:
+            arr = np.load(s.path, mmap_mode="r")
+            x = np.array(arr[None] if ss.per_sample else arr[start:stop])
+        if want_y and s.y_path:
+            arr = np.load(s.y_path, mmap_mode="r")
+            y = np.array(arr[None] if ss.per_sample else arr[start:stop])
+    else:
+        x, y = _parquet_rows(ss, s, start, stop, want_x, want_y)
+    return x, y
+
+
+def _parquet_rows(ss: ShardSet, s: Shard, start: int, stop: int, want_x: bool, want_y: bool):
+    import pyarrow.parquet as pq
+    f = pq.ParquetFile(s.path)
+    ends = np.cumsum(s.groups)
+    first = int(np.searchsorted(ends, start, side="right"))
+    last = int(np.searchsorted(ends, stop - 1, side="right")) if stop > start else first
+    table = f.read_row_groups(list(range(first, last + 1)))
+    offset = int(ends[first - 1]) if first else 0
+    frame = table.slice(start - offset, stop - start).to_pandas()
+    split = ss.split_column
+    features = list(ss.features) or [c for c in frame.columns if c not in (ss.label, split)]
+    x = frame[features].to_numpy(dtype=np.float32) if want_x else None
+    y = frame[ss.label].to_numpy() if want_y and ss.label in frame.columns else None
+    return x, y
+
+
+def read_column(ss: ShardSet, column: str) -> np.ndarray:
+    """One column of every Parquet shard, in row order (a split column)."""
+    import pyarrow.parquet as pq
+    return np.concatenate([pq.read_table(s.path, columns=[column]).column(0).to_numpy(zero_copy_only=False)
+                           for s in ss.shards])
+
+
+def read_targets(ss: ShardSet) -> np.ndarray | None:
+    """Every shard's targets, in row order (small beside the features: rank 0 holds them)."""
+    parts = [read_rows(ss, i, 0, s.rows, want_x=False)[1] for i, s in enumerate(ss.shards)]
+    return None if any(p is None for p in parts) else np.concatenate(parts)
+
+
+def read_all(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
+    """The whole dataset in memory: every shard read and concatenated (``read_dataset``'s
+    many-files reader)."""
+    ss = scan(data, require_y)
+    xs, ys = [], []
+    for i, s in enumerate(ss.shards):
+        x, y = _checked_read(ss, i, 0, s.rows)
+        xs.append(x)
+        ys.append(y)
+    info: dict = {"files": len(ss.shards)}
+    if ss.fmt == "parquet":
+        info["feature_names"] = list(ss.features) or _parquet_features(ss)
+        split = getattr(data, "split_column", "")
+        if split and require_y:
+            try:
+                info["split_values"] = read_column(ss, split)
+            except KeyError:
+                raise DataError(f"`data.split_column` names column {split!r}, which the files of `data.source` "
+                                f"{data.source!r} lack") from None
+    y = None if any(v is None for v in ys) else np.concatenate(ys)
+    return np.concatenate(xs), y, info
+
+
+def _checked_read(ss: ShardSet, i: int, start: int, stop: int):
+    try:
+        return read_rows(ss, i, start, stop)
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise DataError(f"`data.source` {ss.source!r}: file {ss.shards[i].path!r} cannot be read: "
+                        f"{type(exc).__name__}: {one_line(str(exc))}; fix or remove the file") from None
+
+
+def _parquet_features(ss: ShardSet) -> list[str]:
+    import pyarrow.parquet as pq
+    cols = pq.ParquetFile(ss.shards[0].path).schema_arrow.names
+    return [c for c in cols if c not in (ss.label, ss.split_column)]

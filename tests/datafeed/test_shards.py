@@ -1,0 +1,137 @@
+"""Many files as one dataset (``datafeed.shards``): a folder or a glob of npz/npy/HDF5/Parquet
+shards reads as the files' rows in sorted order; one sample per file is detected; and each
+mistake (another sample shape, another dtype, an empty glob, an unreadable file) is one
+message naming the file and the setting. No TensorFlow."""
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+
+from datafeed.readers import DataError, read_dataset
+from datafeed.shards import scan
+from datafeed.splits import read_data
+from ensemble.config import resolve_config
+
+ARCH = [{"layers": [{"type": "Dense", "units": 4}]}]
+
+
+def data_cfg(**kw):
+    return resolve_config({"data": kw, "architectures": ARCH}).data
+
+
+def blocks(n_files=3, rows=7, shape=(4,), seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=(rows + i, *shape)).astype(np.float32), rng.integers(0, 3, rows + i))
+            for i in range(n_files)]
+
+
+def write(tmp_path, fmt, parts):
+    for i, (x, y) in enumerate(parts):
+        if fmt == "npz":
+            np.savez(tmp_path / f"s{i:03d}.npz", x=x, y=y)
+        elif fmt == "npy":
+            np.save(tmp_path / f"x_{i:03d}.npy", x)
+            np.save(tmp_path / f"y_{i:03d}.npy", y)
+        elif fmt == "hdf5":
+            with h5py.File(tmp_path / f"s{i:03d}.h5", "w") as f:
+                f["x"], f["y"] = x, y
+        else:
+            frame = pd.DataFrame(x.reshape(len(x), -1), columns=[f"f{j}" for j in range(x[0].size)])
+            frame["label"] = y
+            frame.to_parquet(tmp_path / f"s{i:03d}.parquet", row_group_size=3)
+
+
+@pytest.mark.parametrize("fmt", ["npz", "npy", "hdf5", "parquet"])
+def test_a_folder_of_shards_reads_as_their_rows_in_order(tmp_path, fmt):
+    parts = blocks()
+    write(tmp_path, fmt, parts)
+    x, y, info = read_dataset(data_cfg(source=str(tmp_path)))
+    np.testing.assert_array_equal(x, np.concatenate([p[0] for p in parts]))
+    np.testing.assert_array_equal(y, np.concatenate([p[1] for p in parts]))
+    assert info["files"] == 3
+    ss = scan(data_cfg(source=str(tmp_path)))
+    assert ss.rows == 7 + 8 + 9 and ss.sample_shape == (4,) and list(ss.starts) == [0, 7, 15, 24]
+
+
+def test_a_glob_selects_its_files_and_netcdf_reads_as_hdf5(tmp_path):
+    parts = blocks(4)
+    for i, (x, y) in enumerate(parts):
+        with h5py.File(tmp_path / f"run{i}.nc", "w") as f:
+            f["fields/x"], f["y"] = x, y
+    x, y, _ = read_dataset(data_cfg(source=str(tmp_path / "run[12].nc"), x="/fields/x"))
+    np.testing.assert_array_equal(x, np.concatenate([parts[1][0], parts[2][0]]))
+    np.testing.assert_array_equal(y, np.concatenate([parts[1][1], parts[2][1]]))
+
+
+def test_one_sample_per_file_is_detected_from_a_scalar_target(tmp_path):
+    rng = np.random.default_rng(1)
+    vols = rng.normal(size=(12, 4, 4, 4)).astype(np.float32)
+    for i, v in enumerate(vols):
+        with h5py.File(tmp_path / f"vol{i:02d}.h5", "w") as f:
+            f["x"], f["y"] = v, float(i) / 3
+    got = read_data(data_cfg(source=str(tmp_path / "*.h5")))
+    assert got.x.shape == (12, 4, 4, 4)
+    np.testing.assert_array_equal(got.x, vols)
+    np.testing.assert_allclose(got.y, np.arange(12) / 3)
+
+
+def test_a_split_column_over_parquet_shards(tmp_path):
+    parts = blocks(2, rows=10)
+    for i, (x, y) in enumerate(parts):
+        frame = pd.DataFrame(x, columns=list("abcd"))
+        frame["label"], frame["part"] = y, (["train"] * 7 + ["test"] * 3 + ["train"] * i)
+        frame.to_parquet(tmp_path / f"p{i}.parquet")
+    got = read_data(data_cfg(source=str(tmp_path), split_column="part"))
+    assert got.x.shape == (21, 4)
+    assert got.rows["test"].tolist() == [7, 8, 9, 17, 18, 19]
+
+
+def test_a_shard_with_another_sample_shape_is_named(tmp_path):
+    parts = blocks(3)
+    parts[2] = (np.zeros((5, 5), np.float32), np.zeros(5, np.int64))
+    write(tmp_path, "hdf5", parts)
+    with pytest.raises(DataError, match=r"s002\.h5.*`data\.x`.*shape \[5\].*s000\.h5.*\[4\]"):
+        read_dataset(data_cfg(source=str(tmp_path)))
+
+
+def test_a_shard_with_another_dtype_kind_is_named(tmp_path):
+    parts = blocks(2)
+    parts[1] = (parts[1][0], parts[1][1].astype(str))
+    write(tmp_path, "npz", parts)
+    with pytest.raises(DataError, match=r"s001\.npz.*`data\.y`.*dtype"):
+        read_dataset(data_cfg(source=str(tmp_path)))
+
+
+def test_an_empty_glob_and_an_empty_folder_are_errors_naming_data_source(tmp_path):
+    with pytest.raises(DataError, match=r"`data\.source` glob .*\*\.h5.* matches no files"):
+        read_dataset(data_cfg(source=str(tmp_path / "*.h5")))
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(DataError, match=r"`data\.source` directory .* holds no data files"):
+        read_dataset(data_cfg(source=str(tmp_path)))
+
+
+def test_an_unreadable_shard_is_named(tmp_path):
+    write(tmp_path, "hdf5", blocks(2))
+    (tmp_path / "s001.h5").write_bytes(b"not an hdf5 file at all")
+    with pytest.raises(DataError, match=r"`data\.source`.*s001\.h5.* cannot be read as hdf5"):
+        read_dataset(data_cfg(source=str(tmp_path)))
+
+
+def test_a_missing_dataset_and_a_missing_targets_file_are_named(tmp_path):
+    write(tmp_path, "hdf5", blocks(1))
+    with pytest.raises(DataError, match=r"`data\.x` names HDF5 dataset 'feat'.*s000\.h5"):
+        read_dataset(data_cfg(source=str(tmp_path), x="feat"))
+    npy = tmp_path / "npy"
+    npy.mkdir()
+    write(npy, "npy", blocks(2))
+    (npy / "y_001.npy").unlink()
+    with pytest.raises(DataError, match=r"`data\.y`.*y_001\.npy.*does not exist"):
+        read_dataset(data_cfg(source=str(npy)))
+
+
+def test_mixed_formats_in_a_folder_are_an_error(tmp_path):
+    write(tmp_path, "npz", blocks(1))
+    write(tmp_path, "hdf5", blocks(1))
+    with pytest.raises(DataError, match=r"mixes formats"):
+        read_dataset(data_cfg(source=str(tmp_path)))
