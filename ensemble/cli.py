@@ -35,7 +35,7 @@ COMMANDS: dict[str, Command] = {
     "status": Command("ensemble.status", "how far a run is: members done, running, queued, ETA"),
     "report": Command("ensemble.report", "write a run's report.html again"),
     "predict": Command("ensemble.predict", "predict with a finished run's ensemble (and its uncertainty)"),
-    "export": Command("ensemble.export", "write a finished run's ensemble as one Keras model"),
+    "export": Command("ensemble.export", "write a finished run's ensemble as one model (keras, saved_model, onnx)"),
     "reselect": Command("ensemble.reselect", "choose a finished run's ensemble again, without training"),
     "jobscript": Command("ensemble.jobscript", "write a Slurm, PBS, LSF or Flux job script for a config"),
     "simulate": Command("ensemble.simulate", "drive the real master on a virtual clock with made-up members"),

@@ -1,31 +1,60 @@
-"""``python -m ensemble.export RUN_DIR FILE.keras`` (``ensemble export``): a finished run's
-ensemble as one Keras model, what ``python -m ensemble.predict RUN_DIR --export FILE.keras``
-writes (its inputs and outputs: docs/predict.md)."""
+"""``python -m ensemble.export RUN_DIR [OUT] [--format keras|saved_model|onnx]`` (``ensemble
+export``): a finished run's ensemble as one model that takes raw features.
+
+- ``keras`` (default): one ``.keras`` file of stock layers, the averaged probabilities
+  (classification) or [mean, variance] (regression); what ``python -m ensemble.predict
+  RUN_DIR --export FILE.keras`` writes (docs/predict.md);
+- ``saved_model``: a TensorFlow SavedModel directory, for TF Serving and ``tf.saved_model.load``;
+- ``onnx``: one ``.onnx`` file, for ONNX Runtime from Python, C, C++ or Fortran (the extra
+  ``mpi-ensemble[onnx]``).
+
+The last two hold the calibration too and name every output ``ensemble.predict`` gives
+(docs/export.md). Without OUT the model goes into the run directory.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+#: where each format goes without OUT, inside the run directory
+DEFAULT_NAMES = {"keras": "ensemble.keras", "saved_model": "ensemble_saved_model", "onnx": "ensemble.onnx"}
+
+
+def _format_of(out: str | None) -> str:
+    """The format an OUT path implies: .onnx -> onnx, no suffix -> saved_model, else keras."""
+    if out is None:
+        return "keras"
+    suffix = Path(out).suffix
+    return "onnx" if suffix == ".onnx" else "saved_model" if not suffix else "keras"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ensemble.export",
-                                description="Write a finished run's ensemble as one Keras model: the members "
-                                            "combined, averaged probabilities (classification) or [mean, "
-                                            "variance] (regression).")
+                                description="Write a finished run's ensemble as one model that takes raw "
+                                            "features: keras (averaged probabilities, or [mean, variance]), "
+                                            "saved_model or onnx (every output of ensemble.predict, "
+                                            "calibration included; see docs/export.md).")
     p.add_argument("run_dir", help="run directory written by `python -m ensemble.run`")
-    p.add_argument("out", metavar="FILE.keras", help="the model file to write")
+    p.add_argument("out", nargs="?", metavar="OUT",
+                   help="the file (.keras, .onnx) or directory (SavedModel) to write; default: in RUN_DIR, "
+                        + ", ".join(f"{f}: {n}" for f, n in DEFAULT_NAMES.items()))
+    p.add_argument("--format", dest="fmt", choices=list(DEFAULT_NAMES),
+                   help="what to write (default: from OUT's suffix: .onnx onnx, none saved_model, else keras)")
     args = p.parse_args(argv)
-    from ensemble.inference.export import export_ensemble
+    fmt = args.fmt or _format_of(args.out)
+    out = args.out or str(Path(args.run_dir) / DEFAULT_NAMES[fmt])
+    from ensemble.inference.export import export_model
     from ensemble.inference.load import PredictError
     from ensemble.runtime.logs import setup_logging
     setup_logging(0)
     try:
-        export_ensemble(args.run_dir, args.out)
+        export_model(args.run_dir, out, fmt)
     except PredictError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out}")
+    print(f"wrote {out} ({fmt})")
     return 0
 
 

@@ -106,6 +106,12 @@ class Ensemble:
         result = self.predict_details(x)
         return score(self._run, result, encode_targets(self._run, y, len(result[next(iter(result))])))
 
+    def export(self, path: str | Path, format: str = "keras") -> Path:
+        """Write the ensemble as one model that takes raw features: "keras", "saved_model"
+        or "onnx" (``inference.export.export_model``; docs/export.md)."""
+        from ensemble.inference.export import export_model
+        return export_model(self._run, path, format)
+
     def data(self, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
         """The run's own ``split`` ("train", "val" or "test") as read from its data file(s):
         (raw features, targets), the rows ``splits.npz`` records. Reads the data again, as

@@ -1,4 +1,4 @@
-"""The whole ensemble as ONE Keras model, built from stock layers only.
+"""The whole ensemble as ONE model: a stock ``.keras`` file, a TensorFlow SavedModel or ONNX.
 
 ``export_ensemble(run_dir, "ensemble.keras")`` writes a model that takes raw features (as
 the training file holds them, flattened when ``data.reshape`` was set), normalises them
@@ -17,12 +17,18 @@ from stock layers in float64, the formulas of ``Task.combine``), so the numbers 
 ``python -m ensemble.predict``. No custom layer is used: ``keras.models.load_model(path)``
 loads it in any process without importing this project (a member built by a user's own
 builder with custom layers still needs those layers, as its own model.keras does).
+
+``export_model(run, path, fmt)`` also writes the ``saved_model`` and ``onnx`` formats
+(``ensemble.inference.serving``): there the calibration is inside the graph too, and the
+outputs are every per-sample quantity ``ensemble.predict`` gives (docs/export.md).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -44,20 +50,33 @@ def _normalize(z, shift: np.ndarray, scale: np.ndarray):
     return keras.layers.Rescaling(1.0 / scale, offset=-shift / scale, name="normalize")(z)
 
 
-def build_ensemble_model(run: EnsembleRun):
-    """The Keras model: raw features -> normalisation -> members -> weighted combination."""
+def raw_input_shape(run: EnsembleRun) -> tuple[int, ...]:
+    """One sample's shape as the exported model takes it: the training file's, flat when
+    ``data.reshape`` was set."""
+    shape = run.input_shape
+    return (int(np.prod(shape)),) if run.config.data.reshape else shape
+
+
+def normalized_input(run: EnsembleRun):
+    """(the raw ``features`` input, the members' input): flattened, normalised with the
+    run's shift/scale and reshaped to the training shape, in stock layers."""
     import keras
 
     from ensemble.runtime.env import configure_tensorflow
     configure_tensorflow(1)
-    shape = run.input_shape
-    flat = int(np.prod(shape))
-    raw_shape = (flat,) if run.config.data.reshape else shape
+    shape, raw_shape = run.input_shape, raw_input_shape(run)
     inputs = keras.Input(shape=raw_shape, name="features")
     z = inputs if len(raw_shape) == 1 else keras.layers.Flatten(name="flatten_features")(inputs)
     z = _normalize(z, run.shift, run.scale)
     if len(shape) != 1:
         z = keras.layers.Reshape(shape, name="sample_shape")(z)
+    return inputs, z
+
+
+def build_ensemble_model(run: EnsembleRun):
+    """The Keras model: raw features -> normalisation -> members -> weighted combination."""
+    import keras
+    inputs, z = normalized_input(run)
     outputs = []
     for member in run.members:
         tag = re.sub(r"[^A-Za-z0-9_]", "_", member.id)
@@ -82,3 +101,54 @@ def export_ensemble(run: EnsembleRun | str | Path, path: str | Path) -> Path:
         log.warning(f"{path}: the model gives the averaged probabilities before the run's temperature "
                     f"(T = {temperature:.4g}); predict applies it: softmax(log(p) / T)")
     return atomic_write(path, model.save)           # never a half-written model at the final path
+
+
+#: ``export_model``'s formats: what each writes and the extra it needs (None: the base install)
+FORMATS = {"keras": None, "saved_model": None, "onnx": "onnx"}
+
+
+def _need(module: str, extra: str, what: str) -> None:
+    import importlib.util
+    if importlib.util.find_spec(module) is None:
+        raise PredictError(f"{what} needs the Python package {module!r}, which is not installed: "
+                           f'pip install "mpi-ensemble[{extra}]"')
+
+
+def export_model(run: EnsembleRun | str | Path, path: str | Path, fmt: str = "keras") -> Path:
+    """Write the ensemble of ``run`` to ``path`` as ``fmt``: "keras" (the stock ``.keras``
+    file, ``export_ensemble``), "saved_model" (a TensorFlow SavedModel directory) or "onnx"
+    (one ``.onnx`` file). The last two are the serving graph (``inference.serving``):
+    calibration inside, every per-sample output named; written with Keras's own
+    ``model.export``. Inputs, outputs and their shapes: docs/export.md."""
+    if fmt not in FORMATS:
+        raise PredictError(f"--format must be one of {', '.join(FORMATS)}, but got {fmt!r}")
+    path = Path(path)
+    if fmt == "keras":
+        return export_ensemble(run, path)
+    if fmt == "onnx":
+        if path.suffix != ".onnx":
+            raise PredictError(f"an ONNX export must be a .onnx file, but got {str(path)!r}")
+        _need("tf2onnx", "onnx", "--format onnx")
+        _need("onnx", "onnx", "--format onnx")
+    elif path.suffix:
+        raise PredictError(f"a SavedModel is a directory: give a path without a suffix, not {str(path)!r}")
+    if isinstance(run, (str, Path)):
+        run = load_run(run)
+    from ensemble.inference.serving import build_serving_model
+    model = build_serving_model(run)
+    keras_format = "tf_saved_model" if fmt == "saved_model" else "onnx"
+
+    def write(target: Path) -> None:
+        import tensorflow as tf
+        spec = [tf.TensorSpec((None, *raw_input_shape(run)), tf.float32, name="features")]
+        model.export(str(target), format=keras_format, verbose=False, input_signature=spec)
+
+    if fmt == "onnx":
+        return atomic_write(path, write)
+    tmp = path.with_name(path.name + ".part")          # a directory: written beside, then renamed
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+    return path
