@@ -138,6 +138,22 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
     x = np.asarray(x)
     y = np.asarray(y)
     check_arrays(x, y)
+    y, meta = prepare_targets(y, info, data)
+    x = reshape_features(np.asarray(x, dtype=np.float32), data.reshape)
+    idx = choose_rows(y, meta, data, seed, rows)
+    shift, scale = fit_normalizer(x[idx["train"]], data.normalize)
+    arrays = {"x_mean": shift, "x_scale": scale}
+    for split in SPLITS:
+        arrays[f"x_{split}"] = apply_normalizer(x[idx[split]], shift, scale)
+        arrays[f"y_{split}"] = np.ascontiguousarray(y[idx[split]])
+    meta["input_shape"] = list(x.shape[1:])
+    meta["sizes"] = {s: int(len(idx[s])) for s in SPLITS}
+    return arrays, meta, {s: idx[s].astype(np.int64) for s in SPLITS}
+
+
+def prepare_targets(y: np.ndarray, info: dict, data: DataSettings) -> tuple[np.ndarray, dict]:
+    """The task, and the targets encoded for it (class codes, or float32 values), checked;
+    returns (targets, metadata so far). Shared by the in-memory and the streaming path."""
     task = str(info["task"]) if data.task == "auto" and info.get("task") else infer_task(y, data.task)
     meta: dict = {"task": task, "feature_names": info.get("feature_names", []), "split_from": split_from(data)}
     if task == "classification":
@@ -153,7 +169,14 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
         if not np.isfinite(y).all():
             raise DataError("regression targets hold NaN/inf values; clean them before training")
         meta["n_outputs"] = 1 if y.ndim == 1 else int(np.prod(y.shape[1:]))
-    x = reshape_features(np.asarray(x, dtype=np.float32), data.reshape)
+    return y, meta
+
+
+def choose_rows(y: np.ndarray, meta: dict, data: DataSettings, seed: int,
+                rows: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """The split as sorted row indices: ``rows`` as given (validation drawn from its train
+    rows when it gives none), else drawn at random; notes ``val_drawn`` in ``meta``."""
+    task = meta["task"]
     if rows is not None:
         given = {s: rows.get(s) for s in SPLITS}
         top = max((int(np.max(r)) for r in given.values() if r is not None and len(r)), default=-1)
@@ -167,11 +190,4 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
     else:
         idx = split_indices(y, task, data.val_fraction, data.test_fraction, seed)
         meta["val_drawn"] = True
-    shift, scale = fit_normalizer(x[idx["train"]], data.normalize)
-    arrays = {"x_mean": shift, "x_scale": scale}
-    for split in SPLITS:
-        arrays[f"x_{split}"] = apply_normalizer(x[idx[split]], shift, scale)
-        arrays[f"y_{split}"] = np.ascontiguousarray(y[idx[split]])
-    meta["input_shape"] = list(x.shape[1:])
-    meta["sizes"] = {s: int(len(idx[s])) for s in SPLITS}
-    return arrays, meta, {s: idx[s].astype(np.int64) for s in SPLITS}
+    return idx

@@ -92,6 +92,14 @@ def list_files(data: DataSettings) -> tuple[list[Path], str]:
     """The shard files ``data.source`` names (sorted) and their format; an empty match or
     mixed formats is a ``DataError`` naming ``data.source``."""
     src = data.source
+    if not is_many(src):                          # one file: a dataset of one shard (streaming)
+        fmt = data.format if data.format != "auto" else SHARD_SUFFIXES.get(Path(src).suffix.lower(), "")
+        if fmt not in SHARD_FORMATS:
+            raise DataError(f"`data.source` {src!r} cannot be streamed: streaming reads "
+                            f"{', '.join(SHARD_FORMATS)} files; set `data.stream = false`")
+        if not Path(src).is_file():
+            raise DataError(f"`data.source` file {src!r} does not exist")
+        return [Path(src)], fmt
     if Path(src).is_dir():
         paths = sorted(p for p in Path(src).iterdir() if p.is_file() and p.suffix.lower() in SHARD_SUFFIXES)
         what = f"directory {src!r} holds no data files ({', '.join(SHARD_SUFFIXES)})"
@@ -219,7 +227,11 @@ def _settle(s: Shard, per_sample: bool, has_y: bool) -> Shard:
 
 def _scan_npy(p: Path, data: DataSettings, require_y: bool) -> Shard:
     x = np.load(p, mmap_mode="r")
-    y_path = p.with_name(data.y + p.name[len(data.x):])
+    if is_many(data.source):
+        y_path = p.with_name(data.y + p.name[len(data.x):])
+    else:                                      # one file: `data.y` names its targets file (read_npy)
+        y_path = Path(data.y) if Path(data.y).is_absolute() else p.parent / data.y
+        y_path = y_path if y_path.suffix else y_path.with_suffix(".npy")
     if not y_path.exists():
         if require_y:
             raise DataError(f"`data.y`: the targets file {str(y_path)!r} for {str(p)!r} (`data.source`) does not "

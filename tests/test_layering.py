@@ -24,10 +24,11 @@ BESIDE = {"evolve": {"ensemble.config.vocabulary"}, "datafeed": set()}
 NEIGHBOURS = {"evolve": 3, "datafeed": 3}
 #: the declarations config reads from evolve: the strategy registry and the search-space keys
 CONFIG_READS = {"evolve.strategies", "evolve.space"}
-MPI_MODULES = {"ensemble/runtime/mpi.py", "datafeed/distribute.py"}
+#: ``runtime.stage`` runs before the project can be imported (it stages the environment the project is read from)
+MPI_MODULES = {"ensemble/runtime/mpi.py", "datafeed/distribute.py", "ensemble/runtime/stage.py"}
 TF_PLACES = ("ensemble/train/", "ensemble/inference/", "ensemble/runtime/env.py",
              "ensemble/runtime/data_parallel.py", "ensemble/task/tasks.py", "ensemble/task/graph.py",
-             "datafeed/pipeline.py")
+             "datafeed/pipeline.py", "datafeed/streaming.py")
 
 
 def modules() -> list[Path]:

@@ -23,12 +23,17 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
     directory and lock it (the caller releases the lock when the job ends)."""
     from datafeed.prepare import prepare_with_rows
     from datafeed.splits import read_data
+    from datafeed.streaming import prepare_stream, stream_plan
     from ensemble.config.vocabulary import check_input_rank
     from ensemble.modes import mode_of
-
-    got = read_data(cfg.data)                   # the split too, where the data gives it
-    arrays, meta, rows = prepare_with_rows(got.x, got.y, got.info, cfg.data, cfg.seed, got.rows)
-    del got
+    plan = stream_plan(cfg.data)                # the files, when members stream them (issue 33)
+    if plan is not None:
+        check_streaming(cfg)
+        arrays, meta, rows = prepare_stream(plan, cfg.data, cfg.seed)
+    else:
+        got = read_data(cfg.data)               # the split too, where the data gives it
+        arrays, meta, rows = prepare_with_rows(got.x, got.y, got.info, cfg.data, cfg.seed, got.rows)
+        del got
     if cfg.data.task == "auto":                 # the task is known now: settings that depend on it
         check_task_settings(cfg, meta["task"], "the labels make this task")
     mode = mode_of(cfg)
@@ -72,6 +77,20 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
 BUILD_CHECK_BATCH = 64          # samples the check runs each architecture on (at most one batch)
 
 
+def check_streaming(cfg: RunConfig) -> None:
+    """Streamed data (``datafeed.streaming``) is read by the Keras trainer, one member at a time."""
+    from ensemble.modes import mode_of
+    found = Problems()
+    if cfg.runtime.trainer not in ("keras", "rehearsal"):
+        found.add(f"the data streams (`data.stream`), which the {cfg.runtime.trainer!r} trainer cannot read; set "
+                  "`runtime.trainer = \"keras\"` or `data.stream = false`", "runtime.trainer")
+    elif cfg.mode == "pbt" or mode_of(cfg).packs(cfg):
+        found.add("the data streams (`data.stream`), but packed members (`runtime.members_per_rank` > 1) and "
+                  "mode \"pbt\" read it from memory; set `runtime.members_per_rank = 1` (not pbt) or "
+                  "`data.stream = false`", "data.stream")
+    found.raise_any()
+
+
 def check_world(cfg: RunConfig, workers: int) -> None:
     """Every rank, before anything else: the job's size must suit the config (the worker
     ranks divide into groups; the mode's own needs, such as a population's groups)."""
@@ -109,7 +128,7 @@ def check_builds(cfg: RunConfig, arrays: dict, meta: dict) -> None:
     for i, arch in builders:
         spec = {"layers": None, "model": arch.model, "params": dict(arch.params),
                 **member_train_settings(cfg, arch).to_dict()}
-        x = arrays["x_train"][:min(spec["batch_size"], BUILD_CHECK_BATCH)]
+        x = arrays["x_train" if "x_train" in arrays else "x_head"][:min(spec["batch_size"], BUILD_CHECK_BATCH)]
         try:
             check_architecture(spec, x, meta["n_outputs"], meta["task"])
         except ArchitectureError as exc:

@@ -168,12 +168,7 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     model.compile(optimizer=make_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss,
                   metrics=metrics, jit_compile=TENSORFLOW["jit_compile"])
     parallel = make_data_parallel(model, group) if group is not None else []
-    idx = member_indices(len(data["y_train"]), spec["seed"], spec.get("bootstrap", False))
-    train_ds = make_dataset(data["x_train"], data["y_train"], idx, spec["batch_size"], spec["seed"],
-                            y_transform=y_tf,
-                            shard=(group.Get_rank(), group.Get_size()) if group is not None else None)
-    val_ds = make_dataset(data["x_val"], data["y_val"], np.arange(len(data["y_val"])), 512, 0,
-                          shuffle=False, y_transform=y_tf)
+    train_ds, val_ds = member_datasets(spec, data, meta, y_tf, group)
     build_seconds = time.monotonic() - t0                 # model, optimizer and both datasets
     limit, clock = _time_limit_callback(spec["member_time_limit"]), _phase_clock()
     early = keras.callbacks.EarlyStopping(monitor="val_loss", patience=spec["patience"], restore_best_weights=True)
@@ -212,7 +207,8 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     stopped = ("time_limit" if limit.hit else "early_stopping" if len(losses) < spec["epochs"] else "epochs")
     result = member_record(spec, model, data, run_dir, task, gaussian, y_shift, y_scale,
                            {k: [float(v) for v in vals] for k, vals in hist.items()}, len(losses), t0,
-                           build_seconds, "master" if reporter is not None and reporter.stopped_by_master else stopped)
+                           build_seconds, "master" if reporter is not None and reporter.stopped_by_master else stopped,
+                           meta)
     result["costs"] = {"build": round(build_seconds, 4), **clock.costs(), **result["costs"]}
     result["costs"]["other"] = round(max(0.0, result["train_seconds"] - sum(
         v for k, v in result["costs"].items() if k != "validation")), 4)
@@ -223,9 +219,50 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     return result
 
 
+def member_datasets(spec: dict, data: Mapping[str, np.ndarray], meta: dict, y_tf, group=None):
+    """The member's (training, validation) tf.data datasets: gathered from the shared arrays,
+    or read from the files when the data streams (``meta["stream"]``, ``datafeed.streaming``)."""
+    shard = (group.Get_rank(), group.Get_size()) if group is not None else None
+    if meta.get("stream"):
+        feed = streamed(meta, data)
+        return (feed.train_dataset(spec["batch_size"], spec["seed"], spec.get("bootstrap", False), y_tf, shard),
+                feed.eval_dataset("val", y_tf))
+    idx = member_indices(len(data["y_train"]), spec["seed"], spec.get("bootstrap", False))
+    train_ds = make_dataset(data["x_train"], data["y_train"], idx, spec["batch_size"], spec["seed"],
+                            y_transform=y_tf, shard=shard)
+    val_ds = make_dataset(data["x_val"], data["y_val"], np.arange(len(data["y_val"])), 512, 0,
+                          shuffle=False, y_transform=y_tf)
+    return train_ds, val_ds
+
+
+_STREAMED: dict = {}
+
+
+def streamed(meta: dict, data: Mapping[str, np.ndarray]):
+    """This process's ``datafeed.streaming.Streamed`` for the run's data (made once: staging
+    the files node-locally, when ``data.stage_dir`` is set, happens before the first member)."""
+    from datafeed.streaming import Streamed
+    key = (id(data), meta["stream"]["source"])
+    if key not in _STREAMED:
+        _STREAMED.clear()
+        _STREAMED[key] = Streamed(meta, data)
+    return _STREAMED[key]
+
+
+def split_predictions(task, model, data: Mapping[str, np.ndarray], meta: dict, split: str, y_shift: float,
+                      y_scale: float, gaussian: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """A member's (prediction, variance) on a split: from the shared array, or a chunk at a
+    time from the files when the data streams."""
+    if not meta.get("stream"):
+        return task.predict(model, np.asarray(data[f"x_{split}"]), y_shift, y_scale, gaussian)
+    parts = [task.predict(model, x, y_shift, y_scale, gaussian) for x in streamed(meta, data).chunks(split)]
+    pred = np.concatenate([p for p, _ in parts])
+    return pred, (None if parts[0][1] is None else np.concatenate([v for _, v in parts]))
+
+
 def member_record(spec: dict, model, data: Mapping[str, np.ndarray], run_dir: RunDirectory, task, gaussian: bool,
                   y_shift: float, y_scale: float, history: dict, epochs: int, t0: float, build_seconds: float,
-                  stopped: str) -> dict:
+                  stopped: str, meta: dict | None = None) -> dict:
     """A trained member's journal record: its predictions on the validation and test splits
     scored, its model written when it can still matter, its predictions in ``payload`` when
     it can be a selection candidate (alone or packed, a member ends here)."""
@@ -235,8 +272,8 @@ def member_record(spec: dict, model, data: Mapping[str, np.ndarray], run_dir: Ru
     t_predict = time.perf_counter()
     for split in ("val", "test"):
         t_pred = time.perf_counter()
-        preds[split], variances[split] = task.predict(model, np.asarray(data[f"x_{split}"]), y_shift,
-                                                      y_scale, gaussian)
+        preds[split], variances[split] = split_predictions(task, model, data, meta or {}, split, y_shift,
+                                                           y_scale, gaussian)
         if split == "val":                              # inference time, an NSGA-II objective
             predict_seconds = time.perf_counter() - t_pred
         if not np.isfinite(preds[split]).all():

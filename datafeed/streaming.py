@@ -1,0 +1,311 @@
+"""Streaming: members read batches from the files, never the whole array (larger than memory).
+
+Chosen by ``data.stream`` (``"auto"``: when the features as float32 exceed
+``data.memory_share`` of a node's memory, ``will_stream``). Rank 0 then reads only the
+targets (small: one value or vector per sample), draws or takes the split on row indices as
+the in-memory path does (``prepare.choose_rows``), and fits the normalisation in one pass over
+the training rows, a chunk at a time (``fit_streaming``). What it broadcasts is small: the
+targets, each split's row indices, the normalisation, and a few training rows for the build
+check; ``meta["stream"]`` says how to read the files.
+
+Each member reads *chunks*: runs of consecutive rows of one file (about ``CHUNK_BYTES`` of
+features; a whole .npz or one-sample file; a Parquet row group). ``Streamed.train_dataset``
+is a tf.data pipeline: the member's chunks in a seeded order that changes every epoch, read
+``CYCLE`` at a time by a parallel, deterministic interleave, rows mixed in a shuffle buffer of
+``data.shuffle_buffer`` rows, batched, prefetched. The ranks of a data-parallel group read
+disjoint chunks (a seeded deal, as Horovod and CosmoFlow shard files), each its share of the
+global batch, and all take the same number of steps (the smallest share's full batches), so
+a group of 2 sees the same rows per epoch as one rank, in another order (equal within
+tolerance, not bit for bit). Validation and test predictions read the chunks in order.
+Deterministic for a given seed: the order of chunks and rows depends on the member's seed
+only, not on the number of ranks in the job.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from datafeed.pipeline import member_indices
+from datafeed.prepare import SPLITS, apply_normalizer, choose_rows, prepare_targets
+from datafeed.readers import BUILTINS, DataError, DataSettings
+from datafeed.shards import (
+    SHARD_FORMATS,
+    SHARD_SUFFIXES,
+    Shard,
+    ShardSet,
+    is_many,
+    read_column,
+    read_rows,
+    read_targets,
+    scan,
+)
+from datafeed.splits import rows_from_column, rows_from_file, split_from
+
+CHUNK_BYTES = 1 << 20      # rows read at once: about this many bytes of features (at least one row)
+CYCLE = 4                  # chunks read at a time by the parallel interleave
+HEAD_ROWS = 64             # training rows broadcast for the build check
+
+
+def node_memory(data: DataSettings) -> int:
+    """Bytes of one node's memory: ``data.node_memory_gb``, else this machine's total."""
+    gb = float(getattr(data, "node_memory_gb", 0) or 0)
+    return int(gb * 1e9) if gb > 0 else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def will_stream(data: DataSettings, nbytes: int) -> bool:
+    """Whether features of ``nbytes`` (float32) stream under ``data.stream``."""
+    setting = getattr(data, "stream", False)
+    if setting == "auto":
+        return nbytes > float(data.memory_share) * node_memory(data)
+    return bool(setting)
+
+
+def stream_plan(data: DataSettings) -> ShardSet | None:
+    """The files to stream from when this run streams, else None (the in-memory path)."""
+    setting = getattr(data, "stream", False)
+    if setting is False or data.source in BUILTINS:
+        if setting is True:
+            raise DataError(f"`data.stream = true`, but `data.source` {data.source!r} is a built-in dataset; "
+                            "stream files (npz, npy, HDF5, Parquet) or set `data.stream = false`")
+        return None
+    fmt = data.format if data.format != "auto" else SHARD_SUFFIXES.get(Path(data.source).suffix.lower())
+    if setting == "auto" and not is_many(data.source) and fmt not in SHARD_FORMATS:
+        return None                               # a CSV (or another table) is read whole
+    ss = scan(data)
+    if not will_stream(data, ss.nbytes):
+        return None
+    if split_from(data) == "sources":
+        raise DataError("streaming takes its split at random, by `data.split_file` or by `data.split_column`, "
+                        "not by `data.test_source`: give the split as index arrays, or set `data.stream = false`")
+    return ss
+
+
+def chunk_table(ss: ShardSet) -> np.ndarray:
+    """(shard, start, stop, global start of the shard) of every chunk, in row order."""
+    out, starts = [], ss.starts
+    row_bytes = max(1, int(np.prod(ss.sample_shape, dtype=np.int64)) * np.dtype(ss.shards[0].x_dtype).itemsize)
+    step = max(1, CHUNK_BYTES // row_bytes)
+    for i, s in enumerate(ss.shards):
+        if ss.fmt == "parquet":
+            bounds = np.concatenate([[0], np.cumsum(s.groups)])
+        elif ss.fmt == "npz" or ss.per_sample:
+            bounds = np.array([0, s.rows])
+        else:
+            bounds = np.append(np.arange(0, s.rows, step), s.rows)
+        out.extend((i, int(a), int(b), int(starts[i])) for a, b in zip(bounds[:-1], bounds[1:]) if b > a)
+    return np.asarray(out, dtype=np.int64).reshape(-1, 4)
+
+
+def split_spans(table: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each chunk, the span [lo, hi) of the split's sorted ``rows`` that lie in it."""
+    return (np.searchsorted(rows, table[:, 3] + table[:, 1]), np.searchsorted(rows, table[:, 3] + table[:, 2]))
+
+
+def prepare_stream(ss: ShardSet, data: DataSettings, seed: int) -> tuple[dict, dict, dict[str, np.ndarray]]:
+    """Rank 0 of a streaming run: what ``prepare.prepare_with_rows`` returns, without ever
+    holding the features: (small arrays to broadcast, metadata, the split's row indices)."""
+    y = read_targets(ss)
+    if y is None:
+        raise DataError(f"`data.y`: the files of `data.source` {data.source!r} hold no targets")
+    if len(y) < 10:
+        raise DataError(f"the dataset has only {len(y)} samples; at least 10 are needed to split into train/val/test")
+    info = {"feature_names": list(ss.features) if ss.fmt == "parquet" else []}
+    y, meta = prepare_targets(y, info, data)
+    way, rows = split_from(data), None
+    if way == "indices":
+        rows = rows_from_file(data.split_file, len(y))
+    elif way == "column":
+        if ss.fmt != "parquet":
+            raise DataError(f"`data.split_column` is for Parquet files when streaming, but `data.source` is {ss.fmt}")
+        rows = rows_from_column(read_column(ss, data.split_column), data.split_column)
+    idx = choose_rows(y, meta, data, seed, rows)
+    input_shape = _input_shape(ss.sample_shape, data.reshape)
+    shift, scale = fit_streaming(ss, idx["train"], data.normalize)
+    shift, scale = shift.reshape(input_shape), scale.reshape(input_shape)
+    arrays: dict[str, np.ndarray] = {"x_mean": shift, "x_scale": scale}
+    for split in SPLITS:
+        arrays[f"y_{split}"] = np.ascontiguousarray(y[idx[split]])
+        arrays[f"rows_{split}"] = idx[split].astype(np.int64)
+    meta["input_shape"] = list(input_shape)
+    meta["sizes"] = {s: int(len(idx[s])) for s in SPLITS}
+    meta["stream"] = describe(ss, data)
+    feed = Streamed(meta, arrays, stage=False)
+    arrays["x_head"] = next(feed.chunks("train", limit=HEAD_ROWS))
+    return arrays, meta, {s: idx[s].astype(np.int64) for s in SPLITS}
+
+
+def _input_shape(sample: tuple[int, ...], reshape) -> tuple[int, ...]:
+    if not reshape:
+        return tuple(sample)
+    if int(np.prod(reshape)) != int(np.prod(sample)):
+        raise DataError(f"`data.reshape` {list(reshape)} holds {int(np.prod(reshape))} values per sample, but "
+                        f"each sample has {int(np.prod(sample))} (shape {list(sample)})")
+    return tuple(int(v) for v in reshape)
+
+
+def fit_streaming(ss: ShardSet, train: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature (shift, scale) over the training rows in one pass, a chunk at a time
+    (float64 sums merged as Chan et al.; the population std, as ``prepare.fit_normalizer``);
+    a non-finite value is a ``DataError`` naming its file."""
+    table = chunk_table(ss)
+    lo, hi = split_spans(table, train)
+    width = int(np.prod(ss.sample_shape, dtype=np.int64))
+    n, mean, m2 = 0, np.zeros(width), np.zeros(width)
+    low, high = np.full(width, np.inf), np.full(width, -np.inf)
+    for (i, start, stop, g), a, b in zip(table, lo, hi):
+        if b <= a:
+            continue
+        x, _ = read_rows(ss, int(i), int(start), int(stop), want_y=False)
+        x = np.asarray(x).reshape(len(x), -1)[train[a:b] - g - start].astype(np.float64)
+        if not np.isfinite(x).all():
+            raise DataError(f"file {ss.shards[int(i)].path!r} of `data.source` holds NaN/inf features; clean or "
+                            "impute them before training")
+        k, m = len(x), x.mean(axis=0)
+        delta = m - mean
+        mean = mean + delta * k / (n + k)
+        m2 = m2 + ((x - m) ** 2).sum(axis=0) + delta ** 2 * n * k / (n + k)
+        n += k
+        low, high = np.minimum(low, x.min(axis=0)), np.maximum(high, x.max(axis=0))
+    if method == "standard":
+        shift, scale = mean, np.sqrt(m2 / max(n, 1))
+    elif method == "minmax":
+        shift, scale = low, high - low
+    else:
+        shift, scale = np.zeros(width), np.ones(width)
+    scale = np.where(scale > 1e-12, scale, 1.0)
+    return shift.astype(np.float32), scale.astype(np.float32)
+
+
+def describe(ss: ShardSet, data: DataSettings) -> dict:
+    """``meta["stream"]``: what a member needs to read the files (plain JSON)."""
+    return {"source": ss.source, "format": ss.fmt, "per_sample": ss.per_sample, "x": ss.x, "y": ss.y,
+            "label": ss.label, "features": list(ss.features), "split_column": ss.split_column,
+            "files": [s.path for s in ss.shards], "rows": [s.rows for s in ss.shards],
+            "y_files": [s.y_path for s in ss.shards], "groups": [list(s.groups) for s in ss.shards],
+            "sample_shape": list(ss.sample_shape), "dtype": ss.shards[0].x_dtype,
+            "shuffle_buffer": int(getattr(data, "shuffle_buffer", 10000)),
+            "stage_dir": str(getattr(data, "stage_dir", "") or "")}
+
+
+def shard_set(stream: dict) -> ShardSet:
+    """The ``ShardSet`` that ``describe`` wrote down."""
+    shards = tuple(Shard(p, int(n), tuple(stream["sample_shape"]), stream["dtype"], (), "", yp, tuple(g))
+                   for p, n, yp, g in zip(stream["files"], stream["rows"], stream["y_files"], stream["groups"]))
+    return ShardSet(stream["source"], stream["format"], shards, bool(stream["per_sample"]), stream["x"],
+                    stream["y"], stream["label"], tuple(stream["features"]), stream["split_column"])
+
+
+class Streamed:
+    """A member's view of a streamed dataset: the broadcast targets, rows and normalisation
+    (``data``) with the files ``meta["stream"]`` names (staged node-locally first when
+    ``data.stage_dir`` is set and ``stage``)."""
+
+    def __init__(self, meta: dict, data: Mapping[str, np.ndarray], stage: bool = True):
+        stream = meta["stream"]
+        self.ss = shard_set(stream)
+        if stage and stream.get("stage_dir"):
+            from datafeed.staging import stage_files
+            moved = stage_files(self.ss, stream["stage_dir"])
+            self.ss = replace(self.ss, shards=tuple(replace(s, path=moved[s.path],
+                                                            y_path=moved.get(s.y_path, s.y_path))
+                                                    for s in self.ss.shards))
+        self.data, self.buffer = data, int(stream["shuffle_buffer"])
+        self.shape = tuple(meta["input_shape"])
+        self.shift, self.scale = np.asarray(data["x_mean"]), np.asarray(data["x_scale"])
+        self.table = chunk_table(self.ss)
+
+    def size(self, split: str) -> int:
+        return len(self.data[f"rows_{split}"])
+
+    def units(self, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(chunk ids, lo, hi) of the chunks holding rows of ``split``."""
+        lo, hi = split_spans(self.table, np.asarray(self.data[f"rows_{split}"]))
+        keep = np.flatnonzero(hi > lo)
+        return keep, lo[keep], hi[keep]
+
+    def read(self, split: str, chunk: int, counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The split's rows in one chunk, normalised and shaped as the model takes them, with
+        their targets; ``counts``: how often each row of the split is taken (a bootstrap)."""
+        i, start, stop, g = (int(v) for v in self.table[chunk])
+        rows = np.asarray(self.data[f"rows_{split}"])
+        a, b = np.searchsorted(rows, [g + start, g + stop])
+        pos = np.arange(a, b) if counts is None else np.repeat(np.arange(a, b), counts[a:b])
+        x, _ = read_rows(self.ss, i, start, stop, want_y=False)
+        x = np.asarray(x)[rows[pos] - g - start].reshape((len(pos), *self.shape))
+        return apply_normalizer(x, self.shift, self.scale), np.asarray(self.data[f"y_{split}"])[pos]
+
+    def chunks(self, split: str, limit: int | None = None) -> Iterator[np.ndarray]:
+        """The split's features, normalised, a chunk at a time in row order (predictions);
+        ``limit``: one array of at most that many first rows."""
+        got: list[np.ndarray] = []
+        for c in self.units(split)[0]:
+            x = self.read(split, int(c))[0]
+            if limit is None:
+                yield x
+                continue
+            got.append(x)
+            if sum(map(len, got)) >= limit:
+                break
+        if limit is not None:
+            yield np.concatenate(got)[:limit]
+
+    def _loader(self, split: str, counts, y_transform):
+        import tensorflow as tf
+        y = np.asarray(self.data[f"y_{split}"])
+        y_dtype = tf.as_dtype(np.float32 if y_transform is not None else y.dtype)
+
+        def fn(c):
+            x, t = self.read(split, int(c), counts)
+            return x, (y_transform(t).astype(np.float32) if y_transform is not None else t)
+
+        def load(c):
+            bx, by = tf.numpy_function(fn, [c], [tf.float32, y_dtype], stateful=False)
+            bx.set_shape((None, *self.shape))
+            by.set_shape((None, *y.shape[1:]))
+            return bx, by
+        return load
+
+    def train_dataset(self, batch_size: int, seed: int, bootstrap: bool = False, y_transform=None,
+                      shard: tuple[int, int] | None = None):
+        """The member's training batches (module doc); ``shard=(rank, size)``: this rank's
+        disjoint chunks and its share of each global batch."""
+        import tensorflow as tf
+        rank, size = shard if shard is not None else (0, 1)
+        n = self.size("train")
+        counts = np.bincount(member_indices(n, seed, True), minlength=n) if bootstrap else None
+        chunks, lo, hi = self.units("train")
+        per_chunk = hi - lo if counts is None else np.array([counts[a:b].sum() for a, b in zip(lo, hi)])
+        deal = np.random.default_rng(seed).permutation(len(chunks))
+        mine = np.sort(chunks[deal[rank::size]])
+        local = batch_size * (rank + 1) // size - batch_size * rank // size
+        steps = None
+        if size > 1:
+            if len(chunks) < size:
+                raise DataError(f"the training rows lie in {len(chunks)} chunk(s), fewer than the {size} ranks of the "
+                                "group; use more (or smaller) files, or lower `group_size`")
+            steps = min(int(per_chunk[deal[k::size]].sum()) // (batch_size * (k + 1) // size - batch_size * k // size)
+                        for k in range(size))
+            if steps == 0:
+                raise DataError(f"a rank of the group of {size} holds fewer training rows than its share of the "
+                                f"batch ({local}); use more data or a smaller `batch_size`")
+        load = self._loader("train", counts, y_transform)
+        ds = tf.data.Dataset.from_tensor_slices(mine.astype(np.int64))
+        ds = ds.shuffle(max(1, len(mine)), seed=seed, reshuffle_each_iteration=True)
+        ds = ds.interleave(lambda c: tf.data.Dataset.from_tensors(c).map(load).unbatch(), cycle_length=CYCLE,
+                           num_parallel_calls=CYCLE, deterministic=True)
+        ds = ds.shuffle(self.buffer, seed=seed + 1, reshuffle_each_iteration=True).batch(local)
+        if steps is not None:
+            ds = ds.take(steps)
+        return ds.prefetch(2)
+
+    def eval_dataset(self, split: str, y_transform=None):
+        """The split's (x, y) a chunk at a time, in row order (validation during training)."""
+        import tensorflow as tf
+        ds = tf.data.Dataset.from_tensor_slices(self.units(split)[0].astype(np.int64))
+        return ds.map(self._loader(split, None, y_transform), num_parallel_calls=CYCLE,
+                      deterministic=True).prefetch(2)
