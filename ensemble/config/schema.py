@@ -867,7 +867,8 @@ def _locate(cfg: dict, base: Path, problems: Problems | None = None) -> dict:
     path = Path(base) / "config.toml"
     for key in ("source", "test_source", "val_source", "split_file"):
         src = cfg["data"][key]
-        if src and ("/" in src or "." in src or key != "source") and not Path(src).is_absolute():
+        if src and ("/" in src or "." in src or key != "source" or (path.parent / src).is_dir()) \
+                and not Path(src).is_absolute():               # a folder of shards may have a plain name
             near_config = path.parent / src
             if near_config.exists() or not Path(src).exists():
                 cfg["data"][key] = str(near_config.resolve())

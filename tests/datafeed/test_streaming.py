@@ -1,0 +1,156 @@
+"""Streaming (``datafeed.streaming``) and node-local staging (``datafeed.staging``).
+
+Rank 0's streaming preparation gives the in-memory path's split, targets and normalisation
+without reading the features whole; a member's pipeline gives every training row once per
+epoch (a bootstrap's rows as often as in memory), group ranks read disjoint chunks and take
+the same number of steps, and the order depends on the seed only."""
+
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from datafeed import streaming
+from datafeed.prepare import prepare_with_rows
+from datafeed.readers import DataError
+from datafeed.splits import read_data
+from datafeed.staging import stage_files, stage_root
+from datafeed.streaming import Streamed, prepare_stream, stream_plan, will_stream
+from ensemble.config import resolve_config
+
+ARCH = [{"layers": [{"type": "Dense", "units": 4}]}]
+
+
+def data_cfg(**kw):
+    return resolve_config({"data": kw, "architectures": ARCH}).data
+
+
+@pytest.fixture
+def shards(tmp_path, monkeypatch):
+    """5 HDF5 files of 40..56 rows, 6 features, 3 classes; chunks of 16 rows."""
+    monkeypatch.setattr(streaming, "CHUNK_BYTES", 16 * 6 * 4)
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for i in range(5):
+        x = (rng.normal(size=(40 + 4 * i, 6)) * [1, 2, 3, 4, 5, 6] + 7).astype(np.float32)
+        with h5py.File(folder / f"s{i}.h5", "w") as f:
+            f["x"], f["y"] = x, rng.integers(0, 3, len(x))
+    return folder
+
+
+def both(source, **kw):
+    """(in-memory arrays, meta, rows), (streamed arrays, meta, rows) of one config."""
+    data = data_cfg(source=str(source), stream=False, **kw)
+    got = read_data(data)
+    memory = prepare_with_rows(got.x, got.y, got.info, data, 0, got.rows)
+    data = data_cfg(source=str(source), stream=True, **kw)
+    plan = stream_plan(data)
+    assert plan is not None
+    return memory, prepare_stream(plan, data, 0)
+
+
+@pytest.mark.parametrize("kw", [{}, {"normalize": "minmax", "reshape": [2, 3]}])
+def test_streaming_prepares_the_in_memory_split_targets_and_normalisation(shards, kw):
+    (arrays, meta, rows), (s_arrays, s_meta, s_rows) = both(shards, **kw)
+    for split in ("train", "val", "test"):
+        np.testing.assert_array_equal(rows[split], s_rows[split])
+        np.testing.assert_array_equal(arrays[f"y_{split}"], s_arrays[f"y_{split}"])
+        assert f"x_{split}" not in s_arrays                       # the features are never held whole
+        feed = Streamed(s_meta, s_arrays)
+        np.testing.assert_allclose(np.concatenate(list(feed.chunks(split))), arrays[f"x_{split}"], atol=1e-5)
+    np.testing.assert_allclose(s_arrays["x_mean"], arrays["x_mean"], rtol=1e-6)
+    np.testing.assert_allclose(s_arrays["x_scale"], arrays["x_scale"], rtol=1e-6)
+    assert s_meta["input_shape"] == meta["input_shape"] and s_meta["sizes"] == meta["sizes"]
+    assert s_meta["stream"]["files"] == sorted(str(p) for p in shards.iterdir())
+    json.dumps(s_meta)                                            # data.json takes it as it is
+
+
+def test_a_split_file_is_used_as_given_when_streaming(shards, tmp_path):
+    n = 40 + 44 + 48 + 52 + 56
+    np.savez(tmp_path / "split.npz", train=np.arange(0, n - 60), test=np.arange(n - 30, n))
+    _, (_, meta, rows) = both(shards, split_file=str(tmp_path / "split.npz"))
+    assert rows["test"].tolist() == list(range(n - 30, n)) and meta["val_drawn"]
+    assert set(rows["train"]) | set(rows["val"]) == set(range(n - 60))
+
+
+def test_auto_streams_what_exceeds_the_memory_share(shards):
+    nbytes = (40 + 44 + 48 + 52 + 56) * 6 * 4
+    small = data_cfg(source=str(shards), node_memory_gb=4 * nbytes / 1e9, memory_share=0.3)
+    large = data_cfg(source=str(shards), node_memory_gb=2 * nbytes / 1e9, memory_share=0.3)
+    assert stream_plan(small) is None and stream_plan(large) is not None
+    assert will_stream(small, nbytes) is False and will_stream(large, nbytes) is True
+    assert stream_plan(data_cfg(source="digits")) is None
+
+
+def test_streaming_errors_name_the_setting(shards, tmp_path):
+    with pytest.raises(DataError, match=r"`data\.stream = true`.*built-in"):
+        stream_plan(data_cfg(source="digits", stream=True))
+    with pytest.raises(DataError, match=r"not by `data\.test_source`"):
+        stream_plan(data_cfg(source=str(shards), stream=True, test_source=str(shards / "s0.h5")))
+    with h5py.File(shards / "s2.h5", "a") as f:
+        f["x"][3, 1] = np.nan
+    data = data_cfg(source=str(shards), stream=True)
+    with pytest.raises(DataError, match=r"s2\.h5.*NaN/inf"):
+        prepare_stream(stream_plan(data), data, 0)
+
+
+@pytest.mark.slow
+def test_the_pipeline_gives_each_row_once_or_as_the_bootstrap_says_and_groups_read_disjoint_chunks(shards):
+    (arrays, _, _), (s_arrays, s_meta, _) = both(shards)
+    feed = Streamed(s_meta, s_arrays)
+    x_train = arrays["x_train"]
+
+    def rows_of(ds):
+        return np.concatenate([b[0] for b in ds.as_numpy_iterator()])
+
+    def key(x):                                                   # rows as sortable tuples
+        return sorted(map(tuple, np.round(x, 4)))
+    one = rows_of(feed.train_dataset(16, seed=5))
+    assert key(one) == key(x_train)                               # every row once per epoch
+    again = feed.train_dataset(16, seed=5)
+    first, second = rows_of(again), rows_of(again)
+    np.testing.assert_array_equal(first, one)                     # the seed fixes the order ...
+    assert not np.array_equal(first, second)                      # ... which changes every epoch
+    from datafeed.pipeline import member_indices
+    boot = rows_of(feed.train_dataset(16, seed=5, bootstrap=True))
+    assert key(boot) == key(x_train[member_indices(len(x_train), 5, True)])
+    parts = [feed.train_dataset(16, seed=5, shard=(r, 2)) for r in range(2)]
+    batches = [[b[0] for b in p.as_numpy_iterator()] for p in parts]
+    assert len(batches[0]) == len(batches[1]) > 0                 # the same steps on every rank
+    assert all(len(b) == 8 for bs in batches for b in bs)         # each its half of the global batch
+    got = [set(map(tuple, np.round(np.concatenate(bs), 4))) for bs in batches]
+    assert not got[0] & got[1] and got[0] | got[1] <= set(map(tuple, np.round(x_train, 4)))
+    assert len(got[0] | got[1]) >= len(x_train) - 2 * 16 - 16     # at most a batch and a chunk dropped
+
+
+def test_staging_copies_once_per_node_and_reuses_the_copy(shards, tmp_path, monkeypatch):
+    data = data_cfg(source=str(shards), stream=True)
+    ss = stream_plan(data)
+    moved = stage_files(ss, str(tmp_path / "local"))
+    assert sorted(moved) == [s.path for s in ss.shards]
+    for src, dst in moved.items():
+        assert open(src, "rb").read() == open(dst, "rb").read()
+    stamp = {p: os.stat(p).st_mtime_ns for p in moved.values()}
+    assert stage_files(ss, str(tmp_path / "local")) == moved
+    assert {p: os.stat(p).st_mtime_ns for p in moved.values()} == stamp   # not copied again
+    monkeypatch.setenv("STAGE_HERE", str(tmp_path / "env"))
+    assert stage_root("$STAGE_HERE", ss.source).parent == tmp_path / "env"
+    monkeypatch.delenv("STAGE_HERE")
+    with pytest.raises(DataError, match=r"`data\.stage_dir`.*unset environment variable"):
+        stage_files(ss, "$STAGE_HERE/x")
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over(shards, tmp_path):
+    ss = stream_plan(data_cfg(source=str(shards), stream=True))
+    root = stage_root(str(tmp_path / "local"), ss.source)
+    root.mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    import socket
+    (root / "lock").write_text(f"{socket.gethostname()} {int(dead.stdout)}")
+    moved = stage_files(ss, str(tmp_path / "local"))
+    assert all(os.path.exists(p) for p in moved.values()) and not (root / "lock").exists()
