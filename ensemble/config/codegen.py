@@ -22,7 +22,8 @@ SCALARS = {int: "int", float: "float", str: "str", bool: "bool", list: "tuple[An
 #: class name of each table (the top level is RunConfig)
 CLASSES = {"data": "DataConfig", "train": "TrainConfig", "architectures": "ArchitectureConfig",
            "ensemble": "EnsembleConfig", "pbt": "PbtConfig", "evolve": "EvolveConfig",
-           "runtime": "RuntimeConfig", "rehearsal": "RehearsalConfig"}
+           "runtime": "RuntimeConfig", "rehearsal": "RehearsalConfig",
+           "tracking": "TrackingConfig"}
 
 
 def _type(key: Key) -> str:

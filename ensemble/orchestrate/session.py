@@ -35,6 +35,7 @@ from ensemble.results.report import report_line
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.summary import finalize, format_comparison
 from ensemble.results.timeline import format_stats, run_stats
+from ensemble.results.tracking import Tracking
 from ensemble.runtime.budget import RunBudget
 from ensemble.runtime.executor import Executor, MpiExecutor, SerialExecutor, serve
 from ensemble.runtime.scheduler import job_end_time
@@ -118,6 +119,7 @@ class MasterSession:
                          job_started=round(self.job_started, 3), total=total, workers=workers, metric=metric,
                          deadline=self.budget.deadline, time_limit=rt.time_limit,
                          resumed_with=len(done_ids)) if self.keep_beat else None
+        self.tracking = Tracking(cfg, self.run_dir.path, self.meta, resume=self.resume)   # TensorBoard, MLflow
         journal_cm = Journal(self.run_dir.path / self.run_dir.JOURNAL, rt.journal_sync_seconds, clock=self.clock,
                              before_sync=artifacts.store.sync)
         with beat if beat is not None else nullcontext(), journal_cm as journal:
@@ -137,6 +139,7 @@ class MasterSession:
                     beat.beat()
 
             def on_results(records: list[MemberRecord]) -> None:
+                self.tracking.results(records)                # queued; written by its own thread
                 out = [r.to_json() for r in records]
                 released = artifacts.accept(out)              # candidates' arrays to the store
                 journal.extend(out + released)
@@ -164,7 +167,9 @@ class MasterSession:
             self.journal_bytes = journal.bytes
         self.events += [opened, closed]
         with beat.kept_alive("finishing") if beat is not None else nullcontext():
-            return self._finish(source, progress, artifacts, beat, t0)
+            code = self._finish(source, progress, artifacts, beat, t0)
+        self.tracking.close(ok=code == 0)                    # bounded by tracking.finish_seconds
+        return code
 
     def _announce(self, total: int | None, done: int, resume_seconds: float | None) -> None:
         rt = self.cfg.runtime
@@ -220,6 +225,7 @@ class MasterSession:
             beat.final("stopped" if budget.reason else "done", reason=budget.reason)
         if self.report:
             log.info(report_line(self.run_dir.path))
+        self.tracking.finish(summary)
         return code
 
 

@@ -1,0 +1,134 @@
+"""TensorBoard event files from the master, without TensorFlow (``[tracking] tensorboard``).
+
+Written with the ``tensorboard`` package's own event-file writer and summary protos, so the
+master never imports TensorFlow. Layout under ``RUN_DIR/tensorboard/``:
+
+- ``members/<id>/``: one TensorBoard run per member: ``epoch/<name>`` scalars per epoch
+  (the Keras history: ``epoch/loss``, ``epoch/val_loss``, ...; step = epoch, from 1),
+  ``val/<metric>`` and ``test/<metric>`` at the last epoch, ``train_seconds``, and the
+  member's HParams session (its hyperparameters or genome and its status);
+- ``ensemble/``: the ensemble's ``val/<metric>`` and ``test/<metric>`` (and the best
+  member's, as ``best_member/...``);
+- the directory itself: the HParams experiment (every hyperparameter and metric seen),
+  rewritten as members come, so the HParams dashboard lists every member against its
+  final metrics.
+
+``tensorboard --logdir RUN_DIR/tensorboard`` shows them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ensemble.results.tracking import MemberView
+
+
+def _tag(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_./-]", "_", name)
+
+
+class TensorBoardSink:
+    """Event files for members, the ensemble and the HParams experiment."""
+
+    name = "tensorboard"
+
+    def __init__(self, logdir: Path, meta: Mapping[str, Any]):
+        from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: F401 - fails early if absent
+        self.logdir = Path(logdir)
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.where = f"tensorboard --logdir {self.logdir}"
+        self.hparams: dict[str, set] = {}            # name -> values seen (for the experiment's domains)
+        self.metrics: set[str] = set()
+        self.task = meta.get("task")
+        self._count = 0
+
+    # -- writing ------------------------------------------------------------------------
+    def _write(self, folder: Path, events: list) -> None:
+        """``events`` as a new event file in ``folder``, written whole and closed. TensorBoard's
+        record format through its own ``RecordWriter`` on a plain file: its ``EventFileWriter``
+        would import TensorFlow where it is installed (``tensorboard.compat``)."""
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.summary.writer.record_writer import RecordWriter
+        folder.mkdir(parents=True, exist_ok=True)
+        self._count += 1
+        now = time.time()
+        path = folder / f"events.out.tfevents.{now:.6f}.{socket.gethostname()}.{os.getpid()}.{self._count}"
+        with open(path, "wb") as fh:
+            writer = RecordWriter(fh)
+            writer.write(event_pb2.Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
+            for event in events:
+                writer.write(event.SerializeToString())
+
+    @staticmethod
+    def _scalars(values: Mapping[str, float], step: int, wall: float) -> Any:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=_tag(k), simple_value=float(v))
+                                             for k, v in values.items()])
+        return event_pb2.Event(wall_time=wall, step=step, summary=summary)
+
+    @staticmethod
+    def _summary_event(summary: Any, wall: float) -> Any:
+        from tensorboard.compat.proto import event_pb2
+        return event_pb2.Event(wall_time=wall, step=0, summary=summary)
+
+    # -- the sink ------------------------------------------------------------------------
+    def members(self, views: list[MemberView]) -> None:
+        from tensorboard.plugins.hparams import summary_v2 as hp
+        for view in views:
+            wall = view.ended or time.time()
+            events = []
+            epochs = max((len(v) for v in view.history.values()), default=0)
+            for epoch in range(epochs):
+                values = {f"epoch/{k}": v[epoch] for k, v in view.history.items() if epoch < len(v)}
+                events.append(self._scalars(values, epoch + 1, wall))
+            last = max(epochs, int(view.hparams.get("epochs") or 0))
+            final = dict(view.final)
+            if view.train_seconds is not None:
+                final["train_seconds"] = view.train_seconds
+            if final:
+                events.append(self._scalars(final, last, wall))
+            hparams = {**view.hparams, "status": view.status}
+            events.append(self._summary_event(hp.hparams_pb(hparams, trial_id=view.id, start_time_secs=wall),
+                                              wall))
+            self._write(self.logdir / "members" / _tag(view.id), events)
+            for key, value in hparams.items():
+                self.hparams.setdefault(key, set()).add(value)
+            self.metrics.update(_tag(k) for k in final)
+        self._experiment()
+
+    def _experiment(self) -> None:
+        """The HParams experiment: every hyperparameter (with the values seen) and metric."""
+        from tensorboard.plugins.hparams import summary_v2 as hp
+        params = []
+        for key, values in sorted(self.hparams.items()):
+            kinds = {type(v) for v in values}
+            if kinds == {str} or kinds == {bool}:
+                params.append(hp.HParam(key, hp.Discrete(sorted(values))))
+            else:
+                params.append(hp.HParam(key))
+        metrics = [hp.Metric(m) for m in sorted(self.metrics)]
+        config = hp.hparams_config_pb(params, metrics, time_created_secs=time.time())
+        for old in self.logdir.glob("events.out.tfevents.*"):       # one experiment file, the latest
+            old.unlink()
+        self._write(self.logdir, [self._summary_event(config, time.time())])
+
+    def ensemble(self, summary: dict, files: list[Path]) -> None:
+        wall = time.time()
+        values = {}
+        for who, key in (("ensemble", "ensemble"), ("best_member", "best_member")):
+            part = summary.get(key) or {}
+            for split in ("val", "test"):
+                for name, value in (part.get(split) or {}).items():
+                    if isinstance(value, (int, float)):
+                        values[f"{split}/{name}" if who == "ensemble" else f"{who}/{split}/{name}"] = value
+        if values:
+            self._write(self.logdir / "ensemble", [self._scalars(values, 0, wall)])
+
+    def close(self, ok: bool) -> None:
+        pass

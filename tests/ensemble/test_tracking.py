@@ -1,0 +1,163 @@
+"""``[tracking]``: TensorBoard event files read back with TensorBoard's own reader, the
+background queue's batching, retries and bounded give-up (on a sink that fails for real,
+not a mock of MLflow), and the missing-extra error.
+
+The MLflow server tests are in tests/mpi/test_tracking_mpi.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+import time
+
+import pytest
+
+from ensemble.config import ConfigError
+from ensemble.config.schema import resolve_config
+from ensemble.results.records import MemberRecord
+from ensemble.results.tracking import Background, Tracking, view_of
+
+needs_tb = pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
+                              reason='needs pip install "mpi-ensemble[tracking]"')
+
+ARCH = [{"name": "mlp", "members": 3, "layers": [{"type": "Dense", "units": 4}]}]
+
+
+def config(**tracking):
+    return resolve_config({"architectures": ARCH, "tracking": tracking})
+
+
+def record(i: int, status: str = "ok", epochs: int = 3) -> MemberRecord:
+    history = {"loss": [1.0 / (e + 1 + i) for e in range(epochs)],
+               "val_loss": [1.5 / (e + 1 + i) for e in range(epochs)],
+               "accuracy": [0.5 + 0.1 * e for e in range(epochs)]}
+    line = {"id": f"mlp-{i:03d}", "status": status, "arch": "mlp", "seed": 100 + i, "params": 50, "epochs": epochs,
+            "train_seconds": 1.5, "ended": 1.7e9 + i, "genome": {"units": 8 * (i + 1), "act": "relu"},
+            "val": {"accuracy": 0.8 + i / 100, "log_loss": 0.4}, "test": {"accuracy": 0.79 + i / 100},
+            "payload": {"arrays": {}, "meta": {"history": history}}}
+    if status == "failed":
+        line = {k: line[k] for k in ("id", "status", "arch", "seed")} | {"error": {"kind": "nan", "message": "x"}}
+    return MemberRecord.from_json(line)
+
+
+def test_a_member_view_has_hyperparameters_history_and_final_metrics():
+    view = view_of(record(1))
+    assert view.hparams == {"arch": "mlp", "seed": 101, "params": 50, "epochs": 3, "genome.units": 16,
+                            "genome.act": "relu"}
+    assert view.final == {"val/accuracy": 0.81, "val/log_loss": 0.4, "test/accuracy": 0.8}
+    assert view.history["loss"] == [0.5, 1 / 3, 0.25]
+
+
+@needs_tb
+@pytest.mark.slow             # TensorBoard's reader imports TensorFlow
+def test_tensorboard_holds_every_members_scalars_and_hparams(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata
+    tracking = Tracking(config(tensorboard=True, batch_seconds=0.05), tmp_path, {"task": "classification"})
+    records = [record(i) for i in range(3)] + [record(3, "failed")]
+    tracking.results(records[:2])
+    tracking.results(records[2:])
+    tracking.finish({"ensemble": {"val": {"accuracy": 0.9}, "test": {"accuracy": 0.88}},
+                     "best_member": {"val": {"accuracy": 0.83}}})
+    tracking.close()
+    logdir = tmp_path / "tensorboard"
+    for r in records:
+        acc = EventAccumulator(str(logdir / "members" / r.id)).Reload()
+        scalars = set(acc.Tags()["scalars"])
+        content = acc.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_START_INFO_TAG]
+        start = metadata.parse_session_start_info_plugin_data(content)
+        assert start.group_name == r.id and start.hparams["status"].string_value == r.status.value
+        if r.status.value == "failed":
+            assert scalars == set()
+            continue
+        assert scalars == {"epoch/loss", "epoch/val_loss", "epoch/accuracy", "val/accuracy", "val/log_loss",
+                           "test/accuracy", "train_seconds"}
+        losses = acc.Scalars("epoch/loss")
+        assert [e.step for e in losses] == [1, 2, 3]
+        assert [e.value for e in losses] == pytest.approx(r.extra["payload"]["meta"]["history"]["loss"])
+        assert acc.Scalars("val/accuracy")[0].value == pytest.approx(r.val["accuracy"])
+        assert start.hparams["genome.units"].number_value == r.genome["units"]
+    experiment = EventAccumulator(str(logdir)).Reload()
+    exp = metadata.parse_experiment_plugin_data(
+        experiment.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.EXPERIMENT_TAG])
+    assert {h.name for h in exp.hparam_infos} == {"arch", "seed", "params", "epochs", "genome.units", "genome.act",
+                                                 "status"}
+    assert {m.name.tag for m in exp.metric_infos} >= {"val/accuracy", "test/accuracy"}
+    ens = EventAccumulator(str(logdir / "ensemble")).Reload()
+    assert ens.Scalars("test/accuracy")[0].value == pytest.approx(0.88)
+    assert ens.Scalars("best_member/val/accuracy")[0].value == pytest.approx(0.83)
+
+
+class Flaky:
+    """A sink that fails its first ``fails`` calls (as a server that refuses for a while)."""
+
+    name, where = "flaky", "memory"
+
+    def __init__(self, fails: int):
+        self.fails, self.calls, self.members_seen, self.ensembles, self.closed = fails, 0, [], 0, None
+
+    def members(self, views):
+        self.calls += 1
+        if self.calls <= self.fails:
+            raise ConnectionError("refused")
+        self.members_seen += [v.id for v in views]
+
+    def ensemble(self, summary, files):
+        self.ensembles += 1
+
+    def close(self, ok):
+        self.closed = ok
+
+
+def test_the_queue_batches_and_retries_until_it_gets_through():
+    sink = Flaky(fails=2)
+    bg = Background(sink, queue_size=100, batch_seconds=0.2, give_up_seconds=30)
+    for i in range(5):
+        bg.put(("members", [view_of(record(i))]))
+    bg.put(("ensemble", ({}, [])))
+    bg.close(True, wait=20)
+    assert sink.members_seen == [f"mlp-{i:03d}" for i in range(5)]       # in order, once each
+    assert sink.calls == 3 and sink.ensembles == 1 and sink.closed is True and bg.dropped == 0
+
+
+def test_a_sink_that_keeps_failing_is_given_up_once_and_drops_the_rest(caplog):
+    sink = Flaky(fails=10**9)
+    bg = Background(sink, queue_size=100, batch_seconds=0.01, give_up_seconds=0.3)
+    with caplog.at_level(logging.WARNING, logger="ensemble.tracking"):
+        bg.put(("members", [view_of(record(0))]))
+        deadline = time.monotonic() + 10
+        while bg.gave_up is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for i in range(1, 4):
+            bg.put(("members", [view_of(record(i))]))
+        bg.put(("ensemble", ({}, [])))
+        bg.close(True, wait=1)
+    assert bg.gave_up == "ConnectionError: refused"
+    assert bg.dropped == 5 and sink.members_seen == [] and sink.closed is None
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+
+def test_a_full_queue_drops_instead_of_blocking():
+    release = threading.Event()
+
+    class Stuck(Flaky):
+        def members(self, views):
+            release.wait(5)
+
+    bg = Background(Stuck(0), queue_size=2, batch_seconds=0.0, give_up_seconds=30)
+    t0 = time.monotonic()
+    for i in range(10):
+        bg.put(("members", [view_of(record(i))]))
+    assert time.monotonic() - t0 < 1.0 and bg.dropped >= 7      # put never waits on the sink
+    release.set()
+    bg.close(True, wait=5)
+
+
+def test_a_missing_extra_is_a_config_error_naming_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    with pytest.raises(ConfigError, match=r'`tracking.mlflow`.*pip install "mpi-ensemble\[tracking\]"'):
+        config(mlflow="http://127.0.0.1:1")
+    assert not config().tracking.tensorboard and config().tracking.mlflow == ""
