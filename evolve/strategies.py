@@ -35,6 +35,7 @@ from evolve.decode import count_params
 from evolve.operators import Candidate, crossover, mutate, random_genome, tournament
 from evolve.space import SearchSpace
 from evolve.structured import AnyGenome, genome_from_dict
+from evolve.surrogate import Surrogate
 
 MAX_TRIES = 50
 
@@ -75,9 +76,11 @@ class Strategy:
     def __init__(self, space: SearchSpace, input_shape: tuple[int, ...], n_outputs: int,
                  rng_seed: int = 0, budget_evaluations: int | None = None,
                  budget_seconds: float | None = None,
-                 clock: Callable[[], float] = time.monotonic, initial: Sequence[AnyGenome] = (), **params: Any):
+                 clock: Callable[[], float] = time.monotonic, initial: Sequence[AnyGenome] = (),
+                 surrogate: Surrogate | None = None, **params: Any):
         self.space, self.input_shape, self.n_outputs = space, tuple(input_shape), int(n_outputs)
         self.initial = tuple(initial)
+        self.surrogate = surrogate
         self.seed = int(rng_seed) % 2 ** 63
         self.budget_evaluations, self.budget_seconds = budget_evaluations, budget_seconds
         self.params = self.validate_params(params)
@@ -151,6 +154,8 @@ class Strategy:
         self._seen.add(key)
         self.told += 1
         self.results[key] = fitness
+        if self.surrogate is not None:
+            self.surrogate.observe(genome, fitness)
         if fitness is None:
             self.failed += 1
         elif self.best is None or fitness > self.best[1]:
@@ -190,6 +195,8 @@ class Strategy:
                "best": self.best[0].summary(self.input_shape) if self.best else None,
                "best_key": self.best[0].key() if self.best else None}
         out.update(self._extra_state())
+        if self.surrogate is not None:
+            out.update(self.surrogate.state())
         return out
 
     # -- helpers and hooks --------------------------------------------------
@@ -245,6 +252,26 @@ class Strategy:
                     return g
         return g
 
+    def _breed(self, propose: Callable[[], AnyGenome]) -> AnyGenome:
+        """A bred child to train: ``_fresh(propose)``; with a surrogate that has seen enough
+        results, the most promising (``Surrogate.choose``) of ``candidates`` children bred by
+        ``propose``, each new (never asked or trained), distinct."""
+        s = self.surrogate
+        if s is None or s.candidates < 2 or not s.ready:
+            return self._fresh(propose)
+        pool: dict[str, AnyGenome] = {}
+        for _ in range(s.candidates * 3):             # bounded: a crowded space yields fewer
+            g = propose()
+            key = g.key()
+            if key not in self._seen and key not in s.trained:
+                pool.setdefault(key, g)
+                if len(pool) == s.candidates:
+                    break
+        if not pool:
+            return self._fresh(propose)
+        children = list(pool.values())
+        return children[s.choose(children)]
+
     def _propose(self) -> AnyGenome | None:
         raise NotImplementedError
 
@@ -294,7 +321,7 @@ class RegularizedEvolution(Strategy):
     def _propose(self) -> AnyGenome:
         if len(self.population) < self.params["population_size"]:
             return self._fresh(self._initial_genome)
-        return self._fresh(self._child)
+        return self._breed(self._child)
 
     def _child(self) -> AnyGenome:
         genomes = [g for g, _, _ in self.population]
@@ -349,7 +376,7 @@ class Generational(Strategy):
     def _propose(self) -> AnyGenome | None:
         if self._issued >= self._gen_size:
             return None
-        return self._fresh(self._offspring_one if self.parents else self._initial_genome)
+        return self._breed(self._offspring_one) if self.parents else self._fresh(self._initial_genome)
 
     def _on_ask(self, g: AnyGenome) -> None:
         self._issued += 1

@@ -1,26 +1,38 @@
-"""The project's search against DeepHyper's regularized evolution, side by side in one
-invocation: the same digits split, the same MLP search space, the same 3 worker processes
-on the same cores, the same wall-time budget.
+"""The project's search against DeepHyper, side by side in one invocation, and the cost of the
+project's surrogate on the master.
+
+Digits (the first comparison; the project's MLP space against the same space in DeepHyper):
 
     pip install --target /tmp/dh deephyper==0.13.2      # or: pip install -e ".[bench]"
     python scripts/bench_search.py --budget 60 --deephyper-path /tmp/dh
 
-The space, on both sides: 1 to 3 Dense layers of 16 to 128 units, each with an activation
-from relu, elu, tanh, and a dropout rate from 0 to 0.5 after it; adam, rmsprop or adamw; a
-learning rate from 3e-4 to 1e-2 (log); a batch size of 32, 64 or 128. Every candidate trains
-up to 20 epochs with early stopping (patience 4, best weights kept). The project's genome
-expresses the same choices with its own operators (a dropout gene is a layer of its own,
-and it may add skip connections); DeepHyper samples a fixed-shape configuration.
+The suite where the architecture matters (``scripts/search_problems.py``: signals, textures,
+peaks), one run after the other, each appended to a results file as it ends (JSON lines), then
+the table of medians over seeds and time-to-target ratios:
 
-Printed: per side, evaluations, best validation accuracy, the time from launch to
-DeepHyper's final best, and the test accuracy of each side's best model and of the
-project's ensemble; ``--plot PATH`` draws best-so-far validation accuracy against wall time.
+    python scripts/bench_search.py --problem signals,textures,peaks --seeds 1,2,3 --budget 150 \\
+        --workers 2 --samples 1000 --sides project,surrogate,dh_re,dh_cbo \\
+        --deephyper-path /tmp/dh --results bench_out/search_suite.jsonl
+    python scripts/bench_search.py --table bench_out/search_suite.jsonl
+
+Sides: ``project`` (``mode = "evolve"``, regularized evolution, ``search.space = "structured"``,
+templates on), ``surrogate`` (the same with ``evolve.surrogate = "forest"``), ``dh_re``
+(DeepHyper's regularized evolution) and ``dh_cbo`` (DeepHyper's Bayesian optimisation, CBO) over
+a fixed-shape space a practitioner would write (0-3 conv blocks with doubling filters and
+optional pooling, 0-2 dense layers, dropout, activation, optimizer, learning rate, batch size).
+Every side: the project's own split of the same data, the same worker processes on the same
+cores, the same budget, the same training per candidate (30 epochs, patience 5, best weights).
+
+The master's cost of the surrogate (no training; µs per ask at 1,000 and 10,000 results):
+
+    python scripts/bench_search.py --surrogate-cost
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -35,24 +47,27 @@ from benchkit import mpiexec, workspace  # noqa: E402
 
 from ensemble.results.records import MemberRecord  # noqa: E402
 
-EPOCHS, PATIENCE, SEED = 20, 4, 3
-PROJECT_CONFIG = f"""
+SEED = 3
+DIGITS = {"epochs": 20, "patience": 4}
+SUITE = {"epochs": 30, "patience": 5}
+PROJECT_CONFIG = """
 name = "bench_search"
 mode = "evolve"
-seed = {SEED}
+seed = {seed}
 [data]
 source = "digits"
 task = "classification"
 test_fraction = 0.2
 [train]
-epochs = {EPOCHS}
-patience = {PATIENCE}
+epochs = 20
+patience = 4
 member_time_limit = 120
 [evolve]
 strategy = "regularized"
 evaluations = 100000
+time_limit = {budget}
 population_size = 12
-sample_size = 4
+sample_size = 4{extra}
 [search]
 layer_types = ["dense", "dropout"]
 min_depth = 1
@@ -67,52 +82,112 @@ skip_connections = false
 [ensemble]
 metric = "accuracy"
 """
+SUITE_CONFIG = """
+name = "bench_search"
+mode = "evolve"
+seed = {seed}
+[data]
+source = "{source}"
+task = "{task}"
+[train]
+epochs = 30
+patience = 5
+member_time_limit = 120
+[evolve]
+strategy = "regularized"
+evaluations = 100000
+time_limit = {budget}
+population_size = 12
+sample_size = 4{extra}
+[search]
+space = "structured"
+max_params = 100000
+[ensemble]
+metric = "{metric}"
+"""
+PROJECT_SIDES = {"project": "", "surrogate": '\nsurrogate = "forest"', "asha": '\ndiscard = "asha"'}
+DH_SIDES = ("dh_re", "dh_cbo")
 
 
-def project_side(folder: Path, budget: float, workers: int, extra: str = "") -> dict:
+class Problem:
+    """One benchmark problem: its data file (None: digits), task, metric and project config."""
+
+    def __init__(self, name: str, folder: Path, samples: int):
+        self.name = name
+        if name == "digits":
+            self.source, self.task, self.metric, self.training = None, "classification", "accuracy", DIGITS
+            return
+        from search_problems import PROBLEMS
+        make, self.task = PROBLEMS[name]
+        self.metric = "accuracy" if self.task == "classification" else "r2"
+        self.training = SUITE
+        self.source = folder / "data" / f"{name}-{samples}.npz"
+        if not self.source.is_file():
+            import numpy as np
+            self.source.parent.mkdir(parents=True, exist_ok=True)
+            x, y = make(n=samples)
+            np.savez(self.source, x=x, y=y)
+
+    def config(self, seed: int, budget: float, extra: str = "") -> str:
+        if self.source is None:
+            return PROJECT_CONFIG.format(seed=seed, budget=budget, extra=extra)
+        return SUITE_CONFIG.format(seed=seed, budget=budget, extra=extra, source=self.source, task=self.task,
+                                   metric=self.metric)
+
+
+# ------------------------------------------------------------------------------ the project
+def project_side(problem: Problem, folder: Path, seed: int, budget: float, workers: int, extra: str = "") -> dict:
     cfg = folder / "project.toml"
-    text = PROJECT_CONFIG.replace("evaluations = 100000", f"evaluations = 100000\ntime_limit = {budget}{extra}")
-    cfg.write_text(text)
+    cfg.write_text(problem.config(seed, budget, extra))
     run_dir = folder / "project_run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}
     launched = time.time()
     proc = subprocess.run([mpiexec(), "-n", str(workers + 1), sys.executable, "-m", "ensemble.run", str(cfg),
-                           "--run-dir", str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True)
+                           "--run-dir", str(run_dir), "--overwrite"], cwd=ROOT, env=env, capture_output=True,
+                          text=True)
     if proc.returncode != 0:
         raise SystemExit(f"the project's search failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     records = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
     done = sorted((r for r in records if "event" not in r and MemberRecord.from_json(r).status.evaluated),
                   key=lambda r: r["received"])                 # finished or discarded: evaluations
-    curve, best = [], -1.0
+    curve, best = [], -math.inf
     for r in done:
         if MemberRecord.from_json(r).ok:
-            best = max(best, r["val"]["accuracy"])
+            best = max(best, r["val"][problem.metric])
         curve.append((r["received"] - launched, best))
     summary = json.loads((run_dir / "ensemble.json").read_text())
     return {"evaluations": len(done), "best_val": best, "curve": curve,
-            "best_test": summary["best_member"]["test"]["accuracy"],
-            "ensemble_test": summary["ensemble"]["test"]["accuracy"]}
+            "best_test": summary["best_member"]["test"][problem.metric],
+            "ensemble_test": summary["ensemble"]["test"][problem.metric],
+            "surrogate": summary.get("search", {}).get("surrogate")}
 
 
-def split_arrays() -> dict:
-    """The project's own digits split (same seed, same normalisation) for DeepHyper's side."""
-    sys.path.insert(0, str(ROOT))
+# ------------------------------------------------------------------------------ DeepHyper
+def split_arrays(problem: Problem, seed: int) -> dict:
+    """The project's own split (same seed, same normalisation) for DeepHyper's side."""
     import tomllib
 
     from datafeed.prepare import prepare_with_rows
     from datafeed.readers import read_dataset
     from ensemble.config import resolve_config
-    cfg = resolve_config(tomllib.loads(PROJECT_CONFIG))
+    cfg = resolve_config(tomllib.loads(problem.config(seed, 60)))
     x, y, info = read_dataset(cfg.data)
     arrays, _, _ = prepare_with_rows(x, y, info, cfg.data, cfg.seed)
     return {k: arrays[k] for k in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")}
 
 
-DATA_FILE = None
+def _score(model, x, y, task: str) -> float:
+    import numpy as np
+    pred = model.predict(x, verbose=0, batch_size=512)
+    if task == "classification":
+        return float(np.mean(pred.argmax(axis=1) == y.reshape(-1)))
+    y = y.reshape(len(y), -1)[:, 0]
+    return float(1 - np.sum((y - pred[:, 0]) ** 2) / np.sum((y - y.mean()) ** 2))
 
 
 def run_candidate(job) -> dict:
-    """DeepHyper's run function: one MLP, trained as the project trains a candidate."""
+    """DeepHyper's run function: one network of the fixed-shape space, trained as the project
+    trains a candidate (same epochs, patience, best weights kept)."""
     import numpy as np
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import keras
@@ -120,111 +195,301 @@ def run_candidate(job) -> dict:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     p = job.parameters
+    task = os.environ["BENCH_SEARCH_TASK"]
+    epochs, patience = (int(v) for v in os.environ["BENCH_SEARCH_TRAINING"].split(","))
     with np.load(os.environ["BENCH_SEARCH_DATA"]) as f:
         d = {k: f[k] for k in f.files}
     keras.utils.set_random_seed(int(p.get("seed", 0)))
-    inputs = keras.Input((d["x_train"].shape[1],))
+    shape = d["x_train"].shape[1:]
+    inputs = keras.Input(shape)
     h = inputs
-    for i in range(int(p["depth"])):
-        h = keras.layers.Dense(int(p[f"units_{i}"]), activation=p[f"activation_{i}"])(h)
-        if p[f"dropout_{i}"] > 0:
-            h = keras.layers.Dropout(float(p[f"dropout_{i}"]))(h)
-    model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(h))
-    opt = {"adam": keras.optimizers.Adam, "rmsprop": keras.optimizers.RMSprop,
+    if "depth" in p:                                  # digits: the MLP space
+        for i in range(int(p["depth"])):
+            h = keras.layers.Dense(int(p[f"units_{i}"]), activation=p[f"activation_{i}"])(h)
+            if p[f"dropout_{i}"] > 0:
+                h = keras.layers.Dropout(float(p[f"dropout_{i}"]))(h)
+    else:                                             # the suite: conv blocks, then dense layers
+        conv = keras.layers.Conv1D if len(shape) == 2 else keras.layers.Conv2D
+        pool = keras.layers.MaxPooling1D if len(shape) == 2 else keras.layers.MaxPooling2D
+        for i in range(int(p["conv_blocks"])):
+            h = conv(int(p["filters"]) * 2 ** i, int(p["kernel_size"]), padding="same", activation=p["activation"])(h)
+            if p["pooling"] == "yes" and min(h.shape[1:-1]) >= 2:
+                h = pool(2)(h)
+        if int(p["conv_blocks"]) > 0:
+            h = (keras.layers.GlobalAveragePooling1D if len(shape) == 2 else keras.layers.GlobalAveragePooling2D)()(h)
+        else:
+            h = keras.layers.Flatten()(h)
+        for _ in range(int(p["dense_layers"])):
+            h = keras.layers.Dense(int(p["units"]), activation=p["activation"])(h)
+        if p["dropout"] > 0:
+            h = keras.layers.Dropout(float(p["dropout"]))(h)
+    if task == "classification":
+        out = keras.layers.Dense(int(d["y_train"].max()) + 1, activation="softmax")(h)
+        loss = "sparse_categorical_crossentropy"
+    else:
+        out, loss = keras.layers.Dense(1)(h), "mse"
+    model = keras.Model(inputs, out)
+    opt = {"adam": keras.optimizers.Adam, "rmsprop": keras.optimizers.RMSprop, "sgd": keras.optimizers.SGD,
            "adamw": keras.optimizers.AdamW}[p["optimizer"]](learning_rate=float(p["learning_rate"]))
-    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    model.fit(d["x_train"], d["y_train"], batch_size=int(p["batch_size"]), epochs=EPOCHS, verbose=0,
+    model.compile(optimizer=opt, loss=loss)
+    model.fit(d["x_train"], d["y_train"], batch_size=int(p["batch_size"]), epochs=epochs, verbose=0,
               validation_data=(d["x_val"], d["y_val"]),
-              callbacks=[keras.callbacks.EarlyStopping(monitor="val_loss", patience=PATIENCE,
+              callbacks=[keras.callbacks.EarlyStopping(monitor="val_loss", patience=patience,
                                                        restore_best_weights=True)])
-    val = model.evaluate(d["x_val"], d["y_val"], verbose=0)[1]
-    test = model.evaluate(d["x_test"], d["y_test"], verbose=0)[1]
-    return {"objective": float(val), "metadata": {"test": float(test)}}
+    return {"objective": _score(model, d["x_val"], d["y_val"], task),
+            "metadata": {"test": _score(model, d["x_test"], d["y_test"], task)}}
 
 
-def deephyper_side(folder: Path, budget: float, workers: int) -> dict:
+def deephyper_problem(problem: Problem):
+    from deephyper.hpo import HpProblem
+    space = HpProblem()
+    if problem.source is None:
+        space.add_hyperparameter((1, 3), "depth")
+        for i in range(3):
+            space.add_hyperparameter((16, 128), f"units_{i}")
+            space.add_hyperparameter(["relu", "elu", "tanh"], f"activation_{i}")
+            space.add_hyperparameter((0.0, 0.5), f"dropout_{i}")
+        space.add_hyperparameter(["adam", "rmsprop", "adamw"], "optimizer")
+        space.add_hyperparameter((3e-4, 1e-2, "log-uniform"), "learning_rate")
+        space.add_hyperparameter([32, 64, 128], "batch_size")
+        return space
+    space.add_hyperparameter((0, 3), "conv_blocks")
+    space.add_hyperparameter([8, 16, 32], "filters")           # doubled at each block
+    space.add_hyperparameter([3, 5, 7], "kernel_size")
+    space.add_hyperparameter(["yes", "no"], "pooling")
+    space.add_hyperparameter((0, 2), "dense_layers")
+    space.add_hyperparameter([16, 32, 64, 128], "units")
+    space.add_hyperparameter((0.0, 0.5), "dropout")
+    space.add_hyperparameter(["relu", "elu", "gelu", "tanh", "swish"], "activation")
+    space.add_hyperparameter(["adam", "sgd", "rmsprop", "adamw"], "optimizer")
+    space.add_hyperparameter((1e-4, 1e-2, "log-uniform"), "learning_rate")
+    space.add_hyperparameter([16, 32, 64, 128], "batch_size")
+    return space
+
+
+def deephyper_side(problem: Problem, folder: Path, seed: int, budget: float, workers: int,
+                   method: str = "dh_re") -> dict:
     import numpy as np
     from deephyper.evaluator import Evaluator
-    from deephyper.hpo import HpProblem, RegularizedEvolution
-    np.savez(folder / "split.npz", **split_arrays())
-    os.environ["BENCH_SEARCH_DATA"] = str(folder / "split.npz")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    problem = HpProblem()
-    problem.add_hyperparameter((1, 3), "depth")
-    for i in range(3):
-        problem.add_hyperparameter((16, 128), f"units_{i}")
-        problem.add_hyperparameter(["relu", "elu", "tanh"], f"activation_{i}")
-        problem.add_hyperparameter((0.0, 0.5), f"dropout_{i}")
-    problem.add_hyperparameter(["adam", "rmsprop", "adamw"], "optimizer")
-    problem.add_hyperparameter((3e-4, 1e-2, "log-uniform"), "learning_rate")
-    problem.add_hyperparameter([32, 64, 128], "batch_size")
+    from deephyper.hpo import CBO, RegularizedEvolution
+    np.savez(folder / "split.npz", **split_arrays(problem, seed))
+    os.environ.update(BENCH_SEARCH_DATA=str(folder / "split.npz"), BENCH_SEARCH_TASK=problem.task,
+                      BENCH_SEARCH_TRAINING=f"{problem.training['epochs']},{problem.training['patience']}",
+                      OMP_NUM_THREADS="1")
+    space = deephyper_problem(problem)
     launched = time.monotonic()
     evaluator = Evaluator.create(run_candidate, method="process", method_kwargs={"num_workers": workers})
-    search = RegularizedEvolution(problem, random_state=SEED, log_dir=str(folder / "deephyper"),
-                                  population_size=12, sample_size=4)
+    log_dir = str(folder / method)
+    if method == "dh_re":
+        search = RegularizedEvolution(space, random_state=seed, log_dir=log_dir, population_size=12, sample_size=4)
+    else:
+        search = CBO(space, random_state=seed, log_dir=log_dir)
     results = search.search(evaluator, timeout=int(budget))
     results = results[results["objective"].apply(lambda v: isinstance(v, (int, float)))]
     gather = next(c for c in results.columns if "timestamp_gather" in c)
-    start = next((c for c in results.columns if "timestamp_start" in c or "timestamp_submit" in c), None)
     results = results.sort_values(gather)
     # DeepHyper's timestamps count from its evaluator's creation (time.monotonic); from the launch here
     offset = float(evaluator.timestamp - launched)
-    curve, best = [], -1.0
+    curve, best = [], -math.inf
     for _, row in results.iterrows():
         best = max(best, float(row["objective"]))
         curve.append((float(row[gather]) + offset, best))
     top = results.loc[results["objective"].astype(float).idxmax()]
     test_col = next(c for c in results.columns if c.endswith("test"))
     return {"evaluations": len(results), "best_val": best, "curve": curve, "best_test": float(top[test_col]),
-            "ensemble_test": None, "timestamps": [gather, start]}
+            "ensemble_test": None}
 
 
-def reached(curve, target: float):
+# ------------------------------------------------------------------------------ figures
+def reached(curve, target: float) -> float | None:
+    """Seconds from launch until the best so far reached ``target`` (None: never)."""
     return next((t for t, b in curve if b >= target - 1e-12), None)
 
 
+def best_by(curve, seconds: float) -> float:
+    return max((b for t, b in curve if t <= seconds), default=-math.inf)
+
+
+def ratios(runs: dict[str, dict], budget: float, against: str = "dh_re") -> dict[str, dict[str, float]]:
+    """Per side: time to reach ``against``'s half-budget best and final best, over ``against``'s
+    own time to reach them (inf: never reached)."""
+    base = runs[against]
+    targets = {"half": best_by(base["curve"], budget / 2), "final": base["best_val"]}
+    out = {}
+    for side, run in runs.items():
+        row = {}
+        for name, target in targets.items():
+            mine, theirs = reached(run["curve"], target), reached(base["curve"], target)
+            row[name] = math.inf if mine is None or not theirs else mine / theirs
+        out[side] = row
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return math.nan if not n else xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def _fmt(x: float, digits: int = 3) -> str:
+    return "never" if x == math.inf else "-" if x != x else f"{x:.{digits}f}"
+
+
+def table(path: Path) -> str:
+    """The markdown table of a results file: per problem and side, the median over seeds (min-max)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    groups: dict[tuple[str, int], dict[str, dict]] = {}
+    for r in rows:
+        groups.setdefault((r["problem"], r["seed"]), {})[r["side"]] = r
+    per: dict[tuple[str, str], dict[str, list]] = {}
+    for (problem, _), runs in sorted(groups.items()):
+        budget = next(iter(runs.values()))["budget"]
+        rel = ratios(runs, budget) if "dh_re" in runs else {}
+        for side, r in runs.items():
+            acc = per.setdefault((problem, side), {k: [] for k in ("val", "test", "ens", "eps", "half", "final")})
+            acc["val"].append(r["best_val"])
+            acc["test"].append(r["best_test"])
+            if r.get("ensemble_test") is not None:
+                acc["ens"].append(r["ensemble_test"])
+            acc["eps"].append(r["evaluations"] / r["budget"])
+            if side in rel:
+                acc["half"].append(rel[side]["half"])
+                acc["final"].append(rel[side]["final"])
+    out = ["| problem | side | seeds | best val | its test | ensemble test | evaluations / s | "
+           "time to DH-RE half-budget best (ratio) | time to DH-RE final best (ratio) |",
+           "|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(xs: list[float]) -> str:
+        if not xs:
+            return "-"
+        return f"{_fmt(_median(xs))} ({_fmt(min(xs))}-{_fmt(max(xs))})" if len(xs) > 1 else _fmt(xs[0])
+    order = {s: i for i, s in enumerate(("project", "surrogate", "asha", "dh_re", "dh_cbo"))}
+    for (problem, side), acc in sorted(per.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9))):
+        out.append(f"| {problem} | {side} | {len(acc['val'])} | {cell(acc['val'])} | {cell(acc['test'])} | "
+                   f"{cell(acc['ens'])} | {cell(acc['eps'])} | {cell(acc['half'])} | {cell(acc['final'])} |")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ the master's cost
+def _toy_fitness(genome, i: int) -> float:
+    layers = genome.to_genome().layers if hasattr(genome, "to_genome") else genome.layers
+    return -abs(len(layers) - 5) + (i % 7) * 0.01
+
+def surrogate_cost(results: tuple[int, ...] = (1000, 10000), asks: int = 200, candidates: int = 12) -> str:
+    """µs per ask of regularized evolution with and without the surrogate, after ``results``
+    results (random genomes of the structured and free spaces on 64-step signals, a toy
+    fitness); a refit's cost is shared by the asks between two fits (shown apart)."""
+    import numpy as np
+
+    from evolve import SearchSpace, make_strategy, random_genome
+    from evolve.surrogate import Surrogate
+    lines = ["| space | results | ask without (µs) | ask with (µs) | fit (s) | asks between fits | "
+             "ask with, fit shared (µs) |", "|---|---|---|---|---|---|---|"]
+    shape = (64, 1)
+    for kind in ("structured", "free"):
+        space = SearchSpace.from_config({"space": kind, "max_params": 100000}, input_rank=2)
+        rng = np.random.default_rng(0)
+        pool = [random_genome(rng, space, shape, 4) for _ in range(max(results) + asks)]
+        pool = list({g.key(): g for g in pool}.values())
+        for n in results:
+            cost = {}
+            for use in (False, True):
+                sur = Surrogate(space, shape, 4, candidates=candidates, min_results=16, seed=0) if use else None
+                st = make_strategy("regularized", space, shape, 4, rng_seed=0, surrogate=sur,
+                                   population_size=12, sample_size=4)
+                st.replay([{"genome": g.to_dict(), "fitness": _toy_fitness(g, i)} for i, g in enumerate(pool[:n])])
+                if sur is not None:
+                    sur.predict(pool[:1])                           # the fit at this many results, apart
+                    fit = sur.stats["fit_seconds"]
+                start = time.perf_counter()
+                for _ in range(asks):
+                    st.ask()                                       # results not told: no refit in between
+                cost[use] = (time.perf_counter() - start) / asks * 1e6
+            b = sur.boundary(n)
+            between = max(8, b // 10)
+            lines.append(f"| {kind} | {n:,} | {cost[False]:.0f} | {cost[True]:.0f} | {fit:.2f} | {between} | "
+                         f"{cost[True] + fit / between * 1e6:.0f} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ main
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--problem", default="digits", help="digits, or a comma list of signals, textures, peaks")
+    p.add_argument("--seeds", default=str(SEED), help="comma list of seeds (the split's and the searches')")
+    p.add_argument("--sides", default="dh_re,project", help="comma list of " + ", ".join([*PROJECT_SIDES, *DH_SIDES]))
     p.add_argument("--budget", type=float, default=60.0, help="seconds of search on each side")
     p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--samples", type=int, default=1000, help="samples of a suite problem")
     p.add_argument("--deephyper-path", help="a folder DeepHyper was installed into with pip --target")
     p.add_argument("--asha", action="store_true", help="the project's side with evolve.discard = \"asha\"")
-    p.add_argument("--plot", help="write best-so-far validation accuracy against wall time here (PNG)")
+    p.add_argument("--results", help="append each run to this JSON-lines file")
+    p.add_argument("--table", help="print the table of a results file and stop")
+    p.add_argument("--surrogate-cost", action="store_true", help="the surrogate's cost on the master, and stop")
+    p.add_argument("--plot", help="write best-so-far validation against wall time here (PNG; one problem and seed)")
     p.add_argument("--keep", help="folder to keep the runs in")
     args = p.parse_args()
+    if args.table:
+        print(table(Path(args.table)))
+        return 0
+    if args.surrogate_cost:
+        print(surrogate_cost())
+        return 0
     if args.deephyper_path:
         sys.path.append(args.deephyper_path)              # after the venv: its numpy and TensorFlow win
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), args.deephyper_path]))
+    sides = [s for s in args.sides.split(",") if s]
+    if args.asha:
+        sides = [("asha" if s == "project" else s) for s in sides]
+    unknown = set(sides) - set(PROJECT_SIDES) - set(DH_SIDES)
+    if unknown:
+        raise SystemExit(f"--sides: unknown {sorted(unknown)}; choose among {[*PROJECT_SIDES, *DH_SIDES]}")
     with workspace(args.keep, "bench_search_") as folder:
-        sides = {"deephyper": deephyper_side(folder, args.budget, args.workers),
-                 "project": project_side(folder, args.budget, args.workers,
-                                         '\ndiscard = "asha"' if args.asha else "")}
-        target = sides["deephyper"]["best_val"]
-        print(f"\n{'side':10s}{'evals':>7s}{'best val':>10s}{'to DH best':>12s}{'best test':>11s}{'ensemble':>10s}")
-        for name, s in sides.items():
-            t = reached(s["curve"], target)
-            when = "never" if t is None else f"{t:.1f} s"
-            ens = "" if s["ensemble_test"] is None else f"{s['ensemble_test']:.4f}"
-            print(f"{name:10s}{s['evaluations']:7d}{s['best_val']:10.4f}{when:>12s}{s['best_test']:11.4f}{ens:>10s}")
-        dh_wall = max(t for t, _ in sides["deephyper"]["curve"])
-        t = reached(sides["project"]["curve"], target)
-        if t is not None:
-            print(f"the project reaches DeepHyper's final best ({target:.4f}) in {t:.1f} s: "
-                  f"{t / dh_wall:.2f} of DeepHyper's {dh_wall:.1f} s")
-        (folder / "bench_search.json").write_text(json.dumps(sides, indent=1))
-        if args.plot:
-            import matplotlib
-            matplotlib.use("Agg")
-            from matplotlib.figure import Figure
-            fig = Figure(figsize=(7, 4))
-            ax = fig.subplots()
-            for name, s in sides.items():
-                ax.step([c[0] for c in s["curve"]], [c[1] for c in s["curve"]], where="post", label=name)
-            ax.set(xlabel="seconds since launch", ylabel="best validation accuracy so far", ylim=(0.9, 1.0))
-            ax.legend()
-            ax.grid(alpha=0.3)
-            fig.savefig(args.plot, dpi=100, bbox_inches="tight")
+        for name in args.problem.split(","):
+            for seed in (int(s) for s in args.seeds.split(",")):
+                problem = Problem(name, folder, args.samples)
+                runs = {}
+                for side in sides:
+                    where = folder / f"{name}-s{seed}-{side}"
+                    where.mkdir(parents=True, exist_ok=True)
+                    started = time.time()
+                    if side in DH_SIDES:
+                        run = deephyper_side(problem, where, seed, args.budget, args.workers, side)
+                    else:
+                        run = project_side(problem, where, seed, args.budget, args.workers, PROJECT_SIDES[side])
+                    run.update(problem=name, seed=seed, side=side, budget=args.budget, workers=args.workers,
+                               samples=args.samples, started=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)),
+                               wall=round(time.time() - started, 1))
+                    runs[side] = run
+                    print(f"{name} seed {seed} {side}: {run['evaluations']} evaluations, best val "
+                          f"{run['best_val']:.4f}, its test {run['best_test']:.4f}"
+                          + (f", ensemble {run['ensemble_test']:.4f}" if run.get("ensemble_test") is not None else "")
+                          + (f", surrogate {run['surrogate']}" if run.get("surrogate") else ""), flush=True)
+                    if args.results:
+                        Path(args.results).parent.mkdir(parents=True, exist_ok=True)
+                        with open(args.results, "a") as f:
+                            f.write(json.dumps(run) + "\n")
+                if "dh_re" in runs:
+                    for side, row in ratios(runs, args.budget).items():
+                        print(f"  {side}: to DH-RE's half-budget best {_fmt(row['half'], 2)}x, "
+                              f"to its final best {_fmt(row['final'], 2)}x DH-RE's time")
+                if args.plot:
+                    plot(runs, Path(args.plot), problem.metric)
     return 0
+
+
+def plot(runs: dict[str, dict], path: Path, metric: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    for name, s in runs.items():
+        ax.step([c[0] for c in s["curve"]], [c[1] for c in s["curve"]], where="post", label=name)
+    ax.set(xlabel="seconds since launch", ylabel=f"best validation {metric} so far")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
 
 
 if __name__ == "__main__":

@@ -249,6 +249,14 @@ class EvolveConfig(Section):
     #: "": none; or an earlier mode "evolve" run directory (relative to the config) on samples of the same
     #: shape: its best candidates (up to half the first population) are trained again as the first ones
     start_from: str
+    #: "forest": a random forest of fitness over genome features screens bred children: each child sent to
+    #: train is the most promising (expected improvement) of `surrogate_candidates` bred, none trained
+    #: before; refitted in batches (evolve.surrogate, docs/search-benchmark.md)
+    surrogate: str
+    #: children bred and screened per child sent to train (`surrogate = "forest"`)
+    surrogate_candidates: int
+    #: results before the surrogate's first fit; children bred earlier are not screened
+    surrogate_min_results: int
     #: the chosen strategy's own settings (evolve.strategies), by name
     settings: Mapping[str, Any]
 
@@ -345,36 +353,10 @@ class RehearsalConfig(Section):
 
 
 @dataclass(frozen=True)
-class TrackingConfig(Section):
-    """TensorBoard and MLflow tracking."""
-
-    #: write TensorBoard event files under the run directory (`tensorboard/`): each member's per-epoch
-    #: scalars and final metrics, the HParams dashboard, the ensemble's metrics (extra
-    #: `mpi-ensemble[tracking]`)
-    tensorboard: bool
-    #: an MLflow tracking URI ("http://host:5000", "sqlite:///mlflow.db"): one parent run per job, one nested
-    #: run per member, the ensemble's metrics, report.html and ensemble.json; "": off (extra
-    #: `mpi-ensemble[tracking]`)
-    mlflow: str
-    #: the MLflow experiment the runs go in
-    mlflow_experiment: str
-    #: writes waiting for a slow tracking server; more are dropped (and counted)
-    queue_size: int
-    #: MLflow writes are gathered this long and sent together (log_batch)
-    batch_seconds: float
-    #: a tracking server that refuses or fails this long is given up: what is queued and what comes later is
-    #: dropped, with one warning
-    give_up_seconds: float
-    #: at the run's end, the longest wait for queued tracking writes; the rest is dropped, and the console
-    #: says how much
-    finish_seconds: float
-
-
-@dataclass(frozen=True)
 class RunConfig(Section):
     """A whole run's settings, resolved: every default filled in."""
 
-    SECTIONS: ClassVar[dict[str, type[Section]]] = {'data': DataConfig, 'train': TrainConfig, 'architectures': ArchitectureConfig, 'ensemble': EnsembleConfig, 'pbt': PbtConfig, 'runtime': RuntimeConfig, 'rehearsal': RehearsalConfig, 'tracking': TrackingConfig, 'evolve': EvolveConfig}
+    SECTIONS: ClassVar[dict[str, type[Section]]] = {'data': DataConfig, 'train': TrainConfig, 'architectures': ArchitectureConfig, 'ensemble': EnsembleConfig, 'pbt': PbtConfig, 'runtime': RuntimeConfig, 'rehearsal': RehearsalConfig, 'evolve': EvolveConfig}
     ARRAYS: ClassVar[tuple[str, ...]] = ('architectures',)
 
     #: the run's name: its directory is `output_dir/name` (suffixed -2, -3 if that holds a run); unset: the
@@ -412,6 +394,3 @@ class RunConfig(Section):
     runtime: RuntimeConfig
     #: `runtime.trainer = "rehearsal"`: how long each member "trains" and what it returns.
     rehearsal: RehearsalConfig
-    #: TensorBoard and MLflow tracking. Only the master writes, from background threads: a slow or absent
-    #: tracking server never fails or holds up the run. May change on `--resume`.
-    tracking: TrackingConfig

@@ -18,6 +18,10 @@ Starting points (``initial_genomes``): the first population begins with an earli
 best genomes (``evolve.start_from``, ``sources.earlier``) and the known-good templates for
 the input's kind (``evolve.templates``), each asked once, then random genomes. They are read
 afresh on ``--resume`` and the strategy skips those already handed out.
+
+Screening (``evolve.surrogate = "forest"``): the strategy breeds several children per child
+it sends and a fitness model picks one (``evolve.surrogate``); on ``--resume`` the replayed
+results refit it as it was.
 """
 
 from __future__ import annotations
@@ -150,7 +154,8 @@ class SearchSource:
             self.initial = initial_genomes(cfg, meta, self.space, first, earlier=False)
         self.strategy = make_strategy(ev.strategy, self.space, self.input_shape, meta["n_outputs"],
                                       rng_seed=cfg.seed, budget_evaluations=ev.evaluations,
-                                      budget_seconds=ev.time_limit, initial=self.initial, **params)
+                                      budget_seconds=ev.time_limit, initial=self.initial,
+                                      surrogate=self._surrogate(), **params)
         self.total = ev.evaluations
         self.population_size = cls.initial_size(self.strategy.params)
         self.hooks: Hooks | None = None
@@ -167,6 +172,15 @@ class SearchSource:
         self.retraining: set[str] = set()
         self.inherit = ev.inherit
         self.ids_by_key = {_genome_key(r.genome): r.id for r in done if r.status.ranked}
+
+    def _surrogate(self):
+        """``evolve.surrogate``: the fitness model that screens bred children, or None."""
+        ev = self.cfg.evolve
+        if ev.surrogate == "off":
+            return None
+        from evolve.surrogate import Surrogate
+        return Surrogate(self.space, self.input_shape, self.meta["n_outputs"], candidates=ev.surrogate_candidates,
+                         min_results=ev.surrogate_min_results, seed=self.cfg.seed)
 
     def bind(self, hooks: Hooks) -> None:
         self.hooks = hooks
@@ -296,7 +310,11 @@ class SearchSource:
                           "discarded_at_epoch": (r.discarded or {}).get("epoch")})
         frame = pd.DataFrame(table)
         self.run_dir.write_text(self.run_dir.SEARCH_TABLE, frame.to_csv(index=False))
-        return {"search": self.compare(rows)}
+        out = self.compare(rows)
+        if self.strategy.surrogate is not None:          # its cost on the master, for the summary
+            out = {**out, "surrogate": self.strategy.surrogate.state()}
+            log.info("search: surrogate %s", out["surrogate"])
+        return {"search": out}
 
     def compare(self, rows: list[MemberRecord]) -> dict:
         """Best of the initial population (its starting points and random genomes) against the
