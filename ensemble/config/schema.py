@@ -455,6 +455,29 @@ SCHEMA = Table({
         "accuracy": Key(NUM, 0.8, lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
                         doc="about how good the made-up predictions are"),
     }, doc="`runtime.trainer = \"rehearsal\"`: how long each member \"trains\" and what it returns."),
+    # where science teams already look: written by the master only (ensemble.results.tracking)
+    "tracking": Table({
+        "tensorboard": Key((bool,), False,
+                           doc="write TensorBoard event files under the run directory (`tensorboard/`): each "
+                               "member's per-epoch scalars and final metrics, the HParams dashboard, the "
+                               "ensemble's metrics (extra `mpi-ensemble[tracking]`)"),
+        "mlflow": Key((str,), "",
+                      doc="an MLflow tracking URI (\"http://host:5000\", \"sqlite:///mlflow.db\"): one parent "
+                          "run per job, one nested run per member, the ensemble's metrics, report.html and "
+                          "ensemble.json; \"\": off (extra `mpi-ensemble[tracking]`)"),
+        "mlflow_experiment": Key((str,), "mpi-ensemble", doc="the MLflow experiment the runs go in"),
+        "queue_size": Key((int,), 100000, _positive,
+                          doc="writes waiting for a slow tracking server; more are dropped (and counted)"),
+        "batch_seconds": Key(NUM, 1.0, _positive,
+                             doc="MLflow writes are gathered this long and sent together (log_batch)"),
+        "give_up_seconds": Key(NUM, 60.0, _positive,
+                               doc="a tracking server that refuses or fails this long is given up: what is "
+                                   "queued and what comes later is dropped, with one warning"),
+        "finish_seconds": Key(NUM, 15.0, _nonneg,
+                              doc="at the run's end, the longest wait for queued tracking writes; the rest "
+                                  "is dropped, and the console says how much"),
+    }, doc="TensorBoard and MLflow tracking. Only the master writes, from background threads: a slow or "
+           "absent tracking server never fails or holds up the run. May change on `--resume`."),
 })
 
 #: ``[search]``: the meaning of each key ``evolve.space.SearchSpace`` takes (its defaults are
@@ -599,6 +622,8 @@ def resolve_dict(raw: dict, *, source: str = "config", saved: bool = False,
                   "architectures")
     if cfg["mode"] == "pbt":
         check_pbt(cfg, found)
+    if not saved:
+        check_tracking(cfg["tracking"], found)
     names = set()
     for i, arch in enumerate(cfg["architectures"]):
         where = f"architectures[{i}]"
@@ -681,6 +706,15 @@ def check_given_split(data: dict, given: set[str], found: Problems) -> None:
         elif column in data["features"]:
             found.add(f"`data.split_column` {column!r} is listed in `data.features`, but the split column is "
                       "not a feature; remove it from `data.features`", "data.features")
+
+
+def check_tracking(tracking: dict, found: Problems) -> None:
+    """`[tracking]` asks only for what is installed (the optional extra `mpi-ensemble[tracking]`)."""
+    import importlib.util
+    for key, package in (("tensorboard", "tensorboard"), ("mlflow", "mlflow")):
+        if tracking[key] and importlib.util.find_spec(package) is None and found.ok(f"tracking.{key}"):
+            found.add(f"`tracking.{key}` = {tracking[key]!r} needs the Python package {package!r}, which is not "
+                      'installed: pip install "mpi-ensemble[tracking]" (or leave it unset)', f"tracking.{key}")
 
 
 def check_pbt(cfg: dict, found: Problems) -> None:
@@ -877,7 +911,8 @@ def _locate(cfg: dict, base: Path, problems: Problems | None = None) -> dict:
     path = Path(base) / "config.toml"
     for key in ("source", "test_source", "val_source", "split_file"):
         src = cfg["data"][key]
-        if src and ("/" in src or "." in src or key != "source") and not Path(src).is_absolute():
+        if src and ("/" in src or "." in src or key != "source" or (path.parent / src).is_dir()) \
+                and not Path(src).is_absolute():               # a folder of shards may have a plain name
             near_config = path.parent / src
             if near_config.exists() or not Path(src).exists():
                 cfg["data"][key] = str(near_config.resolve())

@@ -353,10 +353,36 @@ class RehearsalConfig(Section):
 
 
 @dataclass(frozen=True)
+class TrackingConfig(Section):
+    """TensorBoard and MLflow tracking."""
+
+    #: write TensorBoard event files under the run directory (`tensorboard/`): each member's per-epoch
+    #: scalars and final metrics, the HParams dashboard, the ensemble's metrics (extra
+    #: `mpi-ensemble[tracking]`)
+    tensorboard: bool
+    #: an MLflow tracking URI ("http://host:5000", "sqlite:///mlflow.db"): one parent run per job, one nested
+    #: run per member, the ensemble's metrics, report.html and ensemble.json; "": off (extra
+    #: `mpi-ensemble[tracking]`)
+    mlflow: str
+    #: the MLflow experiment the runs go in
+    mlflow_experiment: str
+    #: writes waiting for a slow tracking server; more are dropped (and counted)
+    queue_size: int
+    #: MLflow writes are gathered this long and sent together (log_batch)
+    batch_seconds: float
+    #: a tracking server that refuses or fails this long is given up: what is queued and what comes later is
+    #: dropped, with one warning
+    give_up_seconds: float
+    #: at the run's end, the longest wait for queued tracking writes; the rest is dropped, and the console
+    #: says how much
+    finish_seconds: float
+
+
+@dataclass(frozen=True)
 class RunConfig(Section):
     """A whole run's settings, resolved: every default filled in."""
 
-    SECTIONS: ClassVar[dict[str, type[Section]]] = {'data': DataConfig, 'train': TrainConfig, 'architectures': ArchitectureConfig, 'ensemble': EnsembleConfig, 'pbt': PbtConfig, 'runtime': RuntimeConfig, 'rehearsal': RehearsalConfig, 'evolve': EvolveConfig}
+    SECTIONS: ClassVar[dict[str, type[Section]]] = {'data': DataConfig, 'train': TrainConfig, 'architectures': ArchitectureConfig, 'ensemble': EnsembleConfig, 'pbt': PbtConfig, 'runtime': RuntimeConfig, 'rehearsal': RehearsalConfig, 'tracking': TrackingConfig, 'evolve': EvolveConfig}
     ARRAYS: ClassVar[tuple[str, ...]] = ('architectures',)
 
     #: the run's name: its directory is `output_dir/name` (suffixed -2, -3 if that holds a run); unset: the
@@ -394,3 +420,6 @@ class RunConfig(Section):
     runtime: RuntimeConfig
     #: `runtime.trainer = "rehearsal"`: how long each member "trains" and what it returns.
     rehearsal: RehearsalConfig
+    #: TensorBoard and MLflow tracking. Only the master writes, from background threads: a slow or absent
+    #: tracking server never fails or holds up the run. May change on `--resume`.
+    tracking: TrackingConfig
