@@ -106,9 +106,32 @@ def split_spans(table: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.nda
     return (np.searchsorted(rows, table[:, 3] + table[:, 1]), np.searchsorted(rows, table[:, 3] + table[:, 2]))
 
 
-def prepare_stream(ss: ShardSet, data: DataSettings, seed: int) -> tuple[dict, dict, dict[str, np.ndarray]]:
+def rank_bytes(ss: ShardSet, data: DataSettings, batch_size: int = 512) -> int:
+    """About the bytes of features one streaming rank holds: its shuffle buffer, the chunks
+    being read (``CYCLE`` and one in hand, as read and as float32) and two prefetched batches."""
+    row = int(np.prod(ss.sample_shape, dtype=np.int64)) * 4
+    chunk = int(max(np.diff(chunk_table(ss)[:, 1:3], axis=1).max(initial=1), 1)) * row
+    return int(getattr(data, "shuffle_buffer", 10000)) * row + 2 * (CYCLE + 1) * chunk + 2 * batch_size * row
+
+
+def memory_plan(data: DataSettings) -> dict | None:
+    """What ``--check`` says of the data's size: rows, bytes as float32 and on disk, files,
+    the node memory and share, whether it streams and a streaming rank's bytes; None for a
+    built-in dataset or a format that is read whole (CSV)."""
+    fmt = data.format if data.format != "auto" else SHARD_SUFFIXES.get(Path(data.source).suffix.lower())
+    if data.source in BUILTINS or (not is_many(data.source) and fmt not in SHARD_FORMATS):
+        return None
+    ss = scan(data)
+    return {"rows": ss.rows, "bytes": ss.nbytes, "file_bytes": ss.file_bytes, "files": len(ss.shards),
+            "node_memory": node_memory(data), "share": float(data.memory_share),
+            "streams": will_stream(data, ss.nbytes), "rank_bytes": rank_bytes(ss, data)}
+
+
+def prepare_stream(ss: ShardSet, data: DataSettings, seed: int,
+                   normalise: bool = True) -> tuple[dict, dict, dict[str, np.ndarray]]:
     """Rank 0 of a streaming run: what ``prepare.prepare_with_rows`` returns, without ever
-    holding the features: (small arrays to broadcast, metadata, the split's row indices)."""
+    holding the features: (small arrays to broadcast, metadata, the split's row indices).
+    ``normalise=False`` (``--check``) skips the pass over the training rows (shift 0, scale 1)."""
     y = read_targets(ss)
     if y is None:
         raise DataError(f"`data.y`: the files of `data.source` {data.source!r} hold no targets")
@@ -125,7 +148,11 @@ def prepare_stream(ss: ShardSet, data: DataSettings, seed: int) -> tuple[dict, d
         rows = rows_from_column(read_column(ss, data.split_column), data.split_column)
     idx = choose_rows(y, meta, data, seed, rows)
     input_shape = _input_shape(ss.sample_shape, data.reshape)
-    shift, scale = fit_streaming(ss, idx["train"], data.normalize)
+    if normalise:
+        shift, scale = fit_streaming(ss, idx["train"], data.normalize)
+    else:
+        width = int(np.prod(ss.sample_shape, dtype=np.int64))
+        shift, scale = np.zeros(width, np.float32), np.ones(width, np.float32)
     shift, scale = shift.reshape(input_shape), scale.reshape(input_shape)
     arrays: dict[str, np.ndarray] = {"x_mean": shift, "x_scale": scale}
     for split in SPLITS:

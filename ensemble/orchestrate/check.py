@@ -78,7 +78,7 @@ def check_main(config_path: str) -> int:
         except ValueError as exc:
             found.add(str(exc), "rehearsal.replay")
     if prepared is not None:
-        describe_memory(cfg, prepared[0], members)
+        describe_memory(cfg, prepared[0], members, prepared[1].get("rank_bytes"))
     describe_runtime(cfg)
     return finish(found.messages, config_path)
 
@@ -99,9 +99,14 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
     from datafeed.prepare import prepare_with_rows
     from datafeed.readers import DataError, detect_format
     from datafeed.splits import describe_split, read_data
-    t0, fmt = time.monotonic(), data.format
+    from datafeed.streaming import memory_plan, prepare_stream, stream_plan
+    t0, fmt, plan, sizing = time.monotonic(), data.format, None, None
     try:
         fmt = detect_format(data)
+        sizing = memory_plan(data)
+        plan = stream_plan(data)
+        if plan is not None:                    # streams: the targets and the split, not the features
+            return check_streamed(cfg, plan, sizing, found, prepare_stream, describe_split)
         got = read_data(data)                   # and the split the data gives, checked
         x, y = got.x, got.y
     except DataError as exc:
@@ -138,6 +143,42 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
     sizes = meta["sizes"]
     print(f"  splits: train {sizes['train']}, validation {sizes['val']}, test {sizes['test']}, "
           f"{describe_split(meta, data, cfg.seed)}; normalisation {data.normalize!r}, fitted on train")
+    describe_size(sizing, sum(a.nbytes for k, a in arrays.items() if k.startswith("x_")), data)
+    return arrays, meta
+
+
+def describe_size(sizing: dict | None, nbytes: int, data) -> None:
+    """The data's size, and whether it streams (``data.stream``, ``datafeed.streaming``)."""
+    if sizing is None:
+        print(f"  size: {_bytes(nbytes)} as float32; read whole (a built-in dataset or a table format), "
+              "not streamed")
+        return
+    share = f"{sizing['share']:g} of a node's {_bytes(sizing['node_memory'])}"
+    how = ("streams: members read it from the files" if sizing["streams"]
+           else "held in memory, one shared copy per node")
+    print(f"  size: {sizing['rows']} samples in {sizing['files']} file(s), {_bytes(sizing['bytes'])} as float32, "
+          f"{_bytes(sizing['file_bytes'])} on disk; `data.memory_share` {share}: {how} "
+          f"(`data.stream` = {str(data.stream).lower() if isinstance(data.stream, bool) else repr(data.stream)})")
+
+
+def check_streamed(cfg: RunConfig, plan, sizing: dict, found: Problems, prepare_stream, describe_split):
+    """``check_data`` for data that streams: the targets, the split and the files, checked as
+    rank 0 does, without the pass over the features that fits the normalisation at the run's start."""
+    data = cfg.data
+    arrays, meta, _ = prepare_stream(plan, data, cfg.seed, normalise=False)
+    if data.task == "auto" and found.ok("data.task"):
+        check_task_settings(cfg, meta["task"], "the labels make this task", found)
+    print(f"\nData: {data.source} ({plan.fmt}, {len(plan.shards)} file(s)); one sample {list(plan.sample_shape)} "
+          f"{plan.shards[0].x_dtype}, as the networks see it: {meta['input_shape']}")
+    print(f"  task: {meta['task']}, {meta['n_outputs']} output(s)")
+    sizes = meta["sizes"]
+    print(f"  splits: train {sizes['train']}, validation {sizes['val']}, test {sizes['test']}, "
+          f"{describe_split(meta, data, cfg.seed)}; normalisation {data.normalize!r}, fitted at the run's start "
+          "in one streaming pass over the training rows")
+    describe_size(sizing, 0, data)
+    if data.stage_dir:
+        print(f"  staged: each node copies the files once to {data.stage_dir!r} before its first member")
+    meta["rank_bytes"] = sizing["rank_bytes"]
     return arrays, meta
 
 
@@ -158,7 +199,8 @@ def check_samples(cfg: RunConfig, arrays: dict, meta: dict, found: Problems) -> 
         print(("\n" if line is heading[0] else "") + line)
     if not samples:
         return []
-    batch = min(BUILD_CHECK_BATCH, len(arrays["x_train"]))
+    x_head = arrays["x_train" if "x_train" in arrays else "x_head"]       # streamed: the first train rows
+    batch = min(BUILD_CHECK_BATCH, len(x_head))
     print(f"\nNetworks, each built and run on {batch} training samples (CPU):")
     built = []
     for s in samples:
@@ -174,7 +216,7 @@ def check_samples(cfg: RunConfig, arrays: dict, meta: dict, found: Problems) -> 
         try:
             if s.arch is not None:
                 use_builder_folders([s.arch])
-            model = check_architecture(s.spec, arrays["x_train"][:BUILD_CHECK_BATCH], meta["n_outputs"],
+            model = check_architecture(s.spec, x_head[:BUILD_CHECK_BATCH], meta["n_outputs"],
                                        meta["task"])
         except ArchitectureError as exc:
             what = s.name if s.arch is not None else f"{s.name}: {s.count}"
@@ -199,7 +241,8 @@ def member_memory(size: dict, group_size: int) -> dict[str, int | None]:
     return {"state": state, "activations": acts, "total": state + (acts or 0)}
 
 
-def describe_memory(cfg: RunConfig, arrays: dict, members: list[dict]) -> None:
+def describe_memory(cfg: RunConfig, arrays: dict, members: list[dict], stream_bytes: int | None = None) -> None:
+    """Each member's memory per rank, and the data's: once per node, or per rank when it streams."""
     group = cfg.runtime.group_size
     data_bytes = sum(a.nbytes for a in arrays.values())
     print("\nMemory, about (float32; the formula is in ensemble/orchestrate/check.py):")
@@ -212,6 +255,12 @@ def describe_memory(cfg: RunConfig, arrays: dict, members: list[dict]) -> None:
         print(f"  {size['name']}: {_bytes(mem['total'])} per member rank = weights, gradients and {size['optimizer']} "
               f"state {_bytes(mem['state'])} + {acts} (training batch {size['batch_size']}"
               f"{f' over {group} ranks' if group > 1 else ''}, validation batch {PREDICT_BATCH})")
+    if stream_bytes is not None:
+        print(f"  per rank, the data streamed: about {_bytes(stream_bytes)} (`data.shuffle_buffer` rows, the chunks "
+              f"being read, two batches), plus {_bytes(data_bytes)} per node of targets and row indices"
+              + (f", plus up to {_bytes(largest)} per training rank" if largest else "")
+              + ", plus the TensorFlow runtime (a few hundred MB a rank, not counted)")
+        return
     print(f"  per node: the data once, {_bytes(data_bytes)} (every split, shared by the node's ranks)"
           + (f", plus up to {_bytes(largest)} per training rank" if largest else "")
           + ", plus the TensorFlow runtime (a few hundred MB a rank, not counted)")

@@ -1,0 +1,45 @@
+"""``--check`` reports the data's size, whether it streams, and a streaming rank's memory."""
+
+import textwrap
+
+import h5py
+import numpy as np
+import pytest
+
+from ensemble.orchestrate.check import check_main
+
+
+def config(tmp_path, stream):
+    folder = tmp_path / "shards"
+    folder.mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        with h5py.File(folder / f"s{i}.h5", "w") as f:
+            f["x"], f["y"] = rng.normal(size=(50, 8)).astype(np.float32), rng.integers(0, 2, 50)
+    path = tmp_path / f"c_{len(stream)}.toml"
+    path.write_text(textwrap.dedent(f"""
+        [data]
+        source = "shards"
+        stream = {stream}
+        node_memory_gb = 0.00001
+        memory_share = 0.25
+        [[architectures]]
+        layers = [{{type = "Dense", units = 4}}]
+    """))
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream, says", [
+    ('"auto"', "streams: members read it from the files"),     # 4.8 KB of features > 0.25 x 10 KB
+    ("false", "held in memory, one shared copy per node"),
+])
+def test_check_reports_size_streaming_and_memory_per_rank(tmp_path, capsys, stream, says):
+    assert check_main(config(tmp_path, stream)) == 0
+    out = capsys.readouterr().out
+    assert "150 samples in 3 file(s), 4.69 KiB as float32" in out
+    assert says in out
+    if "streams" in says:
+        assert "per rank, the data streamed: about" in out and "fitted at the run's start" in out
+    else:
+        assert "per node: the data once" in out
