@@ -67,6 +67,7 @@ class Job:
     setup: tuple[str, ...] = ()
     directives: tuple[str, ...] = ()
     command: str = ""          # the ensemble.jobscript command line that wrote the script
+    stage_env: str | None = None    # node-local folder the environment is copied to first (runtime/stage.py)
 
     @property
     def ranks_per_node(self) -> int:
@@ -284,6 +285,22 @@ SCHEDULERS = {
 }
 
 
+def stage_lines(job: Job, launch: str) -> list[str]:
+    """With ``--stage-env``: rank 0 reads the environment once from the shared file system and
+    one rank per node unpacks it to node-local storage; the run starts from that copy."""
+    if not job.stage_env:
+        return []
+    script = Path(__file__).resolve().parent / "runtime" / "stage.py"
+    return [
+        "# The Python environment, read once from the shared file system by rank 0 and copied to each",
+        "# node's local storage, so that no rank imports TensorFlow from the shared file system (docs/hpc.md)",
+        f"STAGED=\"{job.stage_env}\"",
+        f"{launch} \\",
+        f"    \"$PYTHON\" -S {shlex.quote(str(script))} --to \"$STAGED\"",
+        "PYTHON=\"$STAGED/python\"",
+    ]
+
+
 def render_job_script(job: Job) -> str:
     """The job script's text: directives, then the environment, the job's end, and the run."""
     s, q = SCHEDULERS[job.scheduler], shlex.quote
@@ -317,6 +334,7 @@ def render_job_script(job: Job) -> str:
         "# runtime.threads of the config, before Python starts: numpy's thread pool starts while the config is read",
         f"export {threads}",
         "export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1",
+        *stage_lines(job, launch),
         "set -u    # only now: site module scripts are not all written for it",
         "",
         *helpers,
@@ -395,6 +413,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a shell line run before Python starts, e.g. \"module load cray-mpich\" (repeatable)")
     p.add_argument("--directive", action="append", default=[], metavar="TEXT",
                    help="one more scheduler directive, e.g. --directive=\"-l filesystems=home:eagle\" (repeatable)")
+    p.add_argument("--stage-env", metavar="DEST",
+                   help="copy the Python environment to node-local storage first (read once from the shared file "
+                        "system, broadcast to one rank per node) and run from there; DEST is expanded by the job's "
+                        "shell, e.g. '$TMPDIR/env' or /dev/shm/env (docs/hpc.md)")
     p.add_argument("--python", default=sys.executable,
                    help="the Python that runs the ranks (default: this one, e.g. the venv's)")
     return p.parse_args(argv)
@@ -431,13 +453,16 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
         raise JobScriptError(f"--python {args.python!r} does not exist; give the Python the ranks should run (the "
                              "venv or conda environment built against the cluster's MPI), or the --setup line that "
                              "makes it in the job (an environment unpacked on node-local storage)")
+    if args.stage_env is not None and (not args.stage_env.strip() or '"' in args.stage_env):
+        raise JobScriptError(f"--stage-env {args.stage_env!r} must be a node-local folder without double quotes, "
+                             "e.g. '$TMPDIR/env' or /dev/shm/env")
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.output_dir) / cfg.name
     return Job(scheduler=args.scheduler, name=re.sub(r"[^A-Za-z0-9._-]", "_", cfg.name),
                config=str((cwd / args.config).resolve()), run_dir=os.path.abspath(cwd / run_dir),
                workdir=str(cwd), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                ranks_per_gpu=rt.ranks_per_gpu, threads=rt.threads, cpus_per_rank=cpus, minutes=minutes,
                python=str(python), account=args.account, queue=args.queue, setup=tuple(args.setup),
-               directives=tuple(args.directive), command=command)
+               directives=tuple(args.directive), command=command, stage_env=args.stage_env)
 
 
 def main(argv: list[str] | None = None) -> int:

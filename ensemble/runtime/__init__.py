@@ -4,5 +4,7 @@
 ``budget`` (when to stop handing out work), ``scheduler`` (the job's end as the batch
 scheduler set it), ``env`` (threads, GPU binding for NVIDIA/AMD/Intel, TensorFlow
 settings, versions), ``logs`` (logging set-up), ``data_parallel`` (the fused gradient allreduce
-inside a member group). Imports only ``ensemble.config``.
+inside a member group), ``stage`` (the Python environment copied to node-local storage
+before a large job starts: a script run by path, imports nothing of the project, and is
+the third module that imports mpi4py). Imports only ``ensemble.config``.
 """

@@ -343,3 +343,23 @@ def test_the_chain_stops_when_the_scheduler_prints_no_id(tmp_path, monkeypatch):
                           capture_output=True, text=True, timeout=30)
     assert code == 0 and done.returncode == 1
     assert "job 1 of 2: the scheduler printed no job id; stopping here" in done.stderr
+
+
+def test_a_staged_environment_is_copied_first_and_the_run_starts_from_it(tmp_path, monkeypatch):
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "2", "--gpus-per-node", "2",
+                          "--stage-env", "$TMPDIR/env")
+    assert code == 0
+    env = {**fake_tools(here, {"srun": 'printf "%s\\n" "$*" >> "$FAKE_OUT/launches.txt"\n'}), "TMPDIR": "/node/tmp"}
+    done = subprocess.run([BASH, str(here / "tiny.slurm.sh")], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    staging, run = (here / "launches.txt").read_text().splitlines()
+    script = Path(jobscript.__file__).resolve().parent / "runtime" / "stage.py"
+    assert staging.endswith(f"{sys.executable} -S {script} --to /node/tmp/env")
+    assert run.split(" --gpu-bind=closest ")[1].startswith("/node/tmp/env/python -m ensemble.run ")
+    assert staging.split(" -S ")[0].split(sys.executable)[0] == run.split("/node/tmp/env/python")[0]   # same launcher
+
+
+def test_a_stage_env_with_a_double_quote_is_refused(tmp_path, monkeypatch, capsys):
+    code, _ = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "2",
+                       "--stage-env", 'a"b')
+    assert code == 2 and "--stage-env" in capsys.readouterr().err
