@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from datafeed.pipeline import member_indices
-from datafeed.prepare import SPLITS, apply_normalizer, choose_rows, prepare_targets
+from datafeed.prepare import SPLITS, choose_rows, prepare_targets
 from datafeed.readers import BUILTINS, DataError, DataSettings
 from datafeed.shards import (
     SHARD_FORMATS,
@@ -46,8 +46,9 @@ from datafeed.shards import (
 )
 from datafeed.splits import rows_from_column, rows_from_file, split_from
 
-CHUNK_BYTES = 1 << 20      # rows read at once: about this many bytes of features (at least one row)
+CHUNK_BYTES = 4 << 20      # rows read at once: about this many bytes of features (at least one row)
 CYCLE = 4                  # chunks read at a time by the parallel interleave
+BLOCK_ROWS = 16            # the shuffle buffer mixes blocks of this many rows (of one chunk, in random order)
 HEAD_ROWS = 64             # training rows broadcast for the build check
 
 
@@ -255,16 +256,23 @@ class Streamed:
         keep = np.flatnonzero(hi > lo)
         return keep, lo[keep], hi[keep]
 
-    def read(self, split: str, chunk: int, counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def read(self, split: str, chunk: int, counts: np.ndarray | None = None,
+             order: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The split's rows in one chunk, normalised and shaped as the model takes them, with
-        their targets; ``counts``: how often each row of the split is taken (a bootstrap)."""
+        their targets; ``counts``: how often each row of the split is taken (a bootstrap);
+        ``order``: the rows in the random order this seed gives, else in row order."""
         i, start, stop, g = (int(v) for v in self.table[chunk])
         rows = np.asarray(self.data[f"rows_{split}"])
         a, b = np.searchsorted(rows, [g + start, g + stop])
         pos = np.arange(a, b) if counts is None else np.repeat(np.arange(a, b), counts[a:b])
+        if order is not None:
+            pos = pos[np.random.default_rng(order).permutation(len(pos))]
         x, _ = read_rows(self.ss, i, start, stop, want_y=False)
         x = np.asarray(x)[rows[pos] - g - start].reshape((len(pos), *self.shape))
-        return apply_normalizer(x, self.shift, self.scale), np.asarray(self.data[f"y_{split}"])[pos]
+        x = np.ascontiguousarray(x, dtype=np.float32)    # the gather above made it a copy: ours to change
+        x -= self.shift                           # in place: the arithmetic of prepare.apply_normalizer
+        x /= self.scale
+        return x, np.asarray(self.data[f"y_{split}"])[pos]
 
     def chunks(self, split: str, limit: int | None = None) -> Iterator[np.ndarray]:
         """The split's features, normalised, a chunk at a time in row order (predictions);
@@ -281,17 +289,20 @@ class Streamed:
         if limit is not None:
             yield np.concatenate(got)[:limit]
 
-    def _loader(self, split: str, counts, y_transform):
+    def _loader(self, split: str, counts, y_transform, shuffled: bool = False):
+        """A graph function: chunk id (and, ``shuffled``, a random seed) -> its (x, y) rows,
+        in a seeded random order when ``shuffled``."""
         import tensorflow as tf
         y = np.asarray(self.data[f"y_{split}"])
         y_dtype = tf.as_dtype(np.float32 if y_transform is not None else y.dtype)
 
-        def fn(c):
-            x, t = self.read(split, int(c), counts)
+        def fn(c, r=None):
+            x, t = self.read(split, int(c), counts, None if r is None else int(r))
             return x, (y_transform(t).astype(np.float32) if y_transform is not None else t)
 
-        def load(c):
-            bx, by = tf.numpy_function(fn, [c], [tf.float32, y_dtype], stateful=False)
+        def load(c, r=None):
+            args = [c] if r is None else [c, r]
+            bx, by = tf.numpy_function(fn, args, [tf.float32, y_dtype], stateful=False)
             bx.set_shape((None, *self.shape))
             by.set_shape((None, *y.shape[1:]))
             return bx, by
@@ -320,14 +331,17 @@ class Streamed:
             if steps == 0:
                 raise DataError(f"a rank of the group of {size} holds fewer training rows than its share of the "
                                 f"batch ({local}); use more data or a smaller `batch_size`")
-        load = self._loader("train", counts, y_transform)
+        load = self._loader("train", counts, y_transform, shuffled=True)
         ds = tf.data.Dataset.from_tensor_slices(mine.astype(np.int64))
         ds = ds.shuffle(max(1, len(mine)), seed=seed, reshuffle_each_iteration=True)
-        ds = ds.interleave(lambda c: tf.data.Dataset.from_tensors(c).map(load).unbatch(), cycle_length=CYCLE,
-                           num_parallel_calls=CYCLE, deterministic=True)
-        ds = ds.shuffle(self.buffer, seed=seed + 1, reshuffle_each_iteration=True).batch(local)
-        if steps is not None:
-            ds = ds.take(steps)
+        ds = tf.data.Dataset.zip(ds, tf.data.Dataset.random(seed=seed + 2, rerandomize_each_iteration=True))
+        ds = ds.interleave(lambda c, r: tf.data.Dataset.from_tensors(load(c, r)).rebatch(BLOCK_ROWS),
+                           cycle_length=CYCLE, num_parallel_calls=CYCLE, deterministic=True)
+        ds = ds.shuffle(max(1, self.buffer // BLOCK_ROWS), seed=seed + 1, reshuffle_each_iteration=True)
+        ds = ds.rebatch(local)
+        rows = int(per_chunk[deal[rank::size]].sum())
+        steps = steps if steps is not None else -(-rows // local)
+        ds = ds.take(steps).apply(tf.data.experimental.assert_cardinality(steps))
         return ds.prefetch(2)
 
     def eval_dataset(self, split: str, y_transform=None):

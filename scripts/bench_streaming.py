@@ -1,0 +1,224 @@
+"""Streaming's memory and speed (issue 33): ``python scripts/bench_streaming.py memory|speed``.
+
+``memory``: HDF5 shards of 16 KiB samples (4096 float32 features, 10 classes) make datasets
+of 1x, 2x, 4x and 8x a fixed memory cap (``--cap-gb``: ``data.node_memory_gb`` x
+``data.memory_share``, the setting that makes ``data.stream = "auto"`` stream; no ulimit or
+cgroup). Each size is trained as a whole ensemble run, ``mpiexec -n 3`` (a master and two
+workers, 2 members, 1 epoch), and every rank's peak resident memory (``ru_maxrss``) is
+printed; sizes up to ``--memory-max-x`` times the cap also run in memory
+(``data.stream = false``) beside it, for contrast. The files are made once in ``--dir``
+(8x the cap on disk; the smaller sizes are folders of links to the first files) and removed
+at the end unless ``--keep``.
+
+``speed``: one process, one dataset that fits in memory, a tiny MLP; the in-memory pipeline
+(``datafeed.pipeline.make_dataset``) and the streaming one (``datafeed.streaming.Streamed``)
+train epochs in turn, each after a warm-up epoch; samples per second of each and their ratio
+(median over the rounds), for narrow rows (64 features) and wide ones (4096).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FILE_ROWS = 1024                       # rows per shard file
+
+
+def write_shards(folder: Path, n_files: int, features: int, seed: int = 0, start: int = 0) -> None:
+    """``n_files`` HDF5 files of ``FILE_ROWS`` rows: features normal, a label from a fixed linear map."""
+    import h5py
+    folder.mkdir(parents=True, exist_ok=True)
+    w = np.random.default_rng(12345).normal(size=(features, 10)).astype(np.float32) / np.sqrt(features)
+    for i in range(start, start + n_files):
+        rng = np.random.default_rng(seed * 100003 + i)
+        x = rng.standard_normal((FILE_ROWS, features), dtype=np.float32)
+        y = np.argmax(x @ w + 0.5 * rng.standard_normal((FILE_ROWS, 10), dtype=np.float32), axis=1)
+        with h5py.File(folder / f"part{i:05d}.h5", "w") as f:
+            f["x"], f["y"] = x, y
+
+
+def rank_wrapper() -> None:
+    """``bench_streaming.py rank CONFIG RUN_DIR``: run ``ensemble.run`` on this rank, then print
+    its peak resident memory as one JSON line on stderr."""
+    from ensemble.run import main
+    code = main([sys.argv[2], "--run-dir", sys.argv[3]])
+    from mpi4py import MPI
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print("PEAK " + json.dumps({"rank": MPI.COMM_WORLD.Get_rank(), "peak": peak, "code": code}),
+          file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+CONFIG = """
+seed = 1
+[data]
+source = "{source}"
+stream = {stream}
+node_memory_gb = {node_gb}
+memory_share = {share}
+shuffle_buffer = 2048
+[train]
+epochs = 1
+batch_size = 256
+patience = 5
+[[architectures]]
+members = 2
+layers = [{{type = "Dense", units = 16, activation = "relu"}}]
+[runtime]
+threads = 1
+"""
+
+
+def run_size(folder: Path, stream: str, node_gb: float, share: float, work: Path, tag: str) -> dict:
+    cfg = work / f"{tag}.toml"
+    cfg.write_text(textwrap.dedent(CONFIG.format(source=folder, stream=stream, node_gb=node_gb, share=share)))
+    run_dir = work / f"run-{tag}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.monotonic()
+    proc = subprocess.run([mpiexec, "-n", "3", sys.executable, __file__, "rank", str(cfg), str(run_dir)],
+                          capture_output=True, text=True, env=env, timeout=1800)
+    seconds = time.monotonic() - t0
+    peaks = sorted((json.loads(line[5:]) for line in proc.stderr.splitlines() if line.startswith("PEAK ")),
+                   key=lambda r: r["rank"])
+    journal = [json.loads(x) for x in (run_dir / "journal.jsonl").read_text().splitlines()] \
+        if (run_dir / "journal.jsonl").exists() else []
+    ok = sum(1 for r in journal if r.get("status") == "ok" and "val" in r)
+    streamed = "stream" in json.loads((run_dir / "data.json").read_text()) if (run_dir / "data.json").exists() else None
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:], file=sys.stderr)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return {"code": proc.returncode, "peaks": [p["peak"] for p in peaks], "members_ok": ok,
+            "streamed": streamed, "seconds": round(seconds, 1)}
+
+
+def bench_memory(args) -> None:
+    features = 4096
+    row = features * 4
+    cap = args.cap_gb * 1e9
+    files_1x = max(1, round(cap / (FILE_ROWS * row)))
+    base = Path(args.dir)
+    full = base / "all"
+    have = len(list(full.glob("*.h5"))) if full.exists() else 0
+    need = 8 * files_1x
+    if have < need:
+        print(f"writing {need - have} files of {FILE_ROWS * row / 2**20:.0f} MiB to {full} ...", flush=True)
+        write_shards(full, need - have, features, start=have)
+    node_gb, share = args.cap_gb / 0.25, 0.25
+    work = Path(tempfile.mkdtemp(prefix="bench-streaming-"))
+    rows = []
+    try:
+        for x in (1, 2, 4, 8):
+            folder = base / f"x{x}"
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            for i in range(x * files_1x):
+                (folder / f"part{i:05d}.h5").symlink_to(full / f"part{i:05d}.h5")
+            size = x * files_1x * FILE_ROWS * row
+            for stream in (["\"auto\"", "false"] if x <= args.memory_max_x else ["\"auto\""]):
+                got = run_size(folder, stream, node_gb, share, work, f"x{x}-{stream.strip(chr(34))}")
+                line = {"x": x, "gb": round(size / 1e9, 3), "setting": stream.strip('"'), **got}
+                rows.append(line)
+                peaks = ", ".join(f"{p / 2**20:.0f}" for p in got["peaks"])
+                print(f"{x}x cap ({size / 1e9:.2f} GB), data.stream={stream}: streamed={got['streamed']} "
+                      f"members ok {got['members_ok']}/2, exit {got['code']}, {got['seconds']} s; "
+                      f"peak RSS per rank (MiB, rank 0 first): {peaks}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    print(json.dumps({"cap_gb": args.cap_gb, "rows": rows}))
+
+
+def bench_speed(args) -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from ensemble.config import resolve_config
+    from ensemble.runtime.env import configure_tensorflow
+    configure_tensorflow(1)
+    import keras
+
+    from datafeed.pipeline import make_dataset, member_indices
+    from datafeed.prepare import prepare_with_rows
+    from datafeed.splits import read_data
+    from datafeed.streaming import Streamed, prepare_stream, stream_plan
+    results = {}
+    for features, n_files in ((64, args.files), (4096, max(2, args.files // 4))):
+        folder = Path(tempfile.mkdtemp(prefix="bench-speed-"))
+        try:
+            write_shards(folder, n_files, features)
+            arch = [{"layers": [{"type": "Dense", "units": 16}]}]
+            mem = resolve_config({"data": {"source": str(folder), "stream": False}, "architectures": arch}).data
+            got = read_data(mem)
+            arrays, meta, _ = prepare_with_rows(got.x, got.y, got.info, mem, 0, got.rows)
+            st = resolve_config({"data": {"source": str(folder), "stream": True}, "architectures": arch}).data
+            s_arrays, s_meta, _ = prepare_stream(stream_plan(st), st, 0)
+            feed = Streamed(s_meta, s_arrays)
+            n = len(arrays["y_train"])
+            pipelines = {
+                "memory": make_dataset(arrays["x_train"], arrays["y_train"], member_indices(n, 0, False),
+                                       args.batch, 0),
+                "stream": feed.train_dataset(args.batch, 0),
+            }
+            models = {}
+            for name, ds in pipelines.items():
+                keras.utils.set_random_seed(0)
+                model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(32, activation="relu"),
+                                          keras.layers.Dense(10, activation="softmax")])
+                model.compile("adam", "sparse_categorical_crossentropy")
+                model.fit(ds, epochs=1, verbose=0)          # warm-up: tracing, file cache
+                models[name] = model
+            rates: dict[str, list[float]] = {k: [] for k in pipelines}
+            for _ in range(args.rounds):
+                for name, ds in pipelines.items():
+                    t0 = time.perf_counter()
+                    models[name].fit(ds, epochs=1, verbose=0)
+                    rates[name].append(n / (time.perf_counter() - t0))
+            med = {k: statistics.median(v) for k, v in rates.items()}
+            results[features] = {"rows": n, **{k: round(v) for k, v in med.items()},
+                                 "ratio": round(med["stream"] / med["memory"], 3)}
+            print(f"{features} features, {n} training rows, batch {args.batch}: in memory {med['memory']:.0f} "
+                  f"samples/s, streamed {med['stream']:.0f} samples/s, ratio {med['stream'] / med['memory']:.2f} "
+                  f"(median of {args.rounds} epochs each, alternating)", flush=True)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    print(json.dumps(results))
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "rank":
+        return rank_wrapper()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    mem = sub.add_parser("memory", help="peak RSS per rank as the dataset grows past a memory cap")
+    mem.add_argument("--cap-gb", type=float, default=0.25, help="the memory cap: data streams above it")
+    mem.add_argument("--memory-max-x", type=int, default=2, help="also run in memory up to this many caps")
+    mem.add_argument("--dir", default=str(Path(tempfile.gettempdir()) / "bench-streaming-data"))
+    mem.add_argument("--keep", action="store_true", help="keep the files for another run")
+    speed = sub.add_parser("speed", help="streaming vs in-memory samples/s on data that fits")
+    speed.add_argument("--files", type=int, default=48, help="shards of 1024 rows (64 features; a quarter "
+                                                              "as many of 4096)")
+    speed.add_argument("--batch", type=int, default=128)
+    speed.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    bench_memory(args) if args.what == "memory" else bench_speed(args)
+
+
+if __name__ == "__main__":
+    main()
