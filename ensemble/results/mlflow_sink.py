@@ -16,6 +16,7 @@ timeout: the retrying is ``Background``'s, bounded by ``tracking.give_up_seconds
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -43,10 +44,7 @@ class MlflowSink:
 
     def __init__(self, uri: str, experiment: str, run_dir: Path, cfg: Any, meta: Mapping[str, Any],
                  resume: bool):
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        from mlflow.tracking import MlflowClient
-        self.client = MlflowClient(tracking_uri=uri)
+        self._client = None
         self.uri, self.experiment, self.run_dir = uri, experiment, Path(run_dir)
         self.resume = resume
         self.where = f"MLflow {uri}, experiment {experiment!r}"
@@ -56,6 +54,19 @@ class MlflowSink:
         self.parent: str | None = None
         self.experiment_id: str | None = None
         self.written: set[str] = set()
+
+    @property
+    def client(self):
+        """The MLflow client, made in the sink's thread on first use (importing MLflow takes
+        seconds, which the master's start does not wait for)."""
+        if self._client is None:
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")   # and its get_run per run
+            logging.getLogger("mlflow").setLevel(logging.WARNING)     # no "View run ..." line per member
+            from mlflow.tracking import MlflowClient
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
 
     def _parent(self) -> str:
         """The job's parent run: the one ``mlflow.json`` names (same server), else a new one."""

@@ -178,7 +178,7 @@ class Background:
             log.warning(f"tracking: {self.sink.name} given up ({error}); its writes are dropped from now on, "
                         "the run goes on")
 
-    def close(self, ok: bool, wait: float) -> None:
+    def close(self, ok: bool, wait: float, limit: float | None = None) -> None:
         """Let the thread write what waits for at most ``wait`` seconds, then drop the rest."""
         if self.gave_up is None:
             try:
@@ -199,7 +199,7 @@ class Background:
             if not self.warned:
                 self.warned = True
                 log.warning(f"tracking: {self.sink.name} did not finish within `tracking.finish_seconds` "
-                            f"= {wait:g}; {left} queued writes dropped")
+                            f"= {limit if limit is not None else wait:g}; {left} queued writes dropped")
             return
         if self.gave_up is None:
             self.sink.close(ok)
@@ -238,7 +238,7 @@ class Tracking:
         """Wait (at most ``tracking.finish_seconds`` in all) for the writes, then say what was dropped."""
         end = time.monotonic() + self.finish_seconds
         for sink in self.sinks:
-            sink.close(ok, max(0.0, end - time.monotonic()))
+            sink.close(ok, max(0.0, end - time.monotonic()), self.finish_seconds)
             if sink.dropped:
                 log.info(f"tracking: {sink.sink.name}: {sink.dropped} member(s)/ensemble writes dropped"
                          + (f" ({sink.gave_up})" if sink.gave_up else ""))
