@@ -22,6 +22,7 @@ ANY_TAG = MPI.ANY_TAG
 TAG_SPEC, TAG_RESULT, TAG_STOP = 11, 12, 13
 TAG_REPORT, TAG_DECISION = 14, 15        # a worker's in-training report and the master's answer
 TAG_STATE = 16                           # a member's weights and optimizer state, worker to worker (PBT)
+TAG_INSITU_REQUEST, TAG_INSITU_REPLY, TAG_INSITU_DONE = 21, 22, 23   # in-situ inference, client <-> server
 
 world = MPI.COMM_WORLD
 
@@ -151,6 +152,11 @@ def node_local_rank(comm=world) -> int:
     rank = node.Get_rank()
     node.Free()
     return rank
+
+
+def split_node(comm=world):
+    """The ranks of ``comm`` that share this rank's node (shared memory), ordered as in ``comm``."""
+    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
 
 
 def split_groups(comm, group_size: int):

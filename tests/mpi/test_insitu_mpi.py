@@ -1,0 +1,100 @@
+"""In-situ inference under real mpiexec: every simulation rank's answers about its own rows
+equal ``ensemble.predict`` on the same rows (to 1e-6), for both placements; a bad run
+directory fails on every rank at once; the graph is traced once, at load."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ensemble import load as load_ensemble
+from tests.conftest import ROOT, run_mpi
+from tests.mpi.test_predict_mpi import make_run
+
+pytestmark = pytest.mark.mpi
+PROG = str(ROOT / "tests" / "mpi" / "insitu_prog.py")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A Gaussian-and-plain regression ensemble with two targets, and an iris classifier."""
+    base = tmp_path_factory.mktemp("insitu_mpi")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 5)).astype(np.float32) * [1, 10, 100, 0.1, 1] + 3
+    y = np.stack([x[:, 0] + 0.01 * x[:, 2], x[:, 1] * x[:, 3]], axis=1)
+    np.savez(base / "two_targets.npz", x=x, y=y)
+    make_run(base / "reg", {"source": str(base / "two_targets.npz"), "task": "regression"},
+             [{"id": "g-000", "weight": 0.4, "gaussian": True}, {"id": "plain-000", "weight": 0.2},
+              {"id": "g-001", "weight": 0.1, "gaussian": True}])
+    make_run(base / "cls", {"source": "iris"},
+             [{"id": f"m-{i:03d}", "weight": w} for i, w in enumerate((0.5, 0.3, 0.2))])
+    return base
+
+
+def check(runs, out, placement: str, n_sim: int, names=("reg", "cls")) -> None:
+    """Each simulation rank's three steps, against ``ensemble.load(run).predict_details``."""
+    for name in names:
+        ens = load_ensemble(runs / name)
+        for rank in range(n_sim):
+            for step in range(3):
+                got = np.load(out / f"{placement}-{name}-{rank}-{step}.npz")
+                assert len(got["x"]) == 1 + 13 * rank + 40 * step
+                want = ens.predict_details(got["x"])
+                flat = {f"{k}.{kk}": vv for k, v in want.items() if isinstance(v, dict) for kk, vv in v.items()}
+                flat.update({k: v for k, v in want.items() if not isinstance(v, dict)})
+                assert set(got.files) - {"x"} == set(flat)
+                for key, value in flat.items():
+                    np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=1e-6,
+                                               err_msg=f"{placement} {name} {key}")
+                if name == "reg":       # a real spread, not zeros that would match anything
+                    assert (got["std"] > 0).all() and got["mean"].shape == (len(got["x"]), 2)
+
+
+def infos(out, placement: str, name: str, n: int) -> list[dict]:
+    return [json.loads((out / f"{placement}-{name}-w{r}.json").read_text()) for r in range(n)]
+
+
+def check_info(out, placement: str, name: str, n: int) -> None:
+    """What every rank says about itself: the error seen on the missing run, tracings, roles,
+    and (placement "node") the server's batches."""
+    if placement == "local":
+        for info in infos(out, "local", name, n):
+            assert "does not exist" in info["missing"]          # the same error on every rank, no hang
+            assert not info["serving"] and info["sim_size"] == n and info["calls"] == 3
+            assert info["traces_at_load"] == 1 and info["traces"] == 1     # warmed at load; no retrace per step
+        return
+    server, *clients = infos(out, "node", name, n)
+    c = n - 1
+    assert server["serving"] and server["traces"] == 1 and "does not exist" in server["missing"]
+    assert server["requests"] == 3 * c
+    assert server["rows"] == sum(1 + 13 * r + 40 * s for r in range(c) for s in range(3))
+    # the server waits for all its clients each step (batch_wait 30 s): one batch per step
+    assert server["batches"] == 3 and server["largest_batch"] == sum(1 + 13 * r + 80 for r in range(c))
+    assert sorted(i["sim_rank"] for i in clients) == list(range(c))
+    assert all(not i["serving"] and i["sim_size"] == c and i["traces"] == 0 for i in clients)
+
+
+def test_both_placements_every_rank_equals_predict_three_ranks(runs, tmp_path):
+    """-n 3, the regression ensemble (Gaussian and plain members, intervals): "local" (3 ranks
+    predicting), then "node" (one server batching two clients)."""
+    proc = run_mpi(3, [PROG, str(tmp_path), str(runs / "reg")], timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check(runs, tmp_path, "local", 3, ("reg",))
+    check_info(tmp_path, "local", "reg", 3)
+    check(runs, tmp_path, "node", 2, ("reg",))
+    check_info(tmp_path, "node", "reg", 3)
+
+
+@pytest.mark.long
+@pytest.mark.slow
+def test_both_placements_every_rank_equals_predict(runs, tmp_path):
+    """-n 4, both ensembles: "local" (4 ranks predicting), then "node" (one server, three clients)."""
+    proc = run_mpi(4, [PROG, str(tmp_path), str(runs / "reg"), str(runs / "cls")], timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check(runs, tmp_path, "local", 4)
+    check(runs, tmp_path, "node", 3)
+    for name in ("reg", "cls"):
+        check_info(tmp_path, "local", name, 4)
+        check_info(tmp_path, "node", name, 4)
