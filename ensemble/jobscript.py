@@ -35,7 +35,7 @@ import re
 import shlex
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 EXIT_USAGE = 2
@@ -285,18 +285,20 @@ SCHEDULERS = {
 }
 
 
-def stage_lines(job: Job, launch: str) -> list[str]:
-    """With ``--stage-env``: rank 0 reads the environment once from the shared file system and
-    one rank per node unpacks it to node-local storage; the run starts from that copy."""
+def stage_lines(job: Job) -> list[str]:
+    """With ``--stage-env``: one rank per node (the scheduler's launcher, one task per node)
+    copies the environment to node-local storage, rank 0 reading it once from the shared file
+    system; the run then starts from that copy."""
     if not job.stage_env:
         return []
     script = Path(__file__).resolve().parent / "runtime" / "stage.py"
+    one_per_node = replace(job, gpus_per_node=1, ranks_per_gpu=1)
     return [
         "# The Python environment, read once from the shared file system by rank 0 and copied to each",
         "# node's local storage, so that no rank imports TensorFlow from the shared file system (docs/hpc.md)",
         f"STAGED=\"{job.stage_env}\"",
-        f"{launch} \\",
-        f"    \"$PYTHON\" -S {shlex.quote(str(script))} --to \"$STAGED\"",
+        f"{' '.join(map(shlex.quote, SCHEDULERS[job.scheduler].launcher(one_per_node)))} \\",
+        f"    \"$PYTHON\" -S -P {shlex.quote(str(script))} --to \"$STAGED\"",
         "PYTHON=\"$STAGED/python\"",
     ]
 
@@ -334,7 +336,7 @@ def render_job_script(job: Job) -> str:
         "# runtime.threads of the config, before Python starts: numpy's thread pool starts while the config is read",
         f"export {threads}",
         "export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1",
-        *stage_lines(job, launch),
+        *stage_lines(job),
         "set -u    # only now: site module scripts are not all written for it",
         "",
         *helpers,

@@ -5,8 +5,10 @@ Three real MPI jobs of the same small run, every rank under ``strace`` (its file
 calls and directory reads, with the paths of descriptors):
 
 1. ``shared``: ``mpiexec -n R <venv>/bin/python -m ensemble.run config.toml``, as today;
-2. ``stage``:  ``mpiexec -n R python -S ensemble/runtime/stage.py --to DEST`` (rank 0 reads the
-   environment once and broadcasts it to one rank per node, which unpacks it under DEST);
+2. ``stage``:  ``mpiexec -n 2 python -S -P ensemble/runtime/stage.py --to DEST`` (rank 0 reads the
+   environment once and broadcasts it to one rank per node, which unpacks it under DEST; a job
+   script runs it with one rank per node, ``ensemble jobscript --stage-env``: rank 1 here
+   counts what each node's staging rank reads from the shared file system);
 3. ``staged``: ``mpiexec -n R DEST/python -m ensemble.run config.toml``.
 
 "On the shared file system" means a path under the environment (the venv), the interpreter
@@ -65,9 +67,12 @@ def shared_prefixes(venv: Path) -> list[str]:
     return sorted(set(prefixes))
 
 
-def traced_job(ranks: int, traces: Path, tag: str, command: list[str], cwd: Path, env: dict) -> None:
-    """Every rank under strace, its trace in ``traces/<tag>.<rank>`` (MPICH's PMI_RANK)."""
-    inner = " ".join(["exec strace -f -y -qq -e", TRACE, "-o", f"{traces}/{tag}.$PMI_RANK", *command])
+def traced_job(ranks: int, traces: Path, tag: str, command: list[str], cwd: Path, env: dict,
+               threads: bool = True) -> None:
+    """Every rank under strace, its trace in ``traces/<tag>.<rank>`` (MPICH's PMI_RANK); with
+    ``threads`` every thread of it (TensorFlow reads files from its own threads)."""
+    follow = "-f " if threads else ""
+    inner = " ".join([f"exec strace {follow}-y -qq -e", TRACE, "-o", f"{traces}/{tag}.$PMI_RANK", *command])
     mpiexec = Path(sys.executable).parent / "mpiexec"
     proc = subprocess.run([str(mpiexec), "-n", str(ranks), "sh", "-c", inner], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=1800)
@@ -78,12 +83,15 @@ def traced_job(ranks: int, traces: Path, tag: str, command: list[str], cwd: Path
 
 def count(path: Path, prefixes: list[str], job: str) -> dict:
     """Calls touching the shared file system (a path under ``prefixes`` as an argument or as a
-    descriptor's path) and calls touching the job's own folder."""
+    descriptor's path) and calls touching the job's own folder. ``AT_FDCWD<cwd>`` (strace -y
+    decorates the working directory) is no path of the call's own and is left out."""
     shared_re = re.compile("|".join(re.escape(f'"{p}') + "|" + re.escape(f"<{p}") for p in prefixes))
     job_re = re.compile(re.escape(f'"{job}') + "|" + re.escape(f"<{job}"))
+    cwd_re = re.compile(r"AT_FDCWD<[^>]*>")
     shared = own = total = 0
     with path.open(errors="replace") as f:
         for line in f:
+            line = cwd_re.sub("AT_FDCWD", line)
             total += 1
             if shared_re.search(line):
                 shared += 1
@@ -99,7 +107,7 @@ def per_rank(traces: Path, tag: str, ranks: int, prefixes: list[str], job: str) 
 def results(run_dir: Path) -> dict:
     """What a run decided: the ensemble's metrics and its members with their weights."""
     ens = json.loads((run_dir / "ensemble.json").read_text())
-    return {"ensemble": ens["ensemble"], "members": ens["members"]}
+    return {"ensemble": ens["ensemble"], "members": [(m["id"], round(m["weight"], 12)) for m in ens["members"]]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,43 +131,40 @@ def main(argv: list[str] | None = None) -> int:
     try:
         traced_job(args.ranks, traces, "shared", [str(venv / "bin" / "python"), "-m", "ensemble.run", "config.toml",
                                                   "--run-dir", "runs/shared"], job, env)
-        traced_job(args.ranks, traces, "stage", [str(venv / "bin" / "python"), "-S", str(STAGE), "--to", str(dest)],
-                   job, env)
+        traced_job(2, traces, "stage", [str(venv / "bin" / "python"), "-S", "-P", str(STAGE), "--to", str(dest)],
+                   job, env, threads=False)
         traced_job(args.ranks, traces, "staged", [str(dest / "python"), "-m", "ensemble.run", "config.toml",
                                                   "--run-dir", "runs/staged"], job, env)
-        figures = {tag: per_rank(traces, tag, args.ranks, prefixes, str(job)) for tag in ("shared", "stage", "staged")}
+        figures = {tag: per_rank(traces, tag, 2 if tag == "stage" else args.ranks, prefixes, str(job))
+                   for tag in ("shared", "stage", "staged")}
         same = results(job / "runs" / "shared") == results(job / "runs" / "staged")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    def med(tag: str, ranks: slice = slice(None)) -> float:
-        return statistics.median(r["shared"] for r in figures[tag][ranks])
+    def med(tag: str) -> float:
+        return statistics.median(r["shared"] for r in figures[tag][1:])      # rank 0 reads the data, or stages
 
-    without = med("shared")
-    with_other = statistics.median(s["shared"] + t["shared"]
-                                   for s, t in zip(figures["stage"][1:], figures["staged"][1:]))
-    root_read = figures["stage"][0]["shared"]
-    print(f"\nmetadata calls on the shared file system per rank ({args.ranks} ranks, one node; prefixes {prefixes}):")
-    print("| | median per rank | max per rank |")
-    print("|---|---|---|")
-    for tag, label in (("shared", "run from the shared venv"), ("stage", "staging step"),
-                       ("staged", "run from the staged copy")):
-        print(f"| {label} | {med(tag):,.0f} | {max(r['shared'] for r in figures[tag]):,} |")
-    print(f"| staging + staged run, ranks other than 0 | {with_other:,.0f} | |")
-    print(f"| rank 0's one read of the environment (once per job) | {root_read:,} | |")
+    without, staged, per_node, root_read = med("shared"), med("staged"), figures["stage"][1]["shared"], \
+        figures["stage"][0]["shared"]
+    print(f"\nmetadata calls on the shared file system ({args.ranks} ranks, one node; prefixes {prefixes}):")
+    print("| | calls |")
+    print("|---|---|")
+    print(f"| run from the shared venv, per rank (median of ranks 1-{args.ranks - 1}) | {without:,.0f} |")
+    print(f"| run from the staged copy, per rank (median of ranks 1-{args.ranks - 1}) | {staged:,.0f} |")
+    print(f"| staging, per node (its one staging rank) | {per_node:,} |")
+    print(f"| staging, rank 0's one read of the environment (once per job) | {root_read:,} |")
     rows = {}
-    for nodes, per_node in ((1000, 4), (10000, 4)):
-        n = nodes * per_node
-        avg = (root_read + (n - 1) * with_other) / n
-        rows[f"{nodes}x{per_node}"] = {"per_rank": avg, "reduction": without / avg}
-        print(f"at {nodes:,} nodes x {per_node} ranks: {avg:,.0f} per rank on average, {without / avg:,.0f}x fewer "
-              f"than {without:,.0f}; the whole job {n * without / 1e6:,.1f} million calls without, "
-              f"{(root_read + (n - 1) * with_other) / 1e6:,.2f} million with")
-    print(f"reduction for the ranks other than 0 here: {without / max(with_other, 1):,.0f}x; results unchanged: {same}")
-    print(json.dumps({"ranks": args.ranks, "without": without, "with_other_ranks": with_other,
-                      "root_read": root_read, "projections": rows, "same_results": same,
-                      "per_rank": figures}))
+    for nodes, per in ((1000, 4), (1000, 8), (10000, 4), (10000, 8)):
+        ranks = nodes * per
+        total = root_read + nodes * per_node + ranks * staged
+        rows[f"{nodes}x{per}"] = {"per_rank": total / ranks, "reduction": without / (total / ranks)}
+        print(f"| {nodes:,} nodes x {per} ranks: per rank on average | {total / ranks:,.0f} "
+              f"({without * ranks / total:,.0f}x fewer; the job {without * ranks / 1e6:,.1f} million calls "
+              f"without, {total / 1e6:,.2f} million with) |")
+    print(f"results unchanged (the ensemble's metrics, its members and weights): {same}")
+    print(json.dumps({"ranks": args.ranks, "without": without, "staged": staged, "stage_per_node": per_node,
+                      "root_read": root_read, "projections": rows, "same_results": same, "per_rank": figures}))
     return 0 if same else 1
 
 

@@ -1,8 +1,10 @@
 """Stage the Python environment on node-local storage, once per node, read once from the
 shared file system: the start-up of a large job without an import storm.
 
-    mpiexec -n P python -S .../ensemble/runtime/stage.py --to "$TMPDIR/env"
-    mpiexec -n P "$TMPDIR/env/python" -m ensemble.run config.toml
+    srun --ntasks-per-node=1 python -S -P .../ensemble/runtime/stage.py --to "$TMPDIR/env"
+    srun "$TMPDIR/env/python" -m ensemble.run config.toml
+
+(``ensemble jobscript --stage-env DEST`` writes both lines for Slurm, PBS, LSF and Flux.)
 
 Every rank that imports TensorFlow from a parallel file system makes about 30,000 metadata
 calls (``docs/hpc.md``); thousands of ranks doing it at once queue on the metadata server
@@ -11,9 +13,10 @@ the interpreter it was made from, the editable-installed project) and streams it
 archive by ``MPI_Bcast`` to one rank per node, which unpacks it under ``--to``. The run then
 starts from that copy: its ranks read nothing of the environment from the shared file system.
 
-The script is run by path with ``python -S``: it imports only the standard library and
-mpi4py (found without the ``site`` machinery), so each rank of this step makes about a
-hundred metadata calls on the shared file system, not thirty thousand. It is an MPI module
+The script is run by path with ``python -S -P``: it imports only the standard library and
+mpi4py (found without the ``site`` machinery; no script folder searched first), so each
+rank of this step makes a few hundred metadata calls on the shared file system, not thirty
+thousand; run one rank per node (every rank works too: the others of a node wait, asleep). It is an MPI module
 of its own (besides ``runtime.mpi``) because it must not import the project, whose package
 imports are what it saves.
 
@@ -350,7 +353,7 @@ def import_mpi():
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -S ensemble/runtime/stage.py",
+        prog="python -S -P ensemble/runtime/stage.py",
         description="Copy this Python environment to node-local storage: read once from the shared file system "
                     "by rank 0 and broadcast to one rank per node. Then start the run with DEST/python.")
     p.add_argument("--to", required=True, metavar="DEST",

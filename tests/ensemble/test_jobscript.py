@@ -354,9 +354,11 @@ def test_a_staged_environment_is_copied_first_and_the_run_starts_from_it(tmp_pat
     assert done.returncode == 0, done.stderr
     staging, run = (here / "launches.txt").read_text().splitlines()
     script = Path(jobscript.__file__).resolve().parent / "runtime" / "stage.py"
-    assert staging.endswith(f"{sys.executable} -S {script} --to /node/tmp/env")
-    assert run.split(" --gpu-bind=closest ")[1].startswith("/node/tmp/env/python -m ensemble.run ")
-    assert staging.split(" -S ")[0].split(sys.executable)[0] == run.split("/node/tmp/env/python")[0]   # same launcher
+    assert staging == (f"--nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=1 --cpu-bind=cores --gpus-per-task=1 "
+                       f"--gpu-bind=closest {sys.executable} -S -P {script} --to /node/tmp/env")   # one per node
+    assert run == (f"--nodes=2 --ntasks=4 --ntasks-per-node=2 --cpus-per-task=1 --cpu-bind=cores --gpus-per-task=1 "
+                   f"--gpu-bind=closest /node/tmp/env/python -m ensemble.run {here / 'tiny.toml'} "
+                   f"--run-dir {here / 'runs' / 'tiny'}")
 
 
 def test_a_stage_env_with_a_double_quote_is_refused(tmp_path, monkeypatch, capsys):

@@ -28,7 +28,7 @@ SMALL = ["--no-python", "--exclude", "lib/python3*/site-packages/*", "--exclude"
 
 def staging(n: int, dest: str, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    cmd = [mpiexec(), "-n", str(n), sys.executable, "-S", str(SCRIPT), "--to", dest, *extra]
+    cmd = [mpiexec(), "-n", str(n), sys.executable, "-S", "-P", str(SCRIPT), "--to", dest, *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd="/")
 
 
