@@ -7,17 +7,29 @@ TensorFlow, no sleeping. Member durations come from the config's ``[rehearsal]``
 (``--replay``). Prints, per worker count: utilisation after start-up, the master's busy
 share, members/s, the simulated wall time and the journal's size.
 
+The master's cost comes from its recorded cost model (``--master-cost model``, the
+default: the same command gives the same figure on any machine, however loaded) or from
+its real time on this machine (``--master-cost measured``). ``--engine fast`` models the
+dispatch loop instead of running the master's code (``orchestrate.fastsim``, 1-2 us a
+member instead of 300; no journal): the engine of the scenario tables, up to 12.7 million
+members.
+
     python -m ensemble.simulate configs/digits.toml --workers 1000 18688 27648 --per-worker 40 \\
         --seconds 60 --spread 0.5
+    python -m ensemble.simulate configs/digits.toml --engine fast --workers 27648 127488 \\
+        --per-worker 100 --seconds 60 --spread 0.5
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -34,9 +46,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--message-us", type=float, default=10.0,
                    help="the master's cost of one send or receive, microseconds (scripts/bench_dispatch.py "
                         "measures it as the ping-pong)")
+    p.add_argument("--master-cost", default="model",
+                   help='"model": the recorded cost model of the mode\'s master (reproducible); "measured": its '
+                        'real time on this machine; or "RESULT_US,DISPATCH_US": microseconds per result and per spec')
     p.add_argument("--master-slowdown", type=float, default=1.0,
-                   help="the master's measured time is multiplied by this (1: as fast as this machine; "
-                        "0: a master that costs nothing, to see what the rest costs; 2: twice as slow)")
+                   help="--master-cost measured: the master's measured time is multiplied by this (1: as fast as "
+                        "this machine; 0: a master that costs nothing, to see what the rest costs; 2: twice as slow)")
+    p.add_argument("--engine", choices=("session", "fast"), default="session",
+                   help="session: the real master code; fast: a model of its dispatch loop, for millions of members")
+    p.add_argument("--order", choices=("cost", "list"), help="override runtime.order")
+    p.add_argument("--stop-quantile", type=float, help="override runtime.stop_quantile (0: the slowest seen)")
+    p.add_argument("--time-limit", type=float, help="override runtime.time_limit, seconds")
+    p.add_argument("--arch-costs", type=float, nargs="+", default=[1.0],
+                   help="--engine fast: members dealt round-robin over architectures whose median seconds are "
+                        "--seconds times these (default: one architecture)")
+    p.add_argument("--tail", choices=("none", "helpers"), default="none",
+                   help="--engine fast: what idle workers do once the list is dry; helpers: join the longest-running "
+                        "member as data-parallel helpers (a what-if: the runtime's groups are fixed at the start)")
+    p.add_argument("--seed", type=int, default=0, help="--engine fast: the seed of the members' durations")
     p.add_argument("--specs-in-hand", help='override runtime.specs_in_hand ("auto" or a number)')
     p.add_argument("--run-dir", help="keep the simulated journal here (default: a temporary directory)")
     p.add_argument("--json", action="store_true", help="print each row's full statistics as a JSON line")
@@ -50,6 +77,59 @@ def with_members(cfg, total: int):
     spread = tuple(arch.replace(members=max(1, total // len(archs) + (i < total % len(archs))))
                    for i, arch in enumerate(archs))
     return cfg.replace(architectures=spread, evolve=cfg.evolve.replace(evaluations=total))
+
+
+def cost_model(value: str, mode: str):
+    """``--master-cost``: a ``MasterCost``, or None for the master's measured time."""
+    from ensemble.orchestrate.simulate import MasterCost, master_cost
+    if value == "measured":
+        return None
+    if value == "model":
+        return master_cost(mode)
+    try:
+        result_us, dispatch_us = (float(x) for x in value.split(","))
+    except ValueError:
+        raise SystemExit(f'--master-cost: expected "model", "measured" or "RESULT_US,DISPATCH_US", '
+                         f'got {value!r}') from None
+    return MasterCost(result_us * 1e-6, dispatch_us * 1e-6)
+
+
+def fast_rows(cfg, args) -> int:
+    """``--engine fast``: one row per worker count (``orchestrate.fastsim``)."""
+    import time
+
+    from ensemble.orchestrate import fastsim
+    rt = cfg.runtime
+    cost = cost_model(args.master_cost, cfg.mode)
+    if cost is None:
+        raise SystemExit("--engine fast models the master: give --master-cost model or RESULT_US,DISPATCH_US")
+    if not args.json:
+        print(f"{'workers':>8} {'members':>9} {'utilisation':>12} {'master busy':>12} {'members/s':>10} "
+              f"{'simulated':>10} {'real s':>8}")
+    for workers in args.workers:
+        members = args.members or max(1, round((args.per_worker or 1) * workers))
+        durations, arch = fastsim.lognormal_durations(members, cfg.rehearsal.seconds, cfg.rehearsal.spread,
+                                                      args.seed, tuple(args.arch_costs))
+        if rt.order == "cost" and len(args.arch_costs) > 1:
+            rank = -np.asarray(args.arch_costs)[arch]      # the architectures' measured means, longest first
+            durations = durations[np.argsort(rank, kind="stable")]
+        hand = None if rt.specs_in_hand == "auto" else int(rt.specs_in_hand)
+        scenario = fastsim.Scenario(workers, cost, message_seconds=args.message_us * 1e-6, latency=args.latency,
+                                    in_hand=hand, tail=args.tail,
+                                    time_limit=None if rt.time_limit is None else rt.time_limit - rt.finish_reserve,
+                                    stop_quantile=rt.stop_quantile)
+        t0 = time.perf_counter()
+        stats = fastsim.run(scenario, durations)
+        stats.update(real_seconds=round(time.perf_counter() - t0, 2), mode=cfg.mode, order=rt.order, tail=args.tail,
+                     seconds=cfg.rehearsal.seconds, spread=cfg.rehearsal.spread,
+                     cost_us=[round(cost.result * 1e6, 2), round(cost.dispatch * 1e6, 2)])
+        if args.json:
+            print(json.dumps(stats), flush=True)
+            continue
+        print(f"{workers:>8} {stats['members']:>9} {100 * stats['utilisation']:>11.1f}% "
+              f"{100 * stats['master_busy_share']:>11.2f}% {stats['members_per_second']:>10.1f} "
+              f"{stats['simulated_seconds']:>9.1f}s {stats['real_seconds']:>8.1f}", flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.specs_in_hand:
         hand = "auto" if args.specs_in_hand == "auto" else int(args.specs_in_hand)
         cfg = cfg.replace(runtime=cfg.runtime.replace(specs_in_hand=hand))
+    if args.order:
+        cfg = cfg.replace(runtime=cfg.runtime.replace(order=args.order))
+    if args.stop_quantile is not None:
+        cfg = cfg.replace(runtime=cfg.runtime.replace(stop_quantile=args.stop_quantile or None))
+    if args.time_limit is not None:
+        cfg = cfg.replace(runtime=cfg.runtime.replace(time_limit=args.time_limit))
+    if args.engine == "fast":
+        return fast_rows(cfg, args)
     from datafeed.prepare import prepare_with_rows
     from datafeed.splits import read_data
     from ensemble.orchestrate.simulate import simulate
@@ -86,13 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         run = cfg
         if args.members or args.per_worker:
             run = with_members(cfg, args.members or max(1, round(args.per_worker * workers)))
-        with tempfile.TemporaryDirectory() as tmp:
+        shm = Path("/dev/shm")                 # memory: the journal's fsyncs cost nothing there
+        with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None) as tmp:
             path = Path(args.run_dir) / f"workers{workers}" if args.run_dir else Path(tmp)
             path.mkdir(parents=True, exist_ok=True)
             (path / RunDirectory.JOURNAL).unlink(missing_ok=True)
             stats = simulate(run, meta, data, RunDirectory(path), workers, report=True, latency=args.latency,
                              message_seconds=args.message_us * 1e-6, replay=args.replay,
-                             speed=args.master_slowdown)
+                             speed=args.master_slowdown, cost=cost_model(args.master_cost, cfg.mode))
         if args.json:
             print(json.dumps(stats), flush=True)
             continue

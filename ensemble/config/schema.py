@@ -427,6 +427,16 @@ SCHEMA = Table({
             isinstance(v, int) and v > 0) else 'must be "auto" or a positive integer',
             doc="member specs a worker holds ahead, so it starts the next one without a round trip to the "
                 "master; \"auto\": by how long members take"),
+        "order": Key((str,), "cost", lambda v: None if v in ("cost", "list") else 'must be "cost" or "list"',
+                     doc="mode \"ensemble\": the order members go out in; \"cost\": the longest predicted "
+                         "first (each architecture's measured mean seconds; before any is measured, its epochs and "
+                         "layer widths), so short members fill the end of the run; \"list\": as listed"),
+        "stop_quantile": Key(NUM, 0.5, lambda v: None if 0.0 < v <= 1.0 else "must be in (0, 1]",
+                             nullable=True,
+                             doc="a time-limited run stops handing out members once this quantile of the "
+                                 "members' seconds so far would not end before the deadline (null: the slowest "
+                                 "member seen); a member still training at the deadline is cut there, which "
+                                 "costs no more than the idle worker would have (docs/scale.md measures it)"),
         "journal_sync_seconds": Key(NUM, 1.0, _nonneg,
                                     doc="journal lines are fsynced together at most this often (0: every "
                                         "line); a crash loses at most this many seconds of results"),

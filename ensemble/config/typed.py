@@ -322,6 +322,14 @@ class RuntimeConfig(Section):
     #: member specs a worker holds ahead, so it starts the next one without a round trip to the master;
     #: "auto": by how long members take
     specs_in_hand: str | int
+    #: mode "ensemble": the order members go out in; "cost": the longest predicted first (each architecture's
+    #: measured mean seconds; before any is measured, its epochs and layer widths), so short members fill the
+    #: end of the run; "list": as listed
+    order: str
+    #: a time-limited run stops handing out members once this quantile of the members' seconds so far would
+    #: not end before the deadline (null: the slowest member seen); a member still training at the deadline
+    #: is cut there, which costs no more than the idle worker would have (docs/scale.md measures it)
+    stop_quantile: float | None
     #: journal lines are fsynced together at most this often (0: every line); a crash loses at most this many
     #: seconds of results
     journal_sync_seconds: float

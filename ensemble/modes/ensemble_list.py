@@ -11,7 +11,7 @@ from ensemble.results.records import MemberRecord, latest
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import Trainer
 from ensemble.sources.base import Decider, GoOn, Source
-from ensemble.sources.members import SpecList, member_count, member_specs
+from ensemble.sources.members import CostOrdered, SpecList, member_count, member_specs
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,8 @@ class EnsembleMode(Mode):
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         done = {i for i, r in latest(x for x in ctx.history if isinstance(x, MemberRecord)).items() if r.ok}
         done -= set(ctx.lost)
+        if ctx.cfg.runtime.order == "cost":
+            return CostOrdered(ctx.cfg, done, total=member_count(ctx.cfg)), GoOn()
         return SpecList(member_specs(ctx.cfg, done), done, total=member_count(ctx.cfg)), GoOn()
 
     def expected_members(self, cfg: RunConfig, workers: int | None = None) -> int | None:

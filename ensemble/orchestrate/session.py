@@ -247,7 +247,8 @@ def run_master_side(comm, cfg: RunConfig, meta: dict, data, run_dir: RunDirector
                                block=rt.members_per_rank if mode.packs(cfg) else 1)
     else:
         executor = SerialExecutor(lambda: make_trainer(cfg, meta, data, run_dir, 0))
-    budget = RunBudget(rt.time_limit, rt.finish_reserve, rt.max_failed_share, end_time=job_end_time())
+    budget = RunBudget(rt.time_limit, rt.finish_reserve, rt.max_failed_share, end_time=job_end_time(),
+                       stop_quantile=rt.stop_quantile)
     predictions = rt.trainer != "rehearsal" or cfg.rehearsal.predictions
     fields = {"ranks": comm.Get_size(), "host": socket.gethostname(),
               "environment": environment(command if command is not None else sys.argv[1:], library_version())}

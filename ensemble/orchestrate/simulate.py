@@ -15,9 +15,18 @@ run accepts simulates: early discarding and PBT rounds included.
   master ``latency`` after the member ends; each message costs the master
   ``message_seconds`` (a send or a receive: measure it with ``scripts/bench_dispatch.py``'s
   ping-pong); workers hold specs in hand exactly as the MPI executor's ``Slots`` say;
-- the master's own cost is measured, not assumed: the real time its code takes between
+- the master's own cost is measured (``cost=None``): the real time its code takes between
   two waits (source, journal, budget) advances the virtual clock, so results that arrive
-  while it is busy queue up as they would on a real machine.
+  while it is busy queue up as they would on a real machine; or it comes from a cost
+  model (``cost``: a ``MasterCost``, seconds per result and per spec handed out, measured
+  once on the real master code: ``MASTER_COST``), and then the machine's load of the moment
+  does not change the answer: the same command gives the same figure.
+
+``SimExecutor`` also measures the real master code it runs, apart from its own work (the
+simulated workers' records, the event heap): the CPU seconds between its calls, split
+into the code from a ``wait`` to the next ``free`` (results: records, source, journal,
+budget, progress) and from a ``free`` to the next ``wait`` (the next specs: source, stamp,
+budget cap). ``calibrate`` turns that into a ``MasterCost``.
 
 Not simulated: start-up (the utilisation it reports is after start-up, as the journal's),
 the cost of moving a PBT member's state, failures of ranks, the file system's fsync
@@ -31,6 +40,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +52,30 @@ from ensemble.results.timeline import run_stats
 from ensemble.runtime.budget import RunBudget
 from ensemble.runtime.executor import Decide, Slots, check_decision, result_seconds
 from ensemble.train.member import guarded
+
+
+@dataclass(frozen=True)
+class MasterCost:
+    """The master's own seconds per result taken in (record, source, journal, budget,
+    progress) and per spec handed out (source, stamp, cap), beyond the message costs."""
+
+    result: float
+    dispatch: float
+
+    def per_member(self) -> float:
+        return self.result + self.dispatch
+
+
+#: the cost model of the reproducible mode, per mode: microseconds of the real master code
+#: per result and per spec handed out, measured on the 2-core development machine
+#: (``python scripts/bench_scale.py --calibrate``, recorded 2026-11-24; docs/scale.md)
+MASTER_COST_US: dict[str, tuple[float, float]] = {"ensemble": (200.0, 47.0), "evolve": (348.0, 769.0)}
+
+
+def master_cost(mode: str) -> MasterCost:
+    """The recorded cost model of ``mode``'s master (ensemble's for a mode not measured)."""
+    result_us, dispatch_us = MASTER_COST_US.get(mode, MASTER_COST_US["ensemble"])
+    return MasterCost(result_us * 1e-6, dispatch_us * 1e-6)
 
 
 class VirtualClock:
@@ -69,8 +103,13 @@ class SimExecutor:
     def __init__(self, workers: int, duration: Callable[[dict], float], record: Callable[[dict, float, int, str], dict],
                  clock: VirtualClock, *, in_hand: int | None = None, latency: float = 0.0,
                  message_seconds: float = 0.0, group_size: int = 1, batch: int = 256,
-                 curve: Callable[[dict, int, int], dict] | None = None):
+                 curve: Callable[[dict, int, int], dict] | None = None, cost: MasterCost | None = None):
         self.workers, self.duration, self.record, self.clock = workers, duration, record, clock
+        self.cost = cost if cost is not None else MasterCost(0.0, 0.0)
+        # the real master code's seconds and calls, after a wait (results) and after a submit (specs)
+        self.code = {"result": 0.0, "results": 0, "dispatch": 0.0, "dispatches": 0}
+        self._after = "result"
+        self._left: float | None = None                 # nothing is counted before the first call
         self.latency, self.message_seconds, self.group_size, self.batch = latency, message_seconds, group_size, batch
         self.curve = curve if curve is not None else (lambda spec, epoch, epochs: {})
         self.slots = Slots(workers, in_hand)
@@ -89,17 +128,30 @@ class SimExecutor:
         heapq.heappush(self.events, (t, self.seq, kind, worker, item))
 
     def free(self) -> int:
+        self._enter()                          # the loop asks before each spec: what ran since was results
+        self._leave("dispatch")
         return len(self.slots.ready)
 
     def busy(self) -> int:
         return self.slots.busy
 
+    def _enter(self) -> None:
+        """The master's code ran from the last call until now: count it where it belongs."""
+        if self._left is not None:
+            self.code[self._after] += time.thread_time() - self._left
+
+    def _leave(self, after: str) -> None:
+        self._after, self._left = after, time.thread_time()
+
     def submit(self, spec: dict) -> None:
-        sent = self.clock() + self.message_seconds
+        self._enter()
+        self.code["dispatches"] += 1
+        sent = self.clock() + self.message_seconds + self.cost.dispatch
         self.clock.set(sent)
         worker = self.slots.take(spec)
         self._push(sent + self.latency, "arrive", worker, spec)
         self.messages += 1
+        self._leave("dispatch")
 
     # -- a worker's side ---------------------------------------------------------------------
     def _start_next(self, worker: int, t: float) -> None:
@@ -174,6 +226,7 @@ class SimExecutor:
             results.append(item)
 
     def wait(self, decide: Decide, idle: Callable[[], None] | None = None) -> list[dict]:
+        self._enter()
         self._decide = decide
         results: list[dict] = []
         while self.events and len(results) < self.batch:
@@ -192,8 +245,15 @@ class SimExecutor:
             if not self.events and not results and self.held:
                 raise RuntimeError(f"simulation: {len(self.held)} member(s) wait for an answer that never comes")
         self.messages += len(results)
-        self.clock.set(self.clock() + self.message_seconds * len(results))
+        self.clock.set(self.clock() + (self.message_seconds + self.cost.result) * len(results))
+        self.code["results"] += len(results)
+        self._leave("result")
         return results
+
+    def calibrate(self) -> MasterCost:
+        """The real master code's mean seconds per result and per spec handed out, as run."""
+        code = self.code
+        return MasterCost(code["result"] / max(1, code["results"]), code["dispatch"] / max(1, code["dispatches"]))
 
     def shutdown(self) -> None:
         self.events.clear()
@@ -217,10 +277,16 @@ def learning_curve(metric: str, accuracy: float) -> Callable[[dict, int, int], d
 
 def simulate(cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, workers: int, *, latency: float = 0.0,
              message_seconds: float = 0.0, replay: str | Path | None = None, speed: float = 1.0,
-             report: bool = False) -> dict:
+             report: bool = False, cost: MasterCost | None = None) -> dict:
     """Run ``cfg`` through the real master session on ``workers`` simulated workers; returns
     ``run_stats`` of the journal it wrote, with the master's account and timings. ``report``:
-    also write report.html (``python -m ensemble.simulate`` does; about a second of plotting)."""
+    also write report.html (``python -m ensemble.simulate`` does; about a second of plotting).
+    ``cost``: the master's cost model (the reproducible mode: ``speed`` is then 0, the
+    machine's time does not move the virtual clock); None: its real time, times ``speed``.
+    The stats carry what the real master code took per result and per spec
+    (``master_code_us_per_result``, ``master_code_us_per_dispatch``), whichever mode."""
+    if cost is not None:
+        speed = 0.0
     from ensemble.modes import mode_of
     from ensemble.orchestrate.session import MasterSession, in_hand
     from ensemble.task import get_task
@@ -238,8 +304,9 @@ def simulate(cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, workers: i
                                lambda: trainer.record(spec, seconds, epochs, stopped), spec, 0),
                            clock, in_hand=in_hand(cfg, mode_of(cfg)), latency=latency,
                            message_seconds=message_seconds, group_size=rt.group_size,
-                           curve=learning_curve(metric, settings.accuracy))
-    budget = RunBudget(rt.time_limit, rt.finish_reserve, rt.max_failed_share, clock=clock)
+                           curve=learning_curve(metric, settings.accuracy), cost=cost)
+    budget = RunBudget(rt.time_limit, rt.finish_reserve, rt.max_failed_share, clock=clock,
+                       stop_quantile=rt.stop_quantile)
     real0 = time.perf_counter()
     session = MasterSession(sim_cfg, meta, data, run_dir, executor, budget, clock=clock, heartbeat=False,
                             predictions=False, report=report, job_started=0.0,
@@ -252,4 +319,9 @@ def simulate(cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, workers: i
                  journal_bytes=session.journal_bytes, messages=executor.messages, latency=latency,
                  message_seconds=message_seconds, expected_members=mode_of(cfg).expected_members(cfg, workers),
                  master_loop_seconds=wall)
+    code = executor.calibrate()
+    stats.update(master_code_us_per_result=round(1e6 * code.result, 2),
+                 master_code_us_per_dispatch=round(1e6 * code.dispatch, 2),
+                 cost_model=None if cost is None else {"result_us": round(1e6 * cost.result, 3),
+                                                       "dispatch_us": round(1e6 * cost.dispatch, 3)})
     return stats

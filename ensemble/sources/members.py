@@ -60,22 +60,40 @@ def member_specs(cfg: RunConfig, skip: Collection[str] = frozenset()) -> Iterato
     """Every member of an ensemble run, in a fixed order: per architecture, ``members`` seeds,
     less the ids in ``skip``. Made one at a time, as they are handed out: a list of 100,000
     members costs no memory, and skipping 100,000 finished ones costs no seeds."""
-    for a, arch in enumerate(cfg.architectures):
-        settings = member_train_settings(cfg, arch).to_dict()
-        layers = None if arch.layers is None else [dict(layer) for layer in arch.to_dict()["layers"]]
-        for j in range(arch.members):
-            member_id = f"{arch.name}-{j:03d}"
-            if member_id in skip:
-                continue
-            yield {
-                "id": member_id,
-                "arch": arch.name,
-                "layers": layers,
-                "model": arch.model,
-                "params": dict(arch.params),
-                "seed": derive_seed(cfg.seed, a, j),
-                **settings,
-            }
+    for a in range(len(cfg.architectures)):
+        yield from arch_specs(cfg, a, skip)
+
+
+def arch_specs(cfg: RunConfig, a: int, skip: Collection[str] = frozenset()) -> Iterator[dict]:
+    """The members of architecture number ``a``, in order, less the ids in ``skip``."""
+    arch = cfg.architectures[a]
+    settings = member_train_settings(cfg, arch).to_dict()
+    layers = None if arch.layers is None else [dict(layer) for layer in arch.to_dict()["layers"]]
+    for j in range(arch.members):
+        member_id = f"{arch.name}-{j:03d}"
+        if member_id in skip:
+            continue
+        yield {
+            "id": member_id,
+            "arch": arch.name,
+            "layers": layers,
+            "model": arch.model,
+            "params": dict(arch.params),
+            "seed": derive_seed(cfg.seed, a, j),
+            **settings,
+        }
+
+
+def prior_cost(spec: dict) -> float:
+    """A member's cost before anything is measured, in arbitrary units: its epochs times
+    (1 + the widths of its layers: units, filters x kernel area). Only its order between
+    architectures matters, and only until each architecture's first member has ended."""
+    width = 0.0
+    for layer in spec.get("layers") or []:
+        kernel = layer.get("kernel_size", 1)
+        area = float(kernel) ** 2 if isinstance(kernel, int | float) else float(sum(kernel) ** 2 / 4)
+        width += float(layer.get("units", 0) or 0) + float(layer.get("filters", 0) or 0) * area
+    return float(spec.get("epochs", 1) or 1) * (1.0 + width)
 
 
 class SpecList:
@@ -96,3 +114,45 @@ class SpecList:
 
     def finish(self, records: list[MemberRecord]) -> dict[str, Any]:
         return {}
+
+
+class CostOrdered(SpecList):
+    """The member list, longest predicted first (``runtime.order = "cost"``): the longest
+    processing time rule, which leaves the short members for the end of the run, where
+    they fill the workers around the last long ones.
+
+    A member's predicted cost is its architecture's mean training seconds measured so far
+    in this run; an architecture not measured yet is predicted from ``prior_cost`` scaled by
+    what the measured ones cost per unit of it (before any result: the prior alone). Within
+    an architecture the list order stays (their members are alike: nothing to predict), so
+    one architecture is handed out exactly as the list; every member goes out once."""
+
+    def __init__(self, cfg: RunConfig, done_ids: Collection[str] = frozenset(), total: int | None = None):
+        super().__init__((), done_ids, total)
+        self.pending_by_arch = {arch.name: arch_specs(cfg, a, done_ids) for a, arch in enumerate(cfg.architectures)}
+        self.heads: dict[str, dict | None] = {name: next(it, None) for name, it in self.pending_by_arch.items()}
+        self.prior = {name: prior_cost(spec) for name, spec in self.heads.items() if spec is not None}
+        self.seconds: dict[str, tuple[float, int]] = {}        # arch -> (sum of seconds, count)
+
+    def predicted(self, arch: str) -> float:
+        """The predicted seconds (or prior units, before any measurement) of ``arch``'s members."""
+        if arch in self.seconds:
+            total, n = self.seconds[arch]
+            return total / n
+        rates = [s / n / self.prior[a] for a, (s, n) in self.seconds.items() if self.prior.get(a)]
+        return self.prior.get(arch, 1.0) * (sum(rates) / len(rates) if rates else 1.0)
+
+    def next_spec(self) -> dict | None:
+        live = [name for name, spec in self.heads.items() if spec is not None]
+        if not live:
+            return None
+        name = max(live, key=self.predicted)           # ties: the first in the list
+        spec = self.heads[name]
+        self.heads[name] = next(self.pending_by_arch[name], None)
+        return spec
+
+    def tell(self, record: MemberRecord) -> MemberRecord:
+        if record.ok and record.arch in self.heads and record.train_seconds is not None:
+            total, n = self.seconds.get(record.arch, (0.0, 0))
+            self.seconds[record.arch] = (total + float(record.train_seconds), n + 1)
+        return record

@@ -1,0 +1,215 @@
+"""The fast engine of ``python -m ensemble.simulate --engine fast``: the dispatch loop as a
+model, for the scenario table (up to 127,488 workers x 100 members, 12.7 million members).
+
+``orchestrate.simulate`` runs the real master code and costs about 0.3-0.5 ms of this
+machine per member: a Summit-sized run (2.8 million members) takes most of an hour and
+keeps every record in memory (8 GB). This engine keeps what decides utilisation and
+nothing else, at about 1-2 us per member:
+
+- the master is one server: each result costs it ``cost.result`` plus a receive
+  (``message_seconds``), each spec handed out ``cost.dispatch`` plus a send, taken in
+  arrival order (a result that arrives while it is busy waits); the cost model is the real
+  master's, measured (``simulate.MASTER_COST_US``);
+- each worker holds up to ``in_hand`` specs as ``runtime.Slots`` deals them (auto: the
+  same rule), starts the next the moment one ends, and a spec reaches it ``latency``
+  after it is sent, a result the master ``latency`` after it ends;
+- the specs go out in list order or, ``order = "cost"``, longest predicted first
+  (``sources.members.by_cost``: the prediction is the member's architecture's measured
+  mean, so within one architecture the list order stays);
+- a time limit stops the hand-out when the budget's rule says so (``RunBudget``: the
+  slowest member seen, or ``stop_quantile`` of those seen); a member still training at
+  the deadline is cut there and its time counts as lost;
+- ``tail = "helpers"`` (a what-if, not the runtime's behaviour: a member group's size is
+  fixed when the job starts): once the list is dry, an idle worker joins the running
+  member that has trained longest (the master knows elapsed times, not durations) as a
+  data-parallel helper, up to ``max_group`` ranks; a group of g ranks trains at
+  ``g * efficiency ** log2(g)`` times one rank's speed after ``join_seconds`` of moving
+  the member's state.
+
+Utilisation is ``run_stats``'s: member-seconds of useful training (as one rank would
+train them) over workers x (last result taken - first start). The engine is checked
+against the session engine in ``tests/ensemble/test_simulate_fast.py``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ensemble.orchestrate.simulate import MasterCost
+from ensemble.runtime.budget import DurationQuantile
+from ensemble.runtime.executor import COVER_SECONDS, MAX_IN_HAND, SHORT_MEMBER
+
+TAILS = ("none", "helpers")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One row of the table: the allocation, the members' durations and the master."""
+
+    workers: int
+    cost: MasterCost
+    message_seconds: float = 10e-6
+    latency: float = 0.0005
+    in_hand: int | None = None               # None: the auto rule of ``Slots``
+    tail: str = "none"
+    max_group: int = 8
+    efficiency: float = 0.9                  # a helper group's parallel efficiency per doubling
+    join_seconds: float = 5.0
+    time_limit: float | None = None          # the deadline, seconds after the start
+    stop_quantile: float | None = None       # None: the slowest member seen (``RunBudget``)
+
+
+def auto_in_hand(mean_seconds: float) -> int:
+    """``Slots``' auto target for members of ``mean_seconds`` (one for long members)."""
+    if mean_seconds > SHORT_MEMBER:
+        return 1
+    return min(MAX_IN_HAND, 2 + int(COVER_SECONDS / max(mean_seconds, 1e-6)))
+
+
+def lognormal_durations(members: int, seconds: float, spread: float, seed: int = 0,
+                        arch_costs: tuple[float, ...] = (1.0,)) -> tuple[np.ndarray, np.ndarray]:
+    """(durations, architecture index) of ``members`` spread round-robin over architectures
+    whose median seconds are ``seconds`` times ``arch_costs``, log-normal with sigma ``spread``."""
+    rng = np.random.default_rng([seed, 35])
+    arch = np.arange(members) % len(arch_costs)
+    factor = np.asarray(arch_costs, dtype=float)[arch]
+    return seconds * factor * np.exp(spread * rng.standard_normal(members)), arch
+
+
+def run(s: Scenario, durations: np.ndarray) -> dict:
+    """Simulate handing out ``durations`` (seconds, in hand-out order) to ``s.workers``."""
+    n, workers = len(durations), s.workers
+    c_res = s.cost.result + s.message_seconds
+    c_disp = s.cost.dispatch + s.message_seconds
+    lat = s.latency
+    k = s.in_hand or auto_in_hand(float(np.mean(durations)) if n else 1.0)
+    dur = durations.tolist()
+    deadline = s.time_limit
+    est = DurationQuantile(s.stop_quantile)
+    held: list[deque] = [deque() for _ in range(workers)]
+    m = 0.0                                        # when the master is next free
+    nxt = 0
+    stopped = False
+
+    def hand_out(w: int) -> None:
+        nonlocal m, nxt, stopped
+        if nxt >= n or stopped:
+            return
+        if deadline is not None and m + est.value() > deadline:
+            stopped = True
+            return
+        m += c_disp
+        held[w].append((m + lat, nxt))
+        nxt += 1
+
+    for _ in range(k):                             # the first fill: round-robin, as Slots deals
+        for w in range(workers):
+            hand_out(w)
+    events: list[tuple[float, int, int, int]] = []  # (end, worker, member, version)
+    start = [0.0] * n
+    version = [0] * workers
+    for w in range(workers):
+        if held[w]:
+            arrive, j = held[w].popleft()
+            start[j] = arrive
+            events.append((arrive + dur[j], w, j, 0))
+    heapq.heapify(events)
+    first = min((e[0] - dur[e[2]] for e in events), default=0.0)
+    useful = lost = 0.0
+    last = 0.0
+    done = 0
+    helpers = s.tail == "helpers"
+    group: dict[int, list[int]] = {}               # leader -> helper workers (tail = helpers)
+    work_left: dict[int, tuple[float, float, int]] = {}   # leader -> (work left, at time, group size)
+    oldest: list[tuple[float, int, int]] = []      # (start, leader, member) of members that may take a helper
+    pop, push = heapq.heappop, heapq.heappush
+
+    def speed(g: int) -> float:
+        return g * s.efficiency ** math.log2(g)
+
+    def join(w: int, t: float) -> None:
+        """Idle worker ``w`` helps the longest-running member that still takes helpers."""
+        nonlocal m
+        while oldest:
+            _, leader, member = oldest[0]
+            state = work_left.get(leader)
+            if state is None or running[leader] != member or state[2] >= s.max_group:
+                pop(oldest)
+                continue
+            left, at, g = state
+            left -= (t - at) * speed(g)
+            end_now = t + left / speed(g)
+            end_new = t + s.join_seconds + max(0.0, left - s.join_seconds * speed(g)) / speed(g + 1)
+            if end_new >= end_now:
+                pop(oldest)
+                continue
+            m = max(m, t) + c_disp                  # the master tells the group
+            group.setdefault(leader, []).append(w)
+            work_left[leader] = (max(0.0, left - s.join_seconds * speed(g)), t + s.join_seconds, g + 1)
+            version[leader] += 1
+            push(events, (end_new, leader, member, version[leader]))
+            return
+
+    running = [-1] * workers
+    for e in events:
+        running[e[1]] = e[2]
+        if helpers:
+            work_left[e[1]] = (dur[e[2]], start[e[2]], 1)
+    dry = False                                    # the list has run dry: the helpers' heap is kept
+    limited = deadline is not None
+    while events:
+        t, w, j, ver = pop(events)
+        if ver != version[w]:
+            continue
+        if limited and t > deadline:               # the budget's cap: it ends at the deadline
+            t = max(deadline, start[j])            # type: ignore[type-var]
+            lost += t - start[j]
+        else:
+            useful += dur[j]
+            if limited:
+                est.observe(dur[j])
+        done += 1
+        m = (m if m > t + lat else t + lat) + c_res
+        if m > last:
+            last = m
+        if helpers:
+            running[w] = -1
+            work_left.pop(w, None)
+            freed = [w] + group.pop(w, [])
+        else:
+            freed = (w,)
+        for v in freed:
+            hv = held[v]
+            if nxt < n and not stopped:            # the master hands the freed place a spec
+                if limited and m + est.value() > deadline:
+                    stopped = True
+                else:
+                    m += c_disp
+                    hv.append((m + lat, nxt))
+                    nxt += 1
+            if hv:
+                arrive, j2 = hv.popleft()
+                begin = t if t > arrive else arrive
+                start[j2] = begin
+                push(events, (begin + dur[j2], v, j2, version[v]))
+                if helpers:
+                    running[v] = j2
+                    work_left[v] = (dur[j2], begin, 1)
+                    if dry:
+                        push(oldest, (begin, v, j2))
+            elif helpers and (nxt >= n or stopped):
+                if not dry:                        # from now on idle workers help the running members
+                    dry = True
+                    oldest.extend((work_left[u][1], u, running[u]) for u in work_left if running[u] >= 0)
+                    heapq.heapify(oldest)
+                join(v, t)
+    span = max(last - first, 1e-9)
+    return {"workers": workers, "members": done, "in_hand": k, "utilisation": round(useful / (workers * span), 4),
+            "lost_to_deadline": round(lost / (workers * span), 4), "simulated_seconds": round(last, 3),
+            "master_busy_share": round(done * (c_res + c_disp) / span, 4),
+            "members_per_second": round(done / span, 2), "handed_out": nxt}
