@@ -98,3 +98,29 @@ def test_both_placements_every_rank_equals_predict(runs, tmp_path):
     for name in ("reg", "cls"):
         check_info(tmp_path, "local", name, 4)
         check_info(tmp_path, "node", name, 4)
+
+
+@pytest.mark.long
+@pytest.mark.slow
+def test_the_example_collects_and_runs_with_a_server(tmp_path):
+    """examples/heat_insitu.py at a tiny size: `collect` on 2 ranks writes (features, outcome)
+    rows; an ensemble made on them (seeded weights, no training) runs inside the simulation
+    with placement "node" (1 server, 2 simulation ranks); threshold 0 keeps every patch."""
+    example = str(ROOT / "examples" / "heat_insitu.py")
+    size = ["--local", "32", "--patch", "8", "--warm", "0", "--every", "10"]
+    proc = run_mpi(2, [example, "collect", "--out", str(tmp_path / "rows.npz"), "--steps", "60", *size], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = np.load(tmp_path / "rows.npz")
+    assert rows["x"].shape == (2 * 16 * 5, 8) and rows["y"].shape == (2 * 16 * 5,)    # 16 patches, t = 0..20 by 5
+    make_run(tmp_path / "run", {"source": str(tmp_path / "rows.npz"), "task": "regression"},
+             [{"id": "g-000", "weight": 0.5, "gaussian": True}, {"id": "g-001", "weight": 0.5, "gaussian": True}])
+    proc = run_mpi(3, [example, "run", "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "out"),
+                       "--placement", "node", "--steps", "60", "--threshold", "0", *size], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = json.loads((tmp_path / "out" / "snapshots.json").read_text())["log"]
+    assert [r["step"] for r in log] == [0, 10, 20, 30, 40, 50, 60]
+    assert all(r["snapshots"] == r["patches"] == 2 * 16 for r in log)
+    assert "mae" in log[0] and "mae" not in log[-1]          # scored HORIZON (40) steps later
+    snap = np.load(tmp_path / "out" / "snapshots" / "step000010-rank0001.npz")
+    assert snap["fields"].shape == (16, 2, 8, 8) and list(snap["patches"]) == list(range(16))
+    assert "224 of 224 patches written" in proc.stdout and "] 14 requests in" in proc.stdout
