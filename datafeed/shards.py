@@ -307,10 +307,10 @@ def read_rows(ss: ShardSet, i: int, start: int, stop: int, want_x: bool = True,
     return x, y
 
 
-#: HDF5 files kept open by this process (opening one costs about a millisecond, a chunk's read
-#: less); h5py serialises calls from the reading threads itself
+#: HDF5 files kept open by this process (opening one costs about a millisecond; each open file
+#: holds about half a MB of metadata cache); h5py serialises calls from the reading threads itself
 _OPEN: dict[str, object] = {}
-OPEN_FILES = 64
+OPEN_FILES = 8
 
 
 def _open_hdf5(path: str):

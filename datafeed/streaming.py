@@ -108,11 +108,14 @@ def split_spans(table: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 def rank_bytes(ss: ShardSet, data: DataSettings, batch_size: int = 512) -> int:
-    """About the bytes of features one streaming rank holds: its shuffle buffer, the chunks
-    being read (``CYCLE`` and one in hand, as read and as float32) and two prefetched batches."""
+    """About the bytes of features one streaming rank holds: the chunks its pipeline mixes
+    (``data.shuffle_buffer`` rows, at least ``CYCLE`` chunks), as many again being read and
+    converted, and two prefetched batches (float32)."""
     row = int(np.prod(ss.sample_shape, dtype=np.int64)) * 4
-    chunk = int(max(np.diff(chunk_table(ss)[:, 1:3], axis=1).max(initial=1), 1)) * row
-    return int(getattr(data, "shuffle_buffer", 10000)) * row + 2 * (CYCLE + 1) * chunk + 2 * batch_size * row
+    sizes = np.diff(chunk_table(ss)[:, 1:3], axis=1)
+    chunk_rows = int(np.median(sizes)) if len(sizes) else 1
+    open_chunks = max(CYCLE, min(-(-int(getattr(data, "shuffle_buffer", 10000)) // max(1, chunk_rows)), len(sizes)))
+    return 2 * open_chunks * chunk_rows * row + 2 * batch_size * row
 
 
 def memory_plan(data: DataSettings) -> dict | None:
@@ -133,6 +136,7 @@ def prepare_stream(ss: ShardSet, data: DataSettings, seed: int,
     """Rank 0 of a streaming run: what ``prepare.prepare_with_rows`` returns, without ever
     holding the features: (small arrays to broadcast, metadata, the split's row indices).
     ``normalise=False`` (``--check``) skips the pass over the training rows (shift 0, scale 1)."""
+    large_blocks_to_the_os()
     y = read_targets(ss)
     if y is None:
         raise DataError(f"`data.y`: the files of `data.source` {data.source!r} hold no targets")
@@ -228,6 +232,21 @@ def shard_set(stream: dict) -> ShardSet:
                     stream["y"], stream["label"], tuple(stream["features"]), stream["split_column"])
 
 
+def large_blocks_to_the_os(threshold: int = 1 << 20) -> None:
+    """Have glibc's malloc map every block of ``threshold`` bytes or more on its own and give it
+    back when freed. Its default threshold rises (to 32 MiB) once a large block is freed, after
+    which the chunks the reading threads allocate and free come from per-thread heaps that
+    fragment, and a rank's resident memory creeps up with every file read; measured with
+    ``scripts/bench_streaming.py memory``. Best effort: elsewhere nothing changes."""
+    import ctypes
+    import sys
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).mallopt(-3, threshold)          # M_MMAP_THRESHOLD
+        except (OSError, AttributeError):
+            pass
+
+
 class Streamed:
     """A member's view of a streamed dataset: the broadcast targets, rows and normalisation
     (``data``) with the files ``meta["stream"]`` names (staged node-locally first when
@@ -246,6 +265,8 @@ class Streamed:
         self.shape = tuple(meta["input_shape"])
         self.shift, self.scale = np.asarray(data["x_mean"]), np.asarray(data["x_scale"])
         self.table = chunk_table(self.ss)
+        large_blocks_to_the_os()
+
 
     def size(self, split: str) -> int:
         return len(self.data[f"rows_{split}"])
@@ -308,6 +329,12 @@ class Streamed:
             return bx, by
         return load
 
+    def open_chunks(self) -> int:
+        """Chunks a member's pipeline mixes at once: enough to hold ``data.shuffle_buffer`` rows,
+        at least ``CYCLE``."""
+        rows = np.median(self.table[:, 2] - self.table[:, 1]) if len(self.table) else 1
+        return int(max(CYCLE, min(-(-self.buffer // max(1, int(rows))), len(self.table))))
+
     def train_dataset(self, batch_size: int, seed: int, bootstrap: bool = False, y_transform=None,
                       shard: tuple[int, int] | None = None):
         """The member's training batches (module doc); ``shard=(rank, size)``: this rank's
@@ -335,10 +362,11 @@ class Streamed:
         ds = tf.data.Dataset.from_tensor_slices(mine.astype(np.int64))
         ds = ds.shuffle(max(1, len(mine)), seed=seed, reshuffle_each_iteration=True)
         ds = tf.data.Dataset.zip(ds, tf.data.Dataset.random(seed=seed + 2, rerandomize_each_iteration=True))
+        open_chunks = self.open_chunks()
         ds = ds.interleave(lambda c, r: tf.data.Dataset.from_tensors(load(c, r)).rebatch(BLOCK_ROWS),
-                           cycle_length=CYCLE, num_parallel_calls=CYCLE, deterministic=True)
-        ds = ds.shuffle(max(1, self.buffer // BLOCK_ROWS), seed=seed + 1, reshuffle_each_iteration=True)
-        ds = ds.rebatch(local)
+                           cycle_length=open_chunks, block_length=1, num_parallel_calls=min(CYCLE, open_chunks),
+                           deterministic=True)
+        ds = ds.rebatch(local)                    # a batch: blocks of rows from every open chunk in turn
         rows = int(per_chunk[deal[rank::size]].sum())
         steps = steps if steps is not None else -(-rows // local)
         ds = ds.take(steps).apply(tf.data.experimental.assert_cardinality(steps))

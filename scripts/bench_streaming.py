@@ -53,14 +53,14 @@ def write_shards(folder: Path, n_files: int, features: int, seed: int = 0, start
 
 
 def rank_wrapper() -> None:
-    """``bench_streaming.py rank CONFIG RUN_DIR``: run ``ensemble.run`` on this rank, then print
-    its peak resident memory as one JSON line on stderr."""
+    """``bench_streaming.py rank CONFIG RUN_DIR``: run ``ensemble.run`` on this rank, then write
+    its peak resident memory to ``$BENCH_PEAKS/rank<N>.json``."""
     from ensemble.run import main
     code = main([sys.argv[2], "--run-dir", sys.argv[3]])
     from mpi4py import MPI
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print("PEAK " + json.dumps({"rank": MPI.COMM_WORLD.Get_rank(), "peak": peak, "code": code}),
-          file=sys.stderr, flush=True)
+    rank = MPI.COMM_WORLD.Get_rank()
+    Path(os.environ["BENCH_PEAKS"], f"rank{rank}.json").write_text(json.dumps({"rank": rank, "peak": peak}))
     sys.exit(code)
 
 
@@ -90,14 +90,15 @@ def run_size(folder: Path, stream: str, node_gb: float, share: float, work: Path
     run_dir = work / f"run-{tag}"
     shutil.rmtree(run_dir, ignore_errors=True)
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
+    peaks_dir = work / f"peaks-{tag}"
+    peaks_dir.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3", "BENCH_PEAKS": str(peaks_dir),
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.monotonic()
     proc = subprocess.run([mpiexec, "-n", "3", sys.executable, __file__, "rank", str(cfg), str(run_dir)],
                           capture_output=True, text=True, env=env, timeout=1800)
     seconds = time.monotonic() - t0
-    peaks = sorted((json.loads(line[5:]) for line in proc.stderr.splitlines() if line.startswith("PEAK ")),
-                   key=lambda r: r["rank"])
+    peaks = sorted((json.loads(p.read_text()) for p in peaks_dir.glob("rank*.json")), key=lambda r: r["rank"])
     journal = [json.loads(x) for x in (run_dir / "journal.jsonl").read_text().splitlines()] \
         if (run_dir / "journal.jsonl").exists() else []
     ok = sum(1 for r in journal if r.get("status") == "ok" and "val" in r)
