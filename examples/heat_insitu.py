@@ -246,6 +246,8 @@ def _plot(out: Path, log: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from ensemble.runtime.mpi import abort_on_exception
+    abort_on_exception()                 # an error on one rank ends the job, never a hang in a halo exchange
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("command", choices=("collect", "run"))
     p.add_argument("--local", type=int, default=256, help="grid cells per rank along each axis")

@@ -1,6 +1,6 @@
 """MPI program behind tests/mpi/test_insitu_mpi.py: ``mpiexec -n K python insitu_prog.py OUT RUN...``.
 
-For each placement ("local", then "node" with one server per node): first a missing run
+For each placement ("node" with one server per node, then "local"): first a missing run
 directory, on which every rank must raise the same PredictError (none waits); then for each
 RUN: load it in-situ, and on each simulation rank ask three time steps about its own rows
 (a different count per rank and step, a seed per rank); each rank writes its inputs and
@@ -48,10 +48,11 @@ def one(placement: str, run_dir: Path, missing: str) -> None:
                 np.savez(out / f"{placement}-{run_dir.name}-{rank}-{step}.npz", x=x, **flat)
         info.update(sim_rank=rank, sim_size=session.comm.Get_size(), calls=session.timings.calls)
     info["traces"] = session.traces
+    info["tensorflow"] = "tensorflow" in sys.modules
     (out / f"{placement}-{run_dir.name}-w{world.Get_rank()}.json").write_text(json.dumps(info))
 
 
-for placement in ("local", "node"):
+for placement in ("node", "local"):          # "node" first: its clients never import TensorFlow
     try:
         insitu.load(out / "no-such-run", world, placement)
         missing = "loaded"

@@ -74,6 +74,7 @@ def check_info(out, placement: str, name: str, n: int) -> None:
     assert server["batches"] == 3 and server["largest_batch"] == sum(1 + 13 * r + 80 for r in range(c))
     assert sorted(i["sim_rank"] for i in clients) == list(range(c))
     assert all(not i["serving"] and i["sim_size"] == c and i["traces"] == 0 for i in clients)
+    assert server["tensorflow"] and not any(i["tensorflow"] for i in clients)    # clients stay light
 
 
 def test_both_placements_every_rank_equals_predict_three_ranks(runs, tmp_path):
