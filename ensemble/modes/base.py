@@ -65,6 +65,8 @@ class Mode:
     master_may_train: ClassVar[bool] = True
     #: whether the run builds the networks of ``[[architectures]]`` (checked before training)
     uses_architectures: ClassVar[bool] = True
+    #: whether its members can read streamed data (``data.stream``; a population's trainer reads memory)
+    reads_streams: ClassVar[bool] = True
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         """The run's Source and Decider (the same object when the mode's rounds are both)."""

@@ -17,6 +17,7 @@ from ensemble.sources.base import Decider, Source
 class PbtMode(Mode):
     name = "pbt"
     master_may_train = False           # members send each other their weights over MPI: not from a thread
+    reads_streams = False              # train.population gathers its batches from the arrays in memory
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         from ensemble.sources.population import PopulationSource

@@ -84,7 +84,7 @@ def check_streaming(cfg: RunConfig) -> None:
     if cfg.runtime.trainer not in ("keras", "rehearsal"):
         found.add(f"the data streams (`data.stream`), which the {cfg.runtime.trainer!r} trainer cannot read; set "
                   "`runtime.trainer = \"keras\"` or `data.stream = false`", "runtime.trainer")
-    elif cfg.mode == "pbt" or mode_of(cfg).packs(cfg):
+    elif not mode_of(cfg).reads_streams or mode_of(cfg).packs(cfg):
         found.add("the data streams (`data.stream`), but packed members (`runtime.members_per_rank` > 1) and "
                   "mode \"pbt\" read it from memory; set `runtime.members_per_rank = 1` (not pbt) or "
                   "`data.stream = false`", "data.stream")
