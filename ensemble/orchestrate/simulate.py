@@ -68,8 +68,8 @@ class MasterCost:
 
 #: the cost model of the reproducible mode, per mode: microseconds of the real master code
 #: per result and per spec handed out, measured on the 2-core development machine
-#: (``python scripts/bench_scale.py --calibrate``, recorded 2026-11-24; docs/scale.md)
-MASTER_COST_US: dict[str, tuple[float, float]] = {"ensemble": (200.0, 47.0), "evolve": (348.0, 769.0)}
+#: (``python scripts/bench_scale.py calibrate``: CPU time, the least of 3; recorded 2026-11-24, docs/scale.md)
+MASTER_COST_US: dict[str, tuple[float, float]] = {"ensemble": (232.0, 58.0), "evolve": (376.0, 802.0)}
 
 
 def master_cost(mode: str) -> MasterCost:

@@ -101,3 +101,10 @@ def test_the_cli_fast_engine_rows(capsys):
     assert [r["members"] for r in rows] == [500, 1000]
     assert rows[0]["cost_us"] == [round(c * 1e6, 2) for c in (master_cost("ensemble").result,
                                                               master_cost("ensemble").dispatch)]
+
+
+def test_the_one_in_hand_fast_path_equals_the_general_loop():
+    d, _ = fastsim.lognormal_durations(3000, 60.0, 0.5, seed=4)
+    fast = fastsim.run(fastsim.Scenario(300, COST, in_hand=1), d)
+    general = fastsim.run(fastsim.Scenario(300, COST, in_hand=1, time_limit=1e12), d)   # a deadline never met
+    assert {k: v for k, v in fast.items()} == {k: v for k, v in general.items()}

@@ -1,0 +1,167 @@
+"""The scale scenarios of docs/scale.md: utilisation from Titan to Aurora, the master's cost
+model, the journal's cost per line, and the reproducible mode.
+
+    python scripts/bench_scale.py table [--rows acceptance|grid|all] [--per-worker 100]
+    python scripts/bench_scale.py calibrate [--repeats 3]
+    python scripts/bench_scale.py journal [--lines 20000]
+    python scripts/bench_scale.py twice
+
+``table``: ``python -m ensemble.simulate --engine fast`` rows (the master's recorded cost
+model, ``orchestrate.simulate.MASTER_COST_US``); "acceptance" = the issue's rows (60 s
+members, spread 0.5, all four machines, both modes, with and without helpers; 10 s members
+at Aurora), "grid" = those plus every member time and spread at Summit's size, "all" =
+every machine x member time x spread x mode (72 rows, about 450 million members).
+``calibrate``: the real master code's CPU per result and per spec handed out, from the
+session engine (``SimExecutor.calibrate``), the least of ``--repeats`` runs, per mode.
+``journal``: what one journal line costs: bytes, and microseconds to encode and write it.
+``twice``: the same session-engine command twice in the reproducible mode, and once
+measured, to show the figure does not move with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MACHINES = {"Titan": 18688, "Summit": 27648, "Frontier": 75264, "Aurora": 127488}
+CONFIGS = {"ensemble": "configs/digits.toml", "evolve": "configs/digits_evolve.toml"}
+
+
+def rows(which: str) -> list[dict]:
+    out = []
+    for mode in ("ensemble", "evolve"):
+        for name in MACHINES:
+            out.append({"mode": mode, "machine": name, "seconds": 60.0, "spread": 0.5, "tail": "none"})
+            out.append({"mode": mode, "machine": name, "seconds": 60.0, "spread": 0.5, "tail": "helpers"})
+        out.append({"mode": mode, "machine": "Aurora", "seconds": 10.0, "spread": 0.5, "tail": "none"})
+        out.append({"mode": mode, "machine": "Aurora", "seconds": 10.0, "spread": 0.5, "tail": "none", "subs": "auto"})
+    if which in ("grid", "all"):
+        for mode in ("ensemble", "evolve"):
+            for name in (MACHINES if which == "all" else ["Summit"]):
+                for seconds in (10.0, 60.0, 600.0):
+                    for spread in (0.25, 0.5, 1.0):
+                        row = {"mode": mode, "machine": name, "seconds": seconds, "spread": spread, "tail": "none"}
+                        if row not in out:
+                            out.append(row)
+    return out
+
+
+def table(args) -> None:
+    t0 = time.perf_counter()
+    print("| mode | machine | workers | members | member s | spread | tail | masters | utilisation | master busy | "
+          "members/s | simulated h | real s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows(args.rows):
+        cmd = [sys.executable, "-m", "ensemble.simulate", CONFIGS[row["mode"]], "--engine", "fast", "--workers",
+               str(MACHINES[row["machine"]]), "--per-worker", str(args.per_worker), "--seconds", str(row["seconds"]),
+               "--spread", str(row["spread"]), "--tail", row["tail"], "--sub-masters", row.get("subs", "1"), "--json"]
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        r = json.loads(out.splitlines()[-1])
+        print(f"| {row['mode']} | {row['machine']} | {r['workers']:,} | {r['members']:,} | {row['seconds']:g} | "
+              f"{row['spread']:g} | {row['tail']} | {r['sub_masters']} | {100 * r['utilisation']:.2f}% | "
+              f"{100 * r['master_busy_share']:.1f}% | {r['members_per_second']:,.0f} | "
+              f"{r['simulated_seconds'] / 3600:.2f} | {r['real_seconds']:.0f} |", flush=True)
+    print(f"total real time: {time.perf_counter() - t0:.0f} s")
+
+
+def session_data(config: str):
+    from datafeed.prepare import prepare_with_rows
+    from datafeed.splits import read_data
+    from ensemble.config import load_config
+    from ensemble.runtime.logs import setup_logging
+    setup_logging(0, "warning")
+    cfg = load_config(ROOT / config)
+    cfg = cfg.replace(rehearsal=cfg.rehearsal.replace(seconds=60.0, spread=0.5))
+    got = read_data(cfg.data)
+    data, meta, _ = prepare_with_rows(got.x, got.y, got.info, cfg.data, cfg.seed, got.rows)
+    return cfg, data, meta
+
+
+def session_run(cfg, data, meta, workers: int, per_worker: int, cost) -> dict:
+    from ensemble.orchestrate.simulate import simulate
+    from ensemble.results.rundir import RunDirectory
+    from ensemble.simulate import with_members
+    run = with_members(cfg, workers * per_worker)
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
+        return simulate(run, meta, data, RunDirectory(Path(tmp)), workers, latency=0.0005, message_seconds=10e-6,
+                        cost=cost)
+
+
+def calibrate(args) -> None:
+    for mode, config in CONFIGS.items():
+        cfg, data, meta = session_data(config)
+        per = 50 if mode == "ensemble" else 10
+        got = [session_run(cfg, data, meta, 200, per, None) for _ in range(args.repeats)]
+        res = [g["master_code_us_per_result"] for g in got]
+        disp = [g["master_code_us_per_dispatch"] for g in got]
+        print(f"{mode}: {200 * per} members on 200 workers, CPU us per result {res} -> {min(res)}, "
+              f"per spec {disp} -> {min(disp)}", flush=True)
+
+
+def journal(args) -> None:
+    import io
+
+    from ensemble.orchestrate.simulate import simulate  # noqa: F401  (the same imports as a run)
+    from ensemble.results.journal import line_of
+    from ensemble.results.records import MemberRecord
+    from ensemble.sources.members import member_specs
+    from ensemble.train.rehearsal import RehearsalTrainer
+    cfg, data, meta = session_data(CONFIGS["ensemble"])
+    from ensemble.simulate import with_members
+    run = with_members(cfg, args.lines)
+    run = run.replace(rehearsal=run.rehearsal.replace(predictions=False))
+    trainer = RehearsalTrainer(run, meta, data)
+    records = []
+    for spec in member_specs(run):
+        r = trainer.record(spec, 60.0, 10, "epochs")
+        r.update(started=1.0, ended=61.0, worker=1, rank=2, host="sim1", dispatched=0.5, received=61.5)
+        records.append(MemberRecord.from_json(r))
+    sink = io.StringIO()
+    t = time.thread_time()                       # CPU time: the machine's load of the moment left out
+    for rec in records:
+        sink.write(json.dumps(line_of(rec), sort_keys=True, allow_nan=True) + "\n")
+    us = 1e6 * (time.thread_time() - t) / len(records)
+    size = len(sink.getvalue().encode()) / len(records)
+    print(f"journal line: {size:.0f} bytes, {us:.1f} us of CPU to encode and write (to_json + json.dumps), "
+          f"{len(records)} rehearsal records; at 2,764,800 members: {size * 2764800 / 1e9:.2f} GB, "
+          f"at 12,748,800: {size * 12748800 / 1e9:.2f} GB")
+    print("one line:", sink.getvalue().splitlines()[0][:400])
+
+
+def twice(args) -> None:
+    from ensemble.orchestrate.simulate import master_cost
+    cfg, data, meta = session_data(CONFIGS["ensemble"])
+    for label, cost in (("model", master_cost("ensemble")), ("model", master_cost("ensemble")), ("measured", None)):
+        t = time.perf_counter()
+        r = session_run(cfg, data, meta, args.workers, 20, cost)
+        print(f"{label:>9}: {args.workers} workers x 20, utilisation {100 * r['utilisation']:.2f}%, master busy "
+              f"{100 * r['master_busy_share']:.2f}%, simulated {r['simulated_seconds']:.1f} s, real "
+              f"{time.perf_counter() - t:.1f} s", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    t = sub.add_parser("table")
+    t.add_argument("--rows", choices=("acceptance", "grid", "all"), default="acceptance")
+    t.add_argument("--per-worker", type=int, default=100)
+    c = sub.add_parser("calibrate")
+    c.add_argument("--repeats", type=int, default=3)
+    j = sub.add_parser("journal")
+    j.add_argument("--lines", type=int, default=20000)
+    w = sub.add_parser("twice")
+    w.add_argument("--workers", type=int, default=1000)
+    args = p.parse_args()
+    {"table": table, "calibrate": calibrate, "journal": journal, "twice": twice}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()
