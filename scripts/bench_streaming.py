@@ -202,6 +202,33 @@ def bench_speed(args) -> None:
     print(json.dumps(results))
 
 
+def plot(args) -> None:
+    """Peak RSS per rank against the dataset's size, from the JSON lines ``memory`` printed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for path in args.logs:
+        found = [json.loads(line) for line in Path(path).read_text().splitlines() if line.startswith('{"cap_gb"')]
+        for got in found:
+            for setting, style in (("auto", "o-"), ("false", "s--")):
+                rows = [r for r in got["rows"] if r["setting"] == setting and r["peaks"]]
+                if not rows:
+                    continue
+                label = "streamed" if setting == "auto" else "in memory"
+                for which, name in ((0, "rank 0"), (-1, "worker")):
+                    ax.plot([r["gb"] for r in rows], [r["peaks"][which] / 2**20 for r in rows], style,
+                            label=f"{label}, {name} (cap {got['cap_gb']:g} GB)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("dataset on disk, GB (1x, 2x, 4x, 8x the cap)")
+    ax.set_ylabel("peak resident memory, MiB")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+    print(f"wrote {args.out}")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
         return rank_wrapper()
@@ -217,8 +244,11 @@ def main() -> None:
                                                               "as many of 4096)")
     speed.add_argument("--batch", type=int, default=128)
     speed.add_argument("--rounds", type=int, default=5)
+    pl = sub.add_parser("plot", help="plot the peak RSS lines of `memory` logs")
+    pl.add_argument("logs", nargs="+", help="what `memory` printed")
+    pl.add_argument("--out", default=str(ROOT / "docs" / "streaming-memory.png"))
     args = parser.parse_args()
-    bench_memory(args) if args.what == "memory" else bench_speed(args)
+    {"memory": bench_memory, "speed": bench_speed, "plot": plot}[args.what](args)
 
 
 if __name__ == "__main__":
