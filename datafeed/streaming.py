@@ -50,6 +50,7 @@ CHUNK_BYTES = 4 << 20      # rows read at once: about this many bytes of feature
 CYCLE = 4                  # chunks read at a time by the parallel interleave
 BLOCK_ROWS = 16            # the shuffle buffer mixes blocks of this many rows (of one chunk, in random order)
 HEAD_ROWS = 64             # training rows broadcast for the build check
+EVAL_BATCH = 512           # validation batches, as the in-memory path's
 
 
 def node_memory(data: DataSettings) -> int:
@@ -373,8 +374,9 @@ class Streamed:
         return ds.prefetch(2)
 
     def eval_dataset(self, split: str, y_transform=None):
-        """The split's (x, y) a chunk at a time, in row order (validation during training)."""
+        """The split's (x, y) in batches of ``EVAL_BATCH`` rows, in row order (validation during
+        training), read a chunk at a time."""
         import tensorflow as tf
         ds = tf.data.Dataset.from_tensor_slices(self.units(split)[0].astype(np.int64))
         return ds.map(self._loader(split, None, y_transform), num_parallel_calls=CYCLE,
-                      deterministic=True).prefetch(2)
+                      deterministic=True).rebatch(EVAL_BATCH).prefetch(2)
