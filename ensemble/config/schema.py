@@ -199,7 +199,8 @@ SCHEMA = Table({
     "data": Table({
         "source": Key((str,), "digits",
                       doc="a built-in dataset (digits, iris, wine, breast_cancer, diabetes, "
-                          "california_housing_small) or a .npz/.npy/.csv/.parquet/.h5 file (relative to the config)"),
+                          "california_housing_small), a .npz/.npy/.csv/.parquet/.h5 file, or a folder or glob of "
+                          ".npz/.npy/.h5/.nc/.parquet files read as one dataset (relative to the config)"),
         "format": Key((str,), "auto", _one_of("auto", "builtin", "npz", "npy", "csv", "parquet", "hdf5"),
                       doc="how to read `source`; \"auto\": a built-in name, else by the file's suffix"),
         "x": Key((str,), "x", doc="the features: array name in an .npz, dataset path in an HDF5 file"),

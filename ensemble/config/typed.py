@@ -17,8 +17,9 @@ from ensemble.config.section import Section
 class DataConfig(Section):
     """What to train on: rank 0 reads it once, splits it (seeded, stratified for classification) or takes the split the data gives (`test_source`, `split_column` or `split_file`), normalises it and broadcasts it to one shared copy per node."""
 
-    #: a built-in dataset (digits, iris, wine, breast_cancer, diabetes, california_housing_small) or a
-    #: .npz/.npy/.csv/.parquet/.h5 file (relative to the config)
+    #: a built-in dataset (digits, iris, wine, breast_cancer, diabetes, california_housing_small), a
+    #: .npz/.npy/.csv/.parquet/.h5 file, or a folder or glob of .npz/.npy/.h5/.nc/.parquet files read as one
+    #: dataset (relative to the config)
     source: str
     #: how to read `source`; "auto": a built-in name, else by the file's suffix
     format: str
