@@ -10,7 +10,8 @@ model, the journal's cost per line, and the reproducible mode.
 model, ``orchestrate.simulate.MASTER_COST_US``); "acceptance" = the issue's rows (60 s
 members, spread 0.5, all four machines, both modes, with and without helpers; 10 s members
 at Aurora), "grid" = those plus every member time and spread at Summit's size, "all" =
-every machine x member time x spread x mode (72 rows, about 450 million members).
+every machine x member time x spread x mode (72 rows, about 450 million members); "summit" =
+the grid's Summit rows alone; "evolve" = the acceptance rows of mode "evolve", without helpers.
 ``calibrate``: the real master code's CPU per result and per spec handed out, from the
 session engine (``SimExecutor.calibrate``), the least of ``--repeats`` runs, per mode.
 ``journal``: what one journal line costs: bytes, and microseconds to encode and write it.
@@ -36,14 +37,17 @@ CONFIGS = {"ensemble": "configs/digits.toml", "evolve": "configs/digits_evolve.t
 
 
 def rows(which: str) -> list[dict]:
-    out = []
-    for mode in ("ensemble", "evolve"):
+    out: list[dict] = []
+    modes = {"acceptance": ("ensemble", "evolve"), "grid": ("ensemble", "evolve"), "all": ("ensemble", "evolve"),
+             "evolve": ("evolve",)}.get(which, ())
+    for mode in modes:
         for name in MACHINES:
             out.append({"mode": mode, "machine": name, "seconds": 60.0, "spread": 0.5, "tail": "none"})
-            out.append({"mode": mode, "machine": name, "seconds": 60.0, "spread": 0.5, "tail": "helpers"})
+            if which != "evolve":
+                out.append({"mode": mode, "machine": name, "seconds": 60.0, "spread": 0.5, "tail": "helpers"})
         out.append({"mode": mode, "machine": "Aurora", "seconds": 10.0, "spread": 0.5, "tail": "none"})
         out.append({"mode": mode, "machine": "Aurora", "seconds": 10.0, "spread": 0.5, "tail": "none", "subs": "auto"})
-    if which in ("grid", "all"):
+    if which in ("grid", "all", "summit"):
         for mode in ("ensemble", "evolve"):
             for name in (MACHINES if which == "all" else ["Summit"]):
                 for seconds in (10.0, 60.0, 600.0):
@@ -151,7 +155,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
     t = sub.add_parser("table")
-    t.add_argument("--rows", choices=("acceptance", "grid", "all"), default="acceptance")
+    t.add_argument("--rows", choices=("acceptance", "grid", "summit", "evolve", "all"), default="acceptance")
     t.add_argument("--per-worker", type=int, default=100)
     c = sub.add_parser("calibrate")
     c.add_argument("--repeats", type=int, default=3)
