@@ -1,6 +1,7 @@
 """How fast one master hands out members and journals results, against plain MPI.
 
     python scripts/bench_dispatch.py [--ranks 4 8 16 32 64] [--members 20000] [--idle-seconds 10]
+    python scripts/bench_dispatch.py --tracking http://127.0.0.1:5000 --ranks 4   # [tracking] off vs on
 
 For each rank count: a real ``python -m ensemble.run`` (all of it: data broadcast, dispatch,
 journal with group commit, leaderboard) with null members (``runtime.trainer =
@@ -53,10 +54,11 @@ def launcher() -> list[str]:
     return [shutil.which("mpiexec") or "mpiexec"]
 
 
-def run(ranks: int, members: int, seconds: float, sync: float, tmp: Path) -> dict:
-    cfg = tmp / f"bench_{ranks}_{seconds}_{sync}.toml"
-    cfg.write_text(CONFIG.format(members=members, seconds=seconds, sync=sync))
-    run_dir = tmp / f"run_{ranks}_{seconds}_{sync}"
+def run(ranks: int, members: int, seconds: float, sync: float, tmp: Path, tracking: str = "") -> dict:
+    tag = f"{ranks}_{seconds}_{sync}{'_tracked' if tracking else ''}"
+    cfg = tmp / f"bench_{tag}.toml"
+    cfg.write_text(CONFIG.format(members=members, seconds=seconds, sync=sync) + tracking)
+    run_dir = tmp / f"run_{tag}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(launcher() + ["-n", str(ranks), sys.executable, "-m", "ensemble.run", str(cfg),
                                        "--run-dir", str(run_dir), "--overwrite"],
@@ -109,8 +111,23 @@ def main() -> None:
     p.add_argument("--sync", type=float, nargs="+", default=[1.0],
                    help="runtime.journal_sync_seconds to try (0: fsync every result)")
     p.add_argument("--idle-seconds", type=float, default=10.0, help="member length of the idle-master run (0: skip)")
+    p.add_argument("--tracking", metavar="URI", default=None,
+                   help="instead: each rank count with [tracking] off and on (TensorBoard, and MLflow at URI; "
+                        "\"-\": TensorBoard only), side by side, and the ratio of their members/s")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_dispatch_"))
+    if args.tracking is not None:
+        tracking = "\n[tracking]\ntensorboard = true\nfinish_seconds = 5\n" + (
+            f'mlflow = "{args.tracking}"\nmlflow_experiment = "bench_dispatch"\n' if args.tracking != "-" else "")
+        print(f"{'ranks':>5} {'off/s':>9} {'on/s':>9} {'on/off':>7} {'CPU us off':>10} {'CPU us on':>10}", flush=True)
+        for ranks in args.ranks:
+            off = run(ranks, args.members, 0.0, args.sync[0], tmp)
+            on = run(ranks, args.members, 0.0, args.sync[0], tmp, tracking)
+            print(f"{ranks:>5} {off['members_per_second']:>9.0f} {on['members_per_second']:>9.0f} "
+                  f"{on['members_per_second'] / off['members_per_second']:>7.3f} "
+                  f"{off['master_cpu_us_per_result']:>10.1f} {on['master_cpu_us_per_result']:>10.1f}", flush=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     print(f"{'ranks':>5} {'sync s':>6} {'members/s':>10} {'steady/s':>9} {'master CPU':>10} {'us/result':>10} "
           f"{'pingpong/s':>10} {'pp us/msg':>10} {'master/pp':>9} {'utilisation':>11} {'fsyncs':>7}", flush=True)
     for ranks in args.ranks:

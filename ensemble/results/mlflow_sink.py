@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ class MlflowSink:
         self.parent: str | None = None
         self.experiment_id: str | None = None
         self.written: set[str] = set()
+        self.attempted: set[str] = set()
+        self.token = uuid.uuid4().hex[:12]          # this job's runs, for idempotent retries
 
     @property
     def client(self):
@@ -82,13 +85,24 @@ class MlflowSink:
                 return self.parent
         exp = self.client.get_experiment_by_name(self.experiment)
         self.experiment_id = exp.experiment_id if exp is not None else self.client.create_experiment(self.experiment)
-        run = self.client.create_run(self.experiment_id, run_name=self.run_dir.name,
-                                     tags={"run_dir": str(self.run_dir.resolve())})
+        run = self._create(f"job-{self.token}", self.run_dir.name, {"run_dir": str(self.run_dir.resolve())})
         self.parent = run.info.run_id
         write_text_atomic(saved, json.dumps({"tracking_uri": self.uri, "experiment_id": self.experiment_id,
                                              "run_id": self.parent}, indent=1) + "\n")
         self._log(self.parent, [], {k: v for k, v in self.params.items() if v is not None})
         return self.parent
+
+    def _create(self, key: str, name: str, tags: dict[str, str], start: int | None = None):
+        """``create_run``, idempotent across retries: a call that timed out may have created
+        the run on the server, so a second attempt first looks for it by its ``ensemble_key`` tag."""
+        if key in self.attempted:
+            found = self.client.search_runs([self.experiment_id], filter_string=f"tags.ensemble_key = '{key}'",
+                                            max_results=1)
+            if found:
+                return found[0]
+        self.attempted.add(key)
+        return self.client.create_run(self.experiment_id, run_name=name, start_time=start,
+                                      tags={**tags, "ensemble_key": key})
 
     def _log(self, run_id: str, metrics: list, params: Mapping[str, Any]) -> None:
         """log_batch within MLflow's limits per call."""
@@ -110,9 +124,8 @@ class MlflowSink:
             if view.id in written:
                 continue
             stamp = int(1000 * (view.ended or time.time()))
-            run = self.client.create_run(self.experiment_id, run_name=view.id, start_time=stamp,
-                                         tags={"mlflow.parentRunId": parent, "member": view.id,
-                                               "status": view.status})
+            run = self._create(f"{self.token}-{view.id}", view.id,
+                               {"mlflow.parentRunId": parent, "member": view.id, "status": view.status}, stamp)
             metrics = [Metric(key, float(v), stamp, epoch + 1)
                        for key, values in view.history.items() for epoch, v in enumerate(values)]
             last = max((len(v) for v in view.history.values()), default=int(view.hparams.get("epochs") or 0))

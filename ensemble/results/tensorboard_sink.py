@@ -28,6 +28,9 @@ from typing import Any
 
 from ensemble.results.tracking import MemberView
 
+#: the HParams experiment (all members' hyperparameters) is rewritten at most this often, and at the end
+EXPERIMENT_SECONDS = 30.0
+
 
 def _tag(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_./-]", "_", name)
@@ -47,6 +50,7 @@ class TensorBoardSink:
         self.metrics: set[str] = set()
         self.task = meta.get("task")
         self._count = 0
+        self._dirty, self._written_at = False, 0.0
 
     # -- writing ------------------------------------------------------------------------
     def _write(self, folder: Path, events: list) -> None:
@@ -100,11 +104,14 @@ class TensorBoardSink:
             for key, value in hparams.items():
                 self.hparams.setdefault(key, set()).add(value)
             self.metrics.update(_tag(k) for k in final)
-        self._experiment()
+        self._dirty = True
+        if time.monotonic() - self._written_at >= EXPERIMENT_SECONDS:
+            self._experiment()
 
     def _experiment(self) -> None:
         """The HParams experiment: every hyperparameter (with the values seen) and metric."""
         from tensorboard.plugins.hparams import summary_v2 as hp
+        self._dirty, self._written_at = False, time.monotonic()
         params = []
         for key, values in sorted(self.hparams.items()):
             kinds = {type(v) for v in values}
@@ -129,6 +136,9 @@ class TensorBoardSink:
                         values[f"{split}/{name}" if who == "ensemble" else f"{who}/{split}/{name}"] = value
         if values:
             self._write(self.logdir / "ensemble", [self._scalars(values, 0, wall)])
+        if self._dirty:
+            self._experiment()
 
     def close(self, ok: bool) -> None:
-        pass
+        if self._dirty:
+            self._experiment()

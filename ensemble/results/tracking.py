@@ -17,13 +17,18 @@ Keras history a trained member sends with its predictions).
 from __future__ import annotations
 
 import logging
+import os
+import pickle
 import queue
+import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from ensemble.results.records import MemberRecord
 
@@ -106,6 +111,7 @@ class Background:
         self.dropped = 0                    # members (and the ensemble, as one) not written
         self.gave_up: str | None = None
         self.warned = False
+        self.inflight = 0                   # items the thread is sending (or retrying) now
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"tracking-{sink.name}", daemon=True)
         self._thread.start()
@@ -152,9 +158,11 @@ class Background:
     def _send(self, call, count: int) -> bool:
         """``call()`` with retries; False (and everything dropped) once the sink is given up."""
         start, pause = time.monotonic(), 0.25
+        self.inflight = count
         while True:
             try:
                 call()
+                self.inflight = 0
                 return True
             except Exception as exc:           # noqa: BLE001 - a tracking server must never fail the run
                 error = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -165,7 +173,7 @@ class Background:
             pause = min(2 * pause, 5.0)
 
     def _give_up(self, error: str, count: int) -> None:
-        self.gave_up = error
+        self.gave_up, self.inflight = error, 0
         self.dropped += count
         while True:                                        # what waits is dropped too
             try:
@@ -188,7 +196,7 @@ class Background:
         self._thread.join(wait)
         if self._thread.is_alive():                       # still writing or retrying: leave it
             self._stop.set()
-            left = 0
+            left = self.inflight
             while True:
                 try:
                     kind, payload = self.queue.get_nowait()
@@ -205,42 +213,145 @@ class Background:
             self.sink.close(ok)
 
 
+#: the master hands gathered members to the writer this often (or once this many are gathered)
+SEND_SECONDS, SEND_MEMBERS = 0.5, 2000
+
+
 class Tracking:
-    """The master's tracking observer; does nothing when ``[tracking]`` asks for nothing."""
+    """The master's tracking observer; does nothing when ``[tracking]`` asks for nothing.
+
+    The sinks run in a writer process (``tracking_writer``), not in a thread of the master:
+    MLflow's client spends milliseconds of Python per request, and in the master's process
+    that would take the interpreter lock from the dispatch loop. The master only pickles
+    each batch of members onto a non-blocking pipe; when the writer falls behind and the
+    pipe and ``tracking.queue_size`` pending bytes are full, batches are dropped and counted."""
 
     def __init__(self, cfg, run_dir: Path, meta: Mapping[str, Any], resume: bool = False):
         t = cfg.tracking
         self.run_dir, self.finish_seconds = Path(run_dir), t.finish_seconds
-        self.sinks: list[Background] = []
-        if t.tensorboard:
-            from ensemble.results.tensorboard_sink import TensorBoardSink
-            self.sinks.append(Background(TensorBoardSink(self.run_dir / "tensorboard", meta), t.queue_size,
-                                         t.batch_seconds, t.give_up_seconds))
-        if t.mlflow:
-            from ensemble.results.mlflow_sink import MlflowSink
-            self.sinks.append(Background(MlflowSink(t.mlflow, t.mlflow_experiment, self.run_dir, cfg, meta,
-                                                    resume), t.queue_size, t.batch_seconds, t.give_up_seconds))
+        self.max_pending, self.pending, self.dropped = 64 * t.queue_size, bytearray(), 0
+        self.proc: subprocess.Popen | None = None
+        self.views: list[MemberView] = []
+        self.sent_at = time.monotonic()
+        if not (t.tensorboard or t.mlflow):
+            return
+        root = str(Path(__file__).resolve().parents[2])        # the writer imports this package as we do
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+        self.proc = subprocess.Popen([sys.executable, "-m", "ensemble.results.tracking_writer"],
+                                     stdin=subprocess.PIPE, close_fds=True, env=env)
+        self._send(("open", {"cfg": cfg, "run_dir": str(self.run_dir), "meta": dict(meta), "resume": resume}),
+                   block=True)
+        os.set_blocking(self.proc.stdin.fileno(), False)
+
+    def _send(self, message: tuple, block: bool = False, count: int = 1) -> None:
+        frame = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(self.pending) + len(frame) > self.max_pending:
+            self.dropped += count
+        else:
+            self.pending += struct.pack("<I", len(frame)) + frame
+        self._flush(timeout=self.finish_seconds if block else 0.0)
+
+    def _flush(self, timeout: float = 0.0) -> bool:
+        """Write what is pending without blocking (or for at most ``timeout`` seconds)."""
+        end = time.monotonic() + timeout
+        while self.pending and self.proc is not None:
+            try:
+                n = os.write(self.proc.stdin.fileno(), self.pending)
+                del self.pending[:n]
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    return False
+                time.sleep(0.01)
+            except OSError:                      # the writer is gone: nothing more reaches it
+                self.dropped += 1
+                self.pending.clear()
+                return False
+        return True
 
     def results(self, records: list[MemberRecord]) -> None:
-        """Members that ended (before their payload is stored away): queued, never written here."""
-        if self.sinks:
-            views = [view_of(r) for r in records]
-            for sink in self.sinks:
-                sink.put(("members", views))
+        """Members that ended (before their payload is stored away): their views are gathered
+        and handed to the writer every ``SEND_SECONDS``, never written here."""
+        if self.proc is None:
+            return
+        self.views += [view_of(r) for r in records]
+        if time.monotonic() - self.sent_at >= SEND_SECONDS or len(self.views) >= SEND_MEMBERS:
+            self._send_views()
+
+    def _send_views(self) -> None:
+        if self.views:
+            self._send(("members", self.views), count=len(self.views))
+            self.views = []
+        elif self.pending:
+            self._flush()
+        self.sent_at = time.monotonic()
 
     def finish(self, summary: dict) -> None:
         """The ensemble is written: its metrics, report.html and ensemble.json."""
-        files = [p for p in (self.run_dir / "ensemble.json", self.run_dir / "report.html") if p.exists()]
-        for sink in self.sinks:
-            sink.put(("ensemble", (summary, files)))
+        if self.proc is not None:
+            self._send_views()
+            files = [str(p) for p in (self.run_dir / "ensemble.json", self.run_dir / "report.html") if p.exists()]
+            self._send(("ensemble", (summary, files)))
 
     def close(self, ok: bool = True) -> None:
-        """Wait (at most ``tracking.finish_seconds`` in all) for the writes, then say what was dropped."""
-        end = time.monotonic() + self.finish_seconds
-        for sink in self.sinks:
-            sink.close(ok, max(0.0, end - time.monotonic()), self.finish_seconds)
-            if sink.dropped:
-                log.info(f"tracking: {sink.sink.name}: {sink.dropped} member(s)/ensemble writes dropped"
-                         + (f" ({sink.gave_up})" if sink.gave_up else ""))
-            else:
-                log.info(f"tracking: {sink.sink.name}: {sink.sink.where}")
+        """Let the writer finish (at most ``tracking.finish_seconds`` and a little), then say
+        what was dropped here; the writer says what it dropped."""
+        if self.proc is None:
+            return
+        end = time.monotonic() + self.finish_seconds + 10.0
+        self._send_views()
+        self._send(("close", ok))
+        self._flush(timeout=max(0.0, end - time.monotonic()))
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            log.warning(f"tracking: the writer did not finish within `tracking.finish_seconds` = "
+                        f"{self.finish_seconds:g} (and 10 s); stopped")
+        if self.dropped:
+            log.info(f"tracking: {self.dropped} member(s) dropped before the writer (it fell behind)")
+        self.proc = None
+
+
+def serve(stream: BinaryIO) -> None:
+    """The writer process: frames from ``stream`` to the sinks, each in its own thread."""
+    sinks: list[Background] = []
+    finish_seconds, ok = 0.0, True
+    while True:
+        head = stream.read(4)
+        if len(head) < 4:
+            break
+        kind, payload = pickle.loads(stream.read(struct.unpack("<I", head)[0]))
+        if kind == "open":
+            cfg = payload["cfg"]
+            t = cfg.tracking
+            finish_seconds = t.finish_seconds
+            run_dir = Path(payload["run_dir"])
+            if t.tensorboard:
+                from ensemble.results.tensorboard_sink import TensorBoardSink
+                sinks.append(Background(TensorBoardSink(run_dir / "tensorboard", payload["meta"]), t.queue_size,
+                                        t.batch_seconds, t.give_up_seconds))
+            if t.mlflow:
+                from ensemble.results.mlflow_sink import MlflowSink
+                sinks.append(Background(MlflowSink(t.mlflow, t.mlflow_experiment, run_dir, cfg, payload["meta"],
+                                                   payload["resume"]), t.queue_size, t.batch_seconds,
+                                        t.give_up_seconds))
+        elif kind == "close":
+            ok = bool(payload)
+        else:
+            if kind == "ensemble":
+                payload = (payload[0], [Path(p) for p in payload[1]])
+            for sink in sinks:
+                sink.put((kind, payload))
+    end = time.monotonic() + finish_seconds
+    for sink in sinks:
+        sink.close(ok, max(0.0, end - time.monotonic()), finish_seconds)
+        if sink.dropped or sink.warned:
+            log.info(f"tracking: {sink.sink.name}: {sink.dropped} writes dropped (members, or the ensemble)"
+                     + (f"; {sink.gave_up}" if sink.gave_up else ""))
+        else:
+            log.info(f"tracking: {sink.sink.name}: {sink.sink.where}")

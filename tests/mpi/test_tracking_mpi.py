@@ -207,4 +207,6 @@ def test_no_server_at_all_is_one_warning(tmp_path):
     proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(tmp_path / "run")], timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
-    assert len([x for x in out.splitlines() if "tracking: mlflow" in x and "given up" in x]) == 1, out
+    warnings = [x for x in out.splitlines() if "tracking: mlflow" in x and ("given up" in x or "did not finish" in x)]
+    assert len(warnings) == 1, out
+    assert "writes dropped" in out and "experiment 'none'" not in out
