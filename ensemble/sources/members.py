@@ -140,7 +140,11 @@ class CostOrdered(SpecList):
     in this run; an architecture not measured yet is predicted from ``prior_cost`` scaled by
     what the measured ones cost per unit of it (before any result: the prior alone). Within
     an architecture the list order stays (their members are alike: nothing to predict), so
-    one architecture is handed out exactly as the list; every member goes out once."""
+    one architecture is handed out exactly as the list; every member goes out once. The
+    architecture being handed out stays until another is predicted ``1 / STICK`` times
+    longer, so near-equal ones do not alternate (a packing worker packs one architecture)."""
+
+    STICK = 0.8
 
     def __init__(self, cfg: RunConfig, done_ids: Collection[str] = frozenset(), total: int | None = None):
         super().__init__((), done_ids, total)
@@ -148,6 +152,7 @@ class CostOrdered(SpecList):
         self.heads: dict[str, dict | None] = {name: next(it, None) for name, it in self.pending_by_arch.items()}
         self.prior = {name: prior_cost(spec) for name, spec in self.heads.items() if spec is not None}
         self.seconds: dict[str, tuple[float, int]] = {}        # arch -> (sum of seconds, count)
+        self.current: str | None = None
 
     def predicted(self, arch: str) -> float:
         """The predicted seconds (or prior units, before any measurement) of ``arch``'s members."""
@@ -162,6 +167,9 @@ class CostOrdered(SpecList):
         if not live:
             return None
         name = max(live, key=self.predicted)           # ties: the first in the list
+        if self.current in live and self.predicted(self.current) >= self.STICK * self.predicted(name):
+            name = self.current                        # no flapping between near-equal architectures
+        self.current = name
         spec = self.heads[name]
         self.heads[name] = next(self.pending_by_arch[name], None)
         return spec

@@ -118,3 +118,12 @@ def test_the_stop_rule_uses_the_quantile():
     assert not quantile.should_stop()
     t[0] = 995.0
     assert quantile.should_stop()
+
+
+def test_near_equal_architectures_do_not_alternate():
+    """Measured means within 20% of each other: the architecture being handed out stays (a
+    packing worker packs one architecture), then the other follows."""
+    cfg = cfg3(members=(4, 4, 1))
+    cfg = cfg.replace(architectures=cfg.architectures[:2])
+    got = [s["arch"] for s in drain(CostOrdered(cfg), {"small": 10.0, "big": 9.0})]
+    assert got == ["big"] * 4 + ["small"] * 4
