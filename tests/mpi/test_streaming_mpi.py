@@ -84,7 +84,7 @@ def test_a_streamed_run_on_shards_matches_the_in_memory_run(tmp_path, shards):
 
 @pytest.mark.long
 @pytest.mark.slow
-def test_a_group_of_two_reading_disjoint_chunks_matches_a_group_of_one(tmp_path, shards):
+def test_a_group_of_two_reading_disjoint_chunks_matches_a_group_of_one_and_ranks_change_nothing(tmp_path, shards):
     grouped, proc = run(tmp_path, 3, "grouped", group=2)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     single, proc = run(tmp_path, 2, "single", group=1)
@@ -94,6 +94,10 @@ def test_a_group_of_two_reading_disjoint_chunks_matches_a_group_of_one(tmp_path,
     for mid, rec in got.items():
         assert rec["val"]["log_loss"] == pytest.approx(want[mid]["val"]["log_loss"], rel=0.05)
         assert rec["test"]["accuracy"] == pytest.approx(want[mid]["test"]["accuracy"], abs=0.06)
+    wider, proc = run(tmp_path, 3, "wider", group=1)        # the same seed on more ranks: the same members
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for mid, rec in members(wider).items():
+        assert rec["val"] == want[mid]["val"] and rec["epochs"] == want[mid]["epochs"]
 
 
 def test_a_shard_with_another_shape_stops_every_rank_before_training(tmp_path, shards):
