@@ -178,3 +178,14 @@ def test_every_shard_format_streams_the_in_memory_rows(tmp_path, monkeypatch, fm
         np.testing.assert_array_equal(rows[split], s_rows[split])
         np.testing.assert_allclose(np.concatenate(list(feed.chunks(split))), arrays[f"x_{split}"], atol=1e-5)
     assert len(feed.table) == 3 if fmt == "npz" else len(feed.table) > 3   # an .npz whole; else in chunks
+
+
+def test_packed_members_and_a_population_cannot_read_streams():
+    from ensemble.config import ConfigError
+    from ensemble.orchestrate.prepare import check_streaming
+    check_streaming(resolve_config({"architectures": ARCH}))                          # one by one: fine
+    packed = resolve_config({"architectures": ARCH, "runtime": {"members_per_rank": 2}})
+    with pytest.raises(ConfigError, match=r"`runtime\.members_per_rank`"):
+        check_streaming(packed)
+    with pytest.raises(ConfigError, match=r"trainer cannot read"):
+        check_streaming(resolve_config({"architectures": ARCH, "runtime": {"trainer": "mymod:make"}}))
