@@ -29,6 +29,8 @@ from ensemble.results.tracking import MemberView
 
 #: where a job keeps its parent run's id, for --resume
 RUN_FILE = "mlflow.json"
+#: member runs written at once (each is three requests that mostly wait on the server)
+PARALLEL = 8
 #: MLflow's limits per log_batch call
 MAX_METRICS, MAX_PARAMS = 1000, 100
 _STATUS = {"ok": "FINISHED", "discarded": "KILLED", "stopped": "KILLED", "limit": "KILLED", "failed": "FAILED"}
@@ -115,26 +117,34 @@ class MlflowSink:
                 self.client.log_batch(run_id, metrics=m, params=p)
 
     def members(self, views: list[MemberView]) -> None:
-        """Each member as a nested run. A retried batch may meet members already written:
-        those are skipped (the ``written`` set), so a retry never duplicates a run."""
-        from mlflow.entities import Metric
+        """Each member as a nested run, ``PARALLEL`` requests at a time (a member's three calls
+        wait on the server, not on this process). A retried batch may meet members already
+        written: those are skipped (the ``written`` set), so a retry never duplicates a run."""
         parent = self._parent()
-        written = self.written
-        for view in views:
-            if view.id in written:
-                continue
-            stamp = int(1000 * (view.ended or time.time()))
-            run = self._create(f"{self.token}-{view.id}", view.id,
-                               {"mlflow.parentRunId": parent, "member": view.id, "status": view.status}, stamp)
-            metrics = [Metric(key, float(v), stamp, epoch + 1)
-                       for key, values in view.history.items() for epoch, v in enumerate(values)]
-            last = max((len(v) for v in view.history.values()), default=int(view.hparams.get("epochs") or 0))
-            metrics += [Metric(key.replace("/", "_"), float(v), stamp, last) for key, v in view.final.items()]
-            if view.train_seconds is not None:
-                metrics.append(Metric("train_seconds", float(view.train_seconds), stamp, last))
-            self._log(run.info.run_id, metrics, view.hparams)
-            self.client.set_terminated(run.info.run_id, status=_STATUS.get(view.status, "FAILED"), end_time=stamp)
-            written.add(view.id)
+        todo = [v for v in views if v.id not in self.written]
+        if len(todo) <= 1:
+            for view in todo:
+                self._member(view, parent)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(min(PARALLEL, len(todo)), thread_name_prefix="mlflow") as pool:
+            for future in [pool.submit(self._member, view, parent) for view in todo]:
+                future.result()                        # the first error makes the batch retried
+
+    def _member(self, view: MemberView, parent: str) -> None:
+        from mlflow.entities import Metric
+        stamp = int(1000 * (view.ended or time.time()))
+        run = self._create(f"{self.token}-{view.id}", view.id,
+                           {"mlflow.parentRunId": parent, "member": view.id, "status": view.status}, stamp)
+        metrics = [Metric(key, float(v), stamp, epoch + 1)
+                   for key, values in view.history.items() for epoch, v in enumerate(values)]
+        last = max((len(v) for v in view.history.values()), default=int(view.hparams.get("epochs") or 0))
+        metrics += [Metric(key.replace("/", "_"), float(v), stamp, last) for key, v in view.final.items()]
+        if view.train_seconds is not None:
+            metrics.append(Metric("train_seconds", float(view.train_seconds), stamp, last))
+        self._log(run.info.run_id, metrics, view.hparams)
+        self.client.set_terminated(run.info.run_id, status=_STATUS.get(view.status, "FAILED"), end_time=stamp)
+        self.written.add(view.id)
 
     def ensemble(self, summary: dict, files: list[Path]) -> None:
         from mlflow.entities import Metric

@@ -53,11 +53,20 @@ def _scalar(value: Any) -> float | int | str | bool | None:
     return None
 
 
-def hparams_of(record: MemberRecord) -> dict[str, float | int | str | bool]:
+def raw_of(record: MemberRecord) -> tuple:
+    """What the master sends of a member: references to its fields, no processing (the
+    writer process makes the ``MemberView``; a pickle of these is one C call per batch)."""
+    extra = record.extra
+    payload = extra.get("payload")
+    history = (payload.get("meta") or {}).get("history") if payload else extra.get("history")
+    hp = extra.get("hp") or extra.get("hyperparameters")
+    return (record.id, record.status.value, record.arch, record.seed, record.params, record.epochs, record.genome,
+            record.val, record.test, history, hp, record.train_seconds, record.ended)
+
+
+def hparams_from(arch, seed, params, epochs, genome, hp) -> dict[str, float | int | str | bool]:
     """A member's hyperparameters as flat scalars: architecture, seed, size, epochs, genome."""
-    out: dict[str, Any] = {"arch": record.arch, "seed": record.seed, "params": record.params,
-                           "epochs": record.epochs}
-    genome = record.genome
+    out: dict[str, Any] = {"arch": arch, "seed": seed, "params": params, "epochs": epochs}
     if isinstance(genome, Mapping):
         for key, value in genome.items():
             if _scalar(value) is not None:
@@ -66,21 +75,24 @@ def hparams_of(record: MemberRecord) -> dict[str, float | int | str | bool]:
                 out[f"genome.{key}"] = str(list(value))[:250]
     elif genome is not None:
         out["genome"] = str(genome)[:250]
-    for key in ("hp", "hyperparameters"):
-        for name, value in (record.extra.get(key) or {}).items():
-            if _scalar(value) is not None:
-                out[str(name)] = value
+    for name, value in (hp or {}).items():
+        if _scalar(value) is not None:
+            out[str(name)] = value
     return {k: v for k, v in out.items() if v is not None}
 
 
+def view_from(raw: tuple) -> MemberView:
+    """The ``MemberView`` of ``raw_of``'s tuple."""
+    id_, status, arch, seed, params, epochs, genome, val, test, history, hp, train_seconds, ended = raw
+    final = {f"{split}/{name}": float(value) for split, values in (("val", val), ("test", test))
+             for name, value in (values or {}).items() if isinstance(value, (int, float))}
+    curves = {str(k): [float(x) for x in v] for k, v in (history or {}).items() if isinstance(v, (list, tuple))}
+    return MemberView(id_, status, hparams_from(arch, seed, params, epochs, genome, hp), final, curves,
+                      train_seconds, ended)
+
+
 def view_of(record: MemberRecord) -> MemberView:
-    final = {f"{split}/{name}": float(value) for split, values in (("val", record.val), ("test", record.test))
-             for name, value in values.items() if isinstance(value, (int, float))}
-    payload = record.extra.get("payload") or {}
-    raw = (payload.get("meta") or {}).get("history") or record.extra.get("history") or {}
-    history = {str(k): [float(x) for x in v] for k, v in raw.items() if isinstance(v, (list, tuple))}
-    return MemberView(record.id, record.status.value, hparams_of(record), final, history,
-                      record.train_seconds, record.ended)
+    return view_from(raw_of(record))
 
 
 class Sink(Protocol):
@@ -231,7 +243,7 @@ class Tracking:
         self.run_dir, self.finish_seconds = Path(run_dir), t.finish_seconds
         self.max_pending, self.pending, self.dropped = 64 * t.queue_size, bytearray(), 0
         self.proc: subprocess.Popen | None = None
-        self.views: list[MemberView] = []
+        self.views: list[tuple] = []
         self.sent_at = time.monotonic()
         if not (t.tensorboard or t.mlflow):
             return
@@ -273,7 +285,7 @@ class Tracking:
         and handed to the writer every ``SEND_SECONDS``, never written here."""
         if self.proc is None:
             return
-        self.views += [view_of(r) for r in records]
+        self.views += [raw_of(r) for r in records]
         if time.monotonic() - self.sent_at >= SEND_SECONDS or len(self.views) >= SEND_MEMBERS:
             self._send_views()
 
@@ -345,6 +357,8 @@ def serve(stream: BinaryIO) -> None:
         else:
             if kind == "ensemble":
                 payload = (payload[0], [Path(p) for p in payload[1]])
+            elif kind == "members":
+                payload = [view_from(raw) for raw in payload]
             for sink in sinks:
                 sink.put((kind, payload))
     end = time.monotonic() + finish_seconds
