@@ -78,7 +78,12 @@ def stream_plan(data: DataSettings) -> ShardSet | None:
     fmt = data.format if data.format != "auto" else SHARD_SUFFIXES.get(Path(data.source).suffix.lower())
     if setting == "auto" and not is_many(data.source) and fmt not in SHARD_FORMATS:
         return None                               # a CSV (or another table) is read whole
-    ss = scan(data)
+    try:
+        ss = scan(data)
+    except DataError:
+        if setting == "auto" and not is_many(data.source):
+            return None                           # one file: its reader says what is wrong, as it always has
+        raise
     if not will_stream(data, ss.nbytes):
         return None
     if split_from(data) == "sources":
@@ -126,7 +131,12 @@ def memory_plan(data: DataSettings) -> dict | None:
     fmt = data.format if data.format != "auto" else SHARD_SUFFIXES.get(Path(data.source).suffix.lower())
     if data.source in BUILTINS or (not is_many(data.source) and fmt not in SHARD_FORMATS):
         return None
-    ss = scan(data)
+    try:
+        ss = scan(data)
+    except DataError:
+        if is_many(data.source):
+            raise
+        return None                               # one file: its reader says what is wrong
     return {"rows": ss.rows, "bytes": ss.nbytes, "file_bytes": ss.file_bytes, "files": len(ss.shards),
             "node_memory": node_memory(data), "share": float(data.memory_share),
             "streams": will_stream(data, ss.nbytes), "rank_bytes": rank_bytes(ss, data)}
