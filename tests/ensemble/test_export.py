@@ -45,6 +45,8 @@ layers = [{type = "Dense", units = 16, activation = "relu"}]
 [ensemble]
 k = 2
 method = "top_k"
+[tracking]
+tensorboard = true
 """
 
 REGRESSION = """
@@ -159,6 +161,22 @@ def test_notebook_export_and_defaults(cls_run, tmp_path):
         ens.export(tmp_path / "m.bin", "torch")
     with pytest.raises(PredictError, match="a SavedModel is a directory"):
         ens.export(tmp_path / "m.pb", "saved_model")
+
+
+def test_a_trained_run_has_every_members_epochs_in_tensorboard(cls_run):
+    """The same run, trained with `[tracking] tensorboard = true`: each member's Keras
+    history, epoch by epoch, as TensorBoard's reader sees it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    journal = [json.loads(x) for x in (cls_run / "journal.jsonl").read_text().splitlines()]
+    ids = [x["id"] for x in journal if "id" in x]
+    assert len(ids) == 3
+    for member in ids:
+        acc = EventAccumulator(str(cls_run / "tensorboard" / "members" / member)).Reload()
+        assert [e.step for e in acc.Scalars("epoch/loss")] == [1, 2]
+        assert {"epoch/val_loss", "epoch/accuracy", "val/accuracy", "test/accuracy"} <= set(acc.Tags()["scalars"])
+    ens = json.loads((cls_run / "ensemble.json").read_text())["ensemble"]["test"]["accuracy"]
+    got = EventAccumulator(str(cls_run / "tensorboard" / "ensemble")).Reload().Scalars("test/accuracy")[0].value
+    assert got == pytest.approx(ens, rel=1e-6)
 
 
 def test_a_missing_extra_is_named(cls_run, tmp_path, monkeypatch):
