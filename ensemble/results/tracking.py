@@ -243,19 +243,27 @@ class Tracking:
         self.run_dir, self.finish_seconds = Path(run_dir), t.finish_seconds
         self.max_pending, self.pending, self.dropped = 64 * t.queue_size, bytearray(), 0
         self.proc: subprocess.Popen | None = None
+        self.broken = False                      # the writer died: what comes is dropped
         self.views: list[tuple] = []
         self.sent_at = time.monotonic()
         if not (t.tensorboard or t.mlflow):
             return
         root = str(Path(__file__).resolve().parents[2])        # the writer imports this package as we do
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
-        self.proc = subprocess.Popen([sys.executable, "-m", "ensemble.results.tracking_writer"],
-                                     stdin=subprocess.PIPE, close_fds=True, env=env)
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "ensemble.results.tracking_writer"],
+                                         stdin=subprocess.PIPE, close_fds=True, env=env)
+        except OSError as exc:                   # no tracking is better than no run
+            log.warning(f"tracking: cannot start the writer process ({exc}); this run is not tracked")
+            return
         self._send(("open", {"cfg": cfg, "run_dir": str(self.run_dir), "meta": dict(meta), "resume": resume}),
                    block=True)
         os.set_blocking(self.proc.stdin.fileno(), False)
 
     def _send(self, message: tuple, block: bool = False, count: int = 1) -> None:
+        if self.broken:
+            self.dropped += count
+            return
         frame = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         if len(self.pending) + len(frame) > self.max_pending:
             self.dropped += count
@@ -277,6 +285,10 @@ class Tracking:
             except OSError:                      # the writer is gone: nothing more reaches it
                 self.dropped += 1
                 self.pending.clear()
+                if not self.broken:
+                    self.broken = True
+                    log.warning(f"tracking: the writer process ended (exit code {self.proc.poll()}); "
+                                "tracking stops, the run goes on")
                 return False
         return True
 

@@ -161,3 +161,19 @@ def test_a_missing_extra_is_a_config_error_naming_it(monkeypatch):
     with pytest.raises(ConfigError, match=r'`tracking.mlflow`.*pip install "mpi-ensemble\[tracking\]"'):
         config(mlflow="http://127.0.0.1:1")
     assert not config().tracking.tensorboard and config().tracking.mlflow == ""
+
+
+def test_a_writer_that_dies_stops_tracking_with_one_warning(tmp_path, caplog):
+    tracking = Tracking(config(tensorboard=True), tmp_path, {"task": "classification"})
+    tracking.proc.kill()
+    tracking.proc.wait()
+    with caplog.at_level(logging.WARNING, logger="ensemble.tracking"):
+        for i in range(5):
+            tracking.results([record(i)])
+            tracking.sent_at = 0.0                          # send now, not in 0.5 s
+            tracking.results([])
+        tracking.finish({})
+        tracking.close()
+    warnings = [r.message for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "writer process ended" in warnings[0]
+    assert tracking.dropped >= 5 and tracking.proc is None
