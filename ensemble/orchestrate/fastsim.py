@@ -14,7 +14,7 @@ nothing else, at about 1-2 us per member:
   same rule), starts the next the moment one ends, and a spec reaches it ``latency``
   after it is sent, a result the master ``latency`` after it ends;
 - the specs go out in list order or, ``order = "cost"``, longest predicted first
-  (``sources.members.by_cost``: the prediction is the member's architecture's measured
+  (``sources.members.CostOrdered``, given each architecture's cost: its measured
   mean, so within one architecture the list order stays);
 - a time limit stops the hand-out when the budget's rule says so (``RunBudget``: the
   slowest member seen, or ``stop_quantile`` of those seen); a member still training at

@@ -19,7 +19,7 @@ run accepts simulates: early discarding and PBT rounds included.
   two waits (source, journal, budget) advances the virtual clock, so results that arrive
   while it is busy queue up as they would on a real machine; or it comes from a cost
   model (``cost``: a ``MasterCost``, seconds per result and per spec handed out, measured
-  once on the real master code: ``MASTER_COST``), and then the machine's load of the moment
+  once on the real master code: ``MASTER_COST_US``), and then the machine's load of the moment
   does not change the answer: the same command gives the same figure.
 
 ``SimExecutor`` also measures the real master code it runs, apart from its own work (the
