@@ -21,7 +21,8 @@ templates on), ``surrogate`` (the same with ``evolve.surrogate = "forest"``), ``
 a fixed-shape space a practitioner would write (0-3 conv blocks with doubling filters and
 optional pooling, 0-2 dense layers, dropout, activation, optimizer, learning rate, batch size).
 Every side: the project's own split of the same data, the same worker processes on the same
-cores, the same budget, the same training per candidate (30 epochs, patience 5, best weights).
+cores, the same budget, the same training per candidate (``--epochs``, default 30; ``--patience``,
+default 5; best weights kept), the same regularized-evolution population (``--population``).
 
 The master's cost of the surrogate (no training; µs per ask at 1,000 and 10,000 results):
 
@@ -49,7 +50,6 @@ from ensemble.results.records import MemberRecord  # noqa: E402
 
 SEED = 3
 DIGITS = {"epochs": 20, "patience": 4}
-SUITE = {"epochs": 30, "patience": 5}
 PROJECT_CONFIG = """
 name = "bench_search"
 mode = "evolve"
@@ -90,15 +90,15 @@ seed = {seed}
 source = "{source}"
 task = "{task}"
 [train]
-epochs = 30
-patience = 5
+epochs = {epochs}
+patience = {patience}
 member_time_limit = 120
 [evolve]
 strategy = "regularized"
 evaluations = 100000
 time_limit = {budget}
-population_size = 12
-sample_size = 4{extra}
+population_size = {population}
+sample_size = {sample}{extra}
 [search]
 space = "structured"
 max_params = 100000
@@ -112,15 +112,16 @@ DH_SIDES = ("dh_re", "dh_cbo")
 class Problem:
     """One benchmark problem: its data file (None: digits), task, metric and project config."""
 
-    def __init__(self, name: str, folder: Path, samples: int):
-        self.name = name
+    def __init__(self, name: str, folder: Path, samples: int, epochs: int = 30, patience: int = 5,
+                 population: int = 12):
+        self.name, self.population = name, population
         if name == "digits":
             self.source, self.task, self.metric, self.training = None, "classification", "accuracy", DIGITS
             return
         from search_problems import PROBLEMS
         make, self.task = PROBLEMS[name]
         self.metric = "accuracy" if self.task == "classification" else "r2"
-        self.training = SUITE
+        self.training = {"epochs": epochs, "patience": patience}
         self.source = folder / "data" / f"{name}-{samples}.npz"
         if not self.source.is_file():
             import numpy as np
@@ -132,7 +133,8 @@ class Problem:
         if self.source is None:
             return PROJECT_CONFIG.format(seed=seed, budget=budget, extra=extra)
         return SUITE_CONFIG.format(seed=seed, budget=budget, extra=extra, source=self.source, task=self.task,
-                                   metric=self.metric)
+                                   metric=self.metric, population=self.population,
+                                   sample=max(2, self.population // 3), **self.training)
 
 
 # ------------------------------------------------------------------------------ the project
@@ -281,7 +283,9 @@ def deephyper_side(problem: Problem, folder: Path, seed: int, budget: float, wor
     evaluator = Evaluator.create(run_candidate, method="process", method_kwargs={"num_workers": workers})
     log_dir = str(folder / method)
     if method == "dh_re":
-        search = RegularizedEvolution(space, random_state=seed, log_dir=log_dir, population_size=12, sample_size=4)
+        size = problem.population if problem.source is not None else 12
+        search = RegularizedEvolution(space, random_state=seed, log_dir=log_dir, population_size=size,
+                                      sample_size=max(2, size // 3) if problem.source is not None else 4)
     else:
         search = CBO(space, random_state=seed, log_dir=log_dir)
     results = search.search(evaluator, timeout=int(budget))
@@ -375,40 +379,44 @@ def _toy_fitness(genome, i: int) -> float:
     layers = genome.to_genome().layers if hasattr(genome, "to_genome") else genome.layers
     return -abs(len(layers) - 5) + (i % 7) * 0.01
 
-def surrogate_cost(results: tuple[int, ...] = (1000, 10000), asks: int = 200, candidates: int = 12) -> str:
-    """µs per ask of regularized evolution with and without the surrogate, after ``results``
+def surrogate_cost(results: tuple[int, ...] = (1000, 10000), asks: int = 100, candidates: int = 12) -> str:
+    """CPU µs per ask of regularized evolution with and without the surrogate, after ``results``
     results (random genomes of the structured and free spaces on 64-step signals, a toy
-    fitness); a refit's cost is shared by the asks between two fits (shown apart)."""
+    fitness); the CPU seconds of one refit at that many results, and that refit shared by the
+    asks until the next one. CPU time (``time.process_time``), so that other jobs on the same
+    cores do not count."""
     import numpy as np
+    import sklearn.ensemble  # noqa: F401  (imported before the clock starts)
 
     from evolve import SearchSpace, make_strategy, random_genome
     from evolve.surrogate import Surrogate
-    lines = ["| space | results | ask without (µs) | ask with (µs) | fit (s) | asks between fits | "
-             "ask with, fit shared (µs) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| space | results | ask without (µs) | ask with (µs) | one refit (s) | "
+             "asks between refits | ask with, refit shared (µs) |", "|---|---|---|---|---|---|---|"]
     shape = (64, 1)
     for kind in ("structured", "free"):
         space = SearchSpace.from_config({"space": kind, "max_params": 100000}, input_rank=2)
         rng = np.random.default_rng(0)
-        pool = [random_genome(rng, space, shape, 4) for _ in range(max(results) + asks)]
+        pool = [random_genome(rng, space, shape, 4) for _ in range(max(results) + 2 * asks)]
         pool = list({g.key(): g for g in pool}.values())
         for n in results:
-            cost = {}
+            cost, sur = {}, None
             for use in (False, True):
                 sur = Surrogate(space, shape, 4, candidates=candidates, min_results=16, seed=0) if use else None
                 st = make_strategy("regularized", space, shape, 4, rng_seed=0, surrogate=sur,
                                    population_size=12, sample_size=4)
                 st.replay([{"genome": g.to_dict(), "fitness": _toy_fitness(g, i)} for i, g in enumerate(pool[:n])])
                 if sur is not None:
-                    sur.predict(pool[:1])                           # the fit at this many results, apart
-                    fit = sur.stats["fit_seconds"]
-                start = time.perf_counter()
+                    start = time.process_time()
+                    sur.predict(pool[:1])                           # the refit at this many results, apart
+                    fit = time.process_time() - start
+                start = time.process_time()
                 for _ in range(asks):
                     st.ask()                                       # results not told: no refit in between
-                cost[use] = (time.perf_counter() - start) / asks * 1e6
-            b = sur.boundary(n)
-            between = max(8, b // 10)
-            lines.append(f"| {kind} | {n:,} | {cost[False]:.0f} | {cost[True]:.0f} | {fit:.2f} | {between} | "
-                         f"{cost[True] + fit / between * 1e6:.0f} |")
+                cost[use] = (time.process_time() - start) / asks * 1e6
+            assert sur is not None
+            between = max(8, sur.boundary(n) // 10)
+            lines.append(f"| {kind} | {n:,} | {cost[False]:.0f} | {cost[True]:.0f} | {fit:.2f} | "
+                         f"{between} | {cost[True] + fit / between * 1e6:.0f} |")
     return "\n".join(lines)
 
 
@@ -421,11 +429,17 @@ def main() -> int:
     p.add_argument("--budget", type=float, default=60.0, help="seconds of search on each side")
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--samples", type=int, default=1000, help="samples of a suite problem")
+    p.add_argument("--epochs", type=int, default=30, help="a suite candidate's epochs, on every side")
+    p.add_argument("--patience", type=int, default=5, help="a suite candidate's early-stopping patience")
+    p.add_argument("--population", type=int, default=12,
+                   help="regularized evolution's population on every side (suite; sample size a third)")
+    p.add_argument("--surrogate-min", type=int, help="evolve.surrogate_min_results of the surrogate side")
     p.add_argument("--deephyper-path", help="a folder DeepHyper was installed into with pip --target")
     p.add_argument("--asha", action="store_true", help="the project's side with evolve.discard = \"asha\"")
     p.add_argument("--results", help="append each run to this JSON-lines file")
     p.add_argument("--table", help="print the table of a results file and stop")
     p.add_argument("--surrogate-cost", action="store_true", help="the surrogate's cost on the master, and stop")
+    p.add_argument("--candidates", type=int, default=12, help="--surrogate-cost: children screened per ask")
     p.add_argument("--plot", help="write best-so-far validation against wall time here (PNG; one problem and seed)")
     p.add_argument("--keep", help="folder to keep the runs in")
     args = p.parse_args()
@@ -433,7 +447,7 @@ def main() -> int:
         print(table(Path(args.table)))
         return 0
     if args.surrogate_cost:
-        print(surrogate_cost())
+        print(surrogate_cost(candidates=args.candidates))
         return 0
     if args.deephyper_path:
         sys.path.append(args.deephyper_path)              # after the venv: its numpy and TensorFlow win
@@ -447,7 +461,7 @@ def main() -> int:
     with workspace(args.keep, "bench_search_") as folder:
         for name in args.problem.split(","):
             for seed in (int(s) for s in args.seeds.split(",")):
-                problem = Problem(name, folder, args.samples)
+                problem = Problem(name, folder, args.samples, args.epochs, args.patience, args.population)
                 runs = {}
                 for side in sides:
                     where = folder / f"{name}-s{seed}-{side}"
@@ -456,9 +470,13 @@ def main() -> int:
                     if side in DH_SIDES:
                         run = deephyper_side(problem, where, seed, args.budget, args.workers, side)
                     else:
-                        run = project_side(problem, where, seed, args.budget, args.workers, PROJECT_SIDES[side])
+                        extra = PROJECT_SIDES[side]
+                        if side == "surrogate" and args.surrogate_min:
+                            extra += f"\nsurrogate_min_results = {args.surrogate_min}"
+                        run = project_side(problem, where, seed, args.budget, args.workers, extra)
                     run.update(problem=name, seed=seed, side=side, budget=args.budget, workers=args.workers,
-                               samples=args.samples, started=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)),
+                               samples=args.samples, training=problem.training, population=args.population,
+                               started=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)),
                                wall=round(time.time() - started, 1))
                     runs[side] = run
                     print(f"{name} seed {seed} {side}: {run['evaluations']} evaluations, best val "
@@ -471,8 +489,8 @@ def main() -> int:
                             f.write(json.dumps(run) + "\n")
                 if "dh_re" in runs:
                     for side, row in ratios(runs, args.budget).items():
-                        print(f"  {side}: to DH-RE's half-budget best {_fmt(row['half'], 2)}x, "
-                              f"to its final best {_fmt(row['final'], 2)}x DH-RE's time")
+                        print(f"  {side}: time to DH-RE's half-budget best / DH-RE's: {_fmt(row['half'], 2)}, "
+                              f"to its final best: {_fmt(row['final'], 2)}")
                 if args.plot:
                     plot(runs, Path(args.plot), problem.metric)
     return 0
