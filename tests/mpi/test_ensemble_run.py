@@ -155,7 +155,8 @@ def test_serial_run_matches_parallel_run(run1, run3):
         assert r["test"] == pytest.approx(j3[member_id]["test"], rel=1e-6), member_id
 
 
-@pytest.mark.parametrize("loss, metric", [("mse", "mse"), ("auto", "nll")])     # auto: a variance head
+@pytest.mark.parametrize("loss, metric", [pytest.param("mse", "mse", marks=pytest.mark.long),   # make test-long
+                                          ("auto", "nll")])     # auto: a variance head
 def test_regression_run_reports_spread(tmp_path_factory, loss, metric):
     run_dir, proc = start(tmp_path_factory, 2, f"""
         name = "reg"

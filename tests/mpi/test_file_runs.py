@@ -34,7 +34,8 @@ def write_parquet(path):
 
 @pytest.mark.parametrize("suffix, writer, layers", [
     ("h5", write_h5, '{type = "Conv2D", filters = 4, kernel_size = 3, activation = "relu"}, {type = "Flatten"}'),
-    ("parquet", write_parquet, '{type = "Dense", units = 16, activation = "relu"}'),
+    pytest.param("parquet", write_parquet, '{type = "Dense", units = 16, activation = "relu"}',
+                 marks=pytest.mark.long),       # make test-long: the parquet reader has its unit tests
 ])
 def test_run_from_file(tmp_path, suffix, writer, layers):
     data = tmp_path / f"digits.{suffix}"

@@ -77,6 +77,8 @@ def check_info(out, placement: str, name: str, n: int) -> None:
     assert server["tensorflow"] and not any(i["tensorflow"] for i in clients)    # clients stay light
 
 
+@pytest.mark.long                 # make test-long, with the -n 4 case (make test's 12 minutes are spent)
+@pytest.mark.slow
 def test_both_placements_every_rank_equals_predict_three_ranks(runs, tmp_path):
     """-n 3, the regression ensemble (Gaussian and plain members, intervals): "local" (3 ranks
     predicting), then "node" (one server batching two clients)."""

@@ -27,6 +27,7 @@ def test_readme_is_a_landing_page():
     assert len((ROOT / "README.md").read_bytes()) < 12_000
 
 
+@pytest.mark.long                 # make test-long (about 40 s); the landing-page test stays in make test
 def test_the_readme_config_and_commands_run_as_they_stand(tmp_path):
     config = next(b for b in blocks("toml") if 'name = "mine"' in b)
     commands = next(b for b in blocks("bash") if "ensemble check" in b)
