@@ -106,6 +106,7 @@ def test_group_of_one_adds_no_communication_and_keeps_the_train_step(comm):
 
 # ----------------------------------------------------------------------------- fused allreduce
 
+@pytest.mark.slow                 # make test, not test-fast (its minute)
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_identical_peer_trains_exactly_like_one_rank_with_one_allreduce_per_step(optimizer):
     plain = model_for(optimizer=optimizer, batch_norm=True)
@@ -148,6 +149,7 @@ def own_step_model():
     return model
 
 
+@pytest.mark.slow                 # make test, not test-fast (its minute)
 def test_custom_train_step_without_scale_loss_is_weighted_too():
     plain, model = own_step_model(), own_step_model()
     fit(plain)
@@ -215,6 +217,7 @@ def test_local_batch_stop_is_sent_with_the_next_step_and_everyone_stops_there():
     assert len(h["loss"]) == 1 and dp[1].stopped and dp[1].requested
 
 
+@pytest.mark.slow                 # make test, not test-fast (its minute)
 def test_epoch_end_stop_of_any_rank_is_collective():
     comm = RecordingComm(size=2, peer_epoch_stop=1)              # the peer's time limit at epoch 1
     model = model_for()

@@ -71,6 +71,7 @@ class Ticks:
         return self.t
 
 
+@pytest.mark.slow                 # make test, not test-fast (its minute)
 @pytest.mark.parametrize("limit, kept", [(7.5, True), (1.5, False)], ids=["after 2 epochs", "in the first"])
 def test_a_member_stopped_by_its_time_limit_keeps_its_best_weights(tmp_path, monkeypatch, limit, kept):
     """120 training rows in batches of 60: 2 batch ends and an epoch end read the clock per
@@ -91,6 +92,7 @@ def test_a_member_stopped_by_its_time_limit_keeps_its_best_weights(tmp_path, mon
         assert "before its first epoch ended" in record.error["message"]
 
 
+@pytest.mark.slow                 # make test, not test-fast (its minute)
 def test_time_limit_fails_keeps_the_old_behaviour(tmp_path, monkeypatch):
     """`train.time_limit_fails = true`: the member stopped in its third epoch fails (kind
     time_limit, status limit) instead of being kept."""

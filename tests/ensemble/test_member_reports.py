@@ -49,6 +49,7 @@ def test_master_stops_a_member_mid_training(tmp_path, data):
     assert (tmp_path / "models" / "m0.keras").is_file() and result["model"] and "payload" in result
 
 
+@pytest.mark.slow                 # make test, not test-fast (its minute)
 def test_update_sets_the_learning_rate_and_silence_costs_nothing(tmp_path, data):
     from ensemble.train.member import run_member
     calls = []

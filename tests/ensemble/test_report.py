@@ -87,6 +87,7 @@ def _images(page: str) -> int:
     return page.count("src='data:image/png;base64,")
 
 
+@pytest.mark.slow                 # make test, not test-fast (its minute)
 def test_classification_search_report_has_every_plot_and_no_external_reference(tmp_path):
     run = make_run(tmp_path / "run", "classification", evolve=True)
     out = R.write_report(run)
@@ -102,6 +103,7 @@ def test_classification_search_report_has_every_plot_and_no_external_reference(t
     assert 'mode = &quot;evolve&quot;' in page                               # the config itself (escaped)
 
 
+@pytest.mark.slow                 # make test, not test-fast (its minute)
 def test_regression_report_has_intervals_and_spread_plots(tmp_path):
     run = make_run(tmp_path / "run", "regression")
     page = R.write_report(run).read_text()
