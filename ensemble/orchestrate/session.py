@@ -59,6 +59,10 @@ def in_hand(cfg: RunConfig, mode: Mode) -> int | None:
 def baseline_section(meta: dict, data: Any, seed: int) -> dict:
     """The linear baseline's row for ensemble.json (``task.baseline``); never fails the run."""
     from ensemble.task.baseline import NAMES, linear_baseline
+    if meta.get("stream"):                    # datafeed.streaming: no training rows in the master's memory
+        return {"model": NAMES.get(meta["task"], "linear model"),
+                "skipped": "the data streams (`data.stream`); the linear baseline is fitted on the training rows "
+                           "in memory, so it is not fitted here"}
     try:
         return linear_baseline(meta["task"], data, meta["n_outputs"], seed)
     except Exception as exc:                  # noqa: BLE001 - a baseline must not cost the ensemble

@@ -90,3 +90,11 @@ def test_exported_model_combines_as_numpy(tmp_path, name, gaussian):
     else:
         np.testing.assert_allclose(np.asarray(got[0]), expect["mean"], rtol=1e-6)
         np.testing.assert_allclose(np.asarray(got[1]), expect["var"], rtol=1e-5)
+
+
+def test_a_streamed_run_says_plainly_why_it_has_no_linear_baseline():
+    from ensemble.orchestrate.session import baseline_section
+    meta = {"task": "classification", "n_outputs": 3}
+    out = baseline_section({**meta, "stream": {"files": 4}}, {}, 0)
+    assert out["model"] == "logistic regression" and "`data.stream`" in out["skipped"]
+    assert baseline_section(meta, {}, 0)["skipped"].startswith("KeyError")        # any other failure: named
