@@ -230,7 +230,10 @@ class BcastWriter(io.RawIOBase):
             self.buf.clear()
         self._send(b"")
         if self.tee is not None:
-            self.tee.close()
+            try:
+                self.tee.close()
+            except OSError:                          # the local unpacking stopped early; it says why
+                pass
 
 
 class BcastReader(io.RawIOBase):
@@ -303,6 +306,8 @@ def stream(leaders, MPI, todo: list[tuple[Path, str]] | None, dest: Path, have: 
             unpack(fileobj, incoming)
         except (OSError, tarfile.TarError) as exc:
             error.append(f"unpacking into {dest} on {socket.gethostname()}: {exc}")
+        finally:
+            fileobj.close()          # on the root, a writer blocked on a full pipe gets an error, not a hang
 
     if leaders.Get_rank() == 0:
         local = None

@@ -114,3 +114,47 @@ def test_install_replaces_an_older_copy_and_writes_the_marker_last(tree, tmp_pat
     stage.install(incoming, dest, env, home, {"env": "x"})
     assert not (dest / "venv" / "stale").exists() and not incoming.exists()
     assert (dest / stage.MARKER).is_file() and (dest / "python").is_file()
+
+
+class FakeComm:
+    """Broadcasts recorded in order: what BcastWriter sends and BcastReader receives."""
+
+    def __init__(self, sent=None):
+        self.sent = sent if sent is not None else []
+
+    def bcast(self, value, root=0):
+        if value is None:
+            return self.sent.pop(0)
+        self.sent.append(value)
+        return value
+
+    def Bcast(self, buf, root=0):
+        data, _ = buf
+        if isinstance(data, bytearray) and self.sent and isinstance(self.sent[0], bytes | bytearray):
+            data[:] = self.sent.pop(0)
+        else:
+            self.sent.append(bytes(data))
+
+
+class FakeMPI:
+    BYTE = "byte"
+
+
+def test_the_stream_arrives_whole_and_a_local_unpacking_that_stopped_never_blocks_the_root(monkeypatch):
+    monkeypatch.setattr(stage, "CHUNK", 1000)
+    comm = FakeComm()
+    read_end, write_end = os.pipe()
+    tee = os.fdopen(write_end, "wb")
+    os.close(read_end)                                   # the local unpacking died: nobody reads the pipe
+    writer = stage.BcastWriter(comm, FakeMPI, tee)
+    payload = bytes(range(256)) * 20
+    writer.write(payload[:3000])
+    writer.write(payload[3000:])
+    writer.finish()                                      # no BrokenPipeError, no hang
+    assert writer.sent == len(payload) and writer.tee is None
+    reader = stage.BcastReader(FakeComm(list(comm.sent)), FakeMPI)
+    got = bytearray()
+    buf = bytearray(700)
+    while (n := reader.readinto(buf)):
+        got += buf[:n]
+    assert bytes(got) == payload and reader.done
