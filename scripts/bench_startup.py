@@ -35,6 +35,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ensemble.runtime.stage import venv_home
+
 REPO = Path(__file__).resolve().parents[1]
 STAGE = REPO / "ensemble" / "runtime" / "stage.py"
 TRACE = "trace=%file,getdents64"
@@ -57,14 +59,8 @@ heartbeat_seconds = 60
 
 
 def shared_prefixes(venv: Path) -> list[str]:
-    prefixes = [str(venv), str(REPO)]
-    cfg = venv / "pyvenv.cfg"
-    if cfg.is_file():
-        for line in cfg.read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "home":
-                prefixes.append(str(Path(value.strip()).parent))
-    return sorted(set(prefixes))
+    home = venv_home(venv)                   # the interpreter's prefix, as the staging step reads it
+    return sorted({str(venv), str(REPO)} | ({str(home)} if home else set()))
 
 
 def traced_job(ranks: int, traces: Path, tag: str, command: list[str], cwd: Path, env: dict,
