@@ -10,9 +10,11 @@ check; ``meta["stream"]`` says how to read the files.
 
 Each member reads *chunks*: runs of consecutive rows of one file (about ``CHUNK_BYTES`` of
 features; a whole .npz or one-sample file; a Parquet row group). ``Streamed.train_dataset``
-is a tf.data pipeline: the member's chunks in a seeded order that changes every epoch, read
-``CYCLE`` at a time by a parallel, deterministic interleave, rows mixed in a shuffle buffer of
-``data.shuffle_buffer`` rows, batched, prefetched. The ranks of a data-parallel group read
+is a tf.data pipeline over an ``EpochReader``: each epoch the member's chunks in a seeded
+order, taken a *window* at a time (enough chunks to hold ``data.shuffle_buffer`` rows), a
+window's rows read by a background thread while the previous window is served and put in a
+seeded random order as they are read, batches served as slices of it (no copy, nothing
+gathered), prefetched. The ranks of a data-parallel group read
 disjoint chunks (a seeded deal, as Horovod and CosmoFlow shard files), each its share of the
 global batch, and all take the same number of steps (the smallest share's full batches), so
 a group of 2 sees the same rows per epoch as one rank, in another order (equal within
@@ -47,8 +49,7 @@ from datafeed.shards import (
 from datafeed.splits import rows_from_column, rows_from_file, split_from
 
 CHUNK_BYTES = 4 << 20      # rows read at once: about this many bytes of features (at least one row)
-CYCLE = 4                  # chunks read at a time by the parallel interleave
-BLOCK_ROWS = 16            # the shuffle buffer mixes blocks of this many rows (of one chunk, in random order)
+CYCLE = 4                  # at least this many chunks a window; validation chunks read at once
 HEAD_ROWS = 64             # training rows broadcast for the build check
 EVAL_BATCH = 512           # validation batches, as the in-memory path's
 
@@ -114,9 +115,9 @@ def split_spans(table: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 def rank_bytes(ss: ShardSet, data: DataSettings, batch_size: int = 512) -> int:
-    """About the bytes of features one streaming rank holds: the chunks its pipeline mixes
-    (``data.shuffle_buffer`` rows, at least ``CYCLE`` chunks), as many again being read and
-    converted, and two prefetched batches (float32)."""
+    """About the bytes of features one streaming rank holds: the window its pipeline serves
+    (``data.shuffle_buffer`` rows, at least ``CYCLE`` chunks), the next one being read, and
+    two prefetched batches (float32)."""
     row = int(np.prod(ss.sample_shape, dtype=np.int64)) * 4
     sizes = np.diff(chunk_table(ss)[:, 1:3], axis=1)
     chunk_rows = int(np.median(sizes)) if len(sizes) else 1
@@ -321,28 +322,26 @@ class Streamed:
         if limit is not None:
             yield np.concatenate(got)[:limit]
 
-    def _loader(self, split: str, counts, y_transform, shuffled: bool = False):
-        """A graph function: chunk id (and, ``shuffled``, a random seed) -> its (x, y) rows,
-        in a seeded random order when ``shuffled``."""
+    def _loader(self, split: str, y_transform):
+        """A graph function: chunk id -> the split's (x, y) rows in it, in row order."""
         import tensorflow as tf
         y = np.asarray(self.data[f"y_{split}"])
         y_dtype = tf.as_dtype(np.float32 if y_transform is not None else y.dtype)
 
-        def fn(c, r=None):
-            x, t = self.read(split, int(c), counts, None if r is None else int(r))
+        def fn(c):
+            x, t = self.read(split, int(c))
             return x, (y_transform(t).astype(np.float32) if y_transform is not None else t)
 
-        def load(c, r=None):
-            args = [c] if r is None else [c, r]
-            bx, by = tf.numpy_function(fn, args, [tf.float32, y_dtype], stateful=False)
+        def load(c):
+            bx, by = tf.numpy_function(fn, [c], [tf.float32, y_dtype], stateful=False)
             bx.set_shape((None, *self.shape))
             by.set_shape((None, *y.shape[1:]))
             return bx, by
         return load
 
     def open_chunks(self) -> int:
-        """Chunks a member's pipeline mixes at once: enough to hold ``data.shuffle_buffer`` rows,
-        at least ``CYCLE``."""
+        """Chunks a member's pipeline mixes at once (a window): enough to hold
+        ``data.shuffle_buffer`` rows, at least ``CYCLE``."""
         rows = np.median(self.table[:, 2] - self.table[:, 1]) if len(self.table) else 1
         return int(max(CYCLE, min(-(-self.buffer // max(1, int(rows))), len(self.table))))
 
@@ -359,7 +358,7 @@ class Streamed:
         deal = np.random.default_rng(seed).permutation(len(chunks))
         mine = np.sort(chunks[deal[rank::size]])
         local = batch_size * (rank + 1) // size - batch_size * rank // size
-        steps = None
+        rows = int(per_chunk[deal[rank::size]].sum())
         if size > 1:
             if len(chunks) < size:
                 raise DataError(f"the training rows lie in {len(chunks)} chunk(s), fewer than the {size} ranks of the "
@@ -369,24 +368,112 @@ class Streamed:
             if steps == 0:
                 raise DataError(f"a rank of the group of {size} holds fewer training rows than its share of the "
                                 f"batch ({local}); use more data or a smaller `batch_size`")
-        load = self._loader("train", counts, y_transform, shuffled=True)
-        ds = tf.data.Dataset.from_tensor_slices(mine.astype(np.int64))
-        ds = ds.shuffle(max(1, len(mine)), seed=seed, reshuffle_each_iteration=True)
-        ds = tf.data.Dataset.zip(ds, tf.data.Dataset.random(seed=seed + 2, rerandomize_each_iteration=True))
-        open_chunks = self.open_chunks()
-        ds = ds.interleave(lambda c, r: tf.data.Dataset.from_tensors(load(c, r)).rebatch(BLOCK_ROWS),
-                           cycle_length=open_chunks, block_length=1, num_parallel_calls=min(CYCLE, open_chunks),
-                           deterministic=True)
-        ds = ds.rebatch(local)                    # a batch: blocks of rows from every open chunk in turn
-        rows = int(per_chunk[deal[rank::size]].sum())
-        steps = steps if steps is not None else -(-rows // local)
-        ds = ds.take(steps).apply(tf.data.experimental.assert_cardinality(steps))
-        return ds.prefetch(2)
+        else:
+            steps = -(-rows // local)
+        reader = EpochReader(self, mine, per_chunk[np.searchsorted(chunks, mine)], counts, local, steps, seed,
+                             y_transform)
+        y = np.asarray(self.data["y_train"])
+        y_dtype = tf.as_dtype(np.float32 if y_transform is not None else y.dtype)
+
+        def load(step):
+            bx, by = tf.numpy_function(reader.take, [step], [tf.float32, y_dtype], stateful=True)
+            bx.set_shape((None, *self.shape))
+            by.set_shape((None, *y.shape[1:]))
+            return bx, by
+        ds = tf.data.Dataset.range(steps).map(load)   # in order: batch i of the epoch, a slice of a window
+        return ds.apply(tf.data.experimental.assert_cardinality(steps)).prefetch(2)
 
     def eval_dataset(self, split: str, y_transform=None):
         """The split's (x, y) in batches of ``EVAL_BATCH`` rows, in row order (validation during
         training), read a chunk at a time."""
         import tensorflow as tf
         ds = tf.data.Dataset.from_tensor_slices(self.units(split)[0].astype(np.int64))
-        return ds.map(self._loader(split, None, y_transform), num_parallel_calls=CYCLE,
+        return ds.map(self._loader(split, y_transform), num_parallel_calls=CYCLE,
                       deterministic=True).rebatch(EVAL_BATCH).prefetch(2)
+
+
+class EpochReader:
+    """A member's training rows an epoch at a time, as whole batches (``Streamed.train_dataset``).
+
+    Epoch k (counted from 0 by this reader: each pass from step 0 is the next) orders the
+    rank's chunks with the seed (member seed, k); runs of ``Streamed.open_chunks()``
+    consecutive chunks of that order (about ``data.shuffle_buffer`` rows) are *windows*. A
+    window's rows (a bootstrap's as often as it draws them) are read, normalised and put in
+    a random order (seed (member seed, k, window)) as they are read; the epoch's rows are
+    the windows' in turn, and batch i is rows [i * batch, (i + 1) * batch) of that sequence:
+    a slice, nothing gathered or copied when the batch is served. A background thread reads
+    the next window (after an epoch's last, the next epoch's first) while this one is
+    served, so at most two windows are held."""
+
+    def __init__(self, feed: Streamed, chunks: np.ndarray, rows: np.ndarray, counts: np.ndarray | None,
+                 batch: int, steps: int, seed: int, y_transform=None):
+        from concurrent.futures import ThreadPoolExecutor
+        self.feed, self.chunks, self.rows, self.counts = feed, chunks, rows, counts
+        self.batch, self.steps, self.seed, self.y_transform = batch, steps, seed, y_transform
+        self.width = feed.open_chunks()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="stream-read")
+        self.epoch = -1
+        self.plans: dict[int, tuple[list[np.ndarray], np.ndarray]] = {}
+        self.held: dict = {}
+
+    def plan(self, k: int) -> tuple[list[np.ndarray], np.ndarray]:
+        """Epoch ``k``'s windows (indices into ``chunks``) and each one's first row in the epoch."""
+        if k not in self.plans:
+            order = np.random.default_rng([self.seed, k]).permutation(len(self.chunks))
+            windows = [order[i:i + self.width] for i in range(0, len(order), self.width)]
+            starts = np.concatenate([[0], np.cumsum([self.rows[w].sum() for w in windows])]).astype(np.int64)
+            self.plans = {e: p for e, p in self.plans.items() if e >= k - 1}
+            self.plans[k] = windows, starts
+        return self.plans[k]
+
+    def _ask(self, k: int, w: int) -> None:
+        if w < len(self.plan(k)[0]) and (k, w) not in self.held:
+            self.held[(k, w)] = self.pool.submit(self._read, k, w)
+
+    def _read(self, k: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+        """Window ``w`` of epoch ``k``: its rows (x, y) in their random order."""
+        windows, starts = self.plan(k)
+        size = int(starts[w + 1] - starts[w])
+        slot = np.argsort(np.random.default_rng([self.seed, k, w]).permutation(size))   # row i goes to slot[i]
+        x = np.empty((size, *self.feed.shape), np.float32)
+        y = None
+        at = 0
+        for c in windows[w]:
+            px, py = self.feed.read("train", int(self.chunks[c]), self.counts)
+            if y is None:
+                y = np.empty((size, *py.shape[1:]), py.dtype)
+            x[slot[at:at + len(px)]] = px
+            y[slot[at:at + len(px)]] = py
+            at += len(px)
+        return x, y
+
+    def take(self, step) -> tuple[np.ndarray, np.ndarray]:
+        """Batch ``step`` of the epoch; step 0 starts the next epoch."""
+        step = int(step)
+        if step == 0:
+            self.epoch += 1
+            self.held = {key: f for key, f in self.held.items() if key[0] == self.epoch}
+        k = self.epoch
+        windows, starts = self.plan(k)
+        a, b = step * self.batch, min((step + 1) * self.batch, int(starts[-1]))
+        first = int(np.searchsorted(starts, a, side="right")) - 1
+        last = int(np.searchsorted(starts, b - 1, side="right")) - 1
+        xs, ys = [], []
+        for w in range(first, last + 1):
+            self._ask(k, w)
+            x, y = self.held[(k, w)].result()
+            lo, hi = max(a, starts[w]) - starts[w], min(b, starts[w + 1]) - starts[w]
+            xs.append(x[lo:hi])
+            ys.append(y[lo:hi])
+        for key in [key for key in self.held if key[0] == k and key[1] < last]:
+            del self.held[key]                        # served: let it go
+        if step == self.steps - 1 or last == len(windows) - 1:
+            if step == self.steps - 1:
+                self.held = {key: f for key, f in self.held.items() if key[0] > k}
+            self._ask(k + 1, 0)                       # the next epoch's first window, read meanwhile
+        else:
+            self._ask(k, last + 1)                    # the next window, read while this one is served
+        y = ys[0] if len(ys) == 1 else np.concatenate(ys)
+        if self.y_transform is not None:
+            y = self.y_transform(y).astype(np.float32)
+        return (xs[0] if len(xs) == 1 else np.concatenate(xs)), y

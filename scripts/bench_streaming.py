@@ -148,58 +148,98 @@ def bench_memory(args) -> None:
     print(json.dumps({"cap_gb": args.cap_gb, "rows": rows}))
 
 
-def bench_speed(args) -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from ensemble.config import resolve_config
-    from ensemble.runtime.env import configure_tensorflow
-    configure_tensorflow(1)
+def speed_pair(features: int, n_files: int, batch: int, reps: int) -> dict:
+    """One dataset that fits: the in-memory and the streamed pipeline train the same tiny MLP,
+    an epoch each in turn (which goes first alternates), ``reps`` times after a warm-up epoch;
+    each repetition's ratio of samples per second, streamed over in memory."""
     import keras
 
     from datafeed.pipeline import make_dataset, member_indices
     from datafeed.prepare import prepare_with_rows
     from datafeed.splits import read_data
     from datafeed.streaming import Streamed, prepare_stream, stream_plan
-    results = {}
+    from ensemble.config import resolve_config
+    folder = Path(tempfile.mkdtemp(prefix="bench-speed-"))
+    try:
+        write_shards(folder, n_files, features)
+        arch = [{"layers": [{"type": "Dense", "units": 16}]}]
+        mem = resolve_config({"data": {"source": str(folder), "stream": False}, "architectures": arch}).data
+        got = read_data(mem)
+        arrays, meta, _ = prepare_with_rows(got.x, got.y, got.info, mem, 0, got.rows)
+        del got
+        st = resolve_config({"data": {"source": str(folder), "stream": True}, "architectures": arch}).data
+        s_arrays, s_meta, _ = prepare_stream(stream_plan(st), st, 0)
+        n = len(arrays["y_train"])
+        pipelines = {"memory": make_dataset(arrays["x_train"], arrays["y_train"], member_indices(n, 0, False),
+                                            batch, 0),
+                     "stream": Streamed(s_meta, s_arrays).train_dataset(batch, 0)}
+        models = {}
+        for name, ds in pipelines.items():
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(32, activation="relu"),
+                                      keras.layers.Dense(10, activation="softmax")])
+            model.compile("adam", "sparse_categorical_crossentropy")
+            model.fit(ds, epochs=1, verbose=0)          # warm-up: tracing, the file cache
+            models[name] = model
+        rates: dict[str, list[float]] = {k: [] for k in pipelines}
+        for r in range(reps):
+            for name in (("memory", "stream") if r % 2 == 0 else ("stream", "memory")):
+                t0 = time.perf_counter()
+                models[name].fit(pipelines[name], epochs=1, verbose=0)
+                rates[name].append(n / (time.perf_counter() - t0))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    ratios = sorted(s / m for s, m in zip(rates["stream"], rates["memory"]))
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {"features": features, "rows": n, "batch": batch, "reps": reps,
+            "memory": round(statistics.median(rates["memory"])), "stream": round(statistics.median(rates["stream"])),
+            "ratio": round(statistics.median(ratios), 3), "ratio_q1": round(q[0], 3), "ratio_q3": round(q[2], 3),
+            "ratio_min": round(ratios[0], 3), "ratio_max": round(ratios[-1], 3)}
+
+
+def bench_speed(args) -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from ensemble.runtime.env import configure_tensorflow
+    configure_tensorflow(1)
+    load = os.getloadavg()[0]
+    rows = []
     for features, n_files in ((64, args.files), (4096, max(2, args.files // 4))):
-        folder = Path(tempfile.mkdtemp(prefix="bench-speed-"))
-        try:
-            write_shards(folder, n_files, features)
-            arch = [{"layers": [{"type": "Dense", "units": 16}]}]
-            mem = resolve_config({"data": {"source": str(folder), "stream": False}, "architectures": arch}).data
-            got = read_data(mem)
-            arrays, meta, _ = prepare_with_rows(got.x, got.y, got.info, mem, 0, got.rows)
-            st = resolve_config({"data": {"source": str(folder), "stream": True}, "architectures": arch}).data
-            s_arrays, s_meta, _ = prepare_stream(stream_plan(st), st, 0)
-            feed = Streamed(s_meta, s_arrays)
-            n = len(arrays["y_train"])
-            pipelines = {
-                "memory": make_dataset(arrays["x_train"], arrays["y_train"], member_indices(n, 0, False),
-                                       args.batch, 0),
-                "stream": feed.train_dataset(args.batch, 0),
-            }
-            models = {}
-            for name, ds in pipelines.items():
-                keras.utils.set_random_seed(0)
-                model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(32, activation="relu"),
-                                          keras.layers.Dense(10, activation="softmax")])
-                model.compile("adam", "sparse_categorical_crossentropy")
-                model.fit(ds, epochs=1, verbose=0)          # warm-up: tracing, file cache
-                models[name] = model
-            rates: dict[str, list[float]] = {k: [] for k in pipelines}
-            for _ in range(args.rounds):
-                for name, ds in pipelines.items():
-                    t0 = time.perf_counter()
-                    models[name].fit(ds, epochs=1, verbose=0)
-                    rates[name].append(n / (time.perf_counter() - t0))
-            med = {k: statistics.median(v) for k, v in rates.items()}
-            results[features] = {"rows": n, **{k: round(v) for k, v in med.items()},
-                                 "ratio": round(med["stream"] / med["memory"], 3)}
-            print(f"{features} features, {n} training rows, batch {args.batch}: in memory {med['memory']:.0f} "
-                  f"samples/s, streamed {med['stream']:.0f} samples/s, ratio {med['stream'] / med['memory']:.2f} "
-                  f"(median of {args.rounds} epochs each, alternating)", flush=True)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-    print(json.dumps(results))
+        got = speed_pair(features, n_files, args.batch, args.reps)
+        rows.append(got)
+        print(f"{features} features, {got['rows']} training rows, batch {args.batch}: in memory {got['memory']} "
+              f"samples/s, streamed {got['stream']} samples/s (medians); streamed / in memory: median "
+              f"{got['ratio']:.2f}, quartiles {got['ratio_q1']:.2f}-{got['ratio_q3']:.2f}, range "
+              f"{got['ratio_min']:.2f}-{got['ratio_max']:.2f} over {args.reps} paired epochs", flush=True)
+    result = {"date": time.strftime("%Y-%m-%d"), "load": [round(load, 1), round(os.getloadavg()[0], 1)],
+              "cores": os.cpu_count(), "rows": rows}
+    print(json.dumps(result))
+    if args.write:
+        write_block(Path(args.write), "speed", speed_table(result, args))
+
+
+def speed_table(result: dict, args) -> str:
+    """The speed figures as the docs show them (``--write``)."""
+    lines = [f"Measured {result['date']} on {result['cores']} cores (load average {result['load'][0]} before, "
+             f"{result['load'][1]} after), `python scripts/bench_streaming.py speed --reps {args.reps} --write "
+             f"{args.write}`:", "",
+             "| features per sample | training rows | in memory | streamed | streamed / in memory: median "
+             "| quartiles | range |", "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['features']:,} | {r['rows']:,} | {r['memory']:,} /s | {r['stream']:,} /s | "
+                     f"**{r['ratio']:.2f}** | {r['ratio_q1']:.2f}-{r['ratio_q3']:.2f} | "
+                     f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f} |")
+    return "\n".join(lines)
+
+
+def write_block(page: Path, name: str, text: str) -> None:
+    """Replace what lies between ``<!-- bench_streaming NAME -->`` and ``<!-- /bench_streaming NAME -->``."""
+    begin, end = f"<!-- bench_streaming {name} -->", f"<!-- /bench_streaming {name} -->"
+    old = page.read_text()
+    if begin not in old or end not in old:
+        raise SystemExit(f"{page} has no {begin} ... {end} block to write into")
+    head, rest = old.split(begin, 1)
+    page.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
+    print(f"wrote the {name} table into {page}")
 
 
 def plot(args) -> None:
@@ -243,7 +283,8 @@ def main() -> None:
     speed.add_argument("--files", type=int, default=48, help="shards of 1024 rows (64 features; a quarter "
                                                               "as many of 4096)")
     speed.add_argument("--batch", type=int, default=128)
-    speed.add_argument("--rounds", type=int, default=5)
+    speed.add_argument("--reps", type=int, default=7, help="paired epochs (in memory, streamed) per dataset")
+    speed.add_argument("--write", help="write the table into this page (between its bench_streaming marks)")
     pl = sub.add_parser("plot", help="plot the peak RSS lines of `memory` logs")
     pl.add_argument("logs", nargs="+", help="what `memory` printed")
     pl.add_argument("--out", default=str(ROOT / "docs" / "streaming-memory.png"))
