@@ -62,6 +62,9 @@ class ShardSet:
     label: str
     features: tuple[str, ...]
     split_column: str = ""
+    #: a split given by separate sources (``data.test_source``): (split, number of files) in
+    #: order, the training files first (``datafeed.streaming.scan_sources``); else empty
+    parts: tuple[tuple[str, int], ...] = ()
 
     @property
     def rows(self) -> int:

@@ -80,17 +80,72 @@ def stream_plan(data: DataSettings) -> ShardSet | None:
     if setting == "auto" and not is_many(data.source) and fmt not in SHARD_FORMATS:
         return None                               # a CSV (or another table) is read whole
     try:
-        ss = scan(data)
+        ss = scan_sources(data)
     except DataError:
         if setting == "auto" and not is_many(data.source):
             return None                           # one file: its reader says what is wrong, as it always has
         raise
-    if not will_stream(data, ss.nbytes):
-        return None
-    if split_from(data) == "sources":
-        raise DataError("streaming takes its split at random, by `data.split_file` or by `data.split_column`, "
-                        "not by `data.test_source`: give the split as index arrays, or set `data.stream = false`")
-    return ss
+    return ss if will_stream(data, ss.nbytes) else None
+
+
+def scan_sources(data: DataSettings) -> ShardSet:
+    """The files of ``data.source``, and when the split is given by separate sources
+    (``data.val_source``, ``data.test_source``) theirs after them, as one ``ShardSet`` whose
+    rows are the training files', then the validation files', then the test files' (as
+    ``datafeed.splits.read_data`` reads them in memory); each source is checked against
+    ``data.source`` (format, sample and target shapes, kinds of values, Parquet columns), its
+    errors naming its own setting."""
+    from datafeed.splits import _Source
+    ss = scan(data)
+    if split_from(data) != "sources":
+        return ss
+    features = ss.features
+    if ss.fmt == "parquet" and not features:
+        import pyarrow.parquet as pq
+        names = pq.ParquetFile(ss.shards[0].path).schema_arrow.names
+        features = tuple(c for c in names if c not in (ss.label, ss.split_column))
+    shards, parts = list(ss.shards), [("train", len(ss.shards))]
+    for name, setting in (("val", "val_source"), ("test", "test_source")):
+        path = getattr(data, setting)
+        if not path:
+            continue
+        other = _Source(data, path)
+        other.features = features                 # a Parquet file's columns by name, as in training
+        where = f"`data.{setting}` {path!r}"
+        try:
+            got = scan(other)
+        except DataError as exc:
+            msg = str(exc).replace("`data.source`", f"`data.{setting}`")
+            raise DataError(msg if path in msg else f"{where}: {msg}") from None
+        if got.fmt != ss.fmt:
+            raise DataError(f"{where} is {got.fmt}, but `data.source` is {ss.fmt}: give every split in one format")
+        first = got.shards[0]
+        for what, a, b in (("one sample (`data.x`)", ss.sample_shape, got.sample_shape),
+                           ("one target (`data.y`)", ss.shards[0].y_shape, first.y_shape)):
+            if a != b:
+                raise DataError(f"{where}: file {first.path!r} has {what} of shape {list(b)}, but `data.source` "
+                                f"{list(a)}; every split needs the same shapes")
+        if np.dtype(first.x_dtype).kind != np.dtype(ss.shards[0].x_dtype).kind:
+            raise DataError(f"{where}: file {first.path!r} has features of dtype {first.x_dtype}, but `data.source` "
+                            f"{ss.shards[0].x_dtype}; every split needs the same kind of values")
+        if got.per_sample != ss.per_sample:
+            raise DataError(f"{where} holds {'one sample' if got.per_sample else 'samples along a first axis'} per "
+                            "file, unlike `data.source`; set `data.sample_per_file` and give every split alike")
+        shards.extend(got.shards)
+        parts.append((name, len(got.shards)))
+    return replace(ss, shards=tuple(shards), features=features, parts=tuple(parts))
+
+
+def source_rows(ss: ShardSet) -> dict[str, np.ndarray | None]:
+    """The split separate sources give (``scan_sources``): each split's rows, None for a
+    validation split not given."""
+    rows: dict[str, np.ndarray | None] = {"val": None}
+    at, start = 0, 0
+    for name, files in ss.parts:
+        n = sum(s.rows for s in ss.shards[at:at + files])
+        rows[name] = np.arange(start, start + n, dtype=np.int64)
+        at, start = at + files, start + n
+    return rows
 
 
 def chunk_table(ss: ShardSet) -> np.ndarray:
@@ -133,7 +188,7 @@ def memory_plan(data: DataSettings) -> dict | None:
     if data.source in BUILTINS or (not is_many(data.source) and fmt not in SHARD_FORMATS):
         return None
     try:
-        ss = scan(data)
+        ss = scan_sources(data)
     except DataError:
         if is_many(data.source):
             raise
@@ -157,7 +212,9 @@ def prepare_stream(ss: ShardSet, data: DataSettings, seed: int,
     info = {"feature_names": list(ss.features) if ss.fmt == "parquet" else []}
     y, meta = prepare_targets(y, info, data)
     way, rows = split_from(data), None
-    if way == "indices":
+    if way == "sources":
+        rows = source_rows(ss)
+    elif way == "indices":
         rows = rows_from_file(data.split_file, len(y))
     elif way == "column":
         if ss.fmt != "parquet":
@@ -290,21 +347,21 @@ class Streamed:
         return keep, lo[keep], hi[keep]
 
     def read(self, split: str, chunk: int, counts: np.ndarray | None = None,
-             order: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The split's rows in one chunk, normalised and shaped as the model takes them, with
-        their targets; ``counts``: how often each row of the split is taken (a bootstrap);
-        ``order``: the rows in the random order this seed gives, else in row order."""
+             raw: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The split's rows in one chunk, in row order, normalised and shaped as the model
+        takes them (``raw``: as the file holds them), with their targets; ``counts``: how
+        often each row of the split is taken (a bootstrap)."""
         i, start, stop, g = (int(v) for v in self.table[chunk])
         rows = np.asarray(self.data[f"rows_{split}"])
         a, b = np.searchsorted(rows, [g + start, g + stop])
         pos = np.arange(a, b) if counts is None else np.repeat(np.arange(a, b), counts[a:b])
-        if order is not None:
-            pos = pos[np.random.default_rng(order).permutation(len(pos))]
         x, _ = read_rows(self.ss, i, start, stop, want_y=False)
-        x = np.asarray(x)[rows[pos] - g - start].reshape((len(pos), *self.shape))
-        x = np.ascontiguousarray(x, dtype=np.float32)    # the gather above made it a copy: ours to change
-        x -= self.shift                           # in place: the arithmetic of prepare.apply_normalizer
-        x /= self.scale
+        x = np.asarray(x)[rows[pos] - g - start]
+        if raw:
+            return x, np.asarray(self.data[f"y_{split}"])[pos]
+        x = np.ascontiguousarray(x.reshape((len(pos), *self.shape)), dtype=np.float32)
+        x -= self.shift                           # in place (the gather above made a copy): the arithmetic
+        x /= self.scale                           # of prepare.apply_normalizer
         return x, np.asarray(self.data[f"y_{split}"])[pos]
 
     def chunks(self, split: str, limit: int | None = None) -> Iterator[np.ndarray]:

@@ -65,6 +65,7 @@ from ensemble.inference.outputs import (
     prediction_frame,
     write_predictions,
 )
+from ensemble.inference.streamed import is_streamed, predict_split
 
 __all__ = ["BATCH", "EnsembleRun", "Member", "OUT_SUFFIXES", "PredictError", "PredictInput", "TEST_KEYWORD",
            "data_input", "encode_targets", "format_metrics", "input_settings", "load_input", "load_run", "main",
@@ -73,6 +74,7 @@ __all__ = ["BATCH", "EnsembleRun", "Member", "OUT_SUFFIXES", "PredictError", "Pr
            "score", "write_predictions"]
 
 EXIT_INPUT, EXIT_PREDICT = 3, 4
+STREAMED = "streamed"                 # what rank 0 found: --data test of a run whose data streams
 _BCAST_BYTES = 1 << 28                # per Bcast message, far below the 2 GiB count limit
 log = logging.getLogger("ensemble.predict")
 
@@ -119,6 +121,11 @@ def _prepare_on_root(args: argparse.Namespace):
                  + ("averaged probabilities" if run.task == "classification" else "[mean, variance]"))
     if not args.data:
         return run, None, None
+    if args.data == TEST_KEYWORD and is_streamed(run):
+        if args.keep:
+            raise PredictError(f"--keep {', '.join(args.keep)}: --data test reads the run's test rows as arrays, "
+                               "without the file's columns; predict on the data file to keep columns")
+        return run, STREAMED, out                  # read a chunk at a time by every step below
     got = load_input(run, args.data, args.format, args.x, args.y, args.label, args.keep)
     return run, got, out
 
@@ -148,6 +155,26 @@ def predict_frame(run: str | Path | EnsembleRun, data, keep: str | list[str] = (
     return prediction_frame(run, result, got.y, got.kept, index=getattr(data, "index", None))
 
 
+def _predict_streamed(run: EnsembleRun, out: Path | None, comm, data: str) -> int:
+    """``--data test`` of a run whose data streamed: the test rows a chunk at a time through
+    the members, the predictions written as they come (``inference.streamed.predict_split``)."""
+    size = comm.Get_size()
+    try:
+        metrics, _, n = predict_split(run, "test", out, comm if size > 1 else None)
+    except PredictError as exc:
+        log.error(f"error: {exc}")
+        return EXIT_PREDICT
+    if comm.Get_rank() != 0:
+        return 0
+    log.info(f"wrote {out}: {n} predictions from {len(run.members)} members on {size} rank(s), the test rows "
+             "read a chunk at a time (the run's data streams)")
+    log.info(format_metrics(f"{data} ({n} samples)", metrics))
+    recorded = run.summary.get("ensemble", {}).get("test")
+    if recorded:
+        log.info(format_metrics("ensemble.json test", recorded))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from ensemble.runtime import mpi
@@ -164,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:                                  # decide on rank 0, then tell every rank
         try:
             run, got, out = _prepare_on_root(args)
-            x = None if got is None else got.x
-            status = ("ok", run, None if x is None else (x.shape, x.dtype.str))
+            x = None if got is None or got is STREAMED else got.x
+            status = ("ok", run, STREAMED if got is STREAMED else None if x is None else (x.shape, x.dtype.str))
         except Exception as exc:                   # noqa: BLE001 - every rank must learn of it
             kind = "" if isinstance(exc, ValueError) else f"{type(exc).__name__}: "
             status = ("error", f"error: {kind}{exc}", None)
@@ -176,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     run, layout = status[1], status[2]
     if layout is None:                             # --export only
         return 0
+    if layout == STREAMED:
+        return _predict_streamed(run, out, comm, args.data)
     if size > 1:
         x = _broadcast_features(comm, x, *layout)
     try:

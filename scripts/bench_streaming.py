@@ -5,15 +5,20 @@ of 1x, 2x, 4x and 8x a fixed memory cap (``--cap-gb``: ``data.node_memory_gb`` x
 ``data.memory_share``, the setting that makes ``data.stream = "auto"`` stream; no ulimit or
 cgroup). Each size is trained as a whole ensemble run, ``mpiexec -n 3`` (a master and two
 workers, 2 members, 1 epoch), and every rank's peak resident memory (``ru_maxrss``) is
-printed; sizes up to ``--memory-max-x`` times the cap also run in memory
-(``data.stream = false``) beside it, for contrast. The files are made once in ``--dir``
+printed, and, for the streamed runs, the peak of ``ensemble predict RUN --data test`` (one
+process; the test rows are read a chunk at a time); sizes up to ``--memory-max-x`` times the
+cap also run in memory (``data.stream = false``) beside it, for contrast. The files are made once in ``--dir``
 (8x the cap on disk; the smaller sizes are folders of links to the first files) and removed
 at the end unless ``--keep``.
 
 ``speed``: one process, one dataset that fits in memory, a tiny MLP; the in-memory pipeline
 (``datafeed.pipeline.make_dataset``) and the streaming one (``datafeed.streaming.Streamed``)
-train epochs in turn, each after a warm-up epoch; samples per second of each and their ratio
-(median over the rounds), for narrow rows (64 features) and wide ones (4096).
+train an epoch each in turn, ``--reps`` times after a warm-up epoch; each repetition's ratio
+of samples per second (streamed over in memory), their median, quartiles and range, for
+narrow rows (64 features) and wide ones (4096).
+
+``--write PAGE`` writes either table, dated, into PAGE between its
+``<!-- bench_streaming memory|speed -->`` marks (docs/your-data.md).
 """
 
 from __future__ import annotations
@@ -50,6 +55,15 @@ def write_shards(folder: Path, n_files: int, features: int, seed: int = 0, start
         y = np.argmax(x @ w + 0.5 * rng.standard_normal((FILE_ROWS, 10), dtype=np.float32), axis=1)
         with h5py.File(folder / f"part{i:05d}.h5", "w") as f:
             f["x"], f["y"] = x, y
+
+
+def predict_wrapper() -> None:
+    """``bench_streaming.py predict RUN_DIR OUT PEAK``: ``ensemble predict RUN_DIR --data test``,
+    then its peak resident memory written to PEAK."""
+    from ensemble.predict import main
+    code = main([sys.argv[2], "--data", "test", "--out", sys.argv[3]])
+    Path(sys.argv[4]).write_text(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    sys.exit(code)
 
 
 def rank_wrapper() -> None:
@@ -105,9 +119,19 @@ def run_size(folder: Path, stream: str, node_gb: float, share: float, work: Path
     streamed = "stream" in json.loads((run_dir / "data.json").read_text()) if (run_dir / "data.json").exists() else None
     if proc.returncode != 0:
         print(proc.stderr[-3000:], file=sys.stderr)
+    predict = None
+    if streamed and proc.returncode == 0:         # the test rows, read a chunk at a time, through the members
+        peak = work / f"predict-{tag}.json"
+        got = subprocess.run([sys.executable, __file__, "predict", str(run_dir), str(work / f"test-{tag}.npz"),
+                              str(peak)], capture_output=True, text=True, env=env, timeout=1800)
+        if got.returncode != 0:
+            print(got.stderr[-3000:], file=sys.stderr)
+        test_rows = len(np.load(run_dir / "splits.npz")["test"])
+        predict = {"code": got.returncode, "peak": json.loads(peak.read_text())["peak"] if peak.exists() else 0,
+                   "rows": test_rows, "gb": round(test_rows * 4096 * 4 / 1e9, 3)}
     shutil.rmtree(run_dir, ignore_errors=True)
     return {"code": proc.returncode, "peaks": [p["peak"] for p in peaks], "members_ok": ok,
-            "streamed": streamed, "seconds": round(seconds, 1)}
+            "streamed": streamed, "seconds": round(seconds, 1), "predict": predict}
 
 
 def bench_memory(args) -> None:
@@ -145,7 +169,47 @@ def bench_memory(args) -> None:
         shutil.rmtree(work, ignore_errors=True)
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
-    print(json.dumps({"cap_gb": args.cap_gb, "rows": rows}))
+    result = {"cap_gb": args.cap_gb, "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    print(json.dumps(result))
+    if args.write:
+        write_block(Path(args.write), "memory", memory_table(result, args))
+
+
+def memory_table(result: dict, args) -> str:
+    """The memory figures as the docs show them (``--write``), with the streamed peaks' spread."""
+    def mib(v: float) -> str:
+        return f"{v / 2**20:,.0f}"
+
+    def predicted(p: dict | None) -> str:
+        if not p:
+            return "-"
+        return f"{p['gb']:.2f} GB, {mib(p['peak'])} MiB" if p["code"] == 0 else f"failed (exit {p['code']})"
+    lines = [f"Measured {result['date']}, `python scripts/bench_streaming.py memory --cap-gb {args.cap_gb:g} "
+             f"--memory-max-x {args.memory_max_x} --write {args.write}`:", "",
+             "| dataset on disk | `data.stream` | streamed | members | peak RSS rank 0 | peak RSS workers "
+             "| `predict --data test`: test rows, peak RSS |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        peaks = r["peaks"] or [0]
+        setting = '"auto"' if r["setting"] == "auto" else "false"
+        lines.append(f"| {r['gb']:.2f} GB ({r['x']}x) | {setting} | "
+                     f"{'yes' if r['streamed'] else 'no'} | {r['members_ok']}/2 | {mib(peaks[0])} MiB | "
+                     f"{', '.join(mib(p) for p in peaks[1:])} MiB | {predicted(r.get('predict'))} |")
+    streamed = [r for r in result["rows"] if r["setting"] == "auto" and r["peaks"]]
+    if len(streamed) > 1:
+        for which, name in ((0, "rank 0"), (slice(1, None), "workers")):
+            vals = [max(r["peaks"][which]) if isinstance(which, slice) else r["peaks"][which] for r in streamed]
+            lines.append("")
+            lines.append(f"Streamed, {name}: peak from {mib(vals[0])} MiB at 1x to {mib(vals[-1])} MiB at "
+                         f"{streamed[-1]['x']}x the cap, {100 * (max(vals) / min(vals) - 1):.1f}% between the "
+                         "lowest and the highest.")
+    ran = [r["predict"] for r in streamed if r.get("predict")]
+    if ran:
+        lines.append("")
+        lines.append(f"`ensemble predict RUN --data test` (one process, the test rows a chunk at a time): peak "
+                     f"from {mib(ran[0]['peak'])} MiB ({ran[0]['gb']:.2f} GB of test rows) to "
+                     f"{mib(ran[-1]['peak'])} MiB ({ran[-1]['gb']:.2f} GB, more than the cap).")
+    return "\n".join(lines)
 
 
 def speed_pair(features: int, n_files: int, batch: int, reps: int) -> dict:
@@ -272,6 +336,8 @@ def plot(args) -> None:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
         return rank_wrapper()
+    if len(sys.argv) > 1 and sys.argv[1] == "predict":
+        return predict_wrapper()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     mem = sub.add_parser("memory", help="peak RSS per rank as the dataset grows past a memory cap")
@@ -279,6 +345,7 @@ def main() -> None:
     mem.add_argument("--memory-max-x", type=int, default=2, help="also run in memory up to this many caps")
     mem.add_argument("--dir", default=str(Path(tempfile.gettempdir()) / "bench-streaming-data"))
     mem.add_argument("--keep", action="store_true", help="keep the files for another run")
+    mem.add_argument("--write", help="write the table into this page (between its bench_streaming marks)")
     speed = sub.add_parser("speed", help="streaming vs in-memory samples/s on data that fits")
     speed.add_argument("--files", type=int, default=48, help="shards of 1024 rows (64 features; a quarter "
                                                               "as many of 4096)")

@@ -115,9 +115,50 @@ class Ensemble:
     def data(self, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
         """The run's own ``split`` ("train", "val" or "test") as read from its data file(s):
         (raw features, targets), the rows ``splits.npz`` records. Reads the data again, as
-        the run did (``datafeed.splits.read_data``)."""
-        from ensemble.inference.load import run_split
-        return run_split(self.path, self.config, split)
+        the run did (``datafeed.splits.read_data``); a run whose data streamed reads only the
+        split's rows, a chunk at a time, and refuses a split that would not fit in memory
+        (``data.memory_share`` of ``data.node_memory_gb``): use ``data_batches`` or
+        ``predict_split`` for that."""
+        from ensemble.inference.streamed import is_streamed, raw_batches, split_nbytes
+        if not is_streamed(self._run):
+            from ensemble.inference.load import run_split
+            return run_split(self.path, self.config, split)
+        from datafeed.streaming import will_stream
+        if will_stream(self.config.data.replace(stream="auto"), split_nbytes(self._run, split)):
+            from ensemble.inference.load import PredictError
+            raise PredictError(f"the run's {split} split takes {split_nbytes(self._run, split) / 1e9:.2f} GB as "
+                               f"float32, more than `data.memory_share` of a node's memory; read it with "
+                               f"data_batches({split!r}) or predict on it with predict_split({split!r})")
+        parts = list(raw_batches(self._run, split))
+        return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+
+    def data_batches(self, split: str = "test", rows: int = 4096):
+        """The run's own ``split`` as ``data`` gives it, a batch at a time: (raw features,
+        targets) pairs in row order; a run whose data streamed reads them from its files a
+        chunk at a time (about 4 MiB each), never the whole split (``rows`` is then unused)."""
+        from ensemble.inference.streamed import is_streamed, raw_batches
+        if is_streamed(self._run):
+            yield from raw_batches(self._run, split)
+            return
+        x, y = self.data(split)
+        for a in range(0, len(x), rows):
+            yield x[a:a + rows], y[a:a + rows]
+
+    def predict_split(self, split: str = "test", out: str | Path | None = None) -> dict[str, float]:
+        """The ensemble on the run's own ``split``: its metrics (as ``ensemble.json`` reports
+        them), and the predictions written to ``out`` (.csv, .parquet or .npz; None: not
+        written). A run whose data streamed is read and predicted a chunk at a time, the
+        predictions written as they come, so a split larger than memory works; only the few
+        numbers a row the metrics need are kept."""
+        from ensemble.inference.streamed import is_streamed, predict_split
+        batches = None
+        if not is_streamed(self._run):
+            from ensemble.inference.load import run_arrays
+            arrays = run_arrays(self.path, self.config, self._run.meta)
+            x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+            batches = iter([(x[a:a + 4096], y[a:a + 4096]) for a in range(0, len(x), 4096)])
+        metrics, _, _ = predict_split(self._run, split, out, models=self._models, batches=batches)
+        return metrics
 
     def __repr__(self) -> str:
         s = self._run.summary

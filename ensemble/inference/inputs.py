@@ -329,6 +329,12 @@ def _pandas_hdf5(data: DataConfig, source: str):
 
 
 def _test_split(run: EnsembleRun) -> tuple[np.ndarray, np.ndarray]:
+    """The run's test rows as its members took them; a streamed run's read a chunk at a time
+    (only the test rows, never the whole data; ``inference.streamed``)."""
     from ensemble.inference.load import run_arrays
+    from ensemble.inference.streamed import is_streamed, split_batches
+    if is_streamed(run):
+        parts = list(split_batches(run, "test"))
+        return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
     arrays = run_arrays(run.path, run.config, run.meta)
     return arrays["x_test"], arrays["y_test"]

@@ -95,3 +95,92 @@ def write_predictions(path: str | Path, run: EnsembleRun, result: dict, y: np.nd
 
 def format_metrics(label: str, metrics: dict[str, float]) -> str:
     return f"{label:<28}" + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+
+
+class PredictionWriter:
+    """Predictions written a batch at a time, for a split too large to hold (a streamed run's
+    ``--data test``): .csv rows appended, .parquet row groups, .npz arrays filled in place in
+    ``.npy`` files of the known length and stored in the archive at the end; the same columns
+    and arrays ``write_predictions`` writes. The file appears whole at ``close`` (fsync,
+    rename), as ``write_predictions``'s does; ``abort`` leaves nothing."""
+
+    def __init__(self, path: str | Path, run: EnsembleRun, n: int):
+        self.path, self.run, self.n, self.at = Path(path), run, n, 0
+        self.tmp = self.path.with_name(self.path.name + ".part" + self.path.suffix)
+        self.arrays: dict = {}
+        self.parquet = None
+        self.folder: Path | None = None
+
+    def write(self, result: dict, y: np.ndarray | None = None) -> None:
+        """The next rows' predictions (``combine.predict_arrays``'s result) and targets."""
+        if self.path.suffix == ".npz":
+            self._npz(prediction_arrays(self.run, result, y))
+        else:
+            frame = prediction_frame(self.run, result, y)
+            if self.path.suffix == ".csv":
+                frame.to_csv(self.tmp, index=False, header=self.at == 0, mode="w" if self.at == 0 else "a")
+            else:
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+                table = pa.Table.from_pandas(frame, preserve_index=False)
+                if self.parquet is None:
+                    self.parquet = pq.ParquetWriter(self.tmp, table.schema)
+                self.parquet.write_table(table)
+            self.at += len(frame)
+
+    def _npz(self, arrays: dict[str, np.ndarray]) -> None:
+        import tempfile
+        if self.folder is None:
+            self.folder = Path(tempfile.mkdtemp(prefix=self.path.name + ".", dir=self.path.parent))
+        rows = len(next(v for k, v in arrays.items() if k != "class_names"))
+        for name, values in arrays.items():
+            values = np.asarray(values)
+            if name == "class_names":
+                if name not in self.arrays:
+                    np.save(self.folder / f"{name}.npy", values)
+                    self.arrays[name] = None
+                continue
+            if name not in self.arrays:
+                self.arrays[name] = np.lib.format.open_memmap(self.folder / f"{name}.npy", mode="w+",
+                                                              dtype=values.dtype, shape=(self.n, *values.shape[1:]))
+            self.arrays[name][self.at:self.at + rows] = values
+        self.at += rows
+
+    def close(self) -> Path:
+        """Finish the file: fsync, rename to ``path``; returns it."""
+        import os
+        if self.at != self.n:
+            self.abort()
+            raise PredictError(f"{self.path}: {self.at} rows written, {self.n} expected")
+        if self.path.suffix == ".npz":
+            import zipfile
+            for memmap in self.arrays.values():
+                if memmap is not None:
+                    memmap.flush()
+            with zipfile.ZipFile(self.tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+                for name in self.arrays:          # what np.savez writes: NAME.npy members, stored
+                    z.write(self.folder / f"{name}.npy", f"{name}.npy")     # type: ignore[operator]
+            self._drop_folder()
+        elif self.parquet is not None:
+            self.parquet.close()
+        fd = os.open(self.tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Stop without a file: what was written so far is removed."""
+        if self.parquet is not None:
+            self.parquet.close()
+            self.parquet = None
+        self._drop_folder()
+        self.tmp.unlink(missing_ok=True)
+
+    def _drop_folder(self) -> None:
+        import shutil
+        self.arrays = {k: None for k in self.arrays}
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)

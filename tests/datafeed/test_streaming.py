@@ -17,6 +17,7 @@ import pytest
 from datafeed import streaming
 from datafeed.prepare import prepare_with_rows
 from datafeed.readers import DataError
+from datafeed.shards import close_files
 from datafeed.splits import read_data
 from datafeed.staging import stage_files, stage_root
 from datafeed.streaming import Streamed, prepare_stream, stream_plan, will_stream
@@ -90,13 +91,37 @@ def test_auto_streams_what_exceeds_the_memory_share(shards):
 def test_streaming_errors_name_the_setting(shards, tmp_path):
     with pytest.raises(DataError, match=r"`data\.stream = true`.*built-in"):
         stream_plan(data_cfg(source="digits", stream=True))
-    with pytest.raises(DataError, match=r"not by `data\.test_source`"):
-        stream_plan(data_cfg(source=str(shards), stream=True, test_source=str(shards / "s0.h5")))
     with h5py.File(shards / "s2.h5", "a") as f:
         f["x"][3, 1] = np.nan
     data = data_cfg(source=str(shards), stream=True)
     with pytest.raises(DataError, match=r"s2\.h5.*NaN/inf"):
         prepare_stream(stream_plan(data), data, 0)
+
+
+def test_a_test_source_streams_after_the_training_files_as_in_memory(shards, tmp_path):
+    held = tmp_path / "held"
+    held.mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(2):
+        with h5py.File(held / f"t{i}.h5", "w") as f:
+            f["x"], f["y"] = rng.normal(size=(20 + i, 6)).astype(np.float32), rng.integers(0, 3, 20 + i)
+    (arrays, meta, rows), (s_arrays, s_meta, s_rows) = both(shards, test_source=str(held))
+    assert s_meta["split_from"] == "sources" and len(s_meta["stream"]["files"]) == 7
+    n_train = 5 * 40 + 4 * (0 + 1 + 2 + 3 + 4)
+    assert s_rows["test"].tolist() == list(range(n_train, n_train + 41))     # the test files' rows, after train's
+    for split in ("train", "val", "test"):
+        np.testing.assert_array_equal(rows[split], s_rows[split])
+        np.testing.assert_array_equal(arrays[f"y_{split}"], s_arrays[f"y_{split}"])
+    feed = Streamed(s_meta, s_arrays)
+    np.testing.assert_allclose(np.concatenate(list(feed.chunks("test"))), arrays["x_test"], atol=1e-5)
+    close_files()                                                 # the reader keeps HDF5 files open
+    with h5py.File(held / "t1.h5", "w") as f:
+        f["x"], f["y"] = np.zeros((5, 7), np.float32), np.zeros(5, np.int64)
+    with pytest.raises(DataError, match=r"`data\.test_source` .*held.*t1\.h5.*shape \[7\]"):
+        stream_plan(data_cfg(source=str(shards), stream=True, test_source=str(held)))
+    np.savez(tmp_path / "t.npz", x=np.zeros((5, 6), np.float32), y=np.zeros(5, np.int64))
+    with pytest.raises(DataError, match=r"`data\.test_source` .*t\.npz.* is npz, but `data\.source` is hdf5"):
+        stream_plan(data_cfg(source=str(shards), stream=True, test_source=str(tmp_path / "t.npz")))
 
 
 @pytest.mark.slow
