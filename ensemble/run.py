@@ -143,9 +143,16 @@ def _run(comm, cfg, args, argv, status, held: list, made, stamps, job_started, m
     stamps["data"] = round(time.time(), 3)
 
     from ensemble.orchestrate.session import run_master_side, run_worker_side
+    from ensemble.orchestrate.submasters import run_hierarchy, shape_on_every_rank
+    command = ["-m", "ensemble.run", *(argv if argv is not None else sys.argv[1:])]
+    subs = shape_on_every_rank(comm, cfg, run_dir, args.resume)      # runtime.sub_masters: 0 is one master
+    if subs:
+        code = run_hierarchy(comm, cfg, meta, data, run_dir, args.resume, subs, job_started, command, stamps)
+        mpi.polite_barrier(comm, max_sleep)
+        data.free()
+        return code
     group, leaders = mpi.split_groups(comm, group_size)
     if rank == 0:
-        command = ["-m", "ensemble.run", *(argv if argv is not None else sys.argv[1:])]
         code = run_master_side(comm, cfg, meta, data, run_dir, args.resume, leaders, job_started, command,
                                master_trains)
     else:

@@ -65,8 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "member as data-parallel helpers (a what-if: the runtime's groups are fixed at the start)")
     p.add_argument("--seed", type=int, default=0, help="--engine fast: the seed of the members' durations")
     p.add_argument("--sub-masters", default="1",
-                   help='--engine fast: a master hierarchy (a design\'s model, not in the runtime): "auto" (as many '
-                        "as keep each under 50%% busy) or a number; 1: one master")
+                   help='--engine fast: a master hierarchy (static shares): "auto" (the runtime\'s choice for '
+                        '`runtime.sub_masters = "auto"`: as many as keep each under 50%% busy, 0 below 64 '
+                        "workers each) or a number; 0 or 1: one master")
     p.add_argument("--specs-in-hand", help='override runtime.specs_in_hand ("auto" or a number)')
     p.add_argument("--run-dir", help="keep the simulated journal here (default: a temporary directory)")
     p.add_argument("--json", action="store_true", help="print each row's full statistics as a JSON line")
@@ -121,8 +122,8 @@ def fast_rows(cfg, args) -> int:
                                     in_hand=hand, tail=args.tail,
                                     time_limit=None if rt.time_limit is None else rt.time_limit - rt.finish_reserve,
                                     stop_quantile=rt.stop_quantile)
-        subs = (fastsim.sub_masters_for(workers, float(np.mean(durations)), cost, scenario.message_seconds)
-                if args.sub_masters == "auto" else int(args.sub_masters))
+        subs = (fastsim.hierarchy_shape(workers, float(np.mean(durations)), cost, scenario.message_seconds)
+                if args.sub_masters == "auto" else int(args.sub_masters))     # the runtime's own choice
         t0 = time.perf_counter()
         stats = fastsim.run_hierarchy(scenario, durations, subs)
         stats.update(real_seconds=round(time.perf_counter() - t0, 2), mode=cfg.mode, order=rt.order, tail=args.tail,

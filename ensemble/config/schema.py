@@ -428,6 +428,14 @@ SCHEMA = Table({
             isinstance(v, int) and v > 0) else 'must be "auto" or a positive integer',
             doc="member specs a worker holds ahead, so it starts the next one without a round trip to the "
                 "master; \"auto\": by how long members take"),
+        "sub_masters": Key((str, int), 0, lambda v: None if v == "auto" or (
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0) else
+            'must be "auto" or a whole number of sub-masters (0: one master)',
+            doc="a master hierarchy for short members at the largest scale: ranks 1..N are sub-masters, each "
+                "handing the specs the master deals it in blocks to its own share of the member groups and "
+                "forwarding their results in batches; 0: one master serves every group; \"auto\": as many as "
+                "keep each under half busy by the recorded master cost and the member time measured so far "
+                "(none before any is measured, and none below 64 groups a sub-master; docs/scale.md)"),
         "order": Key((str,), "cost", lambda v: None if v in ("cost", "list") else 'must be "cost" or "list"',
                      doc="mode \"ensemble\": the order members go out in; \"cost\": the longest predicted "
                          "first (each architecture's measured mean seconds; before any is measured, its epochs and "

@@ -259,6 +259,24 @@ def sub_masters_for(workers: int, mean_seconds: float, cost: MasterCost, message
     return max(1, math.ceil(load / busy))
 
 
+#: the fewest worker groups a sub-master serves: below it one master is never the bottleneck
+#: worth a rank (and a hierarchy of a few workers each only adds a hop)
+MIN_SHARE = 64
+
+
+def hierarchy_shape(workers: int, mean_seconds: float | None, cost: MasterCost, message_seconds: float = 10e-6,
+                    busy: float = 0.5, min_share: int = MIN_SHARE) -> int:
+    """The hierarchy's shape, for the simulator's ``--sub-masters auto`` and the runtime's
+    ``runtime.sub_masters = "auto"`` alike: how many sub-masters (0: one master, flat) serve
+    ``workers`` groups whose members take ``mean_seconds`` (None: not measured yet, flat).
+    ``sub_masters_for`` keeps each under ``busy``, at most one per ``min_share`` workers; a
+    single sub-master would only add a hop, so fewer than 2 is flat."""
+    if mean_seconds is None:
+        return 0
+    subs = min(sub_masters_for(workers, mean_seconds, cost, message_seconds, busy), workers // min_share)
+    return subs if subs >= 2 else 0
+
+
 def run_hierarchy(s: Scenario, durations: np.ndarray, sub_masters: int) -> dict:
     """A design's model, not the runtime: ``sub_masters`` masters, each serving its own
     share of the workers (dealt round-robin) with its own share of the list (its own

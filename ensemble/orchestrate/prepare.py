@@ -96,6 +96,9 @@ def check_world(cfg: RunConfig, workers: int) -> None:
     ranks divide into groups; the mode's own needs, such as a population's groups)."""
     from ensemble.modes import mode_of
     g, found = cfg.runtime.group_size, Problems()
+    if cfg.runtime.sub_masters not in (0, "auto"):      # a master hierarchy's sub-masters are not workers
+        from ensemble.orchestrate.submasters import check_hierarchy
+        workers -= check_hierarchy(cfg, workers, found)
     if g > 1 and (workers == 0 or workers % g):
         found.add(f"`runtime.group_size` must divide the {workers} worker ranks (mpirun -n P gives P-1 workers "
                   f"besides the master), but got {g}", "runtime.group_size")

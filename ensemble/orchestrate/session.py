@@ -235,29 +235,35 @@ class MasterSession:
 
 def run_master_side(comm, cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, resume: bool,
                     leaders: list[int], job_started: float | None = None, command: list[str] | None = None,
-                    master_trains: bool = False) -> int:
+                    master_trains: bool = False, executor: Executor | None = None,
+                    fields: dict | None = None) -> int:
     """Rank 0 of a real job: the MPI executor over the worker groups (or, alone, the serial
     one), the wall clock, the job's budget; then the master session. ``command``: the job's
     arguments, for the journal (default ``sys.argv[1:]``); ``master_trains``: rank 0 also
-    trains, in a thread (``runtime.executor.LocalWorker``)."""
+    trains, in a thread (``runtime.executor.LocalWorker``); ``executor``: another executor
+    over the job's ranks (a master hierarchy's, ``orchestrate.submasters``), with ``fields``
+    for the journal's ``open`` line."""
     from ensemble.runtime.env import environment
     from ensemble.runtime.mpi import library_version
     rt = cfg.runtime
     mode = mode_of(cfg)
-    executor: Executor
-    if leaders:
+    chosen: Executor
+    if executor is not None:
+        chosen = executor
+    elif leaders:
         local = (lambda: make_trainer(cfg, meta, data, run_dir, 0)) if master_trains else None
-        executor = MpiExecutor(comm, leaders, rt.poll_max_sleep, in_hand(cfg, mode), local=local,
-                               block=rt.members_per_rank if mode.packs(cfg) else 1)
+        chosen = MpiExecutor(comm, leaders, rt.poll_max_sleep, in_hand(cfg, mode), local=local,
+                             block=rt.members_per_rank if mode.packs(cfg) else 1)
     else:
-        executor = SerialExecutor(lambda: make_trainer(cfg, meta, data, run_dir, 0))
+        chosen = SerialExecutor(lambda: make_trainer(cfg, meta, data, run_dir, 0))
     budget = RunBudget(rt.time_limit, rt.finish_reserve, rt.max_failed_share, end_time=job_end_time(),
                        stop_quantile=rt.stop_quantile)
     predictions = rt.trainer != "rehearsal" or cfg.rehearsal.predictions
     fields = {"ranks": comm.Get_size(), "host": socket.gethostname(),
-              "environment": environment(command if command is not None else sys.argv[1:], library_version())}
-    session = MasterSession(cfg, meta, data, run_dir, executor, budget, resume=resume, predictions=predictions,
-                            open_fields=fields, job_started=job_started, serial=not leaders,
+              "environment": environment(command if command is not None else sys.argv[1:], library_version()),
+              **(fields or {})}
+    session = MasterSession(cfg, meta, data, run_dir, chosen, budget, resume=resume, predictions=predictions,
+                            open_fields=fields, job_started=job_started, serial=isinstance(chosen, SerialExecutor),
                             master_trains=master_trains)
     return session.run()
 

@@ -51,6 +51,7 @@ from ensemble.runtime.executor import (
     Trainer,
     check_decision,
 )
+from ensemble.runtime.hierarchy import HierarchyExecutor
 from ensemble.sources.base import Decider, GoOn, Hooks, Source
 from ensemble.sources.discard import EarlyDiscard
 from ensemble.sources.members import SpecList, member_count, member_specs
@@ -215,10 +216,10 @@ def check_declares(cls: type, proto: type) -> None:
 
 
 # == the Executor suite =========================================================================
-@pytest.mark.parametrize("cls", [SerialExecutor, SimExecutor, MpiExecutor])
+@pytest.mark.parametrize("cls", [SerialExecutor, SimExecutor, MpiExecutor, HierarchyExecutor])
 def test_executor_declares_every_member_of_the_protocol(cls):
-    # MpiExecutor is checked here by inspection only (constructing it starts MPI);
-    # tests/mpi/test_executor_mpi.py runs it under mpiexec
+    # MpiExecutor and HierarchyExecutor are checked here by inspection only (constructing them
+    # starts MPI); tests/mpi/test_executor_mpi.py and test_hierarchy_mpi.py run them under mpiexec
     check_declares(cls, Executor)
 
 

@@ -1,0 +1,129 @@
+"""A master hierarchy in the real run (``runtime.sub_masters``): its shape and its roles.
+
+The shape is ``fastsim.hierarchy_shape``, the function the simulator's ``--sub-masters
+auto`` uses: sub-masters enough to keep each under half busy by the recorded master cost
+(``simulate.MASTER_COST_US``) and the members' mean seconds, at most one per
+``fastsim.MIN_SHARE`` groups, none below two. The ranks' roles are fixed when the job
+starts, so "auto" reads the member time of what the run has measured so far: a resumed
+run's finished members, or a rehearsal's own median seconds; a fresh run of trained
+members has measured nothing yet and starts flat. ``runtime.hierarchy`` holds the
+executor, the sub-master's loop and the layout; this module chooses the shape on rank 0,
+tells every rank, and starts each rank's role.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+
+from ensemble.config import Problems, RunConfig
+from ensemble.modes import make_trainer, mode_of
+from ensemble.orchestrate.fastsim import hierarchy_shape
+from ensemble.orchestrate.session import in_hand, run_master_side
+from ensemble.orchestrate.simulate import master_cost
+from ensemble.results.rundir import RunDirectory
+from ensemble.runtime.executor import serve
+from ensemble.runtime.hierarchy import HierarchyExecutor, Layout, serve_sub_master, share_leaders, split
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+
+
+def unsuited(cfg: RunConfig) -> str | None:
+    """Why this config's run cannot have sub-masters (they answer in-training reports with
+    "continue" and hand out single specs), or None."""
+    if cfg.mode == "pbt":
+        return "mode \"pbt\" decides every member's rounds at the master and members exchange weights"
+    if cfg.mode == "evolve" and cfg.evolve.discard != "off":
+        return f"`evolve.discard = \"{cfg.evolve.discard}\"` decides at the master while members train"
+    if mode_of(cfg).packs(cfg):
+        return "`runtime.members_per_rank` > 1 packs specs on a worker"
+    if cfg.runtime.master_trains is True:
+        return "`runtime.master_trains = true` trains on rank 0, which only deals specs in a hierarchy"
+    return None
+
+
+def check_hierarchy(cfg: RunConfig, workers: int, found: Problems) -> int:
+    """Every rank, with the config's checks: a fixed number of sub-masters must suit the
+    config and the job's ``workers`` ranks (besides rank 0). Returns the ranks they take
+    from the workers (0 for "auto", which fits itself to the job)."""
+    subs = cfg.runtime.sub_masters
+    if subs == AUTO or subs == 0:
+        return 0
+    why = unsuited(cfg)
+    if why is not None:
+        found.add(f"`runtime.sub_masters = {subs}` cannot be used: {why}; set `runtime.sub_masters = 0`",
+                  "runtime.sub_masters")
+        return 0
+    problem = Layout(workers + 1, int(subs), cfg.runtime.group_size).problem()
+    if problem is not None:
+        found.add(f"`runtime.sub_masters`: {problem}", "runtime.sub_masters")
+        return 0
+    return int(subs)
+
+
+def measured_seconds(cfg: RunConfig, run_dir: RunDirectory, resume: bool) -> float | None:
+    """The members' mean seconds as far as the run has measured them (None: not yet)."""
+    if resume:
+        seconds = [line["train_seconds"] for line in run_dir.read_lines()
+                   if line.get("status") == "ok" and isinstance(line.get("train_seconds"), int | float)]
+        if seconds:
+            return statistics.fmean(seconds)
+    if cfg.runtime.trainer == "rehearsal":
+        return cfg.rehearsal.seconds
+    return None
+
+
+def choose(cfg: RunConfig, size: int, mean_seconds: float | None) -> int:
+    """Sub-masters for a job of ``size`` ranks: the setting, or for "auto" the shared shape
+    (``fastsim.hierarchy_shape``) fitted to the job (0 when it does not fit or suit)."""
+    setting = cfg.runtime.sub_masters
+    if setting != AUTO:
+        return int(setting)
+    if unsuited(cfg) is not None:
+        return 0
+    g = cfg.runtime.group_size
+    subs = hierarchy_shape((size - 1) // g, mean_seconds, master_cost(cfg.mode))
+    while subs >= 2 and Layout(size, subs, g).problem() is not None:
+        subs -= 1
+    return subs if subs >= 2 else 0
+
+
+def shape_on_every_rank(comm, cfg: RunConfig, run_dir: RunDirectory | None, resume: bool) -> int:
+    """Every rank: how many sub-masters this job has. A fixed setting needs no message;
+    "auto" is chosen on rank 0 (it reads the journal) and broadcast."""
+    if cfg.runtime.sub_masters != AUTO:
+        return int(cfg.runtime.sub_masters)
+    from ensemble.runtime.mpi import polite_bcast
+    subs = None
+    if comm.Get_rank() == 0:
+        mean = measured_seconds(cfg, run_dir, resume) if run_dir is not None else None
+        subs = choose(cfg, comm.Get_size(), mean)
+        if subs:
+            log.info(f"runtime.sub_masters = \"auto\": {subs} sub-masters for members of {mean:.3g} s "
+                     f"on {comm.Get_size() - 1 - subs} workers")
+    return polite_bcast(comm, subs, 0, cfg.runtime.poll_max_sleep)
+
+
+def run_hierarchy(comm, cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, resume: bool, subs: int,
+                  job_started: float | None = None, command: list[str] | None = None,
+                  stamps: dict | None = None) -> int:
+    """Every rank of a job with ``subs`` sub-masters: the top master's session, a
+    sub-master's loop, or a worker's ``serve`` on its share. Returns the exit code (0 off rank 0)."""
+    rt = cfg.runtime
+    layout = Layout(comm.Get_size(), subs, rt.group_size)
+    share, group = split(comm, layout)                   # collective
+    role, k = layout.role(comm.Get_rank())
+    hand = in_hand(cfg, mode_of(cfg))
+    if role == "top":
+        executor = HierarchyExecutor(comm, layout.sub_ranks, layout.shares(), hand, rt.poll_max_sleep)
+        return run_master_side(comm, cfg, meta, data, run_dir, resume, [], job_started, command, executor=executor,
+                               fields={"sub_masters": subs, "shares": layout.shares()})
+    if role == "sub":
+        serve_sub_master(comm, share, share_leaders(layout, k), hand, rt.poll_max_sleep)
+        return 0
+    trainer = make_trainer(cfg, meta, data, run_dir, comm.Get_rank(), group, comm)
+    serve(share, trainer, rt.poll_max_sleep, group, startup={**(stamps or {}), "trainer": round(time.time(), 3)})
+    return 0
