@@ -1,7 +1,9 @@
 """Runs on a folder of shards: in memory and streamed (staged node-locally), the streamed
 run's metrics within tolerance of the in-memory run's for the same seed, a data-parallel
-group of 2 reading disjoint chunks within tolerance of a group of 1, and a bad shard
-failing every rank promptly with the file and the setting named."""
+group of 2 reading disjoint chunks within tolerance of a group of 1, and every data mistake
+of issue 33 (a shard of another shape, an unreadable file, an empty glob, overlapping splits,
+a missing split) failing every rank promptly, before any training, with the file and the
+setting named once by rank 0."""
 
 from __future__ import annotations
 
@@ -106,4 +108,37 @@ def test_a_shard_with_another_shape_stops_every_rank_before_training(tmp_path, s
     run_dir, proc = run(tmp_path, 3, "bad")
     assert proc.returncode != 0
     assert "digits4.h5" in proc.stderr and "`data.x`" in proc.stderr and "[63]" in proc.stderr
+    assert not (run_dir / "journal.jsonl").exists()
+
+
+def broken(tmp_path, shards, kind):
+    """The config's extra [data] lines and the words the error must hold, for each mistake."""
+    if kind == "unreadable file":
+        (shards / "digits2.h5").write_bytes(b"not an HDF5 file")
+        return "", ["digits2.h5", "`data.source`", "cannot be read as hdf5"]
+    if kind == "empty glob":
+        return "", ["`data.source`", "matches no files"]
+    if kind == "overlapping splits":
+        np.savez(tmp_path / "split.npz", train=np.arange(1000), test=np.arange(990, 1200))
+        return f'split_file = "{tmp_path / "split.npz"}"\n', ["split.npz", "`data.split_file`",
+                                                             "`train` and `test` overlap in 10 row(s)"]
+    np.savez(tmp_path / "split.npz", train=np.arange(1000))          # a missing split: no test rows
+    return f'split_file = "{tmp_path / "split.npz"}"\n', ["split.npz", "`data.split_file`",
+                                                         "must hold `train` and `test`"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["unreadable file", "empty glob", "overlapping splits", "missing split"])
+def test_each_data_mistake_stops_every_rank_before_training_naming_the_file_and_setting(tmp_path, shards, kind):
+    extra, words = broken(tmp_path, shards, kind)
+    source = "shards/*.nc" if kind == "empty glob" else "shards"
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(textwrap.dedent(CONFIG).replace("STREAM", "true").replace("GROUP", "1").replace("STAGE", "")
+                   .replace('source = "shards"', f'source = "{source}"\n{extra}'))
+    run_dir = tmp_path / "bad"
+    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr              # every rank: exit 3, no hang
+    for word in words:
+        assert word in proc.stderr, (word, proc.stderr)
+    assert proc.stderr.count("error") <= 2, proc.stderr                 # said once, by rank 0
     assert not (run_dir / "journal.jsonl").exists()
