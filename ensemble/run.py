@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     from ensemble.runtime.logs import setup_logging
 
     made = [] if made is None else made                  # the run directory, once rank 0 has made it
-    comm = mpi.world
+    comm = mpi.app_world()                               # COMM_WORLD, or this program's ranks in an MPMD job
     rank, size = comm.Get_rank(), comm.Get_size()
     if config is None:                                   # in-process (a notebook): keep its own hook
         mpi.abort_on_exception(lambda: interrupted_line(made[0] if made else None))
@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     if rank == 0:
         from ensemble.orchestrate.prepare import prepare_run
         try:
+            mode_of(cfg).before_prepare(cfg, args)      # mode "online": the simulation's first samples
             arrays, meta, run_dir, lock = prepare_run(cfg, args)
             status = ("ok", meta, str(run_dir.path))
         except (ConfigError, ValueError) as exc:

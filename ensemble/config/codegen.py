@@ -23,7 +23,7 @@ SCALARS = {int: "int", float: "float", str: "str", bool: "bool", list: "tuple[An
 CLASSES = {"data": "DataConfig", "train": "TrainConfig", "architectures": "ArchitectureConfig",
            "ensemble": "EnsembleConfig", "pbt": "PbtConfig", "evolve": "EvolveConfig",
            "runtime": "RuntimeConfig", "rehearsal": "RehearsalConfig",
-           "tracking": "TrackingConfig"}
+           "tracking": "TrackingConfig", "online": "OnlineConfig"}
 
 
 def _type(key: Key) -> str:

@@ -192,7 +192,8 @@ SCHEMA = Table({
     "mode": Key((str,), "ensemble", _one_of(*MODES),
                 doc="\"ensemble\": train the `[[architectures]]` listed; \"evolve\": search architectures "
                     "(`[evolve]`, `[search]`); \"pbt\": a population that trains round by round and copies "
-                    "its best members' weights into its worst (`[pbt]`)"),
+                    "its best members' weights into its worst (`[pbt]`); \"online\": members train on samples a "
+                    "running simulation streams, and each few make a new published ensemble (`[online]`)"),
     "seed": Key((int,), 0, _nonneg,
                 doc="seeds the data split, every member's initialisation and bootstrap, and the search"),
     "output_dir": Key((str,), "runs", doc="folder the run directory is made in"),
@@ -359,6 +360,30 @@ SCHEMA = Table({
            "epochs; then the weak copy the strong members' weights and optimizer state (sent from worker to "
            "worker) and perturb their hyperparameters. A copy takes the architecture with it, so a "
            "population may start from several architectures."),
+    "online": Table({
+        "buffer": Key((int,), 4096, _positive,
+                      doc="samples the replay buffer holds; each new member trains on a snapshot of it"),
+        "policy": Key((str,), "reservoir", _one_of("reservoir", "fifo"),
+                      doc="which samples the full buffer keeps: \"reservoir\" a uniform sample of all received so "
+                          "far; \"fifo\" the newest"),
+        "when_behind": Key((str,), "replace", _one_of("replace", "drop"),
+                           doc="when the simulation outpaces training (more than `max_unseen` samples arrived "
+                               "since the last member started): \"replace\" still takes them (the policy decides "
+                               "what leaves); \"drop\" drops and counts them until the next member starts"),
+        "max_unseen": Key((int,), 0, _nonneg,
+                          doc="samples that may arrive between two members' starts before training counts as "
+                              "behind; 0: `buffer`"),
+        "warmup": Key((int,), 512, _positive,
+                      doc="samples received before the first member starts; they are written to "
+                          "`data.source` (an .npz that does not exist yet), whose split gives the run's "
+                          "normalisation and its fixed validation and test rows"),
+        "publish_every": Key((int,), 2, _positive,
+                             doc="members that finish (ok) between two published ensembles"),
+        "in_flight": Key((int,), 4, _positive,
+                         doc="the simulation side's default: sample messages per rank sent and not yet "
+                             "acknowledged; a batch sent beyond it is dropped and counted, never waited for"),
+    }, doc="mode \"online\": members train while a simulation streams samples to them "
+           "(`mpirun -n S sim.py : -n E python -m ensemble.run config.toml`; docs/insitu.md)."),
     # strategy, budget, and the settings the chosen strategy declares (evolve.strategies)
     "evolve": Key((dict,), {}, doc="mode \"evolve\": the search strategy, its budget and its own settings"),
     "search": Key((dict,), {}, doc="mode \"evolve\": the search space"),
@@ -636,8 +661,8 @@ def resolve_dict(raw: dict, *, source: str = "config", saved: bool = False,
         found.add(f"`runtime.members_per_rank = {rt['members_per_rank']}` packs members on one rank, but "
                   f"`runtime.group_size = {rt['group_size']}` spreads each member over several: use one or the "
                   "other", "runtime.members_per_rank")
-    if cfg["mode"] == "ensemble" and not cfg["architectures"] and found.ok("mode", "architectures"):
-        found.add("mode \"ensemble\" needs at least one [[architectures]] table with `layers` or `model`",
+    if cfg["mode"] in ("ensemble", "online") and not cfg["architectures"] and found.ok("mode", "architectures"):
+        found.add(f"mode \"{cfg['mode']}\" needs at least one [[architectures]] table with `layers` or `model`",
                   "architectures")
     if cfg["mode"] == "pbt":
         check_pbt(cfg, found)

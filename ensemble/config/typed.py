@@ -219,6 +219,31 @@ class PbtConfig(Section):
 
 
 @dataclass(frozen=True)
+class OnlineConfig(Section):
+    """mode "online": members train while a simulation streams samples to them (`mpirun -n S sim.py : -n E python -m ensemble.run config.toml`; docs/insitu.md)."""
+
+    #: samples the replay buffer holds; each new member trains on a snapshot of it
+    buffer: int
+    #: which samples the full buffer keeps: "reservoir" a uniform sample of all received so far; "fifo" the
+    #: newest
+    policy: str
+    #: when the simulation outpaces training (more than `max_unseen` samples arrived since the last member
+    #: started): "replace" still takes them (the policy decides what leaves); "drop" drops and counts them
+    #: until the next member starts
+    when_behind: str
+    #: samples that may arrive between two members' starts before training counts as behind; 0: `buffer`
+    max_unseen: int
+    #: samples received before the first member starts; they are written to `data.source` (an .npz that does
+    #: not exist yet), whose split gives the run's normalisation and its fixed validation and test rows
+    warmup: int
+    #: members that finish (ok) between two published ensembles
+    publish_every: int
+    #: the simulation side's default: sample messages per rank sent and not yet acknowledged; a batch sent
+    #: beyond it is dropped and counted, never waited for
+    in_flight: int
+
+
+@dataclass(frozen=True)
 class EvolveConfig(Section):
     """mode "evolve": the search strategy and its budget; the strategy's own settings in ``settings``."""
 
@@ -397,7 +422,7 @@ class TrackingConfig(Section):
 class RunConfig(Section):
     """A whole run's settings, resolved: every default filled in."""
 
-    SECTIONS: ClassVar[dict[str, type[Section]]] = {'data': DataConfig, 'train': TrainConfig, 'architectures': ArchitectureConfig, 'ensemble': EnsembleConfig, 'pbt': PbtConfig, 'runtime': RuntimeConfig, 'rehearsal': RehearsalConfig, 'tracking': TrackingConfig, 'evolve': EvolveConfig}
+    SECTIONS: ClassVar[dict[str, type[Section]]] = {'data': DataConfig, 'train': TrainConfig, 'architectures': ArchitectureConfig, 'ensemble': EnsembleConfig, 'pbt': PbtConfig, 'online': OnlineConfig, 'runtime': RuntimeConfig, 'rehearsal': RehearsalConfig, 'tracking': TrackingConfig, 'evolve': EvolveConfig}
     ARRAYS: ClassVar[tuple[str, ...]] = ('architectures',)
 
     #: the run's name: its directory is `output_dir/name` (suffixed -2, -3 if that holds a run); unset: the
@@ -405,7 +430,8 @@ class RunConfig(Section):
     name: str
     #: "ensemble": train the `[[architectures]]` listed; "evolve": search architectures (`[evolve]`,
     #: `[search]`); "pbt": a population that trains round by round and copies its best members' weights into
-    #: its worst (`[pbt]`)
+    #: its worst (`[pbt]`); "online": members train on samples a running simulation streams, and each few
+    #: make a new published ensemble (`[online]`)
     mode: str
     #: seeds the data split, every member's initialisation and bootstrap, and the search
     seed: int
@@ -426,6 +452,9 @@ class RunConfig(Section):
     #: their hyperparameters. A copy takes the architecture with it, so a population may start from several
     #: architectures.
     pbt: PbtConfig
+    #: mode "online": members train while a simulation streams samples to them (`mpirun -n S sim.py : -n E
+    #: python -m ensemble.run config.toml`; docs/insitu.md).
+    online: OnlineConfig
     #: mode "evolve": the search strategy, its budget and its own settings
     evolve: EvolveConfig
     #: mode "evolve": the search space

@@ -16,7 +16,7 @@ from typing import Any
 
 TASKS = ("classification", "regression")
 #: the run's modes; each is one module of ``ensemble.modes``, registered under this name
-MODES = ("ensemble", "evolve", "pbt")
+MODES = ("ensemble", "evolve", "pbt", "online")
 
 #: optimizer name in configs -> the ``keras.optimizers`` class it builds
 OPTIMIZERS: dict[str, str] = {

@@ -13,10 +13,11 @@ from ensemble.config.vocabulary import MODES as MODE_NAMES
 from ensemble.modes.base import Mode, RunContext
 from ensemble.modes.ensemble_list import EnsembleMode
 from ensemble.modes.evolve import EvolveMode
+from ensemble.modes.online import OnlineMode
 from ensemble.modes.pbt import PbtMode
 from ensemble.modes.trainers import make_trainer
 
-MODES: dict[str, Mode] = {m.name: m for m in (EnsembleMode(), EvolveMode(), PbtMode())}
+MODES: dict[str, Mode] = {m.name: m for m in (EnsembleMode(), EvolveMode(), PbtMode(), OnlineMode())}
 assert tuple(MODES) == MODE_NAMES, "ensemble.config.vocabulary.MODES names the registered modes"
 
 

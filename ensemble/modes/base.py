@@ -72,6 +72,10 @@ class Mode:
         """The run's Source and Decider (the same object when the mode's rounds are both)."""
         raise NotImplementedError
 
+    def before_prepare(self, cfg: RunConfig, args: Any) -> None:
+        """Rank 0, before the data is read and the run directory made (``ensemble.run``): what
+        the mode must do first (mode "online": receive the simulation's first samples)."""
+
     def expected_members(self, cfg: RunConfig, workers: int | None = None) -> int | None:
         """Members the run is meant to end with, from the config (and the worker count where
         the mode sizes itself by it), or None when it cannot be said in advance."""

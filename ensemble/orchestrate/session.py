@@ -132,8 +132,14 @@ class MasterSession:
                                 specs_in_hand=rt.specs_in_hand, job_started=self.job_started, now=self.clock(),
                                 **self.open_fields, **({"resume_seconds": resume_seconds} if self.resume else {}))
             journal.event(opened)
+            def publish(extra: dict) -> dict:                 # mode "online": an ensemble.json mid-run
+                journal.sync()
+                return finalize(self.run_dir, self.records, cfg, self.meta, np.asarray(self.data["y_val"]),
+                                np.asarray(self.data["y_test"]), extra, ensemble=self.predictions,
+                                artifacts=artifacts, prune=False)
+
             hooks = Hooks(event=journal.event, answer=self.executor.answer, deadline=lambda: self.budget.deadline,
-                          clock=self.clock)
+                          clock=self.clock, publish=publish)
             source.bind(hooks)
             decider.bind(hooks)
 

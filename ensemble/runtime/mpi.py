@@ -23,6 +23,7 @@ TAG_SPEC, TAG_RESULT, TAG_STOP = 11, 12, 13
 TAG_REPORT, TAG_DECISION = 14, 15        # a worker's in-training report and the master's answer
 TAG_STATE = 16                           # a member's weights and optimizer state, worker to worker (PBT)
 TAG_INSITU_REQUEST, TAG_INSITU_REPLY, TAG_INSITU_DONE = 21, 22, 23   # in-situ inference, client <-> server
+TAG_ONLINE_UP, TAG_ONLINE_DOWN = 31, 32  # online training (MPMD): simulation -> ensemble master, and back
 
 world = MPI.COMM_WORLD
 
@@ -123,6 +124,47 @@ def poll_recv(comm, source: int = ANY_SOURCE, tag: int = ANY_TAG, max_sleep: flo
             return got
         time.sleep(sleep)
         sleep = min(sleep * 2, max_sleep)
+
+
+_coupled: dict = {}      # app_world's answer, once per process: (this program's communicator, the peer link)
+
+
+def app_world():
+    """This program's communicator: ``COMM_WORLD`` in a job of one program; in an MPMD job
+    (``mpirun -n S sim.py : -n E python -m ensemble.run ...``) the ranks of this program
+    only (``COMM_WORLD`` split by ``MPI.APPNUM``), and ``peer()`` is then the
+    intercommunicator to the other program (its leaders linked through ``COMM_WORLD``).
+
+    Collective over ``COMM_WORLD`` the first time: every program of the job must call it
+    (or ``couple``, which does the same) before any other collective on ``COMM_WORLD``."""
+    if not _coupled:
+        _coupled["app"], _coupled["peer"] = couple(MPI.COMM_WORLD)
+    return _coupled["app"]
+
+
+def peer():
+    """The intercommunicator to the other program of an MPMD job (``app_world``), or None."""
+    app_world()
+    return _coupled["peer"]
+
+
+def couple(comm=MPI.COMM_WORLD):
+    """(this program's communicator, intercommunicator to the other program or None): the
+    split of ``comm`` by application number and the link between the two leaders. One
+    program: ``(comm, None)``. More than two programs is an error (raised on every rank)."""
+    appnum = comm.Get_attr(MPI.APPNUM)
+    appnum = 0 if appnum is None or appnum < 0 else int(appnum)
+    apps = comm.allgather(appnum)
+    programs = sorted(set(apps))
+    if len(programs) == 1:
+        return comm, None
+    if len(programs) > 2:
+        raise RuntimeError(f"an MPMD job of {len(programs)} programs; online coupling links two "
+                           "(`mpirun -n S sim.py : -n E python -m ensemble.run config.toml`)")
+    app = comm.Split(appnum, comm.Get_rank())
+    other = next(p for p in programs if p != appnum)
+    inter = app.Create_intercomm(0, comm, apps.index(other), TAG_ONLINE_UP + 100)
+    return app, inter
 
 
 def polite_barrier(comm, max_sleep: float = 0.05) -> None:
