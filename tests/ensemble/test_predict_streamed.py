@@ -1,8 +1,9 @@
-"""Predicting on a streamed run's own test rows: ``ensemble predict RUN --data test`` and the
-notebook's ``data``/``data_batches``/``predict_split`` read the files a chunk at a time
-(never the whole data), write the predictions as they come, and give the metrics
-``ensemble.json`` recorded; under ``mpiexec -n 2`` the same file. ``PredictionWriter``
-writes, batch by batch, what ``write_predictions`` writes whole."""
+"""Predicting on a streamed run's own test rows (given by ``data.test_source``):
+``ensemble predict RUN --data test`` and the notebook's ``data``/``data_batches``/
+``predict_split`` read the files a chunk at a time (never the whole data), write the
+predictions as they come, and give the metrics ``ensemble.json`` recorded; under
+``mpiexec -n 2`` the same file. ``PredictionWriter`` writes, batch by batch, what
+``write_predictions`` writes whole."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ import numpy as np
 import ensemble
 import datafeed.shards, datafeed.splits, datafeed.streaming
 from ensemble.predict import main
-cfg = {"name": "streamed", "seed": 2, "data": {"source": "shards", "stream": True},
+cfg = {"name": "streamed", "seed": 2, "data": {"source": "shards", "test_source": "held", "stream": True},
        "train": {"epochs": 2, "batch_size": 64},
        "architectures": [{"members": 2, "layers": [{"type": "Dense", "units": 16, "activation": "relu"}]}]}
 ens = ensemble.run_config(cfg, overwrite=True)
@@ -108,10 +109,10 @@ print("RESULT", json.dumps({
 @pytest.fixture
 def shards(tmp_path):
     d = load_digits()
-    folder = tmp_path / "shards"
-    folder.mkdir()
-    for i, part in enumerate(np.array_split(np.arange(len(d.target)), 6)):
-        with h5py.File(folder / f"digits{i}.h5", "w") as f:
+    for name in ("shards", "held"):
+        (tmp_path / name).mkdir()
+    for i, part in enumerate(np.array_split(np.arange(len(d.target)), 6)):   # the last two: the test rows
+        with h5py.File(tmp_path / ("held" if i >= 4 else "shards") / f"digits{i}.h5", "w") as f:
             f["x"], f["y"] = d.data[part].astype(np.float32), d.target[part]
     return d
 
@@ -127,6 +128,7 @@ def test_a_streamed_runs_test_rows_are_predicted_a_chunk_at_a_time(tmp_path, sha
     got = json.loads(proc.stdout.split("RESULT ", 1)[1])
     run = tmp_path / got["path"]                                 # relative to its working directory
     test = np.load(run / "splits.npz")["test"]
+    assert test.tolist() == list(range(1199, 1797))               # data.test_source's rows, after the training files'
     assert got["code"] == 0 and "read a chunk at a time" in proc.stdout + proc.stderr
     assert max(got["reads"]) <= 300 < len(shards.target)         # a file's rows at most, never the whole
     np.testing.assert_array_equal(got["x"], shards.data[test])   # data("test"): the rows splits.npz records
