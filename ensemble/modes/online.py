@@ -104,7 +104,7 @@ class OnlineMode(Mode):
         if previous and published.exists():
             import json
             generation = int((json.loads(published.read_text()).get("online") or {}).get("generation", 0))
-        return OnlineSource(ctx.cfg, run_dir, inlet, buffer, previous, generation), GoOn()
+        return OnlineSource(ctx.cfg, run_dir, inlet, buffer, previous, generation, ctx.workers), GoOn()
 
     def expected_members(self, cfg: RunConfig, workers: int | None = None) -> int | None:
         return None                                     # as many as the simulation's time allows

@@ -6,8 +6,8 @@ Each spec names a snapshot of the buffer, written to ``<run>/online/buffer-NNNNN
 and a resumed run starts from the last one. Every ``online.publish_every`` members that
 finish ok, the session's ``Hooks.publish`` writes ``ensemble.json`` as at the end of a run
 (selection over every member so far), and the simulation's ranks are told its generation.
-When the simulation has closed, nothing more is handed out: the members in training finish
-and the session's end publishes once more.
+When the simulation has closed, a last round (one member per worker) trains on the final
+buffer, nothing more is handed out, and the session's end publishes once more.
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ class OnlineSource:
     total = None
 
     def __init__(self, cfg: RunConfig, run_dir: RunDirectory, inlet: Inlet, buffer: ReplayBuffer,
-                 previous: list[MemberRecord], generation: int = 0, poll: float = 0.02):
+                 previous: list[MemberRecord], generation: int = 0, workers: int = 1, poll: float = 0.02):
+        self.workers = max(1, workers)
+        self.final_left: int | None = None       # the last round, once the simulation has closed
         self.cfg, self.run_dir, self.inlet, self.buffer, self.poll = cfg, run_dir, inlet, buffer, poll
         numbers = [member_number(r.id) for r in previous]
         self.next_number = 1 + max((n for n in numbers if n is not None), default=-1)
@@ -75,8 +77,13 @@ class OnlineSource:
             self.publish()
         while True:
             with self.inlet.lock:
-                if self.inlet.closed.is_set():
-                    return None                          # the simulation is done: finish what trains
+                if self.inlet.closed.is_set():           # the simulation is done: a last round on the
+                    if self.final_left is None:          # final buffer, one member per worker, then none
+                        self.final_left = self.workers if self.buffer.size else 0
+                    if self.final_left <= 0:
+                        return None
+                    self.final_left -= 1
+                    return self._spec()
                 if self.buffer.size >= min(self.cfg.online.warmup, self.buffer.capacity):
                     return self._spec()
             time.sleep(self.poll)                         # only before the buffer first fills

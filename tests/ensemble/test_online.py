@@ -1,0 +1,133 @@
+"""Online training's pure logic: the replay buffer's policies and what it drops when
+training is behind, the simulation side's window (drops counted, never a wait), the
+stream over a link that never answers, and the mode's checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ensemble.config import Problems, resolve_config
+from ensemble.runtime import coupling, mpi
+from ensemble.sources.replay import ReplayBuffer, newest
+
+
+def batch(start: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n samples whose x and y are their own numbers start..start+n-1."""
+    v = np.arange(start, start + n, dtype=np.float32)
+    return v[:, None].repeat(2, axis=1), v
+
+
+def test_fifo_keeps_the_newest():
+    buf = ReplayBuffer(10, "fifo")
+    for k in range(7):
+        buf.offer(*batch(3 * k, 3), rank=0, seq=k)
+    snap = buf.snapshot()
+    assert buf.size == 10 and sorted(snap["y"].tolist()) == list(range(11, 21))
+    assert newest(snap) == {0: 6}
+
+
+def test_reservoir_keeps_a_uniform_sample_of_everything():
+    kept = []
+    for seed in range(40):
+        buf = ReplayBuffer(100, "reservoir", seed=seed)
+        for k in range(100):
+            buf.offer(*batch(10 * k, 10), rank=k % 2, seq=k)
+        snap = buf.snapshot()
+        assert buf.size == 100 and len(set(snap["y"].tolist())) == 100
+        kept.append(snap["y"])
+    y = np.concatenate(kept)
+    # uniform over 0..999: the mean near 499.5 and every tenth of the stream about as often
+    assert abs(y.mean() - 499.5) < 25
+    share = np.bincount((y // 100).astype(int), minlength=10) / len(y)
+    assert share.min() > 0.07 and share.max() < 0.13
+    assert buf.counts.taken == 1000 and buf.counts.dropped == 0
+
+
+def test_reservoir_fills_first_then_replaces_in_place():
+    buf = ReplayBuffer(5, "reservoir", seed=1)
+    buf.offer(*batch(0, 3))
+    assert buf.size == 3 and sorted(buf.snapshot()["y"].tolist()) == [0, 1, 2]
+    buf.offer(*batch(3, 4))
+    assert buf.size == 5 and {0, 1, 2, 3, 4} <= set(range(7))
+
+
+def test_when_behind_drop_counts_until_the_next_snapshot():
+    buf = ReplayBuffer(100, "fifo", when_behind="drop", max_unseen=8)
+    assert buf.offer(*batch(0, 5)) == 5
+    assert buf.offer(*batch(5, 5)) == 3                  # 8 unseen: the rest is dropped
+    assert buf.offer(*batch(10, 5)) == 0
+    assert buf.counts.dropped == 7 and buf.counts.offered == 15 and buf.size == 8
+    buf.snapshot()                                       # a member started: room again
+    assert buf.offer(*batch(15, 5)) == 5
+
+
+def test_when_behind_replace_takes_everything():
+    buf = ReplayBuffer(4, "fifo", when_behind="replace", max_unseen=2)
+    assert buf.offer(*batch(0, 10)) == 10
+    assert buf.counts.dropped == 0 and sorted(buf.snapshot()["y"].tolist()) == [6, 7, 8, 9]
+
+
+def test_restore_and_bad_settings():
+    buf = ReplayBuffer(6, "fifo")
+    buf.offer(*batch(0, 6), rank=1, seq=4)
+    other = ReplayBuffer(4, "reservoir")
+    other.restore(buf.snapshot())
+    assert other.size == 4 and sorted(other.snapshot()["y"].tolist()) == [2, 3, 4, 5]
+    with pytest.raises(ValueError, match="online.policy"):
+        ReplayBuffer(4, "lifo")
+    with pytest.raises(ValueError, match="online.buffer"):
+        ReplayBuffer(0)
+    with pytest.raises(ValueError, match="shape"):
+        buf.offer(np.zeros((2, 3)), np.zeros(2))
+    with pytest.raises(ValueError, match="empty"):
+        ReplayBuffer(3).snapshot()
+
+
+def test_window_drops_and_counts_when_full():
+    w = coupling.Window(2)
+    assert w.take(10, 0.0) == 0 and w.take(10, 0.1) == 1
+    assert w.take(10, 0.2) is None and w.dropped == 10   # full: dropped, never waited for
+    w.acked(0, taken=4)                                  # the ensemble side took 4 of 10
+    assert w.dropped_remote == 6 and w.open()
+    assert w.take(5, 0.3) == 2 and w.sent == 25 and w.sent_at[2] == 0.3
+    with pytest.raises(ValueError):
+        coupling.Window(0)
+
+
+class Silent:
+    """An intercommunicator whose other side never answers: sends stay in flight."""
+
+    def __init__(self):
+        self.sent = []
+
+    def isend(self, msg, dest, tag):
+        self.sent.append((msg, dest, tag))
+        return type("Pending", (), {"Test": lambda self: False})()
+
+    def improbe(self, source, tag, status=None):
+        return None
+
+
+def test_stream_never_waits_and_counts_drops():
+    from ensemble.inference.online import Stream
+    inter = Silent()
+    stream = Stream(comm=None, inter=inter, in_flight=3)
+    results = [stream.send(*batch(4 * k, 4)) for k in range(5)]
+    assert results == [True, True, True, False, False]
+    assert stream.stats.sent == 12 and stream.window.dropped == 8
+    assert [m["seq"] for m, _, tag in inter.sent] == [0, 1, 2] and inter.sent[0][2] == mpi.TAG_ONLINE_UP
+    assert stream.ensemble() is None and stream.generation == 0   # nothing published: no wait either
+
+
+def test_online_config_and_preflight():
+    from ensemble.modes import mode_of
+    cfg = resolve_config({"mode": "online", "data": {"source": "digits"},
+                          "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]})
+    found = Problems()
+    mode_of(cfg).preflight(cfg, {"task": "classification"}, None, found)
+    text = str(found.messages if hasattr(found, "messages") else found)
+    assert "data.source" in text and "regression" in text
+    assert cfg.online.buffer > 0 and cfg.online.policy in ("reservoir", "fifo")
+    with pytest.raises(Exception, match="architectures"):
+        resolve_config({"mode": "online", "data": {"source": "seed.npz"}})

@@ -1,0 +1,112 @@
+"""Online training under real mpiexec, MPMD: ``mpiexec -n 2 python online_sim.py : -n 3
+python -m ensemble.run CONFIG``. The simulation streams, the ensemble trains and publishes
+(the simulation loads two generations) and both end cleanly; a member that fails on the
+ensemble side never stops the simulation; a simulation that ends early leaves a run
+directory that ``--resume`` continues (beside a new simulation)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ensemble.results.rundir import RunDirectory
+from tests.conftest import ROOT, mpiexec
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+SIM = str(ROOT / "tests" / "mpi" / "online_sim.py")
+
+CONFIG = """mode = "online"
+name = "onl"
+output_dir = "{base}/runs"
+[data]
+source = "{base}/seed.npz"
+[train]
+epochs = 2
+batch_size = 32
+[[architectures]]
+name = "mlp"
+layers = [{{type = "Dense", units = 8}}]
+[online]
+buffer = 512
+warmup = 64
+publish_every = 1
+[runtime]
+threads = 1
+{extra}
+"""
+
+
+def mpmd(base: Path, sim_args: list[str], run_args: list[str], env: dict | None = None,
+         timeout: float = 400) -> subprocess.CompletedProcess:
+    """``mpiexec -n 2 python online_sim.py ... : -n 3 python -m ensemble.run ...``, with a timeout."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    cmd = [mpiexec(), "-n", "2", sys.executable, SIM, str(base / "sim"), *sim_args,
+           ":", "-n", "3", sys.executable, "-m", "ensemble.run", str(base / "online.toml"), *run_args]
+    try:
+        return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s (hang?)\nstdout:\n{exc.stdout}\n"
+                    f"stderr:\n{exc.stderr}")
+
+
+def sim_stats(base: Path) -> list[dict]:
+    return [json.loads((base / f"sim.rank{r}.json").read_text()) for r in range(2)]
+
+
+def write_config(base: Path, extra: str = "") -> None:
+    (base / "online.toml").write_text(CONFIG.format(base=base, extra=extra))
+
+
+def test_streams_trains_publishes_twice_and_ends_cleanly(tmp_path):
+    write_config(tmp_path)
+    out = mpmd(tmp_path, ["--generations", "2"], [])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for s in sim_stats(tmp_path):
+        assert len(s["loaded"]) >= 2, s                      # two published ensembles, loaded in turn
+        assert s["loaded"] == sorted(s["loaded"]) and s["generation"] == s["loaded"][-1]
+        assert s["failures"] == [] and s["sent"] > 0 and s["predicted"]
+        assert len(s["latencies"]) == len(s["loaded"]) and all(t > 0 for t in s["latencies"])
+    run = RunDirectory(tmp_path / "runs" / "onl")
+    summary = json.loads((run.path / run.ENSEMBLE).read_text())
+    online = summary["online"]
+    assert online["simulation_closed"] and online["generation"] >= 3    # the end publishes once more
+    assert len(online["published"]) == online["generation"] - 1
+    assert online["samples_received"] == sum(s["sent"] for s in sim_stats(tmp_path))
+    assert set(online["simulation"]) == {"0", "1"}
+    assert summary["members"] and all((run.path / m["model"]).exists() for m in summary["members"])
+    from ensemble import load as load_ensemble
+    ens = load_ensemble(run.path)                            # predictable afterwards
+    import numpy as np
+    mean, std = ens.predict(np.zeros((3, 4), np.float32))
+    assert mean.shape == (3,) and np.isfinite(std).all()
+
+
+def test_failing_member_never_stops_the_simulation_and_early_end_resumes(tmp_path):
+    # the fault-injecting trainer fails the first member; the simulation stops after a few steps
+    write_config(tmp_path, 'trainer = "tests.mpi.faults:trainer"')
+    out = mpmd(tmp_path, ["--stop-after", "60"], [], env={"ENSEMBLE_TEST_FAULTS": "o-00000:raise"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "member o-00000 failed" in out.stderr + out.stdout
+    stats = sim_stats(tmp_path)
+    assert all(s["steps"] == 60 for s in stats)               # the simulation ran every step it meant to
+    run = RunDirectory(tmp_path / "runs" / "onl")
+    records = {r.id: r for r in run.records()}
+    assert records["o-00000"].status.value == "failed"
+    first = json.loads((run.path / run.ENSEMBLE).read_text())["online"]
+    assert first["members_failed"] == 1 and first["simulation_closed"]
+    # --resume beside a new simulation: the finished members are kept, numbering goes on
+    out = mpmd(tmp_path, ["--generations", "1"], ["--run-dir", str(run.path), "--resume"])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    again = {r.id: r for r in run.records()}
+    kept = [i for i, r in records.items() if r.ok]
+    assert all(again[i].ok for i in kept)
+    assert len(again) > len(records)
+    second = json.loads((run.path / run.ENSEMBLE).read_text())["online"]
+    assert second["generation"] > first["generation"]
+    assert any(s["loaded"] for s in sim_stats(tmp_path))
