@@ -449,6 +449,18 @@ class Streamed:
                       deterministic=True).rebatch(EVAL_BATCH).prefetch(2)
 
 
+_POOL: list = []
+
+
+def reading_thread():
+    """The process's one background reading thread (an executor), shared by every member it
+    trains, so no member leaves a thread behind."""
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL.append(ThreadPoolExecutor(1, thread_name_prefix="stream-read"))
+    return _POOL[0]
+
+
 class EpochReader:
     """A member's training rows an epoch at a time, as whole batches (``Streamed.train_dataset``).
 
@@ -464,11 +476,10 @@ class EpochReader:
 
     def __init__(self, feed: Streamed, chunks: np.ndarray, rows: np.ndarray, counts: np.ndarray | None,
                  batch: int, steps: int, seed: int, y_transform=None):
-        from concurrent.futures import ThreadPoolExecutor
         self.feed, self.chunks, self.rows, self.counts = feed, chunks, rows, counts
         self.batch, self.steps, self.seed, self.y_transform = batch, steps, seed, y_transform
         self.width = feed.open_chunks()
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="stream-read")
+        self.pool = reading_thread()
         self.epoch = -1
         self.plans: dict[int, tuple[list[np.ndarray], np.ndarray]] = {}
         self.held: dict = {}
