@@ -16,8 +16,8 @@ resolution. ``HORIZON`` steps later the rank scores the forecast and sends the (
 outcome) pairs to the ensemble (``stream.send``, never waiting), which trains new members
 on them and publishes new generations. The log shows snapshots falling as the ensemble's
 error and uncertainty fall. ``--alone``: the same simulation without the ensemble program
-(``mpirun -n 2 python examples/heat_online.py --alone``), for the slowdown
-(``scripts/bench_online.py``).
+(``mpirun -n 2 python examples/heat_online.py --alone``, which writes no snapshots), for the
+slowdown (``scripts/bench_online.py``).
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from heat_insitu import HORIZON, GrayScott, _scores
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--local", type=int, default=128, help="grid cells per rank along each axis")
-    p.add_argument("--patch", type=int, default=8, help="cells per patch along each axis")
-    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--local", type=int, default=256, help="grid cells per rank along each axis")
+    p.add_argument("--patch", type=int, default=16, help="cells per patch along each axis")
+    p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--warm", type=int, default=100, help="steps before the first check")
-    p.add_argument("--every", type=int, default=10, help="steps between two checks")
+    p.add_argument("--every", type=int, default=20, help="steps between two checks")
     p.add_argument("--seed", type=int, default=2)
     p.add_argument("--threshold", type=float, default=0.0015,
                    help="predicted standard deviation of v above which a patch is kept in full")
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
             else:                           # nothing can be predicted yet: keep everything
                 mean = std = None
                 flagged = np.arange(len(features))
-            if len(flagged):
+            if len(flagged) and not args.alone:             # alone: the simulation's cost only
                 np.savez(snap_dir / f"step{t:06d}-rank{comm.Get_rank():04d}.npz", step=t, patches=flagged,
                          fields=np.stack([sim.patch_cells(i) for i in flagged]))
             pending[t + HORIZON] = (features, mean, std, flagged, generation)

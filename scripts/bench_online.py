@@ -2,7 +2,7 @@
 ensemble training beside it (one MPMD job), and the time from a sample leaving the
 simulation to a published ensemble that trained on it.
 
-    python scripts/bench_online.py --sim-ranks 2 --ensemble-ranks 3 --steps 3000
+    python scripts/bench_online.py --sim-ranks 2 --ensemble-ranks 3 --steps 4000
 
 runs, in turn (the example of docs/insitu.md, examples/heat_online.py):
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sim-ranks", type=int, default=2)
     p.add_argument("--ensemble-ranks", type=int, default=3)
-    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--out", default="bench_out/online")
     p.add_argument("--timeout", type=float, default=1800)
     a = p.parse_args(argv)
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     table = [
         f"Measured {date} on {platform.node() or 'this machine'} ({os.cpu_count()} cores; load average "
         f"{os.getloadavg()[0]:.0f} at the end), `{cmd}`: {a.sim_ranks} simulation ranks "
-        f"(128x128 cells each), {a.ensemble_ranks} ensemble ranks (master + {a.ensemble_ranks - 1} workers).",
+        f"(256x256 cells each, 256 patches), {a.ensemble_ranks} ensemble ranks (master + {a.ensemble_ranks - 1} workers).",
         "",
         "| | alone | with online training | ratio |",
         "|---|---:|---:|---:|",

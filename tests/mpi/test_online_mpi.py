@@ -96,14 +96,14 @@ def test_failing_member_never_stops_the_simulation_and_early_end_resumes(tmp_pat
     stats = sim_stats(tmp_path)
     assert all(s["steps"] == 60 for s in stats)               # the simulation ran every step it meant to
     run = RunDirectory(tmp_path / "runs" / "onl")
-    records = {r.id: r for r in run.records()}
+    records = {r.id: r for r in run.records()[0]}
     assert records["o-00000"].status.value == "failed"
     first = json.loads((run.path / run.ENSEMBLE).read_text())["online"]
     assert first["members_failed"] == 1 and first["simulation_closed"]
     # --resume beside a new simulation: the finished members are kept, numbering goes on
     out = mpmd(tmp_path, ["--generations", "1"], ["--run-dir", str(run.path), "--resume"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    again = {r.id: r for r in run.records()}
+    again = {r.id: r for r in run.records()[0]}
     kept = [i for i, r in records.items() if r.ok]
     assert all(again[i].ok for i in kept)
     assert len(again) > len(records)
