@@ -65,9 +65,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "member as data-parallel helpers (a what-if: the runtime's groups are fixed at the start)")
     p.add_argument("--seed", type=int, default=0, help="--engine fast: the seed of the members' durations")
     p.add_argument("--sub-masters", default="1",
-                   help='--engine fast: a master hierarchy (static shares): "auto" (the runtime\'s choice for '
-                        '`runtime.sub_masters = "auto"`: as many as keep each under 50%% busy, 0 below 64 '
-                        "workers each) or a number; 0 or 1: one master")
+                   help="--engine fast: a model of a master hierarchy whose sub-masters each carry their members' "
+                        "bookkeeping (static shares; the runtime's `runtime.sub_masters` forwards results to the "
+                        'one journal instead, docs/scale.md): "auto" (the runtime\'s own choice: as many as keep '
+                        'each under 50%% busy, 0 below 64 workers each) or a number; 0 or 1: one master')
     p.add_argument("--specs-in-hand", help='override runtime.specs_in_hand ("auto" or a number)')
     p.add_argument("--run-dir", help="keep the simulated journal here (default: a temporary directory)")
     p.add_argument("--json", action="store_true", help="print each row's full statistics as a JSON line")
