@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     cmd = (f"python scripts/bench_online.py --sim-ranks {a.sim_ranks} --ensemble-ranks {a.ensemble_ranks} "
            f"--steps {a.steps}")
     table = [
-        f"Measured {date} on {platform.node() or 'this machine'} ({os.cpu_count()} cores; load average "
-        f"{os.getloadavg()[0]:.0f} at the end), `{cmd}`: {a.sim_ranks} simulation ranks "
-        f"(256x256 cells each, 256 patches), {a.ensemble_ranks} ensemble ranks (master + {a.ensemble_ranks - 1} workers).",
+        f"Measured {date} on {platform.machine()} ({len(os.sched_getaffinity(0))} cores, no GPU; load average "
+        f"{os.getloadavg()[0]:.0f} at the end), `{cmd}`: {a.sim_ranks} simulation ranks (256x256 cells "
+        f"each, 256 patches), {a.ensemble_ranks} ensemble ranks (master + {a.ensemble_ranks - 1} workers).",
         "",
         "| | alone | with online training | ratio |",
         "|---|---:|---:|---:|",
