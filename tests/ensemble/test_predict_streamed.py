@@ -99,7 +99,15 @@ code = main([str(ens.path), "--data", "test", "--out", "cli.npz"])
 metrics = ens.predict_split("test", out="api.csv")
 x, y = ens.data("test")
 batches = list(ens.data_batches("test"))
-print("RESULT", json.dumps({
+import dataclasses
+small = ens.config.replace(data=ens.config.data.replace(node_memory_gb=1e-4))   # 100 kB: the split would not fit
+ens._run = dataclasses.replace(ens._run, config=small)
+try:
+    ens.data("test")
+    refused = ""
+except ValueError as exc:
+    refused = str(exc)
+print("RESULT", json.dumps({"refused": refused,
     "code": code, "reads": reads, "metrics": metrics, "recorded": ens.metrics, "path": str(ens.path),
     "x": x.tolist(), "y": y.tolist(), "batches": len(batches),
     "same": bool(np.array_equal(np.concatenate([b[0] for b in batches]), x))}))
@@ -134,6 +142,7 @@ def test_a_streamed_runs_test_rows_are_predicted_a_chunk_at_a_time(tmp_path, sha
     np.testing.assert_array_equal(got["x"], shards.data[test])   # data("test"): the rows splits.npz records
     assert got["y"] == shards.target[test].tolist()
     assert got["batches"] > 1 and got["same"]
+    assert "more than `data.memory_share`" in got["refused"] and "data_batches('test')" in got["refused"]
     for key, value in got["recorded"].items():                   # what ensemble.json recorded for the test split
         assert got["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     with np.load(tmp_path / "cli.npz") as cli:
