@@ -20,6 +20,22 @@ from tests.conftest import ROOT, mpiexec, run_mpi
 pytestmark = pytest.mark.mpi
 
 
+def worker_ranks(run_dir) -> list[int]:
+    """The pids of the job's ranks other than 0 (the MPI environment says which rank a
+    process is): pausing them holds the run where it is, while rank 0 keeps the run directory."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmd = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            env = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"ensemble.run" in cmd and str(run_dir).encode() in cmd and b"PMI_RANK=0" not in env \
+                and any(e.startswith(b"PMI_RANK=") for e in env):
+            pids.append(int(entry))
+    return pids
+
+
 @pytest.mark.parametrize("sig, code", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.long),   # the same path
                                        (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_prints_one_line_and_resume_continues(tmp_path, sig, code):
@@ -49,8 +65,16 @@ def test_ctrl_c_or_sigterm_prints_one_line_and_resume_continues(tmp_path, sig, c
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
         if sig == signal.SIGTERM:                        # a second job meanwhile: refused, nothing touched
-            second = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"],
-                             timeout=120)
+            workers = worker_ranks(run_dir)              # paused meanwhile, so the run cannot end first on a
+            assert len(workers) == 2, workers            # busy machine (the second job takes seconds to start)
+            for pid in workers:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                second = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"],
+                                 timeout=120)
+            finally:
+                for pid in workers:
+                    os.kill(pid, signal.SIGCONT)
             assert second.returncode != 0 and "is in use by ensemble.run on host" in second.stderr, second.stderr
         proc.send_signal(sig)                            # Ctrl-C in a terminal, or the scheduler's SIGTERM
         out, err = proc.communicate(timeout=60)          # every rank exits (a hang fails here)
