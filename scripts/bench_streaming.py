@@ -323,6 +323,10 @@ def plot(args) -> None:
                 for which, name in ((0, "rank 0"), (-1, "worker")):
                     ax.plot([r["gb"] for r in rows], [r["peaks"][which] / 2**20 for r in rows], style,
                             label=f"{label}, {name} (cap {got['cap_gb']:g} GB)")
+                ran = [r for r in rows if r.get("predict") and r["predict"]["code"] == 0]
+                if ran:
+                    ax.plot([r["gb"] for r in ran], [r["predict"]["peak"] / 2**20 for r in ran], "^:",
+                            label=f"predict --data test on the streamed run (cap {got['cap_gb']:g} GB)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("dataset on disk, GB (1x, 2x, 4x, 8x the cap)")
     ax.set_ylabel("peak resident memory, MiB")
