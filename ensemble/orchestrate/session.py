@@ -145,6 +145,7 @@ class MasterSession:
 
             def idle() -> None:
                 journal.sync_if_due()
+                self.tracking.idle()                          # members gathered before a lull go out
                 if beat is not None:
                     beat.beat()
 

@@ -159,7 +159,7 @@ class Background:
                 if item[0] != "members" or time.monotonic() >= end:
                     break
             views = [v for kind, vs in batch if kind == "members" for v in vs]
-            if views and not self._send(lambda v=views: self.sink.members(v), len(views)):
+            if views and not self._send(lambda v=views: self.sink.members(v), len(views), views):
                 return
             for kind, payload in batch:
                 if kind == "ensemble" and not self._send(lambda p=payload: self.sink.ensemble(*p), 1):
@@ -167,8 +167,10 @@ class Background:
                 if kind == "stop":
                     return
 
-    def _send(self, call, count: int) -> bool:
-        """``call()`` with retries; False (and everything dropped) once the sink is given up."""
+    def _send(self, call, count: int, views: list[MemberView] = ()) -> bool:
+        """``call()`` with retries; False (and everything dropped) once the sink is given up.
+        Of a batch of ``views``, the members a sink says it wrote (its ``written`` ids) before
+        it failed are not counted as dropped."""
         start, pause = time.monotonic(), 0.25
         self.inflight = count
         while True:
@@ -179,7 +181,8 @@ class Background:
             except Exception as exc:           # noqa: BLE001 - a tracking server must never fail the run
                 error = f"{type(exc).__name__}: {str(exc)[:300]}"
             if time.monotonic() - start >= self.give_up_seconds or self._stop.is_set():
-                self._give_up(error, count)
+                written = getattr(self.sink, "written", None)
+                self._give_up(error, count if written is None else sum(v.id not in written for v in views))
                 return False
             time.sleep(min(pause, max(0.0, start + self.give_up_seconds - time.monotonic())))
             pause = min(2 * pause, 5.0)
@@ -299,6 +302,12 @@ class Tracking:
             return
         self.views += [raw_of(r) for r in records]
         if time.monotonic() - self.sent_at >= SEND_SECONDS or len(self.views) >= SEND_MEMBERS:
+            self._send_views()
+
+    def idle(self) -> None:
+        """The master waits for results: members gathered since the last send go out when due
+        (else the last members before a lull would wait for the next result to end)."""
+        if self.proc is not None and (self.views or self.pending) and time.monotonic() - self.sent_at >= SEND_SECONDS:
             self._send_views()
 
     def _send_views(self) -> None:

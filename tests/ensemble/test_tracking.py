@@ -155,12 +155,13 @@ def test_a_full_queue_drops_instead_of_blocking():
     bg.close(True, wait=5)
 
 
-def test_a_missing_extra_is_a_config_error_naming_it(monkeypatch):
+@pytest.mark.parametrize("key, value", [("mlflow", "http://127.0.0.1:1"), ("tensorboard", True)])
+def test_a_missing_extra_is_a_config_error_naming_it(monkeypatch, key, value):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
-    with pytest.raises(ConfigError, match=r'`tracking.mlflow`.*pip install "mpi-ensemble\[tracking\]"'):
-        config(mlflow="http://127.0.0.1:1")
-    assert not config().tracking.tensorboard and config().tracking.mlflow == ""
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == key else real(name, *a))
+    with pytest.raises(ConfigError, match=rf'`tracking.{key}`.*pip install "mpi-ensemble\[tracking\]"'):
+        config(**{key: value})
+    assert not config().tracking.tensorboard and config().tracking.mlflow == ""     # off: nothing is needed
 
 
 def test_a_writer_that_dies_stops_tracking_with_one_warning(tmp_path, caplog):
@@ -177,3 +178,47 @@ def test_a_writer_that_dies_stops_tracking_with_one_warning(tmp_path, caplog):
     warnings = [r.message for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "writer process ended" in warnings[0]
     assert tracking.dropped >= 5 and tracking.proc is None
+
+
+@needs_tb
+@pytest.mark.slow             # starts the writer process
+def test_members_gathered_before_a_lull_go_out_while_the_master_waits(tmp_path, monkeypatch):
+    """The master gathers members for ``SEND_SECONDS``; when no further result comes, its
+    idle calls hand them to the writer (not the next result, which may be hours away)."""
+    from ensemble.results import tracking as module
+    tracking = Tracking(config(tensorboard=True, batch_seconds=0.05), tmp_path, {"task": "classification"})
+    try:
+        monkeypatch.setattr(module, "SEND_SECONDS", 3600.0)
+        tracking.results([record(0)])
+        tracking.results([record(1)])
+        tracking.idle()
+        assert len(tracking.views) == 2                # gathered, not yet due
+        monkeypatch.setattr(module, "SEND_SECONDS", 0.01)
+        folder = tmp_path / "tensorboard" / "members" / "mlp-001"
+        deadline = time.monotonic() + 60
+        while not folder.exists() and time.monotonic() < deadline:
+            tracking.idle()
+            time.sleep(0.05)
+        assert not tracking.views and list(folder.glob("events.out.tfevents.*"))
+    finally:
+        tracking.close()
+
+
+def test_tracking_and_export_packages_stay_in_their_extras():
+    """The base install carries none of MLflow, TensorBoard, ONNX or their converters; users'
+    `tracking` extra is MLflow's lean client, the full server only in the `test` extra."""
+    import re
+    import tomllib
+
+    from tests.conftest import ROOT
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+    def names(requirements):
+        return {re.split(r"[<>=~!;\[ ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+    optional = {"mlflow", "mlflow-skinny", "tensorboard", "onnx", "onnxruntime", "tf2onnx"}
+    extras = project["optional-dependencies"]
+    assert not names(project["dependencies"]) & optional
+    assert names(extras["tracking"]) == {"tensorboard", "mlflow-skinny"}
+    assert names(extras["onnx"]) == {"tf2onnx", "onnx", "onnxruntime"}
+    assert "mlflow" in names(extras["test"]) and "mlflow" not in names(extras["tracking"])

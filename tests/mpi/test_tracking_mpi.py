@@ -1,16 +1,19 @@
 """``[tracking] mlflow`` against a real MLflow tracking server (``mlflow server`` on 127.0.0.1,
-SQLite backend, in a temp dir), with rehearsal members under ``mpiexec -n 3``:
+SQLite backend in a temp dir, started here and always killed), with rehearsal members under
+``mpiexec -n 3``:
 
 - the server holds one parent run, one nested run per member with its metrics and status,
   the ensemble's metrics and report.html and ensemble.json as artifacts; ``--resume``
   continues the same parent run;
-- a server stopped halfway: the run finishes with the same results as without tracking
-  and warns once.
+- a server stopped halfway (killed once it holds some members, while the rest wait on a
+  gate, ``tests/mpi/gate.py``): the run finishes with the same results as without
+  tracking, warns once and says what was dropped;
+- a URI where no server listens (``long``): one warning, the run does not wait.
 
-The server needs MLflow's server dependencies (``pip install mlflow``, not the client-only
-``mlflow-skinny`` of the extra); point ``ENSEMBLE_MLFLOW_SERVER`` at an ``mlflow``
-executable of another environment if this one has only the client. Without one the
-tests are skipped, saying so.
+The server is MLflow's full package (``mlflow``, in the ``test`` extra; users' ``tracking``
+extra has only the client, ``mlflow-skinny``). One server serves the module (its start,
+a few seconds of imports and SQLite migrations, is most of the cost); the fault test,
+last, kills it, and a test after it would start it again.
 """
 
 from __future__ import annotations
@@ -18,21 +21,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
+import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT, mpiexec, run_mpi
+from tests.mpi import gate
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.long]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 CONFIG = """
 name = "tracked"
@@ -42,7 +44,7 @@ name = "null"
 members = {members}
 layers = [{{type = "Dense", units = 8}}]
 [runtime]
-trainer = "rehearsal"
+trainer = "{trainer}"
 [rehearsal]
 seconds = {seconds}
 [ensemble]
@@ -51,69 +53,52 @@ method = "top_k"
 {tracking}
 """
 
-
-def server_command() -> list[str] | None:
-    given = os.environ.get("ENSEMBLE_MLFLOW_SERVER")
-    if given:
-        return [given]
-    if all(importlib.util.find_spec(m) for m in ("mlflow", "flask", "sqlalchemy", "alembic")):
-        return [sys.executable, "-m", "mlflow"]
-    return None
+#: how long a test waits for the server, or for a run, on a loaded 2-core machine
+START_SECONDS, RUN_SECONDS = 300, 300
+#: the lines that say a destination was given up (one per run at most)
+GAVE_UP = re.compile(r"tracking: mlflow (given up|did not finish)")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _benchkit():
+    """scripts/benchkit.py, the one home of the local server (bench_dispatch.py starts it too)."""
+    spec = importlib.util.spec_from_file_location("benchkit", ROOT / "scripts" / "benchkit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class Server:
-    """A real ``mlflow server`` in its own process group, on a free port."""
+benchkit = _benchkit()
+free_port = benchkit.free_port
 
-    def __init__(self, base: Path):
-        command = server_command()
-        if command is None:
-            pytest.skip("no MLflow server: pip install mlflow (the full package), or set ENSEMBLE_MLFLOW_SERVER")
-        self.port = free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        base.mkdir(parents=True, exist_ok=True)
-        self.log = open(base / "server.log", "w")
-        self.proc = subprocess.Popen([*command, "server", "--host", "127.0.0.1", "--port", str(self.port),
-                                      "--workers", "1", "--backend-store-uri", f"sqlite:///{base / 'db.sqlite'}",
-                                      "--artifacts-destination", str(base / "artifacts")],
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=base)
-        end = time.monotonic() + 180
-        while time.monotonic() < end:
-            try:
-                if urllib.request.urlopen(f"{self.uri}/health", timeout=2).status == 200:
-                    return
-            except OSError:
-                time.sleep(1)
-            if self.proc.poll() is not None:
-                break
-        self.stop()
-        pytest.fail(f"mlflow server did not start: {(base / 'server.log').read_text()[-2000:]}")
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.log.close()
+def start(server) -> None:
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("mlflow"))
+def mlflow_server(tmp_path_factory):
+    if not benchkit.MlflowServer.available():
+        pytest.skip('no MLflow server: pip install "mpi-ensemble[test]" (the full mlflow package)')
+    s = benchkit.MlflowServer(tmp_path_factory.mktemp("mlflow"), START_SECONDS)
+    start(s)
     yield s
     s.stop()
 
 
-def write_config(path: Path, members: int, seconds: float, tracking: str = "") -> Path:
-    path.write_text(textwrap.dedent(CONFIG.format(members=members, seconds=seconds, tracking=tracking)))
+@pytest.fixture
+def server(mlflow_server):
+    """The module's server, started again if a test before killed it."""
+    if not mlflow_server.running:
+        start(mlflow_server)
+    return mlflow_server
+
+
+def write_config(path: Path, members: int, seconds: float, tracking: str = "", trainer: str = "rehearsal") -> Path:
+    path.write_text(textwrap.dedent(CONFIG.format(members=members, seconds=seconds, tracking=tracking,
+                                                  trainer=trainer)))
     return path
 
 
@@ -128,10 +113,19 @@ def client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def finished_member_runs(c, experiment: str) -> list:
+    """The nested runs the server holds whole (created, logged and ended)."""
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return [r for r in c.search_runs([exp.experiment_id])
+            if "mlflow.parentRunId" in r.data.tags and r.info.status == "FINISHED"]
+
+
 def test_the_server_holds_parent_members_metrics_and_artifacts(server, tmp_path):
-    cfg = write_config(tmp_path / "c.toml", 6, 0.05, tracked(server.uri, "ens", finish_seconds=60))
+    cfg = write_config(tmp_path / "c.toml", 6, 0.05, tracked(server.uri, "ens", finish_seconds=RUN_SECONDS))
     run_dir = tmp_path / "run"
-    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=240)
+    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=RUN_SECONDS + 120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "dropped" not in proc.stdout + proc.stderr
     c = client(server.uri)
@@ -147,66 +141,81 @@ def test_the_server_holds_parent_members_metrics_and_artifacts(server, tmp_path)
     for r in members:
         record = next(x for x in journal if x.get("id") == r.info.run_name)
         assert r.info.status == "FINISHED" and r.data.params["arch"] == "null"
+        assert r.data.params["seed"] == str(record["seed"])
         assert r.data.metrics["val_accuracy"] == pytest.approx(record["val"]["accuracy"])
+        assert r.data.metrics["test_accuracy"] == pytest.approx(record["test"]["accuracy"])
     summary = json.loads((run_dir / "ensemble.json").read_text())
     parent = c.get_run(parent_id)
-    assert parent.info.status == "FINISHED"
+    assert parent.info.status == "FINISHED" and parent.data.params["mode"] == "ensemble"
     assert parent.data.metrics["test_accuracy"] == pytest.approx(summary["ensemble"]["test"]["accuracy"])
     assert {a.path for a in c.list_artifacts(parent_id)} >= {"ensemble.json", "report.html"}
-    # --resume continues the same parent run
-    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=240)
+    kept = Path(c.download_artifacts(parent_id, "ensemble.json", str(tmp_path)))
+    assert json.loads(kept.read_text())["ensemble"] == summary["ensemble"]
+    # --resume continues the same parent run (and writes no member twice)
+    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"],
+                   timeout=RUN_SECONDS + 120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = c.search_runs([exp.experiment_id])
     assert [r.info.run_id for r in runs if "mlflow.parentRunId" not in r.data.tags] == [parent_id]
+    assert len([r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent_id]) == 6
     assert json.loads((run_dir / "mlflow.json").read_text())["run_id"] == parent_id
+    assert c.get_run(parent_id).info.status == "FINISHED"
 
 
-def test_a_server_stopped_halfway_costs_nothing_but_one_warning(tmp_path):
-    server = Server(tmp_path / "mlflow")
-    members = 16
-    plain = write_config(tmp_path / "plain.toml", members, 0.25)
-    cfg = write_config(tmp_path / "c.toml", members, 0.25,
-                       tracked(server.uri, "fault", give_up_seconds=2, finish_seconds=5))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    run_dir = tmp_path / "run"
-    proc = subprocess.Popen([mpiexec(), "-n", "3", sys.executable, "-m", "ensemble.run", str(cfg), "--run-dir",
-                             str(run_dir)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+def test_a_server_stopped_halfway_costs_nothing_but_one_warning(server, tmp_path):
+    """Kept last: it kills the module's server."""
+    members, after = 12, 4                                     # members 4.. wait until the server is killed
+    opened, closed = tmp_path / "open", tmp_path / "gate"
+    opened.touch()
+    trainer = "tests.mpi.gate:trainer"
+    plain = write_config(tmp_path / "plain.toml", members, 0.05, trainer=trainer)
+    cfg = write_config(tmp_path / "c.toml", members, 0.05,
+                       tracked(server.uri, "fault", give_up_seconds=2, finish_seconds=10), trainer=trainer)
+    base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+    def start(config: Path, run_dir: Path, gate_file: Path) -> subprocess.Popen:
+        return subprocess.Popen([mpiexec(), "-n", "3", sys.executable, "-m", "ensemble.run", str(config),
+                                 "--run-dir", str(run_dir)], cwd=ROOT, env={**base, **gate.env(gate_file, after)},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    run_dir, plain_dir = tmp_path / "run", tmp_path / "plain"
+    procs = [start(plain, plain_dir, opened), start(cfg, run_dir, closed)]  # side by side: the same results?
     try:
-        journal = run_dir / "journal.jsonl"
-        end = time.monotonic() + 180
-        while time.monotonic() < end and proc.poll() is None:
-            if journal.exists() and journal.read_text().count('"id"') >= members // 3:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, "the run ended before the server could be stopped"
-        server.stop()                                                # halfway
-        out, _ = proc.communicate(timeout=240)
+        c, written = client(server.uri), []
+        end = time.monotonic() + RUN_SECONDS
+        while not written and time.monotonic() < end and procs[1].poll() is None:
+            written = finished_member_runs(c, "fault")
+            time.sleep(0.2)
+        assert procs[1].poll() is None, procs[1].communicate()[0]
+        assert 1 <= len(written) <= after, "the server got no member before the gate opened"
+        server.stop()                                          # halfway: some members written, most not
+        closed.touch()
+        out = procs[1].communicate(timeout=RUN_SECONDS)[0]
+        ref = procs[0].communicate(timeout=RUN_SECONDS)[0]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        server.stop()
-    assert proc.returncode == 0, out
-    warnings = [line for line in out.splitlines() if "tracking: mlflow" in line
-                and ("given up" in line or "did not finish" in line)]
-    assert len(warnings) == 1, out
-    assert "dropped" in out
-    ref = run_mpi(3, ["-m", "ensemble.run", str(plain), "--run-dir", str(tmp_path / "plain")], timeout=240)
-    assert ref.returncode == 0, ref.stdout + ref.stderr
-    got, want = (json.loads((d / "ensemble.json").read_text()) for d in (run_dir, tmp_path / "plain"))
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+    assert procs[0].returncode == 0, ref
+    assert procs[1].returncode == 0, out
+    assert len(GAVE_UP.findall(out)) == 1, out                 # warns once
+    dropped = re.findall(r"tracking: mlflow: (\d+) writes dropped", out)
+    assert len(dropped) == 1, out                              # and says what was dropped
+    assert 1 <= int(dropped[0]) <= members - len(written) + 1  # members not written whole, and the ensemble
+    got, want = (json.loads((d / "ensemble.json").read_text()) for d in (run_dir, plain_dir))
     assert got["ensemble"] == want["ensemble"] and got["counts"] == want["counts"]
     assert [m["id"] for m in got["members"]] == [m["id"] for m in want["members"]]
+    assert got["n_finished"] == members
 
 
+@pytest.mark.long
 def test_no_server_at_all_is_one_warning(tmp_path):
     """A URI nothing listens on: the run does not wait for it beyond `finish_seconds`."""
-    if shutil.which(mpiexec()) is None and not Path(mpiexec()).exists():
-        pytest.skip("no mpiexec")
     cfg = write_config(tmp_path / "c.toml", 4, 0.01,
                        tracked(f"http://127.0.0.1:{free_port()}", "none", give_up_seconds=1, finish_seconds=3))
     proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(tmp_path / "run")], timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
-    warnings = [x for x in out.splitlines() if "tracking: mlflow" in x and ("given up" in x or "did not finish" in x)]
-    assert len(warnings) == 1, out
+    assert len(GAVE_UP.findall(out)) == 1, out
     assert "writes dropped" in out and "experiment 'none'" not in out
