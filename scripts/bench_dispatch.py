@@ -1,7 +1,7 @@
 """How fast one master hands out members and journals results, against plain MPI.
 
     python scripts/bench_dispatch.py [--ranks 4 8 16 32 64] [--members 20000] [--idle-seconds 10]
-    python scripts/bench_dispatch.py --tracking http://127.0.0.1:5000 --ranks 4   # [tracking] off vs on
+    python scripts/bench_dispatch.py --tracking --ranks 4 --reps 5 [--write docs/tracking.md]   # [tracking] off vs on
 
 For each rank count: a real ``python -m ensemble.run`` (all of it: data broadcast, dispatch,
 journal with group commit, leaderboard) with null members (``runtime.trainer =
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -104,6 +105,105 @@ def pingpong(ranks: int, stats: dict, tmp: Path) -> dict:
     return json.loads(out.read_text())
 
 
+#: --tracking's sides: what each adds to the config (the live URI is filled in when the server is up)
+TRACKING = "\n[tracking]\ntensorboard = true\nfinish_seconds = 5\ngive_up_seconds = 2\n" \
+           'mlflow = "{uri}"\nmlflow_experiment = "bench_dispatch"\n'
+
+
+def master_calls_us(tmp: Path, n: int = 20000) -> float:
+    """CPU microseconds per result of what tracking adds to the master's loop (``Tracking.results``
+    for each result and three idle calls), against a live writer process (TensorBoard); the
+    top of its cProfile is printed."""
+    import cProfile
+    import pstats
+    import time
+
+    from ensemble.config.schema import resolve_config
+    from ensemble.results.records import MemberRecord
+    from ensemble.results.tracking import Tracking
+    cfg = resolve_config({"architectures": [{"name": "null", "members": n, "layers": [{"type": "Dense", "units": 8}]}],
+                          "tracking": {"tensorboard": True, "finish_seconds": 1}})
+    records = [MemberRecord.from_json({"id": f"null-{i:05d}", "status": "ok", "arch": "null", "seed": i,
+                                       "params": 5000, "epochs": 1, "train_seconds": 0.0, "ended": 1.7e9 + i,
+                                       "val": {"accuracy": 0.8, "log_loss": 0.4},
+                                       "test": {"accuracy": 0.79, "log_loss": 0.41}}) for i in range(n)]
+    tracking = Tracking(cfg, tmp / "calls", {"task": "classification"})
+    try:
+        def loop() -> float:
+            start = time.process_time()
+            for record in records:
+                tracking.results([record])
+                for _ in range(3):
+                    tracking.idle()
+            return time.process_time() - start
+        seconds = loop()
+        profile = cProfile.Profile()
+        profile.runcall(loop)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(6)
+    finally:
+        logging.getLogger("ensemble.tracking").setLevel(logging.ERROR)       # the writer is cut short: no matter
+        tracking.finish_seconds = 0.0
+        tracking.close()
+    return 1e6 * seconds / n
+
+
+def tracking_sides(args, tmp: Path) -> None:
+    """[tracking] off / on against a live local server / on against a dead URI, interleaved
+    (the order rotates each repetition), so a noisy machine shifts every side alike; the
+    ratios are to the off run of the same repetition."""
+    import datetime
+    import statistics
+
+    from benchkit import MlflowServer, free_port, write_block
+    ranks, load0 = args.ranks[0], os.getloadavg()[0]
+    calls_us = master_calls_us(tmp)
+    print(f"the master's own tracking calls: {calls_us:.1f} us per result (in-process, profiled below)")
+    with MlflowServer(tmp / "mlflow", nice=19) as server:
+        configs = {"off": "", "live": TRACKING.format(uri=server.uri),
+                   "dead": TRACKING.format(uri=f"http://127.0.0.1:{free_port()}")}
+        sides = list(configs)
+        rows = []
+        print(f"{'rep':>3} {'side':>5} {'members/s':>9} {'CPU us/result':>13}", flush=True)
+        for rep in range(args.reps):
+            got = {}
+            for side in sides[rep % 3:] + sides[:rep % 3]:
+                folder = tmp / f"{side}{rep}"
+                folder.mkdir()
+                stats = run(ranks, args.members, 0.0, args.sync[0], folder, configs[side])
+                shutil.rmtree(folder, ignore_errors=True)
+                got[side] = (stats["members_per_second"], stats["master_cpu_us_per_result"])
+                print(f"{rep:>3} {side:>5} {got[side][0]:>9.0f} {got[side][1]:>13.1f}", flush=True)
+            rows.append(got)
+    load1 = os.getloadavg()[0]
+    lines = [f"Measured {datetime.date.today().isoformat()} on {os.cpu_count()} cores (load {load0:.1f} before, "
+             f"{load1:.1f} after), rehearsal members of 0 s, -n {ranks}, {args.members} members a run, "
+             f"{args.reps} repetitions of the three sides in rotating order:", "",
+             "```bash", f"python scripts/bench_dispatch.py --tracking --ranks {ranks} --members {args.members} "
+             f"--reps {args.reps}" + (f" --write {args.write}" if args.write else ""), "```", "",
+             f"The master's own tracking calls (`Tracking.results` and its idle calls, in-process, 20,000 "
+             f"results): {calls_us:.1f} µs per result.", "",
+             "| tracking | members/s (median) | on/off members/s: median (min-max) "
+             "| master CPU µs/result (median) | on/off CPU per result: median (min-max) |",
+             "|---|---|---|---|---|"]
+    names = {"off": "off", "live": "TensorBoard + MLflow, live local server",
+             "dead": "TensorBoard + MLflow, dead URI"}
+    for side in configs:
+        rate = [r[side][0] for r in rows]
+        cpu = [r[side][1] for r in rows]
+        if side == "off":
+            lines.append(f"| {names[side]} | {statistics.median(rate):.0f} | 1 | {statistics.median(cpu):.0f} | 1 |")
+            continue
+        rr = [r[side][0] / r["off"][0] for r in rows]
+        cr = [r[side][1] / r["off"][1] for r in rows]
+        lines.append(f"| {names[side]} | {statistics.median(rate):.0f} | {statistics.median(rr):.2f} "
+                     f"({min(rr):.2f}-{max(rr):.2f}) | {statistics.median(cpu):.0f} | {statistics.median(cr):.2f} "
+                     f"({min(cr):.2f}-{max(cr):.2f}) |")
+    table = "\n".join(lines)
+    print(table)
+    if args.write:
+        write_block(Path(args.write), "bench_dispatch tracking", table)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, nargs="+", default=[4, 8, 16, 32, 64])
@@ -111,21 +211,17 @@ def main() -> None:
     p.add_argument("--sync", type=float, nargs="+", default=[1.0],
                    help="runtime.journal_sync_seconds to try (0: fsync every result)")
     p.add_argument("--idle-seconds", type=float, default=10.0, help="member length of the idle-master run (0: skip)")
-    p.add_argument("--tracking", metavar="URI", default=None,
-                   help="instead: each rank count with [tracking] off and on (TensorBoard, and MLflow at URI; "
-                        "\"-\": TensorBoard only), side by side, and the ratio of their members/s")
+    p.add_argument("--tracking", action="store_true",
+                   help="instead: [tracking] off, on (TensorBoard and MLflow to a local mlflow server this script "
+                        "starts) and on with a dead MLflow URI, interleaved --reps times at the first --ranks; "
+                        "each on side's ratio to the off run of its repetition")
+    p.add_argument("--reps", type=int, default=5, help="repetitions of --tracking's three sides")
+    p.add_argument("--write", metavar="PAGE", help="with --tracking: write the table into PAGE (docs/tracking.md) "
+                   "between its <!-- bench_dispatch tracking --> marks")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_dispatch_"))
-    if args.tracking is not None:
-        tracking = "\n[tracking]\ntensorboard = true\nfinish_seconds = 5\n" + (
-            f'mlflow = "{args.tracking}"\nmlflow_experiment = "bench_dispatch"\n' if args.tracking != "-" else "")
-        print(f"{'ranks':>5} {'off/s':>9} {'on/s':>9} {'on/off':>7} {'CPU us off':>10} {'CPU us on':>10}", flush=True)
-        for ranks in args.ranks:
-            off = run(ranks, args.members, 0.0, args.sync[0], tmp)
-            on = run(ranks, args.members, 0.0, args.sync[0], tmp, tracking)
-            print(f"{ranks:>5} {off['members_per_second']:>9.0f} {on['members_per_second']:>9.0f} "
-                  f"{on['members_per_second'] / off['members_per_second']:>7.3f} "
-                  f"{off['master_cpu_us_per_result']:>10.1f} {on['master_cpu_us_per_result']:>10.1f}", flush=True)
+    if args.tracking:
+        tracking_sides(args, tmp)
         shutil.rmtree(tmp, ignore_errors=True)
         return
     print(f"{'ranks':>5} {'sync s':>6} {'members/s':>10} {'steady/s':>9} {'master CPU':>10} {'us/result':>10} "

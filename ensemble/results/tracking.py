@@ -358,7 +358,11 @@ def serve(stream: BinaryIO) -> None:
         head = stream.read(4)
         if len(head) < 4:
             break
-        kind, payload = pickle.loads(stream.read(struct.unpack("<I", head)[0]))
+        size = struct.unpack("<I", head)[0]
+        frame = stream.read(size)
+        if len(frame) < size:                    # the master closed the pipe mid-frame (it gave up waiting)
+            break
+        kind, payload = pickle.loads(frame)
         if kind == "open":
             cfg = payload["cfg"]
             t = cfg.tracking
