@@ -123,6 +123,16 @@ def main(argv: list[str] | None = None) -> int:
                      f"{np.mean([r['mae'] for r in tail]):.4f}, {np.mean([r['mean_std'] for r in head]):.4f} -> "
                      f"{np.mean([r['mean_std'] for r in tail]):.4f}; patches written in full: "
                      f"{sum(r['snapshots'] for r in log)} of {sum(r['patches'] for r in log)}")
+    table += ["", "Per generation in use (rank 0's view at each check; 0: no ensemble yet, every patch written):", "",
+              "| generation | from step | checks | patches written | MAE of v | mean predicted std |",
+              "|---:|---:|---:|---:|---:|---:|"]
+    for g in sorted({r["generation"] for r in log}):
+        rows = [r for r in log if r["generation"] == g]
+        sc = [r for r in rows if "mae" in r]
+        share = sum(r["snapshots"] for r in rows) / max(sum(r["patches"] for r in rows), 1)
+        table.append(f"| {g} | {rows[0]['step']} | {len(rows)} | {100 * share:.0f}% | "
+                     + (f"{np.mean([r['mae'] for r in sc]):.4f} | {np.mean([r['mean_std'] for r in sc]):.4f} |"
+                        if sc else "- | - |"))
     text = "\n".join(table)
     print(text)
     (out / "bench_online.md").write_text(text + "\n")

@@ -379,6 +379,10 @@ SCHEMA = Table({
                           "normalisation and its fixed validation and test rows"),
         "publish_every": Key((int,), 2, _positive,
                              doc="members that finish (ok) between two published ensembles"),
+        "window": Key((int,), 8, _nonneg,
+                      doc="a published ensemble is selected among the newest this many members that finished "
+                          "ok (the validation rows are the warm-up's, on which the oldest members, trained "
+                          "on them, would always win); 0: among all"),
         "in_flight": Key((int,), 4, _positive,
                          doc="the simulation side's default: sample messages per rank sent and not yet "
                              "acknowledged; a batch sent beyond it is dropped and counted, never waited for"),

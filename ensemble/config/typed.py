@@ -238,6 +238,9 @@ class OnlineConfig(Section):
     warmup: int
     #: members that finish (ok) between two published ensembles
     publish_every: int
+    #: a published ensemble is selected among the newest this many members that finished ok (the validation
+    #: rows are the warm-up's, on which the oldest members, trained on them, would always win); 0: among all
+    window: int
     #: the simulation side's default: sample messages per rank sent and not yet acknowledged; a batch sent
     #: beyond it is dropped and counted, never waited for
     in_flight: int

@@ -90,6 +90,7 @@ class MasterSession:
         self.records: list[MemberRecord] = []
         self.events: list[dict] = []
         self.account: dict = {}
+        self.select_among: frozenset[str] | None = None    # set by ``Hooks.publish`` (mode "online")
 
     # -- the run -----------------------------------------------------------------------------
     def run(self) -> int:
@@ -132,9 +133,11 @@ class MasterSession:
                                 specs_in_hand=rt.specs_in_hand, job_started=self.job_started, now=self.clock(),
                                 **self.open_fields, **({"resume_seconds": resume_seconds} if self.resume else {}))
             journal.event(opened)
-            def publish(extra: dict) -> dict:                 # mode "online": an ensemble.json mid-run
+            def publish(extra: dict, among: frozenset[str] | None = None) -> dict:   # mode "online": mid-run
+                self.select_among = among                     # the end selects among the same members
                 journal.sync()
-                return finalize(self.run_dir, self.records, cfg, self.meta, np.asarray(self.data["y_val"]),
+                pool = self.records if among is None else [r for r in self.records if r.id in among]
+                return finalize(self.run_dir, pool, cfg, self.meta, np.asarray(self.data["y_val"]),
                                 np.asarray(self.data["y_test"]), extra, ensemble=self.predictions,
                                 artifacts=artifacts, prune=False)
 
@@ -212,7 +215,8 @@ class MasterSession:
         if self.predictions:
             extra["baseline"] = baseline_section(self.meta, self.data, cfg.seed)
         try:
-            summary = finalize(self.run_dir, records, cfg, self.meta, np.asarray(self.data["y_val"]),
+            pool = records if self.select_among is None else [r for r in records if r.id in self.select_among]
+            summary = finalize(self.run_dir, pool, cfg, self.meta, np.asarray(self.data["y_val"]),
                                np.asarray(self.data["y_test"]), extra, ensemble=self.predictions,
                                artifacts=artifacts, prune=not budget.reason)
         except RuntimeError as exc:

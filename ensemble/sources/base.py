@@ -31,15 +31,17 @@ class Hooks:
 
     ``event``: journal an event line now (fsynced); ``answer``: deliver a decision to a
     held member (``executor.answer``); ``deadline``: the run's deadline (the clock's
-    seconds) or None; ``clock``: the master's clock (real or virtual); ``publish``: select
-    and write ensemble.json now, from every member so far, with the given extra sections, and
-    return its summary (mode "online"; None where the session cannot)."""
+    seconds) or None; ``clock``: the master's clock (real or virtual); ``publish(extra,
+    among=None)``: select and write ensemble.json now, among the members whose ids are in
+    ``among`` (None: every member so far), with the given extra sections, and return its
+    summary; the run's end then selects among the same (mode "online"; None where the session
+    cannot)."""
 
     event: Callable[[dict], None]
     answer: Callable[[str, dict], None]
     deadline: Callable[[], float | None]
     clock: Callable[[], float]
-    publish: Callable[[dict], dict] | None = None
+    publish: Callable[..., dict] | None = None
 
 
 @runtime_checkable

@@ -67,6 +67,7 @@ class OnlineSource:
         self._snap: tuple[int, str, dict[int, int]] | None = None   # (buffer version, file, newest seqs)
         self._trained_on: dict[str, dict[int, int]] = {}            # member id -> newest seqs it saw
         self._files_in_use: dict[str, str] = {}                      # member in training -> its snapshot
+        self._ok = sorted(r.id for r in previous if r.ok and member_number(r.id) is not None)   # oldest first
 
     def bind(self, hooks: Hooks) -> None:
         self.hooks = hooks
@@ -81,6 +82,8 @@ class OnlineSource:
                     if self.final_left is None:          # final buffer, one member per worker, then none
                         self.final_left = self.workers if self.buffer.size else 0
                     if self.final_left <= 0:
+                        if self.ok_since:                # the last round, published before the end
+                            self.publish()
                         return None
                     self.final_left -= 1
                     return self._spec()
@@ -120,6 +123,7 @@ class OnlineSource:
     def tell(self, record: MemberRecord) -> MemberRecord:
         self._files_in_use.pop(record.id, None)
         if record.ok:
+            self._ok.append(record.id)
             self.ok_since += 1
             self.due = self.ok_since >= self.cfg.online.publish_every
         else:
@@ -138,7 +142,7 @@ class OnlineSource:
         generation = self.generation + 1
         t0 = time.time()
         try:
-            summary = self.hooks.publish({"online": self.section(generation)})
+            summary = self.hooks.publish({"online": self.section(generation)}, among=self.window())
         except Exception as exc:                      # noqa: BLE001 - a publish must not stop training
             self.failed_publishes += 1
             log.error(f"online: publishing generation {generation} failed ({type(exc).__name__}: {exc}); the "
@@ -158,6 +162,12 @@ class OnlineSource:
                  f"{self.buffer.counts.offered} samples received, {time.time() - t0:.2f} s)")
         return summary
 
+    def window(self) -> frozenset[str] | None:
+        """The members a publication selects among: the newest ``online.window`` that finished ok."""
+        if not self.cfg.online.window:
+            return None
+        return frozenset(self._ok[-self.cfg.online.window:])
+
     def section(self, generation: int) -> dict[str, Any]:
         """ensemble.json's "online" section."""
         c = self.buffer.counts
@@ -173,6 +183,6 @@ class OnlineSource:
             self.inlet.stop("the ensemble's run ended (its budget, or an error) while the simulation streamed")
         else:
             self.inlet.stop()
-        final = self.section(self.generation + 1)
+        final = self.section(self.generation + (1 if self.ok_since else 0))
         final["published"] = self.published
         return {"online": final}

@@ -131,3 +131,51 @@ def test_online_config_and_preflight():
     assert cfg.online.buffer > 0 and cfg.online.policy in ("reservoir", "fifo")
     with pytest.raises(Exception, match="architectures"):
         resolve_config({"mode": "online", "data": {"source": "seed.npz"}})
+
+
+def test_a_publication_selects_among_the_newest_members_and_says_its_generation(tmp_path):
+    import threading
+
+    from ensemble.results.records import MemberRecord, Status
+    from ensemble.results.rundir import RunDirectory
+    from ensemble.sources.base import Hooks
+    from ensemble.sources.online import OnlineSource
+
+    class Link:
+        lock, closed, sim_counts = threading.RLock(), threading.Event(), {}
+
+        def __init__(self):
+            self.told = []
+
+        def announce(self, generation, run_dir, seqs=None):
+            self.told.append((generation, seqs))
+
+        def failed(self, generation, error):
+            self.told.append((generation, error))
+
+    cfg = resolve_config({"mode": "online", "data": {"source": "seed.npz"},
+                          "architectures": [{"layers": [{"type": "Dense", "units": 4}]}],
+                          "online": {"warmup": 4, "publish_every": 2, "window": 3}})
+    buffer = ReplayBuffer(16, "fifo")
+    buffer.offer(*batch(0, 8), rank=1, seq=7)
+    link = Link()
+    source = OnlineSource(cfg, RunDirectory(tmp_path), link, buffer, [], 0, 2)
+    asked = []
+
+    def publish(extra, among=None):
+        asked.append(among)
+        if len(asked) == 2:
+            raise OSError("disk full")                       # a publish that fails: said, not raised
+        return {"members": [{"id": i} for i in sorted(among)]}
+    source.bind(Hooks(event=lambda e: None, answer=lambda i, d: None, deadline=lambda: None, clock=lambda: 0.0,
+                      publish=publish))
+    for n in range(6):
+        spec = source.next_spec()
+        assert spec["online"]["buffer"].startswith("online/buffer-")
+        source.tell(MemberRecord(id=spec["id"], status=Status.OK))
+    source.tell(MemberRecord(id="o-99999", status=Status.FAILED))
+    source.next_spec()
+    assert asked == [frozenset({"o-00000", "o-00001"}), frozenset({"o-00001", "o-00002", "o-00003"}),
+                     frozenset({"o-00003", "o-00004", "o-00005"})]
+    assert link.told[0] == (1, {1: 7}) and link.told[1] == (2, "OSError: disk full") and link.told[2][0] == 2
+    assert source.generation == 2 and source.failed_publishes == 1 and source.failed_members == 1
