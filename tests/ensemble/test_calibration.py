@@ -140,3 +140,26 @@ def test_conformal_intervals_cover_at_least_nominal_on_average_over_many_splits(
             covered[level].append(out[f"coverage{level}"])
     assert np.mean(covered["90"]) >= 0.90 and np.mean(covered["95"]) >= 0.95
     assert np.mean(covered["90"]) < 0.94                 # and not by giving up (infinite intervals)
+
+
+@pytest.mark.parametrize("n", [40, 136, 500])
+def test_normalised_conformal_intervals_equal_crepes(n):
+    """The project's normalised split-conformal intervals are crepes' (Boström's
+    ``ConformalRegressor`` with sigmas), a well-kept conformal library: the same finite-sample
+    quantile of |y - mean| / std on the calibration rows, times each new row's std. (n is
+    chosen so that (n + 1) * level is never a whole number: there crepes' float rounding
+    takes the next score, one rank more conservative than the exact ceil((n + 1) level).)"""
+    crepes = pytest.importorskip("crepes")
+    rng = np.random.default_rng(n)
+    mean, std = rng.normal(size=n), rng.uniform(0.2, 2.0, n)
+    y = mean + std * rng.standard_t(4, n) * 1.7                  # heavy tails, spread off by 1.7x
+    new_mean, new_std = rng.normal(size=50), rng.uniform(0.2, 2.0, 50)
+    cal = C.fit_regression(y, mean, std, "conformal")
+    stats = {"mean": new_mean, "std": new_std, "var": new_std ** 2, "aleatoric": new_std ** 2,
+             "epistemic": np.zeros(50)}
+    ours = C.apply_regression(stats, cal)["intervals"]
+    reference = crepes.ConformalRegressor().fit(residuals=y - mean, sigmas=std)
+    for key, half_width in ours.items():
+        interval = reference.predict_int(new_mean, sigmas=new_std, confidence=int(key) / 100)
+        np.testing.assert_allclose(new_mean - half_width, interval[:, 0], rtol=1e-12)
+        np.testing.assert_allclose(new_mean + half_width, interval[:, 1], rtol=1e-12)
