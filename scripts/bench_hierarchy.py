@@ -96,9 +96,9 @@ def main() -> None:
             mine = [r for r in rows if r["ranks"] == ranks and r["subs"] == subs]
             med = {k: statistics.median(r[k] for r in mine) for k in
                    ("flat_steady", "steady", "steady_ratio", "flat_cpu_us", "cpu_us", "cpu_ratio")}
-            print(f"| {ranks} | {subs} | {mine[0]['workers']} ({mine[0]['flat_workers']}) | {med['flat_steady']:.0f} | "
-                  f"{med['steady']:.0f} | {med['steady_ratio']:.2f}x | {med['flat_cpu_us']:.0f} | {med['cpu_us']:.0f} | "
-                  f"{med['cpu_ratio']:.2f}x |")
+            print(f"| {ranks} | {subs} | {mine[0]['workers']} ({mine[0]['flat_workers']}) | "
+                  f"{med['flat_steady']:.0f} | {med['steady']:.0f} | {med['steady_ratio']:.2f}x | "
+                  f"{med['flat_cpu_us']:.0f} | {med['cpu_us']:.0f} | {med['cpu_ratio']:.2f}x |")
     print(json.dumps(rows))
 
 

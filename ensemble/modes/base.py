@@ -91,6 +91,12 @@ class Mode:
         """Whether workers pack several members into one graph (``runtime.members_per_rank``)."""
         return False
 
+    def hierarchy_problem(self, cfg: RunConfig) -> str | None:
+        """Why sub-masters (``runtime.sub_masters``) cannot serve this run, or None. A sub-master
+        answers in-training reports with "continue" and its workers talk to it alone, so a
+        mode says None only where its master decides nothing while members train."""
+        return f"mode \"{self.name}\" needs its master while members train"
+
     def preflight(self, cfg: RunConfig, meta: dict | None, groups: int | None, found: Problems) -> None:
         """Problems only this mode has, noted in ``found``: those that need the data's
         ``meta`` (None when it could not be read) or the number of worker ``groups``

@@ -40,6 +40,9 @@ class EnsembleMode(Mode):
             return PackingTrainer(cfg.runtime.members_per_rank, data, meta, run_dir, rank)
         return super().keras_trainer(cfg, meta, data, run_dir, rank, group, comm)
 
+    def hierarchy_problem(self, cfg: RunConfig) -> str | None:
+        return None                                   # GoOn: nothing is decided while members train
+
     def packs(self, cfg: RunConfig) -> bool:
         """Members pack (``runtime.members_per_rank`` > 1) in float32. A search does not: it
         would breed two packs' worth of candidates per worker before their parents are

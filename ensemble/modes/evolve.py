@@ -32,6 +32,11 @@ class EvolveMode(Mode):
     def expected_members(self, cfg: RunConfig, workers: int | None = None) -> int | None:
         return cfg.evolve.evaluations
 
+    def hierarchy_problem(self, cfg: RunConfig) -> str | None:
+        if cfg.evolve.discard == "off":
+            return None
+        return f"`evolve.discard = \"{cfg.evolve.discard}\"` decides at the master while candidates train"
+
     def preflight(self, cfg: RunConfig, meta: dict | None, groups: int | None, found: Problems) -> None:
         if meta is None or not found.ok("search", "data.reshape"):
             return

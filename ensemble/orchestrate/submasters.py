@@ -34,11 +34,11 @@ AUTO = "auto"
 def unsuited(cfg: RunConfig) -> str | None:
     """Why this config's run cannot have sub-masters (they answer in-training reports with
     "continue" and hand out single specs), or None."""
-    if cfg.mode == "pbt":
-        return "mode \"pbt\" decides every member's rounds at the master and members exchange weights"
-    if cfg.mode == "evolve" and cfg.evolve.discard != "off":
-        return f"`evolve.discard = \"{cfg.evolve.discard}\"` decides at the master while members train"
-    if mode_of(cfg).packs(cfg):
+    mode = mode_of(cfg)
+    why = mode.hierarchy_problem(cfg)
+    if why is not None:
+        return why
+    if mode.packs(cfg):
         return "`runtime.members_per_rank` > 1 packs specs on a worker"
     if cfg.runtime.master_trains is True:
         return "`runtime.master_trains = true` trains on rank 0, which only deals specs in a hierarchy"

@@ -100,3 +100,9 @@ def test_a_config_that_decides_while_members_train_cannot_have_sub_masters():
     with pytest.raises(ConfigError, match="members_per_rank"):
         check_world(cfg_with(sub_masters=2, members_per_rank=4), 8)
     assert choose(cfg.replace(runtime=cfg.runtime.replace(sub_masters="auto")), 100_000, 1e-3) == 0
+    pbt = resolve_config({"mode": "pbt", "architectures": ARCHS, "runtime": {"sub_masters": 2},
+                          "pbt": {"rounds": 3, "round_epochs": 1, "ranges": {"learning_rate": [1e-4, 1e-1]}}})
+    found = Problems()
+    assert check_hierarchy(pbt, 8, found) == 0
+    assert found.messages == ['`runtime.sub_masters = 2` cannot be used: mode "pbt" needs its master while members '
+                              'train; set `runtime.sub_masters = 0`']
