@@ -49,7 +49,7 @@ def test_the_shape_is_one_function_for_the_simulator_and_the_runtime(capsys):
     cost = master_cost("ensemble")
     for workers, seconds in ((127_488, 10.0), (27_648, 60.0), (18_688, 0.5)):
         code = simulate.main(["configs/digits.toml", "--engine", "fast", "--workers", str(workers),
-                              "--per-worker", "1", "--seconds", str(seconds), "--spread", "0",
+                              "--per-worker", "0.01", "--seconds", str(seconds), "--spread", "0",
                               "--master-cost", "model", "--sub-masters", "auto", "--json"])
         assert code == 0
         row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
