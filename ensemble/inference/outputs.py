@@ -125,7 +125,7 @@ class PredictionWriter:
                 table = pa.Table.from_pandas(frame, preserve_index=False)
                 if self.parquet is None:
                     self.parquet = pq.ParquetWriter(self.tmp, table.schema)
-                self.parquet.write_table(table)
+                self.parquet.write_table(table)          # type: ignore[attr-defined]
             self.at += len(frame)
 
     def _npz(self, arrays: dict[str, np.ndarray]) -> None:

@@ -109,19 +109,22 @@ def predict_split(run: EnsembleRun, split: str = "test", out: str | Path | None 
     from ensemble.inference.outputs import PredictionWriter
     rank = comm.Get_rank() if comm is not None else 0
     models = {} if models is None else models
-    writer = parts = ys = None
+    writer = None
+    parts: list[dict] = []
+    ys: list[np.ndarray] = []
     if rank == 0:
-        parts, ys = [], []
         batches = batches if batches is not None else split_batches(run, split)
         n = len(RunDirectory(Path(run.path)).load_splits()[split])
         writer = PredictionWriter(out, run, n) if out is not None else None
     try:
         while True:
-            x = y = None
+            x: np.ndarray | None = None
+            y: np.ndarray | None = None
+            head: tuple = ("end",)
             if rank == 0:
                 try:
                     x, y = next(batches)          # type: ignore[arg-type]
-                    head: tuple = ("batch", x.shape, x.dtype.str)
+                    head = ("batch", x.shape, x.dtype.str)
                 except StopIteration:
                     head = ("end",)
                 except Exception as exc:          # noqa: BLE001 - every rank must learn of it
@@ -137,12 +140,13 @@ def predict_split(run: EnsembleRun, split: str = "test", out: str | Path | None 
                 if rank != 0:
                     x = np.empty(head[1], dtype=head[2])
                 comm.Bcast(x, root=0)
+            assert x is not None
             result = predict_arrays(run, x, comm, models)
             if rank == 0:
                 if writer is not None:
                     writer.write(result, y)
-                parts.append(result)                       # type: ignore[union-attr]
-                ys.append(y)                               # type: ignore[union-attr]
+                parts.append(result)
+                ys.append(np.asarray(y))
     except BaseException:
         if writer is not None:
             writer.abort()
