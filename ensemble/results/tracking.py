@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -99,6 +99,7 @@ class Sink(Protocol):
     """One tracking destination, driven from its own thread."""
 
     name: str
+    where: str                  # what the console says at the end: where to look
 
     def members(self, views: list[MemberView]) -> None:
         """Record members that ended (may raise: the caller retries)."""
@@ -167,7 +168,7 @@ class Background:
                 if kind == "stop":
                     return
 
-    def _send(self, call, count: int, views: list[MemberView] = ()) -> bool:
+    def _send(self, call, count: int, views: Sequence[MemberView] = ()) -> bool:
         """``call()`` with retries; False (and everything dropped) once the sink is given up.
         Of a batch of ``views``, the members a sink says it wrote (its ``written`` ids) before
         it failed are not counted as dropped."""
