@@ -212,5 +212,7 @@ def test_packed_members_and_a_population_cannot_read_streams():
     packed = resolve_config({"architectures": ARCH, "runtime": {"members_per_rank": 2}})
     with pytest.raises(ConfigError, match=r"`runtime\.members_per_rank`"):
         check_streaming(packed)
+    with pytest.raises(ConfigError, match=r"mode \"pbt\" read it from memory.*`data\.stream = false`"):
+        check_streaming(resolve_config({"architectures": ARCH, "mode": "pbt"}))
     with pytest.raises(ConfigError, match=r"trainer cannot read"):
         check_streaming(resolve_config({"architectures": ARCH, "runtime": {"trainer": "mymod:make"}}))
