@@ -34,7 +34,7 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from heat_insitu import HORIZON, GrayScott, _scores
+from heat_insitu import HORIZON, GrayScott
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,9 +79,11 @@ def main(argv: list[str] | None = None) -> None:
             if stream is not None:
                 stream.send(features, outcome)                # never waits
                 sends += 1
-            if mean is not None:
-                row = next(r for r in log if r["step"] == t - HORIZON)
-                row.update(_scores(comm, np.abs(outcome - mean), std, flagged))
+            # collective on every rank, also one that had no ensemble yet (each rank loads its own)
+            err = np.abs(outcome - mean) if mean is not None else np.zeros(0)
+            scores = _scores(comm, err, std if std is not None else np.zeros(0), flagged if mean is not None else [])
+            if scores is not None:
+                next(r for r in log if r["step"] == t - HORIZON).update(scores)
         if t >= args.warm and t % args.every == 0:
             features = sim.features()
             ens = stream.ensemble() if stream is not None else None
@@ -107,6 +109,13 @@ def main(argv: list[str] | None = None) -> None:
     wall = time.perf_counter() - t_start
     stats = stream.close() if stream is not None else None
     report(comm, args, log, step_time, check_time, wall, stats, sends)
+
+
+def _scores(comm, err: np.ndarray, std: np.ndarray, flagged) -> dict | None:
+    """Mean absolute error and mean predicted std over the patches forecast on every rank
+    (none on a rank without an ensemble yet); None when no rank had one."""
+    sums = comm.allreduce(np.array([err.sum(), len(err), std.sum()]))
+    return None if sums[1] == 0 else {"mae": sums[0] / sums[1], "mean_std": sums[2] / sums[1]}
 
 
 def report(comm, args, log: list[dict], step_time: float, check_time: float, wall: float, stats,
