@@ -168,10 +168,15 @@ def run_arrays(run_dir: str | Path, config: RunConfig, meta: dict) -> dict[str, 
     step (``--data test``, re-selection, the notebook API) gets the run's rows back. The data
     is read as the run read it (``datafeed.splits.read_data``: separate files per split are
     one array again). A run written before ``splits.npz`` existed draws its split again
-    from its seed. Raises ``PredictError`` when the data is not the file the run trained on."""
+    from its seed. A run whose data streamed gets its targets, rows and normalisation only
+    (``inference.streamed.run_targets``; its features are read a chunk at a time there).
+    Raises ``PredictError`` when the data is not the file the run trained on."""
     from datafeed.prepare import prepare_with_rows
     from datafeed.readers import DataError
     from datafeed.splits import read_data
+    if meta.get("stream"):                         # never read whole: the targets (features: inference.streamed)
+        from ensemble.inference.streamed import run_targets
+        return run_targets(run_dir, config, meta)
     rd = RunDirectory(Path(run_dir))
     data = config.data
     try:

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ensemble.inference.load import EnsembleRun, PredictError
 from ensemble.results.rundir import RunDirectory
+
+if TYPE_CHECKING:
+    from ensemble.config import RunConfig
 
 SPLITS = ("train", "val", "test")
 
@@ -30,40 +34,54 @@ def is_streamed(run: EnsembleRun) -> bool:
     return bool(run.meta.get("stream"))
 
 
-def run_feed(run: EnsembleRun, split: str, raw: bool = False):
-    """The ``Streamed`` view of ``split`` of a streamed run (module doc); ``raw``: its targets
-    as the files hold them, else encoded as the members were scored on them."""
+def run_targets(run_dir: str | Path, config: RunConfig, meta: dict, raw: bool = False) -> dict[str, np.ndarray]:
+    """A streamed run's targets and rows per split (``y_train``, ``rows_train``, ...) and its
+    normalisation (``x_mean``, ``x_scale``), without reading a feature: what re-selection
+    needs (``inference.load.run_arrays`` answers with it for a streamed run). The files are
+    checked against ``data.json`` (their number and rows); ``raw``: the targets as the files
+    hold them, else encoded as the members were scored on them."""
     from datafeed.prepare import prepare_targets
     from datafeed.readers import DataError
     from datafeed.shards import read_targets
-    from datafeed.streaming import Streamed, scan_sources, shard_set
-    if split not in SPLITS:
-        raise ValueError(f"split must be 'train', 'val' or 'test', but got {split!r}")
-    rd = RunDirectory(Path(run.path))
+    from datafeed.streaming import scan_sources, shard_set
+    rd = RunDirectory(Path(run_dir))
     if not (rd.path / rd.SPLITS).is_file():
         raise PredictError(f"{str(rd.path / rd.SPLITS)!r} does not exist: the run directory is incomplete")
-    stream = run.meta["stream"]
-    recorded = shard_set(stream)
+    recorded = shard_set(meta["stream"])
     try:
-        now = scan_sources(run.config.data)
+        now = scan_sources(config.data)
     except (OSError, DataError) as exc:
-        raise PredictError(f"cannot read the run's data {run.config.data.source!r} again: {exc}") from None
+        raise PredictError(f"cannot read the run's data {config.data.source!r} again: {exc}") from None
     if [s.rows for s in now.shards] != [s.rows for s in recorded.shards] \
             or now.sample_shape != recorded.sample_shape:
-        raise PredictError(f"the files of {run.config.data.source!r} are not what the run trained on "
+        raise PredictError(f"the files of {config.data.source!r} are not what the run trained on "
                            f"({len(now.shards)} files of {now.rows} rows now, {len(recorded.shards)} of "
                            f"{recorded.rows} then); use the files the run was trained on")
-    rows = rd.load_splits()[split]
     try:
         y_all = read_targets(recorded)
     except (OSError, DataError, KeyError, ValueError) as exc:
-        raise PredictError(f"cannot read the targets of {run.config.data.source!r} again: {exc}") from None
+        raise PredictError(f"cannot read the targets of {config.data.source!r} again: {exc}") from None
     if y_all is None:
-        raise PredictError(f"the files of {run.config.data.source!r} hold no targets (`data.y`) any more")
+        raise PredictError(f"the files of {config.data.source!r} hold no targets (`data.y`) any more")
     if not raw:
-        y_all, _ = prepare_targets(y_all, {"feature_names": run.meta.get("feature_names", [])}, run.config.data)
-    arrays = {"x_mean": run.shift, "x_scale": run.scale, f"rows_{split}": rows,
-              f"y_{split}": np.ascontiguousarray(y_all[rows])}
+        y_all, _ = prepare_targets(y_all, {"feature_names": meta.get("feature_names", [])}, config.data)
+    splits = rd.load_splits()
+    shift, scale = rd.load_normalization()
+    out = {"x_mean": shift.astype(np.float32), "x_scale": scale.astype(np.float32)}
+    for split in SPLITS:
+        out[f"rows_{split}"] = splits[split]
+        out[f"y_{split}"] = np.ascontiguousarray(y_all[splits[split]])
+    return out
+
+
+def run_feed(run: EnsembleRun, split: str, raw: bool = False):
+    """The ``Streamed`` view of ``split`` of a streamed run (module doc); ``raw``: its targets
+    as the files hold them, else encoded as the members were scored on them."""
+    from datafeed.streaming import Streamed
+    if split not in SPLITS:
+        raise ValueError(f"split must be 'train', 'val' or 'test', but got {split!r}")
+    arrays = run_targets(run.path, run.config, run.meta, raw)
+    arrays["x_mean"], arrays["x_scale"] = run.shift, run.scale
     return Streamed(run.meta, arrays, stage=False)
 
 

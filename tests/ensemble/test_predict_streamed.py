@@ -155,3 +155,33 @@ def test_a_streamed_runs_test_rows_are_predicted_a_chunk_at_a_time(tmp_path, sha
         assert proc.returncode == 0, proc.stdout + proc.stderr
         with np.load(tmp_path / "two.npz") as two:
             np.testing.assert_allclose(two["proba"], cli["proba"], atol=1e-6)
+
+
+def test_a_streamed_runs_targets_come_back_without_reading_a_feature(tmp_path, shards, monkeypatch):
+    import argparse
+
+    import datafeed.shards
+    import datafeed.splits
+    from ensemble.config import locate
+    from ensemble.inference.load import PredictError, run_arrays
+    from ensemble.orchestrate.prepare import prepare_run
+    raw = {"name": "s", "output_dir": str(tmp_path / "runs"),
+           "data": {"source": "shards", "test_source": "held", "stream": True},
+           "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]}
+    cfg = locate(resolve_config(raw), tmp_path)
+    arrays, meta, rd, lock = prepare_run(cfg, argparse.Namespace(run_dir=str(tmp_path / "run"), resume=False,
+                                                                 overwrite=False))
+    lock.release()
+
+    def whole(*args, **kw):
+        raise AssertionError("the whole dataset was read")
+    monkeypatch.setattr(datafeed.splits, "read_data", whole)
+    monkeypatch.setattr(datafeed.shards, "read_all", whole)
+    again = run_arrays(rd.path, cfg, meta)                        # what reselect reads
+    for split in ("train", "val", "test"):
+        np.testing.assert_array_equal(again[f"y_{split}"], arrays[f"y_{split}"])
+        assert not any(k.startswith("x_") and k not in ("x_mean", "x_scale") for k in again)
+    np.testing.assert_array_equal(again["x_mean"], arrays["x_mean"])
+    (tmp_path / "held" / "digits5.h5").unlink()                  # not the data the run trained on
+    with pytest.raises(PredictError, match=r"not what the run trained on \(5 files of 1498 rows now, 6 of 1797 then\)"):
+        run_arrays(rd.path, cfg, meta)
