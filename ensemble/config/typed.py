@@ -41,11 +41,11 @@ class DataConfig(Section):
     #: share of the samples held out for the final test scores, used for nothing else; not with a split the
     #: data gives
     test_fraction: float
-    #: your own split by files: the test rows, a file of the same format and columns as `source` (whose rows
-    #: are then the training rows); "": none
+    #: your own split by files: the test rows, a file, folder or glob of the same format and columns as
+    #: `source` (whose rows are then the training rows; a streamed run streams them too); "": none
     test_source: str
-    #: with `test_source`: the validation rows, a file like `source`; "": validation is drawn from the
-    #: training rows (`val_fraction` of them)
+    #: with `test_source`: the validation rows, a file, folder or glob like `source`; "": validation is drawn
+    #: from the training rows (`val_fraction` of them)
     val_source: str
     #: your own split by a column (CSV/Parquet): its values "train", "val" (or "valid", "validation") and
     #: "test" say each row's split; not a feature; no "val" rows: validation is drawn from the train rows;
@@ -69,7 +69,9 @@ class DataConfig(Section):
     memory_share: float
     #: a node's memory for `stream = "auto"` and `--check`, in GB; 0: this node's total memory
     node_memory_gb: float
-    #: streaming: rows a member's shuffle buffer holds (chunks of rows are also read in a shuffled order)
+    #: streaming: rows shuffled together; an epoch reads the member's chunks in a seeded order, a window of
+    #: this many rows at a time (read ahead in the background; at most two windows in memory), and serves
+    #: them in random order
     shuffle_buffer: int
     #: streaming: copy the files once per node to this node-local folder before training and read them there
     #: ("$TMPDIR" expands); "": read them where they are
