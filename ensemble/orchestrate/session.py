@@ -136,10 +136,9 @@ class MasterSession:
             def publish(extra: dict, among: frozenset[str] | None = None) -> dict:   # mode "online": mid-run
                 self.select_among = among                     # the end selects among the same members
                 journal.sync()
-                pool = self.records if among is None else [r for r in self.records if r.id in among]
-                return finalize(self.run_dir, pool, cfg, self.meta, np.asarray(self.data["y_val"]),
+                return finalize(self.run_dir, self.records, cfg, self.meta, np.asarray(self.data["y_val"]),
                                 np.asarray(self.data["y_test"]), extra, ensemble=self.predictions,
-                                artifacts=artifacts, prune=False)
+                                artifacts=artifacts, prune=False, pool=self._pool(artifacts))
 
             hooks = Hooks(event=journal.event, answer=self.executor.answer, deadline=lambda: self.budget.deadline,
                           clock=self.clock, publish=publish)
@@ -185,6 +184,11 @@ class MasterSession:
         self.tracking.close(ok=code == 0)                    # bounded by tracking.finish_seconds
         return code
 
+    def _pool(self, artifacts: Artifacts) -> list[str] | None:
+        """The candidates selection chooses from: all kept, or those ``Hooks.publish`` named."""
+        among = self.select_among
+        return None if among is None else [i for i in artifacts.pool() if i in among]
+
     def _announce(self, total: int | None, done: int, resume_seconds: float | None) -> None:
         rt = self.cfg.runtime
         workers = self.executor.workers - self.master_trains
@@ -215,10 +219,9 @@ class MasterSession:
         if self.predictions:
             extra["baseline"] = baseline_section(self.meta, self.data, cfg.seed)
         try:
-            pool = records if self.select_among is None else [r for r in records if r.id in self.select_among]
-            summary = finalize(self.run_dir, pool, cfg, self.meta, np.asarray(self.data["y_val"]),
+            summary = finalize(self.run_dir, records, cfg, self.meta, np.asarray(self.data["y_val"]),
                                np.asarray(self.data["y_test"]), extra, ensemble=self.predictions,
-                               artifacts=artifacts, prune=not budget.reason)
+                               artifacts=artifacts, prune=not budget.reason, pool=self._pool(artifacts))
         except RuntimeError as exc:
             log.error(f"error: {exc}")
             if beat is not None:

@@ -206,13 +206,15 @@ def build_ensemble(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta
 
 def finalize(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta: dict,
              y_val: np.ndarray, y_test: np.ndarray, extra: dict | None = None, ensemble: bool = True,
-             artifacts: Artifacts | None = None, prune: bool = True, issued: int | None = None) -> dict:
+             artifacts: Artifacts | None = None, prune: bool = True, issued: int | None = None,
+             pool: list[str] | None = None) -> dict:
     """Write leaderboard.csv and ensemble.json (with ``extra`` sections); return the summary.
     Without ``ensemble`` (a rehearsal that saved no predictions) no members are selected.
     With ``artifacts`` and ``prune`` (the run is complete), what the ensemble does not need
     is then removed (``Artifacts.prune``); a run that stopped early keeps every candidate,
     so that its resume selects as an uninterrupted run would. ``issued``: members handed
-    out, when the caller knows (a search's ``issued`` events), for ``counts``."""
+    out, when the caller knows (a search's ``issued`` events), for ``counts``; ``pool``: the
+    candidates selection chooses from (default: every kept one; mode "online": its newest)."""
     t0 = time.perf_counter()
     records = as_records(records)
     task = get_task(meta["task"])
@@ -221,7 +223,7 @@ def finalize(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta: dict
     run_dir.write_text(run_dir.LEADERBOARD, board.to_csv(index=False))
     t_select = time.perf_counter()
     if ensemble:
-        summary = build_ensemble(run_dir, records, cfg, meta, y_val, y_test, artifacts, issued=issued)
+        summary = build_ensemble(run_dir, records, cfg, meta, y_val, y_test, artifacts, issued=issued, pool=pool)
     else:
         summary = {"task": task.name, "metric": metric, "method": None, "members": [],
                    **_count_fields(counts_of(records, issued)), "rehearsal": True}
