@@ -169,7 +169,7 @@ def test_a_publication_selects_among_the_newest_members_and_says_its_generation(
         return {"members": [{"id": i} for i in sorted(among)]}
     source.bind(Hooks(event=lambda e: None, answer=lambda i, d: None, deadline=lambda: None, clock=lambda: 0.0,
                       publish=publish))
-    for n in range(6):
+    for _ in range(6):
         spec = source.next_spec()
         assert spec["online"]["buffer"].startswith("online/buffer-")
         source.tell(MemberRecord(id=spec["id"], status=Status.OK))
