@@ -94,6 +94,7 @@ def fit(model, callbacks=(), epochs=2, batch=16, shard_=None, dp=()):
 
 # ----------------------------------------------------------------------------- group of one
 
+@pytest.mark.slow                  # TensorFlow training: make test, not make test-fast
 @pytest.mark.parametrize("comm", [None, RecordingComm(size=1)])
 def test_group_of_one_adds_no_communication_and_keeps_the_train_step(comm):
     model = model_for()
@@ -160,6 +161,7 @@ def test_custom_train_step_without_scale_loss_is_weighted_too():
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow                  # TensorFlow training: make test, not make test-fast
 def test_model_stays_saveable_and_cannot_be_wrapped_twice(tmp_path):
     model = model_for()
     comm = RecordingComm(size=2)
@@ -198,6 +200,7 @@ class StopAt(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+@pytest.mark.slow                  # TensorFlow training: make test, not make test-fast
 def test_peer_stop_request_in_a_step_stops_this_rank_after_that_step():
     comm = RecordingComm(size=2, peer_step_stop=8)               # the peer asks during step 8
     model = model_for()
@@ -207,6 +210,7 @@ def test_peer_stop_request_in_a_step_stops_this_rank_after_that_step():
     assert len(h["loss"]) == 2 and dp[1].stopped and not dp[1].requested
 
 
+@pytest.mark.slow                  # TensorFlow training: make test, not make test-fast
 def test_local_batch_stop_is_sent_with_the_next_step_and_everyone_stops_there():
     comm = RecordingComm(size=2)
     model = model_for()

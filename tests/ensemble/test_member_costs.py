@@ -28,6 +28,7 @@ def tiny_member(**changes) -> tuple[dict, dict]:
     return spec, data
 
 
+@pytest.mark.slow                  # TensorFlow training: make test, not make test-fast
 def test_a_member_record_says_where_its_time_went(tmp_path):
     from ensemble.train.member import run_member
     spec, data = tiny_member()

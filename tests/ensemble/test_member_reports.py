@@ -31,6 +31,7 @@ def spec(**extra):
             "loss": "auto", **extra}
 
 
+@pytest.mark.slow                  # TensorFlow training: make test, not make test-fast
 def test_master_stops_a_member_mid_training(tmp_path, data):
     from ensemble.runtime.env import configure_tensorflow
     from ensemble.train.member import run_member
@@ -66,6 +67,7 @@ def test_update_sets_the_learning_rate_and_silence_costs_nothing(tmp_path, data)
     assert quiet["status"] == Status.OK.value and "decisions" not in quiet
 
 
+@pytest.mark.slow                  # TensorFlow training: make test, not make test-fast
 @pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_and_xla_train_with_a_float32_head(tmp_path, data, precision):
     """`runtime.precision` and `runtime.jit_compile`: hidden layers in half precision, the

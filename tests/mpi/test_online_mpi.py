@@ -89,6 +89,7 @@ def test_streams_trains_publishes_twice_and_ends_cleanly(tmp_path):
     assert mean.shape == (3,) and np.isfinite(std).all()
 
 
+@pytest.mark.long          # make test-long: about 60 s; the clean MPMD job above stays in make test
 def test_failing_member_never_stops_the_simulation_and_early_end_resumes(tmp_path):
     # the fault-injecting trainer fails the first member; the simulation stops after a few steps
     write_config(tmp_path, 'trainer = "tests.mpi.faults:trainer"')
