@@ -1,13 +1,14 @@
 """The ensemble panel: is the selected ensemble better than its best member, and do its
 intervals hold their promise, over many small and larger datasets and splits?
 
-    python scripts/bench_ensembles.py train [--jobs 2] [--seeds 5] [--datasets a b ...]
-    python scripts/bench_ensembles.py evaluate [--write docs/ensembles.md]
+    python scripts/bench_ensembles.py train [--kind mlp|two] [--jobs 2] [--seeds 5] [--datasets a b ...]
+    python scripts/bench_ensembles.py evaluate [--kind mlp|two] [--write docs/ensembles.md]
 
 ``train`` runs the project (``ensemble.run_config``, the same run directory a CLI run
-writes) on every (dataset, seed) of the panel: 8 MLP members of the default kind (Gaussian
-NLL heads for regression), one split per seed. It keeps the run directories under
-``bench_out/ensembles/runs`` (``--root``); a pair already finished is not trained again.
+writes) on every (dataset, seed) of the panel: 8 MLP members of one shape (``--kind two``: 4
+and 4 of two shapes, docs/ensembles-two.md; Gaussian NLL heads for regression), one split per
+seed. It keeps the run directories under ``bench_out/ensembles[-KIND]/runs`` (``--root``); a
+pair already finished is not trained again.
 On two datasets it also predicts a test set made progressively harder (Gaussian noise
 added to every feature, in units of the feature's spread) and keeps the spread of the
 ensemble and the coverage of its intervals (``bench_shift.json``).
