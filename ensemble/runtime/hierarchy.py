@@ -178,8 +178,7 @@ class HierarchyExecutor:
         self.out = [0] * len(self.subs)
         self.pending: list[list[dict]] = [[] for _ in self.subs]
         self._sends: deque = deque()
-        self._idle = 0.0
-        self.idle_seconds: float | None = 0.0       # (the Executor seam's type) = _idle, after each wait
+        self.idle_seconds = 0.0                     # time spent waiting with nothing to do
         self.report_bytes = 0                        # reports are answered by the sub-masters
         self.mean_seconds: float | None = None
         self.blocks = 0                              # spec messages sent (for the benchmark)
@@ -238,8 +237,7 @@ class HierarchyExecutor:
                 sleep = min(sleep * 2, cap)
                 continue
             if waited_since is not None:
-                self._idle += time.perf_counter() - waited_since
-                self.idle_seconds = self._idle
+                self.idle_seconds += time.perf_counter() - waited_since
                 waited_since = None
             results.extend(self._take(got[0], got[1]))
         while len(results) < self.batch and (got := mpi.try_recv(self.comm, mpi.ANY_SOURCE, mpi.TAG_RESULT)):
