@@ -33,7 +33,7 @@ SPATIAL_TYPES = frozenset({"conv", "maxpool", "avgpool"})
 ACTIVATIONS = _VOCAB_ACTIVATIONS          # one vocabulary with configs and training
 OPTIMIZERS = tuple(_VOCAB_OPTIMIZERS)
 REDUCTIONS = ("global_average", "flatten")
-SPACES = ("free", "structured")
+SPACES = ("auto", "free", "structured")
 
 
 def default_layer_types(input_rank: int) -> tuple[str, ...]:
@@ -120,7 +120,7 @@ class SearchSpace:
     max_depth: int = 6
     units: tuple[int, int] = (16, 512)                # range [min, max]: the powers of two in it
     filters: tuple[int, int] = (8, 128)               # range [min, max]: the powers of two in it
-    kernel_sizes: tuple[int, ...] = (1, 3, 5)         # choice
+    kernel_sizes: tuple[int, ...] = (1, 3, 5, 7)      # choice
     strides: tuple[int, ...] = (1, 2)                 # choice
     pool_sizes: tuple[int, ...] = (2,)                # choice
     activations: tuple[str, ...] = ("relu", "elu", "gelu", "tanh", "swish")   # choice
@@ -131,7 +131,8 @@ class SearchSpace:
     optimizers: tuple[str, ...] = ("adam", "sgd", "rmsprop", "adamw")         # choice
     reductions: tuple[str, ...] = REDUCTIONS          # choice: spatial maps -> vector (GAP, Flatten)
     max_params: int = 2_000_000
-    space: str = "free"                               # the genome: free layer list or structured
+    space: str = "auto"                               # the genome: free layer list or structured; "auto":
+                                                      # structured for spatial input, free for tables
     stages: tuple[int, int] = (1, 3)                  # structured, spatial: count [min, max]
     blocks: tuple[int, int] = (1, 3)                  # structured: conv blocks per stage; tables: dense blocks
     dense_layers: tuple[int, int] = (0, 2)            # structured, spatial: dense layers after the reduction
@@ -141,6 +142,13 @@ class SearchSpace:
         "strides", "pool_sizes", "activations", "dropout", "skip_connections",
         "learning_rate", "batch_size", "optimizers", "reductions", "max_params",
         "space", "stages", "blocks", "dense_layers"})
+
+    def __post_init__(self) -> None:
+        if self.space == "auto":
+            # structured where the suite chose it (spatial input, docs/search-benchmark.md), unless the
+            # layer types leave it no conv blocks to build; tables keep the free MLP space
+            object.__setattr__(self, "space", "structured" if self.input_rank > 1 and "conv" in self.layer_types
+                               else "free")
 
     @property
     def unit_choices(self) -> tuple[int, ...]:

@@ -16,8 +16,9 @@ the caller hands them out again and tells their results, and the strategy goes o
 exactly as the original would have with the same results in the same order.
 
 Starting points: ``initial`` genomes (templates, an earlier run's best) are the first asks
-of the first population, each once, before any random genome. Which of them is next is
-read from what was asked, so ``replay`` skips those already handed out.
+of the first population, each once; the rest of the first population alternates one-step
+mutants of them and random genomes. Which of them is next is read from what was asked, so
+``replay`` skips those already handed out.
 """
 
 from __future__ import annotations
@@ -214,10 +215,16 @@ class Strategy:
         return random_genome(self.rng, self.space, self.input_shape, self.n_outputs)
 
     def _initial_genome(self) -> AnyGenome:
-        """A genome of the first population: the next starting point not yet asked, else random."""
+        """A genome of the first population: the next starting point not yet asked; after them,
+        by turns a one-step mutant of a starting point (round robin) and a random genome, so
+        half the rest of the first population lies near a known-good network and half spreads
+        over the space."""
         for g in self.initial:
             if g.key() not in self._seen:
                 return g
+        if self.initial and self.asked % 2 == 0:
+            start = self.initial[(self.asked // 2) % len(self.initial)]
+            return mutate(start, self.rng, self.space, self.input_shape, self.n_outputs)
         return self._random()
 
     def _mutate(self, g: AnyGenome) -> AnyGenome:

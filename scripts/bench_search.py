@@ -105,6 +105,7 @@ max_params = 100000
 [ensemble]
 metric = "{metric}"
 """
+DEEPHYPER: list[str] = []          # --deephyper-path, appended to sys.path (the venv's numpy and TensorFlow first)
 PROJECT_SIDES = {"project": "", "surrogate": '\nsurrogate = "forest"', "asha": '\ndiscard = "asha"'}
 DH_SIDES = ("dh_re", "dh_cbo")
 
@@ -161,6 +162,9 @@ def project_side(problem: Problem, folder: Path, seed: int, budget: float, worke
     return {"evaluations": len(done), "best_val": best, "curve": curve,
             "best_test": summary["best_member"]["test"][problem.metric],
             "ensemble_test": summary["ensemble"]["test"][problem.metric],
+            # the proper score (log loss; Gaussian NLL or MSE for regression) of the ensemble and its best member
+            "proper": {who: {k: summary[who]["test"][k] for k in ("log_loss", "nll", "mse") if k in summary[who]["test"]}
+                       for who in ("ensemble", "best_member")},
             "surrogate": summary.get("search", {}).get("surrogate")}
 
 
@@ -242,10 +246,11 @@ def run_candidate(job) -> dict:
             "metadata": {"test": _score(model, d["x_test"], d["y_test"], task)}}
 
 
-def deephyper_problem(problem: Problem):
+def deephyper_problem(kind: str | None):
+    """DeepHyper's space: ``None``, digits' MLP space; else the suite's fixed-shape CNN space."""
     from deephyper.hpo import HpProblem
     space = HpProblem()
-    if problem.source is None:
+    if kind is None:
         space.add_hyperparameter((1, 3), "depth")
         for i in range(3):
             space.add_hyperparameter((16, 128), f"units_{i}")
@@ -271,37 +276,61 @@ def deephyper_problem(problem: Problem):
 
 def deephyper_side(problem: Problem, folder: Path, seed: int, budget: float, workers: int,
                    method: str = "dh_re") -> dict:
+    """DeepHyper's search in a fresh Python process, timed from its launch as the project's
+    ``mpiexec`` is: both sides pay for starting Python and importing TensorFlow on the clock
+    (a search run in this process would start with TensorFlow already imported, and its
+    forked workers with it)."""
     import numpy as np
+    np.savez(folder / "split.npz", **split_arrays(problem, seed))
+    job = {"folder": str(folder), "task": problem.task, "epochs": problem.training["epochs"],
+           "patience": problem.training["patience"], "seed": seed, "budget": budget, "workers": workers,
+           "method": method, "digits": problem.source is None, "population": problem.population}
+    (folder / "job.json").write_text(json.dumps(job))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}
+    launched = time.time()
+    proc = subprocess.run([sys.executable, __file__, *(["--deephyper-path", DEEPHYPER[0]] if DEEPHYPER else []),
+                           "--deephyper-job", str(folder / "job.json")], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"DeepHyper's search failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    run = json.loads((folder / "result.json").read_text())
+    run["curve"] = [(t - launched, b) for t, b in run["curve"]]      # wall-clock stamps -> from launch
+    return run
+
+
+def deephyper_job(path: Path) -> None:
+    """The fresh process of ``deephyper_side``: the search, its results in result.json beside the job
+    (the curve in wall-clock seconds)."""
+    job = json.loads(path.read_text())
+    folder = Path(job["folder"])
     from deephyper.evaluator import Evaluator
     from deephyper.hpo import CBO, RegularizedEvolution
-    np.savez(folder / "split.npz", **split_arrays(problem, seed))
-    os.environ.update(BENCH_SEARCH_DATA=str(folder / "split.npz"), BENCH_SEARCH_TASK=problem.task,
-                      BENCH_SEARCH_TRAINING=f"{problem.training['epochs']},{problem.training['patience']}",
-                      OMP_NUM_THREADS="1")
-    space = deephyper_problem(problem)
-    launched = time.monotonic()
-    evaluator = Evaluator.create(run_candidate, method="process", method_kwargs={"num_workers": workers})
-    log_dir = str(folder / method)
-    if method == "dh_re":
-        size = problem.population if problem.source is not None else 12
-        search = RegularizedEvolution(space, random_state=seed, log_dir=log_dir, population_size=size,
-                                      sample_size=max(2, size // 3) if problem.source is not None else 4)
+    os.environ.update(BENCH_SEARCH_DATA=str(folder / "split.npz"), BENCH_SEARCH_TASK=job["task"],
+                      BENCH_SEARCH_TRAINING=f"{job['epochs']},{job['patience']}")
+    space = deephyper_problem(None if job["digits"] else "suite")
+    evaluator = Evaluator.create(run_candidate, method="process", method_kwargs={"num_workers": job["workers"]})
+    log_dir = str(folder / job["method"])
+    if job["method"] == "dh_re":
+        size = job["population"] if not job["digits"] else 12
+        search = RegularizedEvolution(space, random_state=job["seed"], log_dir=log_dir, population_size=size,
+                                      sample_size=max(2, size // 3) if not job["digits"] else 4)
     else:
-        search = CBO(space, random_state=seed, log_dir=log_dir)
-    results = search.search(evaluator, timeout=int(budget))
+        search = CBO(space, random_state=job["seed"], log_dir=log_dir)
+    results = search.search(evaluator, timeout=int(job["budget"]))
     results = results[results["objective"].apply(lambda v: isinstance(v, (int, float)))]
     gather = next(c for c in results.columns if "timestamp_gather" in c)
     results = results.sort_values(gather)
-    # DeepHyper's timestamps count from its evaluator's creation (time.monotonic); from the launch here
-    offset = float(evaluator.timestamp - launched)
+    # DeepHyper's timestamps count from its evaluator's creation (time.monotonic): to wall-clock time
+    offset = float(evaluator.timestamp) + time.time() - time.monotonic()
     curve, best = [], -math.inf
     for _, row in results.iterrows():
         best = max(best, float(row["objective"]))
         curve.append((float(row[gather]) + offset, best))
     top = results.loc[results["objective"].astype(float).idxmax()]
     test_col = next(c for c in results.columns if c.endswith("test"))
-    return {"evaluations": len(results), "best_val": best, "curve": curve, "best_test": float(top[test_col]),
-            "ensemble_test": None}
+    (folder / "result.json").write_text(json.dumps(
+        {"evaluations": len(results), "best_val": best, "curve": curve, "best_test": float(top[test_col]),
+         "ensemble_test": None}))
 
 
 # ------------------------------------------------------------------------------ figures
@@ -442,6 +471,7 @@ def main() -> int:
     p.add_argument("--candidates", type=int, default=12, help="--surrogate-cost: children screened per ask")
     p.add_argument("--plot", help="write best-so-far validation against wall time here (PNG; one problem and seed)")
     p.add_argument("--keep", help="folder to keep the runs in")
+    p.add_argument("--deephyper-job", help=argparse.SUPPRESS)    # the fresh process of DeepHyper's side
     args = p.parse_args()
     if args.table:
         print(table(Path(args.table)))
@@ -451,7 +481,10 @@ def main() -> int:
         return 0
     if args.deephyper_path:
         sys.path.append(args.deephyper_path)              # after the venv: its numpy and TensorFlow win
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), args.deephyper_path]))
+        DEEPHYPER.append(args.deephyper_path)
+    if args.deephyper_job:
+        deephyper_job(Path(args.deephyper_job))
+        return 0
     sides = [s for s in args.sides.split(",") if s]
     if args.asha:
         sides = [("asha" if s == "project" else s) for s in sides]

@@ -533,7 +533,8 @@ SCHEMA = Table({
 #: ``[search]``: the meaning of each key ``evolve.space.SearchSpace`` takes (its defaults are
 #: read from the class; docs/search.md says more); a test keeps the two key sets equal
 SEARCH_DOCS = {
-    "space": "the genome: \"free\", a list of layer genes; or \"structured\", stages of conv blocks "
+    "space": "the genome: \"auto\" is \"structured\" for sequences, images and volumes and \"free\" for "
+             "tables; \"free\", a list of layer genes; or \"structured\", stages of conv blocks "
              "(normalisation, activation, optional residual) with downsampling and widening between them, then "
              "a reduction and dense layers, and for flat tables dense blocks (docs/search.md)",
     "layer_types": "choice: the kind of each layer gene, from conv, maxpool, avgpool, dense, dropout, batchnorm "
@@ -694,6 +695,10 @@ def resolve_dict(raw: dict, *, source: str = "config", saved: bool = False,
             found.add(f"unknown setting `search.{key}`{suggest(key, SearchSpace.KEYS)}; "
                       f"allowed here: {', '.join(sorted(SearchSpace.KEYS))}", f"search.{key}")
     cfg["search"] = {k: v for k, v in cfg["search"].items() if k in SearchSpace.KEYS}
+    if cfg["mode"] == "evolve" and "space" not in cfg["search"]:
+        # written into the run's config, so a resume searches the genome its journal holds:
+        # runs written before `search.space` defaulted to "auto" searched the free genome
+        cfg["search"]["space"] = "free" if saved else SearchSpace.space
     cfg["evolve"] = resolve_evolve(cfg["evolve"], saved, found)
     if cfg["mode"] == "evolve" and found.ok("mode", "evolve.evaluations", "evolve.time_limit"):
         ev = cfg["evolve"]

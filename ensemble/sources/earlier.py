@@ -80,7 +80,8 @@ def start_genomes(run_path: str, meta: dict, space, count: int) -> list:
         if len(out) >= count:
             break
     if not out:
-        searched = earlier.config.search.get("space", "free")
+        from evolve import SearchSpace
+        searched = SearchSpace.from_config(dict(earlier.config.search), input_rank=len(shape)).space
         raise ConfigError(f"`evolve.start_from` {run_path!r}: none of its {len(earlier.best_first)} finished "
                           f"candidates fits this search space (it searched `search.space` {searched!r}, this run "
                           f"{space.space!r}); widen `[search]` or start from a run of the same space")

@@ -23,7 +23,7 @@ from ensemble.sources.search import SearchSource
 from evolve import STRATEGIES
 
 META = {"task": "classification", "input_shape": [8, 8, 1], "n_outputs": 10}
-SEARCH = {"max_depth": 2, "filters": [4, 8], "units": [8, 32]}
+SEARCH = {"space": "free", "max_depth": 2, "filters": [4, 8], "units": [8, 32]}
 PARAMS = {"regularized": {"population_size": 4, "sample_size": 2},
           "mu_plus_lambda": {"mu": 3, "lambda_": 4},
           "nsga2": {"population_size": 4},

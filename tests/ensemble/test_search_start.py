@@ -198,3 +198,18 @@ def test_a_resume_whose_earlier_run_is_gone_goes_on_without_it(tmp_path, earlier
     records = [x for x in lines if "event" not in x]
     assert len({x["id"] for x in records}) == len(records) == 10
     assert len({genome_from_dict(x["genome"]).key() for x in records}) == 10
+
+
+def test_a_run_records_its_space_and_an_older_run_without_one_resumes_in_the_free_space(tmp_path):
+    """A new config writes `search.space = "auto"` into the run's config, so a resume resolves the
+    space it started with; a run written before "auto" was the default (no `space` in its saved
+    `[search]`) searched the free genome, and its journal holds free genomes: it resumes in "free"."""
+    from ensemble.config import read_saved_config
+    new = resolve_config({"mode": "evolve", "evolve": {"evaluations": 4}})
+    assert new.search["space"] == "auto"
+    assert search_space(new, META).structured                       # 8x8x1 images: structured
+    (tmp_path / "config.toml").write_text(dump_toml({**new.to_dict(), "search": {}}))
+    old = read_saved_config(tmp_path / "config.toml")
+    assert old.search["space"] == "free" and not search_space(old, META).structured
+    (tmp_path / "config.toml").write_text(dump_toml(new.to_dict()))
+    assert read_saved_config(tmp_path / "config.toml").search["space"] == "auto"

@@ -45,12 +45,12 @@ def drive(strategy, fitness=synthetic_fitness, parallel: int = 1, max_rounds: in
 
 @pytest.fixture
 def image_space() -> SearchSpace:
-    return SearchSpace.from_config({}, input_rank=3)
+    return SearchSpace.from_config({"space": "free"}, input_rank=3)
 
 
 @pytest.fixture
 def flat_space() -> SearchSpace:
-    return SearchSpace.from_config({}, input_rank=1)
+    return SearchSpace.from_config({"space": "free"}, input_rank=1)
 
 
 @pytest.fixture(scope="session")

@@ -101,7 +101,7 @@ def test_too_many_params_reason_and_repair(image_space):
 
 
 def test_repair_halves_widths_on_the_grid():
-    space = SearchSpace.from_config({"max_params": 300_000}, input_rank=1)
+    space = SearchSpace.from_config({"space": "free", "max_params": 300_000}, input_rank=1)
     fixed = repair(genome(dense(512), dense(512), dense(512)), (1000,), 10, space)
     units = [x.get("units") for x in fixed.layers]
     assert len(units) == 3 and all(u in space.unit_choices for u in units)
@@ -109,7 +109,7 @@ def test_repair_halves_widths_on_the_grid():
 
 
 def test_repair_gives_up_when_nothing_fits():
-    space = SearchSpace.from_config({"max_params": 100_000, "reductions": ["flatten"]}, 3)
+    space = SearchSpace.from_config({"space": "free", "max_params": 100_000, "reductions": ["flatten"]}, 3)
     g = genome(conv(64), dense(64), reduction="flatten")
     assert "parameters > max_params" in check(g, (64, 64, 3), 10, space)
     assert repair(g, (64, 64, 3), 10, space) is None
@@ -142,7 +142,7 @@ def test_depth_is_trimmed_and_padded(flat_space):
 
 
 def test_skip_connections_off_clears_residuals():
-    space = SearchSpace.from_config({"skip_connections": False}, input_rank=1)
+    space = SearchSpace.from_config({"space": "free", "skip_connections": False}, input_rank=1)
     g = genome(dense(32, res=True))
     assert "skip_connections" in check(g, (20,), 2, space)
     assert repair(g, (20,), 2, space).layers[0].get("residual") is False
@@ -156,7 +156,7 @@ NAMES = ["filters", "kernel_size", "strides", "activation", "residual", "units",
 @pytest.mark.parametrize("shape", [(16, 16, 3), (20,), (30, 2)])
 def test_garbage_genomes_never_crash(shape):
     rng = np.random.default_rng(7)
-    space = SearchSpace.from_config({}, input_rank=len(shape))
+    space = SearchSpace.from_config({"space": "free"}, input_rank=len(shape))
     for _ in range(300):
         layers = []
         for _ in range(int(rng.integers(0, 9))):

@@ -66,7 +66,7 @@ def test_equality_hash_pickle():
 
 
 def test_dict_round_trip_is_exact_through_json():
-    space = SearchSpace.from_config({}, input_rank=3)
+    space = SearchSpace.from_config({"space": "free"}, input_rank=3)
     rng = np.random.default_rng(0)
     for _ in range(50):
         g = random_genome(rng, space, (32, 32, 3), 10)

@@ -28,7 +28,7 @@ def assert_valid(g, shape, space):
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_operators_keep_genomes_valid(shape):
-    space = SearchSpace.from_config({"max_params": 500_000}, input_rank=len(shape))
+    space = SearchSpace.from_config({"space": "free", "max_params": 500_000}, input_rank=len(shape))
     for seed in range(25):
         rng = np.random.default_rng(seed)
         a = random_genome(rng, space, shape, 10)
@@ -105,6 +105,6 @@ def test_tournament():
 
 
 def test_space_that_admits_nothing_raises_a_clear_error():
-    space = SearchSpace.from_config({"max_params": 10}, input_rank=3)
+    space = SearchSpace.from_config({"space": "free", "max_params": 10}, input_rank=3)
     with pytest.raises(ValueError, match="search.max_params"):
         random_genome(np.random.default_rng(0), space, (32, 32, 3), 10)

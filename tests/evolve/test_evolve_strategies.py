@@ -24,7 +24,7 @@ SEEDS = range(20)     # 20 seeds: block means of 20 vary by about +-0.15 (measur
 
 def mean_best(name, drive, budget=200) -> float:
     """Best synthetic fitness after ``budget`` evaluations, averaged over SEEDS."""
-    space = SearchSpace.from_config({}, input_rank=3)
+    space = SearchSpace.from_config({"space": "free"}, input_rank=3)
     scores = []
     for seed in SEEDS:
         s = make(name, space, seed, budget)
@@ -166,7 +166,7 @@ def test_cache_prevents_duplicates(image_space, drive):
 
 
 def test_tiny_space_gives_up_instead_of_hanging():
-    space = SearchSpace.from_config({
+    space = SearchSpace.from_config({"space": "free",
         "layer_types": ["dense"], "max_depth": 1, "units": [16, 32], "activations": ["relu"],
         "optimizers": ["adam"], "learning_rate": [1e-3, 1e-3], "batch_size": [32],
         "skip_connections": False}, input_rank=1)

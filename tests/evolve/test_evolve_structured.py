@@ -146,7 +146,7 @@ def test_max_params_holds_and_downsampling_past_the_map_is_repaired():
 
 
 def test_the_two_spaces_do_not_mix():
-    free_space = SearchSpace.from_config({}, input_rank=2)
+    free_space = SearchSpace.from_config({"space": "free"}, input_rank=2)
     free = EXAMPLE.to_genome()
     assert "free genome" in check(free, (40, 1), 3, space(2))
     assert "structured genome" in check(EXAMPLE, (40, 1), 3, free_space)
@@ -155,8 +155,19 @@ def test_the_two_spaces_do_not_mix():
     assert isinstance(child, StructuredGenome) and check(child, (40, 1), 3, space(2)) is None
 
 
+@pytest.mark.parametrize("rank, given, resolved", [
+    (2, {}, "structured"), (3, {}, "structured"), (4, {"space": "auto"}, "structured"), (1, {}, "free"),
+    (2, {"layer_types": ["dense", "dropout"]}, "free"), (2, {"space": "free"}, "free"),
+    (1, {"space": "structured"}, "structured")])
+def test_the_default_space_is_structured_for_spatial_input_and_free_for_tables(rank, given, resolved):
+    space = SearchSpace.from_config(given, input_rank=rank)
+    assert space.space == resolved and space.to_config()["space"] == resolved
+    assert SearchSpace(input_rank=rank, layer_types=space.layer_types).space == (
+        "structured" if rank > 1 and "conv" in space.layer_types else "free")
+
+
 @pytest.mark.parametrize("given, message", [
-    ({"space": "fancy"}, "`search.space` must be one of 'free', 'structured'"),
+    ({"space": "fancy"}, "`search.space` must be one of 'auto', 'free', 'structured'"),
     ({"space": "structured", "stages": [0, 2]}, "`search.stages` must be an integer >= 1"),
     ({"space": "structured", "blocks": [3, 1]}, "`search.blocks` must be [min, max] with min <= max"),
     ({"space": "structured", "layer_types": ["dense", "dropout"]}, "must include 'conv'"),
