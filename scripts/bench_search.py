@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from benchkit import mpiexec, workspace  # noqa: E402
+from benchkit import mpiexec, workspace, write_block  # noqa: E402
 
 from ensemble.results.records import MemberRecord  # noqa: E402
 
@@ -163,7 +163,7 @@ def project_side(problem: Problem, folder: Path, seed: int, budget: float, worke
             "best_test": summary["best_member"]["test"][problem.metric],
             "ensemble_test": summary["ensemble"]["test"][problem.metric],
             # the proper score (log loss; Gaussian NLL or MSE for regression) of the ensemble and its best member
-            "proper": {who: {k: summary[who]["test"][k] for k in ("log_loss", "nll", "mse") if k in summary[who]["test"]}
+            "proper": {who: {k: v for k, v in summary[who]["test"].items() if k in ("log_loss", "nll", "mse")}
                        for who in ("ensemble", "best_member")},
             "surrogate": summary.get("search", {}).get("surrogate")}
 
@@ -378,19 +378,28 @@ def table(path: Path) -> str:
     for (problem, _), runs in sorted(groups.items()):
         budget = next(iter(runs.values()))["budget"]
         rel = ratios(runs, budget) if "dh_re" in runs else {}
+        rel_cbo = ratios(runs, budget, "dh_cbo") if "dh_cbo" in runs else {}
         for side, r in runs.items():
-            acc = per.setdefault((problem, side), {k: [] for k in ("val", "test", "ens", "eps", "half", "final")})
+            acc = per.setdefault((problem, side), {k: [] for k in ("val", "test", "ens", "eps", "half", "final",
+                                                                   "proper", "half_cbo", "final_cbo")})
             acc["val"].append(r["best_val"])
             acc["test"].append(r["best_test"])
             if r.get("ensemble_test") is not None:
                 acc["ens"].append(r["ensemble_test"])
             acc["eps"].append(r["evaluations"] / r["budget"])
+            if r.get("proper"):                  # the ensemble's proper score at most its best member's
+                score = next(k for k in ("log_loss", "nll", "mse") if k in r["proper"]["ensemble"])
+                acc["proper"].append(r["proper"]["ensemble"][score] <= r["proper"]["best_member"][score] + 1e-12)
             if side in rel:
                 acc["half"].append(rel[side]["half"])
                 acc["final"].append(rel[side]["final"])
-    out = ["| problem | side | seeds | best val | its test | ensemble test | evaluations / s | "
-           "time to DH-RE half-budget best (ratio) | time to DH-RE final best (ratio) |",
-           "|---|---|---|---|---|---|---|---|---|"]
+            if side in rel_cbo:
+                acc["half_cbo"].append(rel_cbo[side]["half"])
+                acc["final_cbo"].append(rel_cbo[side]["final"])
+    out = ["| problem | side | seeds | best val | its test | ensemble test | ensemble's proper score <= best "
+           "member's | evaluations / s | time to DH-RE half-budget best (ratio) | time to DH-RE final best (ratio) | "
+           "time to CBO half-budget best (ratio) | time to CBO final best (ratio) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(xs: list[float]) -> str:
         if not xs:
@@ -398,8 +407,11 @@ def table(path: Path) -> str:
         return f"{_fmt(_median(xs))} ({_fmt(min(xs))}-{_fmt(max(xs))})" if len(xs) > 1 else _fmt(xs[0])
     order = {s: i for i, s in enumerate(("project", "surrogate", "asha", "dh_re", "dh_cbo"))}
     for (problem, side), acc in sorted(per.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9))):
+        proper = f"{sum(acc['proper'])} of {len(acc['proper'])}" if acc["proper"] else "-"
         out.append(f"| {problem} | {side} | {len(acc['val'])} | {cell(acc['val'])} | {cell(acc['test'])} | "
-                   f"{cell(acc['ens'])} | {cell(acc['eps'])} | {cell(acc['half'])} | {cell(acc['final'])} |")
+                   f"{cell(acc['ens'])} | {proper} | "
+                   f"{cell(acc['eps'])} | {cell(acc['half'])} | {cell(acc['final'])} | {cell(acc['half_cbo'])} | "
+                   f"{cell(acc['final_cbo'])} |")
     return "\n".join(out)
 
 
@@ -466,7 +478,9 @@ def main() -> int:
     p.add_argument("--deephyper-path", help="a folder DeepHyper was installed into with pip --target")
     p.add_argument("--asha", action="store_true", help="the project's side with evolve.discard = \"asha\"")
     p.add_argument("--results", help="append each run to this JSON-lines file")
-    p.add_argument("--table", help="print the table of a results file and stop")
+    p.add_argument("--table", help="print the table of a results file and stop (with --write: into that page's "
+                   "generated block; with --plot: best-so-far against time, a panel per problem)")
+    p.add_argument("--write", help="--table: the docs page to write the table into")
     p.add_argument("--surrogate-cost", action="store_true", help="the surrogate's cost on the master, and stop")
     p.add_argument("--candidates", type=int, default=12, help="--surrogate-cost: children screened per ask")
     p.add_argument("--plot", help="write best-so-far validation against wall time here (PNG; one problem and seed)")
@@ -474,7 +488,15 @@ def main() -> int:
     p.add_argument("--deephyper-job", help=argparse.SUPPRESS)    # the fresh process of DeepHyper's side
     args = p.parse_args()
     if args.table:
-        print(table(Path(args.table)))
+        text = table(Path(args.table))
+        print(text)
+        if args.write:
+            write_block(Path(args.write), "bench_search suite",
+                        f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python "
+                        f"scripts/bench_search.py --table {args.table} --write {args.write}`"
+                        + (f" (plot: `--plot {args.plot}`)" if args.plot else "") + ".\n\n" + text)
+        if args.plot:
+            plot_suite(Path(args.table), Path(args.plot))
         return 0
     if args.surrogate_cost:
         print(surrogate_cost(candidates=args.candidates))
@@ -520,13 +542,43 @@ def main() -> int:
                         Path(args.results).parent.mkdir(parents=True, exist_ok=True)
                         with open(args.results, "a") as f:
                             f.write(json.dumps(run) + "\n")
-                if "dh_re" in runs:
+                if "dh_re" in runs and len(runs) > 1:
                     for side, row in ratios(runs, args.budget).items():
                         print(f"  {side}: time to DH-RE's half-budget best / DH-RE's: {_fmt(row['half'], 2)}, "
                               f"to its final best: {_fmt(row['final'], 2)}")
                 if args.plot:
                     plot(runs, Path(args.plot), problem.metric)
     return 0
+
+
+def plot_suite(results: Path, path: Path) -> None:
+    """Best validation so far against seconds since launch: a panel per problem, a line per
+    (side, seed), one colour per side."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    problems = sorted({r["problem"] for r in rows})
+    sides = sorted({r["side"] for r in rows})
+    fig = Figure(figsize=(4.5 * len(problems), 3.6))
+    axes = fig.subplots(1, len(problems), squeeze=False)[0]
+    colours = dict(zip(sides, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
+    for ax, problem in zip(axes, problems):
+        mine = [r for r in rows if r["problem"] == problem]
+        low = min(best_by(r["curve"], r["budget"] / 4) for r in mine)      # the axis from where a quarter in
+        top = max(r["best_val"] for r in mine)
+        if math.isfinite(low) and low < top:
+            ax.set_ylim(low - 0.05 * (top - low), top + 0.05 * (top - low))
+        for r in mine:
+            curve = [(t, b) for t, b in r["curve"] if b > -math.inf]
+            ax.step([c[0] for c in curve], [c[1] for c in curve], where="post", color=colours[r["side"]], alpha=0.7,
+                    label=r["side"])
+        handles, labels = ax.get_legend_handles_labels()
+        first = dict(zip(labels, handles))                  # one legend entry per side
+        ax.legend(list(first.values()), list(first), fontsize=8)
+        ax.set(title=problem, xlabel="seconds since launch", ylabel="best validation so far")
+        ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
 
 
 def plot(runs: dict[str, dict], path: Path, metric: str) -> None:
