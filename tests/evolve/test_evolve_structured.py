@@ -226,3 +226,27 @@ def test_starting_points_are_the_first_asks_each_once_also_after_replay(name):
     again = make_strategy(name, sp, shape, 3, rng_seed=5, budget_evaluations=12, initial=start, **params)
     again.replay([{"event": "ask", "genome": asked[0].to_dict()}])        # the first went out before a kill
     assert again.ask() == start[1]
+
+
+def _fields_apart(a: StructuredGenome, b: StructuredGenome) -> int:
+    da, db = a.to_dict(), b.to_dict()
+    return sum(da[k] != db[k] for k in da)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_after_the_templates_the_first_population_alternates_their_mutants_and_random_genomes(seed):
+    rank, shape = KINDS["sequence"]
+    sp = space(rank)
+    starts = templates(sp, shape, 4)
+    st = make_strategy("regularized", sp, shape, 4, rng_seed=seed, initial=starts, population_size=12, sample_size=3)
+    asked = [st.ask() for _ in range(12)]
+    assert [g.key() for g in asked[:len(starts)]] == [g.key() for g in starts]
+    rest = asked[len(starts):]
+    mutants, randoms = rest[0::2], rest[1::2]          # asks 2, 4, ...: mutants; 3, 5, ...: random
+    # a mutant is one move away from a template (one field, or the stage list and what repair fits to it)
+    assert all(min(_fields_apart(g, t) for t in starts) <= 2 for g in mutants)
+    assert len({g.key() for g in asked}) == len(asked)
+    # random genomes spread: on the whole, further from every template than the mutants
+    far = np.mean([min(_fields_apart(g, t) for t in starts) for g in randoms])
+    near = np.mean([min(_fields_apart(g, t) for t in starts) for g in mutants])
+    assert far > near
