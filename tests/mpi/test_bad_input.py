@@ -94,7 +94,7 @@ CASES = [
     ("gaussian loss on labels", '[train]\nloss = "gaussian_nll"\n' + DENSE, "is for regression"),
     ("a latin-1 CSV", case_latin1, "is not UTF-8 text"),
     ("search space too small for the data", 'mode = "evolve"\n[data]\nreshape = [8, 8, 1]\n[search]\nmax_params = 50\n',
-     "max_params"),
+     "raise `search.max_params`"),
 ]
 
 
