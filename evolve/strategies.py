@@ -224,6 +224,7 @@ class Strategy:
                 return g
         if self.initial and self.asked % 2 == 0:
             start = self.initial[(self.asked // 2) % len(self.initial)]
+            # not ``_mutate``: a starting point may still be training, so no parent is noted to inherit from
             return mutate(start, self.rng, self.space, self.input_shape, self.n_outputs)
         return self._random()
 

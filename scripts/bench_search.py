@@ -105,6 +105,11 @@ max_params = 100000
 [ensemble]
 metric = "{metric}"
 """
+#: the proper score of a project run's test split, the first of these its summary has: log loss
+#: (classification), Gaussian NLL (regression with a variance), MSE
+PROPER_SCORES = ("log_loss", "nll", "mse")
+#: the baselines a side's times are compared with: (side, its column-name suffix in ``table``)
+BASELINES = (("dh_re", ""), ("dh_cbo", "_cbo"))
 DEEPHYPER: list[str] = []          # --deephyper-path, appended to sys.path (the venv's numpy and TensorFlow first)
 PROJECT_SIDES = {"project": "", "surrogate": '\nsurrogate = "forest"', "asha": '\ndiscard = "asha"'}
 DH_SIDES = ("dh_re", "dh_cbo")
@@ -162,8 +167,8 @@ def project_side(problem: Problem, folder: Path, seed: int, budget: float, worke
     return {"evaluations": len(done), "best_val": best, "curve": curve,
             "best_test": summary["best_member"]["test"][problem.metric],
             "ensemble_test": summary["ensemble"]["test"][problem.metric],
-            # the proper score (log loss; Gaussian NLL or MSE for regression) of the ensemble and its best member
-            "proper": {who: {k: v for k, v in summary[who]["test"].items() if k in ("log_loss", "nll", "mse")}
+            # the proper scores of the ensemble and its best member
+            "proper": {who: {k: v for k, v in summary[who]["test"].items() if k in PROPER_SCORES}
                        for who in ("ensemble", "best_member")},
             "surrogate": summary.get("search", {}).get("surrogate")}
 
@@ -246,11 +251,11 @@ def run_candidate(job) -> dict:
             "metadata": {"test": _score(model, d["x_test"], d["y_test"], task)}}
 
 
-def deephyper_problem(kind: str | None):
-    """DeepHyper's space: ``None``, digits' MLP space; else the suite's fixed-shape CNN space."""
+def deephyper_problem(digits: bool):
+    """DeepHyper's space: digits' MLP space, or the suite's fixed-shape CNN space."""
     from deephyper.hpo import HpProblem
     space = HpProblem()
-    if kind is None:
+    if digits:
         space.add_hyperparameter((1, 3), "depth")
         for i in range(3):
             space.add_hyperparameter((16, 128), f"units_{i}")
@@ -307,7 +312,7 @@ def deephyper_job(path: Path) -> None:
     from deephyper.hpo import CBO, RegularizedEvolution
     os.environ.update(BENCH_SEARCH_DATA=str(folder / "split.npz"), BENCH_SEARCH_TASK=job["task"],
                       BENCH_SEARCH_TRAINING=f"{job['epochs']},{job['patience']}")
-    space = deephyper_problem(None if job["digits"] else "suite")
+    space = deephyper_problem(job["digits"])
     evaluator = Evaluator.create(run_candidate, method="process", method_kwargs={"num_workers": job["workers"]})
     log_dir = str(folder / job["method"])
     if job["method"] == "dh_re":
@@ -377,8 +382,7 @@ def table(path: Path) -> str:
     per: dict[tuple[str, str], dict[str, list]] = {}
     for (problem, _), runs in sorted(groups.items()):
         budget = next(iter(runs.values()))["budget"]
-        rel = ratios(runs, budget) if "dh_re" in runs else {}
-        rel_cbo = ratios(runs, budget, "dh_cbo") if "dh_cbo" in runs else {}
+        rel = {suffix: ratios(runs, budget, base) for base, suffix in BASELINES if base in runs}
         for side, r in runs.items():
             acc = per.setdefault((problem, side), {k: [] for k in ("val", "test", "ens", "eps", "half", "final",
                                                                    "proper", "half_cbo", "final_cbo")})
@@ -388,14 +392,11 @@ def table(path: Path) -> str:
                 acc["ens"].append(r["ensemble_test"])
             acc["eps"].append(r["evaluations"] / r["budget"])
             if r.get("proper"):                  # the ensemble's proper score at most its best member's
-                score = next(k for k in ("log_loss", "nll", "mse") if k in r["proper"]["ensemble"])
+                score = next(k for k in PROPER_SCORES if k in r["proper"]["ensemble"])
                 acc["proper"].append(r["proper"]["ensemble"][score] <= r["proper"]["best_member"][score] + 1e-12)
-            if side in rel:
-                acc["half"].append(rel[side]["half"])
-                acc["final"].append(rel[side]["final"])
-            if side in rel_cbo:
-                acc["half_cbo"].append(rel_cbo[side]["half"])
-                acc["final_cbo"].append(rel_cbo[side]["final"])
+            for suffix, against in rel.items():
+                acc["half" + suffix].append(against[side]["half"])
+                acc["final" + suffix].append(against[side]["final"])
     out = ["| problem | side | seeds | best val | its test | ensemble test | ensemble's proper score <= best "
            "member's | evaluations / s | time to DH-RE half-budget best (ratio) | time to DH-RE final best (ratio) | "
            "time to CBO half-budget best (ratio) | time to CBO final best (ratio) |",
