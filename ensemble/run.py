@@ -93,6 +93,10 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
         hide_gpus()                                     # the master trains nothing: its build check
         binding = None                                  # runs on the CPU, taking no worker's GPU memory
     report_bindings(comm, binding)
+    from ensemble.modes.trainers import KERAS
+    if rank != 0 and cfg.runtime.trainer == KERAS:      # workers import TensorFlow while rank 0 prepares
+        from ensemble.runtime.env import preload_tensorflow
+        preload_tensorflow()
 
     # Rank 0 reads, checks and prepares; everyone learns the outcome before going on.
     arrays, status, lock = None, None, None

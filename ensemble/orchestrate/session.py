@@ -44,9 +44,6 @@ from ensemble.task import get_task
 
 log = logging.getLogger(__name__)
 
-#: ``runtime.trainer`` of a run whose members are trained for real (not rehearsed)
-KERAS = "keras"
-
 
 def in_hand(cfg: RunConfig, mode: Mode) -> int | None:
     """Specs a worker holds ahead (None: auto); a worker that packs holds a pack in

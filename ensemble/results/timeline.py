@@ -62,9 +62,10 @@ PHASES = (("python", "process", "main"), ("mpi_and_config", "main", "mpi_and_con
 def startup_phases(records: Iterable[MemberRecord | Mapping[str, Any]]) -> dict:
     """Where a job's start-up went, from the stamps each worker's first result carries:
     python (interpreter and imports before ``main``), mpi_and_config, data (rank 0 reads,
-    every rank receives its node's copy), tensorflow (the trainer's set-up: importing and
-    configuring TensorFlow), first_build (model build of the first member), and total
-    (process creation to the first member's start). Each as the slowest worker's and the
+    every rank receives its node's copy), tensorflow (the trainer's set-up: what is left of
+    importing TensorFlow, which workers start while rank 0 prepares, and configuring it),
+    first_build (model build of the first member), and total (process creation to the first
+    member's start). Each as the slowest worker's and the
     mean over workers, in seconds; ``{}`` without stamps (rehearsal runs have no TensorFlow)."""
     firsts = [r for r in as_records(records) if isinstance(r.extra.get("startup"), Mapping) and r.started is not None]
     per_phase: dict[str, list[float]] = {}

@@ -143,6 +143,28 @@ def hide_gpus(environ=None) -> None:
     environ["HIP_VISIBLE_DEVICES"] = "-1"
 
 
+def preload_tensorflow():
+    """Import TensorFlow and Keras in a background thread, started by a worker while rank 0
+    reads and prepares the data: the import (5-8 s per process here, minutes on a shared
+    file system at scale) then overlaps rank 0's work instead of following it. Call after
+    ``bind_gpu`` (the import must see the GPU binding). Configuring the thread pools stays
+    with ``configure_tensorflow``, whose import then waits for this one. A daemon thread:
+    a rank leaving early (rank 0 failed to prepare) does not wait for it. Returns the thread."""
+    import importlib
+    import threading
+
+    def load() -> None:
+        try:
+            for name in ("tensorflow", "keras"):
+                importlib.import_module(name)
+        except Exception:        # noqa: BLE001 - the trainer's own import says what is wrong
+            pass
+
+    thread = threading.Thread(target=load, name="preload-tensorflow", daemon=True)
+    thread.start()
+    return thread
+
+
 #: what ``configure_tensorflow`` set for this process; ``train.member`` compiles with ``jit_compile``
 TENSORFLOW = {"precision": "float32", "jit_compile": False, "deterministic": True}
 

@@ -100,3 +100,25 @@ def test_hide_gpus_for_cuda_and_rocm_builds():
     env = {}
     hide_gpus(env)
     assert env == {"CUDA_VISIBLE_DEVICES": "-1", "HIP_VISIBLE_DEVICES": "-1"}
+
+
+@pytest.mark.slow
+def test_tensorflow_preloaded_in_the_background_still_takes_the_thread_settings():
+    """A worker imports TensorFlow in a thread while rank 0 prepares the data; the import must
+    not start TensorFlow's runtime, or ``configure_tensorflow`` could no longer set the one
+    thread per rank (it would keep TensorFlow's defaults, silently). A fresh process: the
+    thread pools are process-wide."""
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "from ensemble.runtime.env import configure_tensorflow, preload_tensorflow\n"
+            "thread = preload_tensorflow()\n"
+            "thread.join()\n"
+            "assert 'tensorflow' in sys.modules and 'keras' in sys.modules\n"
+            "configure_tensorflow(1)\n"
+            "import tensorflow as tf\n"
+            "print(tf.config.threading.get_intra_op_parallelism_threads(),"
+            " tf.config.threading.get_inter_op_parallelism_threads())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "1"], proc.stdout
