@@ -96,6 +96,8 @@ class MasterSession:
         cfg, rt = self.cfg, self.cfg.runtime
         t0 = time.monotonic()
         t_resume = time.perf_counter()
+        journal_path = self.run_dir.path / self.run_dir.JOURNAL
+        known_upto = journal_path.stat().st_size if self.resume and journal_path.exists() else None
         lines = self.run_dir.read_lines() if self.resume else []
         metric = get_task(self.meta["task"]).default_metric(cfg.ensemble.metric)
         ens = cfg.ensemble
@@ -121,7 +123,8 @@ class MasterSession:
                          job_started=round(self.job_started, 3), total=total, workers=workers, metric=metric,
                          deadline=self.budget.deadline, time_limit=rt.time_limit,
                          resumed_with=len(done_ids)) if self.keep_beat else None
-        self.tracking = Tracking(cfg, self.run_dir.path, self.meta, resume=self.resume)   # TensorBoard, MLflow
+        self.tracking = Tracking(cfg, self.run_dir.path, self.meta, resume=self.resume,   # TensorBoard, MLflow
+                                 known_upto=known_upto)    # earlier jobs' members the destinations lack
         journal_cm = Journal(self.run_dir.path / self.run_dir.JOURNAL, rt.journal_sync_seconds, clock=self.clock,
                              before_sync=artifacts.store.sync)
         with beat if beat is not None else nullcontext(), journal_cm as journal:

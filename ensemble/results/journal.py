@@ -25,6 +25,7 @@ written.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -130,17 +131,19 @@ class Journal:
         self.close()
 
 
-def read_lines(path: str | Path) -> list[dict]:
+def read_lines(path: str | Path, upto: int | None = None) -> list[dict]:
     """Every whole line (member records and event lines) in order; a torn or corrupt line
     (not JSON, not UTF-8, not an object) is skipped, not fatal, and one warning counts them
-    (the torn last line of a killed job is expected and not counted)."""
+    (the torn last line of a killed job is expected and not counted). ``upto``: only the
+    lines within the file's first ``upto`` bytes (what it held when a job began)."""
     path = Path(path)
     out = []
     bad = 0
     if path.exists():
         loads = json.loads
         with open(path, "rb") as fh:
-            for line in fh:
+            lines = fh if upto is None else io.BytesIO(fh.read(upto))
+            for line in lines:
                 try:
                     item = loads(line)
                 except ValueError:               # JSONDecodeError, UnicodeDecodeError

@@ -34,6 +34,8 @@ PARALLEL = 8
 #: MLflow's limits per log_batch call
 MAX_METRICS, MAX_PARAMS = 1000, 100
 _STATUS = {"ok": "FINISHED", "discarded": "KILLED", "stopped": "KILLED", "limit": "KILLED", "failed": "FAILED"}
+#: a nested run in one of these states was written whole
+_ENDED = frozenset(_STATUS.values())
 
 
 def _chunks(items: list, size: int) -> list[list]:
@@ -130,6 +132,30 @@ class MlflowSink:
         with ThreadPoolExecutor(min(PARALLEL, len(todo)), thread_name_prefix="mlflow") as pool:
             for future in [pool.submit(self._member, view, parent) for view in todo]:
                 future.result()                        # the first error makes the batch retried
+
+    def known(self, views: list[MemberView]) -> None:
+        """Members earlier jobs ended (``--resume``): those the parent run holds whole (a
+        nested run with an end status) are counted as written; a nested run an earlier job
+        left unfinished (it ended mid-write) is deleted and written again; the rest are
+        written now."""
+        parent = self._parent()
+        held: dict[str, list] = {}
+        token = None
+        while True:
+            page = self.client.search_runs([self.experiment_id], max_results=1000, page_token=token,
+                                           filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+            for run in page:
+                held.setdefault(run.data.tags.get("member", run.info.run_name), []).append(run)
+            token = page.token
+            if not token:
+                break
+        for member, runs in held.items():
+            if any(r.info.status in _ENDED for r in runs):
+                self.written.add(member)
+            else:
+                for run in runs:
+                    self.client.delete_run(run.info.run_id)
+        self.members(views)
 
     def _member(self, view: MemberView, parent: str) -> None:
         from mlflow.entities import Metric

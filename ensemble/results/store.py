@@ -46,9 +46,13 @@ _NAME = "predictions-{:03d}.pack"
 class PackStore:
     """Member id -> (arrays, meta) in append-only pack files under ``folder``."""
 
-    def __init__(self, folder: str | Path, roll_bytes: int = ROLL_BYTES):
+    def __init__(self, folder: str | Path, roll_bytes: int = ROLL_BYTES, read_only: bool = False):
+        """``read_only``: another process may be appending (the master, while its tracking
+        writer reads the histories of earlier members): a torn tail is left alone, not cut,
+        and ``put`` refuses."""
         self.folder = Path(folder)
         self.roll_bytes = roll_bytes
+        self.read_only = read_only
         self.index: dict[str, tuple[int, int, int]] = {}     # id -> (file number, offset, length)
         self.lost_bytes = 0                                    # torn tails cut, bad entries skipped
         self._sizes: dict[int, int] = {}
@@ -114,7 +118,7 @@ class PackStore:
                 if isinstance(data, mmap.mmap):
                     data.close()
         self.lost_bytes += size - good_bytes
-        if keep < size:                           # past the last valid entry: a torn or zero-filled tail
+        if keep < size and not self.read_only:    # past the last valid entry: a torn or zero-filled tail
             log.warning("%s: cut %d bytes of torn tail (a crash mid-append); entries before it are whole",
                         path, size - keep)
             with open(path, "r+b") as fh:
@@ -159,6 +163,8 @@ class PackStore:
 
     def put(self, member_id: str, arrays: dict[str, np.ndarray], meta: dict | None = None) -> None:
         """Append ``member_id``'s arrays in one write (flushed, not yet fsynced)."""
+        if self.read_only:
+            raise ValueError(f"{self.folder}: this store was opened read-only")
         blob = encode(member_id, arrays, meta)
         self._open_for_append(len(blob))
         offset = self._sizes[self._current]

@@ -82,9 +82,15 @@ class TensorBoardSink:
         return event_pb2.Event(wall_time=wall, step=0, summary=summary)
 
     # -- the sink ------------------------------------------------------------------------
-    def members(self, views: list[MemberView]) -> None:
+    def known(self, views: list[MemberView]) -> None:
+        """Members earlier jobs ended (``--resume``): written unless their folder already
+        holds an event file; every one joins the HParams experiment."""
+        self.members(views, skip_written=True)
+
+    def members(self, views: list[MemberView], skip_written: bool = False) -> None:
         from tensorboard.plugins.hparams import summary_v2 as hp
         for view in views:
+            folder = self.logdir / "members" / _tag(view.id)
             wall = view.ended or time.time()
             events = []
             epochs = max((len(v) for v in view.history.values()), default=0)
@@ -100,7 +106,8 @@ class TensorBoardSink:
             hparams = {**view.hparams, "status": view.status}
             events.append(self._summary_event(hp.hparams_pb(hparams, trial_id=view.id, start_time_secs=wall),
                                               wall))
-            self._write(self.logdir / "members" / _tag(view.id), events)
+            if not (skip_written and any(folder.glob("events.out.tfevents.*"))):
+                self._write(folder, events)
             for key, value in hparams.items():
                 self.hparams.setdefault(key, set()).add(value)
             self.metrics.update(_tag(k) for k in final)

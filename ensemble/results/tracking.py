@@ -53,12 +53,14 @@ def _scalar(value: Any) -> float | int | str | bool | None:
     return None
 
 
-def raw_of(record: MemberRecord) -> tuple:
+def raw_of(record: MemberRecord, history: Mapping[str, Any] | None = None) -> tuple:
     """What the master sends of a member: references to its fields, no processing (the
-    writer process makes the ``MemberView``; a pickle of these is one C call per batch)."""
+    writer process makes the ``MemberView``; a pickle of these is one C call per batch).
+    ``history``: its per-epoch curves when the record no longer carries them (the store's)."""
     extra = record.extra
     payload = extra.get("payload")
-    history = (payload.get("meta") or {}).get("history") if payload else extra.get("history")
+    if history is None:
+        history = (payload.get("meta") or {}).get("history") if payload else extra.get("history")
     hp = extra.get("hp") or extra.get("hyperparameters")
     return (record.id, record.status.value, record.arch, record.seed, record.params, record.epochs, record.genome,
             record.val, record.test, history, hp, record.train_seconds, record.ended)
@@ -104,11 +106,24 @@ class Sink(Protocol):
     def members(self, views: list[MemberView]) -> None:
         """Record members that ended (may raise: the caller retries)."""
 
+    def known(self, views: list[MemberView]) -> None:
+        """Members that earlier jobs of this run ended (``--resume``): record those the
+        destination does not hold yet, each once, and count the others in (may raise: the
+        caller retries)."""
+
     def ensemble(self, summary: dict, files: list[Path]) -> None:
         """Record the ensemble's metrics and files (may raise: the caller retries)."""
 
     def close(self, ok: bool) -> None:
         """The run is over (``ok``: it finished); never raises."""
+
+
+#: the queue items that carry members (a list of views each); the others count as one write
+MEMBER_KINDS = ("members", "known")
+
+
+def _writes(kind: str, payload: Any) -> int:
+    return len(payload) if kind in MEMBER_KINDS else int(kind == "ensemble")
 
 
 class Background:
@@ -132,12 +147,12 @@ class Background:
     def put(self, item: tuple[str, Any]) -> None:
         """Never blocks: a full queue or a sink given up counts the item as dropped."""
         if self.gave_up is not None:
-            self.dropped += 1 if item[0] != "members" else len(item[1])
+            self.dropped += _writes(*item)
             return
         try:
             self.queue.put_nowait(item)
         except queue.Full:
-            self.dropped += 1 if item[0] != "members" else len(item[1])
+            self.dropped += _writes(*item)
 
     def _loop(self) -> None:
         while True:
@@ -163,6 +178,8 @@ class Background:
             if views and not self._send(lambda v=views: self.sink.members(v), len(views), views):
                 return
             for kind, payload in batch:
+                if kind == "known" and not self._send(lambda p=payload: self.sink.known(p), len(payload), payload):
+                    return
                 if kind == "ensemble" and not self._send(lambda p=payload: self.sink.ensemble(*p), 1):
                     return
                 if kind == "stop":
@@ -196,7 +213,7 @@ class Background:
                 kind, payload = self.queue.get_nowait()
             except queue.Empty:
                 break
-            self.dropped += len(payload) if kind == "members" else (kind == "ensemble")
+            self.dropped += _writes(kind, payload)
         if not self.warned:
             self.warned = True
             log.warning(f"tracking: {self.sink.name} given up ({error}); its writes are dropped from now on, "
@@ -218,7 +235,7 @@ class Background:
                     kind, payload = self.queue.get_nowait()
                 except queue.Empty:
                     break
-                left += len(payload) if kind == "members" else (kind == "ensemble")
+                left += _writes(kind, payload)
             self.dropped += left
             if not self.warned:
                 self.warned = True
@@ -242,7 +259,11 @@ class Tracking:
     each batch of members onto a non-blocking pipe; when the writer falls behind and the
     pipe and ``tracking.queue_size`` pending bytes are full, batches are dropped and counted."""
 
-    def __init__(self, cfg, run_dir: Path, meta: Mapping[str, Any], resume: bool = False):
+    def __init__(self, cfg, run_dir: Path, meta: Mapping[str, Any], resume: bool = False,
+                 known_upto: int | None = None):
+        """``known_upto`` (``--resume``): the journal's size in bytes when this job began; the
+        writer reads the members it holds and records those its destinations lack (earlier
+        jobs ran without tracking, or ended before their members were sent)."""
         t = cfg.tracking
         self.run_dir, self.finish_seconds = Path(run_dir), t.finish_seconds
         self.max_pending, self.pending, self.dropped = 64 * t.queue_size, bytearray(), 0
@@ -260,8 +281,8 @@ class Tracking:
         except OSError as exc:                   # no tracking is better than no run
             log.warning(f"tracking: cannot start the writer process ({exc}); this run is not tracked")
             return
-        self._send(("open", {"cfg": cfg, "run_dir": str(self.run_dir), "meta": dict(meta), "resume": resume}),
-                   block=True)
+        self._send(("open", {"cfg": cfg, "run_dir": str(self.run_dir), "meta": dict(meta), "resume": resume,
+                             "known_upto": known_upto if resume else None}), block=True)
         os.set_blocking(self.proc.stdin.fileno(), False)
 
     def _send(self, message: tuple, block: bool = False, count: int = 1) -> None:
@@ -351,6 +372,28 @@ class Tracking:
         self.proc = None
 
 
+def known_views(run_dir: Path, upto: int) -> list[MemberView]:
+    """The members the journal's first ``upto`` bytes hold (an id's last record), with the
+    per-epoch histories the store kept (read-only: the master may be appending to it)."""
+    from ensemble.results.journal import read_lines, typed_history
+    from ensemble.results.rundir import RunDirectory
+    from ensemble.results.store import PackStore
+    layout = RunDirectory(run_dir)
+    last = {r.id: r for r in typed_history(read_lines(layout.path / layout.JOURNAL, upto))
+            if isinstance(r, MemberRecord)}
+    store = PackStore(layout.path / layout.STORE, read_only=True)
+    views = []
+    for record in last.values():
+        history = None
+        if record.id in store:
+            try:
+                history = store.get(record.id)[1].get("history")
+            except (OSError, ValueError):     # a damaged entry: the member without its curves
+                pass
+        views.append(view_from(raw_of(record, history)))
+    return views
+
+
 def serve(stream: BinaryIO) -> None:
     """The writer process: frames from ``stream`` to the sinks, each in its own thread."""
     sinks: list[Background] = []
@@ -378,6 +421,11 @@ def serve(stream: BinaryIO) -> None:
                 sinks.append(Background(MlflowSink(t.mlflow, t.mlflow_experiment, run_dir, cfg, payload["meta"],
                                                    payload["resume"]), t.queue_size, t.batch_seconds,
                                         t.give_up_seconds))
+            if sinks and payload.get("known_upto"):
+                views = known_views(run_dir, payload["known_upto"])
+                for sink in sinks:
+                    if views:
+                        sink.put(("known", views))
         elif kind == "close":
             ok = bool(payload)
         else:

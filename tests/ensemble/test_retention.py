@@ -13,7 +13,7 @@ from ensemble.results.records import MemberRecord
 from ensemble.results.retention import ParetoFront, Retention, passes
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.selection import rank_key, select
-from ensemble.results.store import PackStore
+from ensemble.results.store import PackStore, encode
 from ensemble.results.summary import build_ensemble
 
 
@@ -126,6 +126,25 @@ def test_store_torn_tail_is_cut_and_what_was_before_stays_whole(tmp_path, cut):
     again.put("m9", arrays(9))                                       # appends after the cut
     again.close()
     assert set(PackStore(tmp_path).index) == whole | {"m9"}
+
+
+def test_a_read_only_store_reads_while_another_appends_and_never_cuts(tmp_path):
+    """The tracking writer reads earlier members' histories while the master appends: an
+    entry half-written at that moment is a torn tail to the reader, which must leave it."""
+    store = PackStore(tmp_path)
+    for i in range(3):
+        store.put(f"m{i}", arrays(i), {"history": {"loss": [1.0 / (i + 1)]}})
+    store.sync()
+    whole = store.files[0].stat().st_size
+    blob = encode("m3", arrays(3))
+    with open(store.files[0], "ab") as fh:                         # the master, mid-append
+        fh.write(blob[:40])
+    reader = PackStore(tmp_path, read_only=True)
+    assert set(reader.index) == {"m0", "m1", "m2"}
+    assert reader.get("m1")[1] == {"history": {"loss": [0.5]}}
+    assert store.files[0].stat().st_size == whole + 40              # nothing cut under the writer
+    with pytest.raises(ValueError, match="read-only"):
+        reader.put("m9", arrays(9))
 
 
 def test_store_skips_a_damaged_entry_in_the_middle(tmp_path):

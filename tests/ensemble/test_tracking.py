@@ -8,6 +8,7 @@ The MLflow server tests are in tests/mpi/test_tracking_mpi.py.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import threading
 import time
@@ -17,6 +18,7 @@ import pytest
 from ensemble.config import ConfigError
 from ensemble.config.schema import resolve_config
 from ensemble.results.records import MemberRecord
+from ensemble.results.rundir import RunDirectory
 from ensemble.results.tracking import Background, Tracking, view_of
 
 needs_tb = pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
@@ -88,6 +90,48 @@ def test_tensorboard_holds_every_members_scalars_and_hparams(tmp_path):
     ens = EventAccumulator(str(logdir / "ensemble")).Reload()
     assert ens.Scalars("test/accuracy")[0].value == pytest.approx(0.88)
     assert ens.Scalars("best_member/val/accuracy")[0].value == pytest.approx(0.83)
+
+
+@needs_tb
+@pytest.mark.slow             # TensorBoard's reader imports TensorFlow
+def test_a_resume_writes_the_members_an_earlier_job_left_out(tmp_path):
+    """``--resume`` with TensorBoard on: members the journal held when the job began are
+    written from it (their curves from the store, their HParams sessions), except those an
+    earlier job wrote; a member this job ended is written once, as it ends."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata
+
+    from ensemble.results.store import PackStore
+    run = RunDirectory(tmp_path)
+    old = [record(i) for i in range(3)]
+    store = PackStore(run.path / run.STORE)
+    for r in old:
+        store.put(r.id, {}, r.extra["payload"]["meta"])
+    store.close()
+    lines = [{k: v for k, v in r.to_json().items() if k != "payload"} for r in old]
+    (run.path / run.JOURNAL).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    upto = (run.path / run.JOURNAL).stat().st_size
+    written = tmp_path / "tensorboard" / "members" / old[0].id    # an earlier job wrote this one
+    written.mkdir(parents=True)
+    (written / "events.out.tfevents.1.earlier").write_bytes(b"")
+    with open(run.path / run.JOURNAL, "a") as fh:                # this job's first member, journaled
+        fh.write(json.dumps({k: v for k, v in record(3).to_json().items() if k != "payload"}) + "\n")
+    tracking = Tracking(config(tensorboard=True, batch_seconds=0.05), tmp_path, {"task": "classification"},
+                        resume=True, known_upto=upto)
+    tracking.results([record(3, epochs=2)])                       # and sent as it ends
+    tracking.close()
+    members = tmp_path / "tensorboard" / "members"
+    assert sorted(p.name for p in written.iterdir()) == ["events.out.tfevents.1.earlier"]
+    for r in old[1:]:
+        acc = EventAccumulator(str(members / r.id)).Reload()
+        losses = [e.value for e in acc.Scalars("epoch/loss")]
+        assert losses == pytest.approx(r.extra["payload"]["meta"]["history"]["loss"])
+        assert acc.Scalars("val/accuracy")[0].value == pytest.approx(r.val["accuracy"])
+    assert len(list((members / record(3).id).glob("events.out.tfevents.*"))) == 1    # once, as it ended
+    for r in old[1:]:                                               # in the HParams dashboard
+        content = EventAccumulator(str(members / r.id)).Reload().PluginTagToContent(metadata.PLUGIN_NAME)
+        start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+        assert start.group_name == r.id and start.hparams["genome.units"].number_value == r.genome["units"]
 
 
 class Flaky:

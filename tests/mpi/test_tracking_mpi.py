@@ -162,6 +162,48 @@ def test_the_server_holds_parent_members_metrics_and_artifacts(server, tmp_path)
     assert c.get_run(parent_id).info.status == "FINISHED"
 
 
+def test_a_resume_sends_the_members_earlier_jobs_did_not(server, tmp_path):
+    """Tracking turned on at ``--resume`` of a run that had none: the earlier job's members
+    reach the server, each once; a member whose nested run was lost, or left unfinished by a
+    job that ended mid-write, is written again on the next resume, and nothing twice."""
+    run_dir = tmp_path / "run"
+    plain = write_config(tmp_path / "plain.toml", 6, 0.02)
+    proc = run_mpi(3, ["-m", "ensemble.run", str(plain), "--run-dir", str(run_dir)], timeout=RUN_SECONDS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cfg = write_config(tmp_path / "c.toml", 6, 0.02, tracked(server.uri, "late", finish_seconds=RUN_SECONDS))
+    resume = ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"]
+    journal = {x["id"]: x for x in map(json.loads, (run_dir / "journal.jsonl").read_text().splitlines()) if "id" in x}
+    c = client(server.uri)
+
+    def nested() -> dict[str, list]:
+        parent = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
+        exp = c.get_experiment_by_name("late")
+        out: dict[str, list] = {}
+        for r in c.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'"):
+            out.setdefault(r.info.run_name, []).append(r)
+        return out
+
+    proc = run_mpi(3, resume, timeout=RUN_SECONDS + 120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = nested()
+    assert set(runs) == set(journal) and all(len(v) == 1 for v in runs.values())
+    for member, (r,) in runs.items():
+        assert r.info.status == "FINISHED"
+        assert r.data.metrics["val_accuracy"] == pytest.approx(journal[member]["val"]["accuracy"])
+    lost, torn = sorted(journal)[:2]
+    c.delete_run(runs[lost][0].info.run_id)                    # never reached the server
+    c.delete_run(runs[torn][0].info.run_id)                    # an earlier job died while writing it:
+    parent = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
+    c.create_run(c.get_experiment_by_name("late").experiment_id, run_name=torn,
+                 tags={"mlflow.parentRunId": parent, "member": torn})          # left RUNNING, no metrics
+    proc = run_mpi(3, resume, timeout=RUN_SECONDS + 120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = nested()
+    assert set(runs) == set(journal) and all(len(v) == 1 for v in runs.values()), runs
+    assert all(v[0].info.status == "FINISHED" for v in runs.values())
+    assert runs[torn][0].data.metrics["val_accuracy"] == pytest.approx(journal[torn]["val"]["accuracy"])
+
+
 def test_a_server_stopped_halfway_costs_nothing_but_one_warning(server, tmp_path):
     """Kept last: it kills the module's server."""
     members, after = 12, 4                                     # members 4.. wait until the server is killed
