@@ -93,10 +93,6 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
         hide_gpus()                                     # the master trains nothing: its build check
         binding = None                                  # runs on the CPU, taking no worker's GPU memory
     report_bindings(comm, binding)
-    from ensemble.modes.trainers import KERAS
-    if rank != 0 and cfg.runtime.trainer == KERAS:      # workers import TensorFlow while rank 0 prepares
-        from ensemble.runtime.env import preload_tensorflow
-        preload_tensorflow()
 
     # Rank 0 reads, checks and prepares; everyone learns the outcome before going on.
     arrays, status, lock = None, None, None
@@ -126,29 +122,33 @@ def _run(comm, cfg, args, argv, status, held: list, made, stamps, job_started, m
     0's prepared arrays, taken out so that nothing else references them), then the master
     side on rank 0 and the worker side elsewhere."""
     arrays = held.pop()
+    from datafeed.distribute import broadcast_arrays
+    from ensemble.modes.trainers import KERAS
+    from ensemble.orchestrate.session import run_master_side, run_worker_side
+    from ensemble.orchestrate.submasters import run_hierarchy, shape_on_every_rank
+    from ensemble.results.rundir import RunDirectory
     from ensemble.runtime import mpi
+    from ensemble.runtime.env import preload_tensorflow
     from ensemble.runtime.logs import add_debug_file
     rank, max_sleep, group_size = comm.Get_rank(), cfg.runtime.poll_max_sleep, cfg.runtime.group_size
+    if rank != 0 and cfg.runtime.trainer == KERAS:     # workers import TensorFlow while rank 0 prepares
+        preload_tensorflow()                           # (the run's own imports done first, in this thread)
     status = mpi.polite_bcast(comm, status, 0, max_sleep)
     if status[0] != "ok":
         log.error(status[1])
         return EXIT_DATA
     _, meta, run_dir = status
     made.append(run_dir)
-    from ensemble.results.rundir import RunDirectory
     run_dir = RunDirectory(run_dir)
     if cfg.runtime.debug_log:
         add_debug_file(run_dir.path, rank)
 
-    from datafeed.distribute import broadcast_arrays
     rt = cfg.runtime
     data = broadcast_arrays(comm, arrays, pretend_nodes=rt.pretend_nodes,
                             verify=rt.verify_broadcast or os.environ.get("ENSEMBLE_VERIFY_BROADCAST") == "1")
     del arrays                                           # rank 0 keeps the shared copy only
     stamps["data"] = round(time.time(), 3)
 
-    from ensemble.orchestrate.session import run_master_side, run_worker_side
-    from ensemble.orchestrate.submasters import run_hierarchy, shape_on_every_rank
     command = ["-m", "ensemble.run", *(argv if argv is not None else sys.argv[1:])]
     subs = shape_on_every_rank(comm, cfg, run_dir, args.resume)      # runtime.sub_masters: 0 is one master
     if subs:

@@ -143,13 +143,19 @@ def hide_gpus(environ=None) -> None:
     environ["HIP_VISIBLE_DEVICES"] = "-1"
 
 
+#: the background import ``preload_tensorflow`` started in this process, if any
+_PRELOAD: list = []
+
+
 def preload_tensorflow():
     """Import TensorFlow and Keras in a background thread, started by a worker while rank 0
     reads and prepares the data: the import (5-8 s per process here, minutes on a shared
     file system at scale) then overlaps rank 0's work instead of following it. Call after
     ``bind_gpu`` (the import must see the GPU binding). Configuring the thread pools stays
-    with ``configure_tensorflow``, whose import then waits for this one. A daemon thread:
-    a rank leaving early (rank 0 failed to prepare) does not wait for it. Returns the thread."""
+    with ``configure_tensorflow``, which first waits for this thread: Keras imported from
+    two threads at once can fail half-way ("partially initialized module"), so no other
+    code of the process may import TensorFlow or Keras before that. A daemon thread: a rank
+    leaving early (rank 0 failed to prepare) does not wait for it. Returns the thread."""
     import importlib
     import threading
 
@@ -161,6 +167,7 @@ def preload_tensorflow():
             pass
 
     thread = threading.Thread(target=load, name="preload-tensorflow", daemon=True)
+    _PRELOAD.append(thread)
     thread.start()
     return thread
 
@@ -177,6 +184,8 @@ def configure_tensorflow(threads: int, precision: str = "float32", jit_compile: 
     float32). ``jit_compile``: members' train steps are compiled with XLA.
     ``deterministic`` (``runtime.deterministic``): op determinism, so a member trained
     twice the same way ends bit for bit the same."""
+    while _PRELOAD:                              # the background import, if one runs, ends first
+        _PRELOAD.pop().join()
     import keras
     import tensorflow as tf
     try:

@@ -1,13 +1,14 @@
 """Online training under real mpiexec, MPMD: ``mpiexec -n 2 python online_sim.py : -n 3
 python -m ensemble.run CONFIG``. The simulation streams, the ensemble trains and publishes
 (the simulation loads two generations) and both end cleanly; a member that fails on the
-ensemble side never stops the simulation; a simulation that ends early leaves a run
+ensemble side never stops the simulation, nor does a publish that fails; a simulation that ends early leaves a run
 directory that ``--resume`` continues (beside a new simulation)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,26 @@ def test_failing_member_never_stops_the_simulation_and_early_end_resumes(tmp_pat
     second = json.loads((run.path / run.ENSEMBLE).read_text())["online"]
     assert second["generation"] > first["generation"]
     assert any(s["loaded"] for s in sim_stats(tmp_path))
+
+
+def test_a_publish_that_fails_never_stops_the_simulation(tmp_path):
+    """A publication that fails for real (the simulation's rank 0 puts a directory where
+    ``ensemble.json`` goes once it has loaded generation 1): the ensemble side says so and
+    trains on; the simulation keeps what it had, says so, and (rank 0, which put the file
+    back once told) loads the generation published after the fault."""
+    write_config(tmp_path)
+    out = mpmd(tmp_path, ["--break-publish"], [])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    said = re.search(r"online: publishing generation (\d+) failed \(IsADirectoryError.*the simulation keeps "
+                     r"generation (\d+)", out.stderr)
+    assert said, out.stderr[-3000:]
+    failed = int(said.group(1))
+    rank0 = sim_stats(tmp_path)[0]
+    assert rank0["publish_failed"] == failed                  # told, and it put the file back
+    assert any(f"could not publish generation {failed}" in f and "keeping generation" in f
+               for f in rank0["failures"]), rank0["failures"]
+    assert rank0["loaded"][0] == 1 and rank0["generation"] >= failed   # the number a failure leaves free is reused
+    run = RunDirectory(tmp_path / "runs" / "onl")
+    online = json.loads((run.path / run.ENSEMBLE).read_text())["online"]
+    assert online["publishes_failed"] >= 1 and online["simulation_closed"]
+    assert online["generation"] >= rank0["generation"]
