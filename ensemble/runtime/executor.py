@@ -154,6 +154,46 @@ class HeldReports:
         return len(self._held)
 
 
+def gather(poll: Callable[[], list[dict] | None], batch: int, cap: float,
+           idle: Callable[[], None] | None = None) -> tuple[list[dict], float]:
+    """The master's wait, for every executor that polls: ``poll()`` returns None when nothing
+    came in, else the results what came in carried (possibly none: a report, a room
+    update). Sleeps while nothing comes (1e-4 s, doubling up to ``cap``: no core spins),
+    calling ``idle()`` each time, until a result is in; then takes, without waiting, what
+    else is already in up to ``batch`` results. Returns (results, seconds waited idle)."""
+    results: list[dict] = []
+    sleep, waited_since, waited = 1e-4, None, 0.0
+    while not results:
+        got = poll()
+        if got is None:
+            if waited_since is None:
+                waited_since = time.perf_counter()
+            if idle is not None:
+                idle()
+            time.sleep(sleep)
+            sleep = min(sleep * 2, cap)
+            continue
+        if waited_since is not None:
+            waited += time.perf_counter() - waited_since
+            waited_since, sleep = None, 1e-4
+        results.extend(got)
+    while len(results) < batch and (got := poll()) is not None:    # whatever else is in: one batch
+        results.extend(got)
+    return results, waited
+
+
+def drain_sends(sends, max_sleep: float) -> None:
+    """Wait (sleeping, backing off to ``max_sleep``) until every pending send of ``sends``
+    (a deque of MPI requests) has completed: before the stops, every spec is delivered."""
+    sleep = 1e-4
+    while sends:
+        if sends[0].Test():
+            sends.popleft()
+            continue
+        time.sleep(sleep)
+        sleep = min(sleep * 2, max_sleep)
+
+
 def timed(train: Trainer, spec: dict, report: Report) -> dict | None:
     """``train(spec, report)`` with the worker's wall clock stamped on the record:
     ``started`` and ``ended`` (UNIX seconds), from which a run's utilisation is computed."""
@@ -380,47 +420,20 @@ class MpiExecutor:
         return out
 
     def wait(self, decide: Decide, idle: Callable[[], None] | None = None) -> list[dict]:
-        mpi, results = self.mpi, []
-        sleep, waited_since, cap = 1e-4, None, self.sleep_cap()
-        while not results:
-            if self.local is not None:
-                results.extend(self._local_results(decide))
-                if results:
-                    if waited_since is not None:
-                        self.idle_seconds += time.perf_counter() - waited_since
-                    break
-            got = mpi.try_recv(self.comm)
+        def poll() -> list[dict] | None:
+            if self.local is not None and (mine := self._local_results(decide)):
+                return mine
+            got = self.mpi.try_recv(self.comm)
             if got is None:
-                if waited_since is None:
-                    waited_since = time.perf_counter()
-                if idle is not None:
-                    idle()
-                time.sleep(sleep)
-                sleep = min(sleep * 2, cap)
-                continue
-            if waited_since is not None:
-                self.idle_seconds += time.perf_counter() - waited_since
-                waited_since, sleep = None, 1e-4
+                return None
             result = self._handle(*got, decide)
-            if result is not None:
-                results.append(result)
-        while len(results) < self.batch:            # whatever else is already in: one batch
-            got = mpi.try_recv(self.comm)
-            if got is None:
-                break
-            result = self._handle(*got, decide)
-            if result is not None:
-                results.append(result)
+            return [] if result is None else [result]
+        results, waited = gather(poll, self.batch, self.sleep_cap(), idle)
+        self.idle_seconds += waited
         return results
 
     def shutdown(self) -> None:
-        sleep = 1e-4
-        while self._sends:                          # every spec delivered before the stops
-            if self._sends[0].Test():
-                self._sends.popleft()
-                continue
-            time.sleep(sleep)
-            sleep = min(sleep * 2, self.max_sleep)
+        drain_sends(self._sends, self.max_sleep)
         for worker in self.leaders:
             self.comm.send(None, dest=worker, tag=self.mpi.TAG_STOP)
         if self.local is not None:

@@ -25,12 +25,11 @@ handed out again. No per-sub-master journal, block ledger or merge on resume is 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ensemble.runtime.executor import MAX_IN_HAND, Decide, MpiExecutor, go_on, result_seconds
+from ensemble.runtime.executor import MAX_IN_HAND, Decide, MpiExecutor, drain_sends, gather, go_on, result_seconds
 
 log = logging.getLogger(__name__)
 
@@ -222,37 +221,19 @@ class HierarchyExecutor:
         reports; ``decide`` is not asked)."""
         mpi = self.mpi
         self._flush()
-        results: list[dict] = []
-        sleep, waited_since = 1e-4, None
         mean = self.mean_seconds
         cap = self.max_sleep if mean is None else min(self.max_sleep, max(5e-4, 0.1 * mean))
-        while not results:
+
+        def poll() -> list[dict] | None:
             got = mpi.try_recv(self.comm, mpi.ANY_SOURCE, mpi.TAG_RESULT)
-            if got is None:
-                if waited_since is None:
-                    waited_since = time.perf_counter()
-                if idle is not None:
-                    idle()
-                time.sleep(sleep)
-                sleep = min(sleep * 2, cap)
-                continue
-            if waited_since is not None:
-                self.idle_seconds += time.perf_counter() - waited_since
-                waited_since = None
-            results.extend(self._take(got[0], got[1]))
-        while len(results) < self.batch and (got := mpi.try_recv(self.comm, mpi.ANY_SOURCE, mpi.TAG_RESULT)):
-            results.extend(self._take(got[0], got[1]))
+            return None if got is None else self._take(got[0], got[1])
+        results, waited = gather(poll, self.batch, cap, idle)
+        self.idle_seconds += waited
         return results
 
     def shutdown(self) -> None:
         self._flush()
-        sleep = 1e-4
-        while self._sends:
-            if self._sends[0].Test():
-                self._sends.popleft()
-                continue
-            time.sleep(sleep)
-            sleep = min(sleep * 2, self.max_sleep)
+        drain_sends(self._sends, self.max_sleep)
         for rank in self.subs:
             self.comm.send(None, dest=rank, tag=self.mpi.TAG_STOP)
 

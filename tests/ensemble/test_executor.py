@@ -82,3 +82,18 @@ def test_the_serial_path_needs_no_mpi():
             " print('mpi4py' in sys.modules, 'tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_gather_waits_for_a_result_then_takes_what_is_in_up_to_a_batch():
+    """The wait every polling executor shares: idle while nothing comes, a message without
+    a result (a report, a room update) does not end the wait, then one batch of what is in."""
+    from ensemble.runtime.executor import gather
+    replies = iter([None, None, [], None, [{"id": "a"}], [{"id": "b"}, {"id": "c"}], [{"id": "d"}], [{"id": "e"}]])
+    idles = []
+    results, waited = gather(lambda: next(replies), batch=3, cap=1e-3, idle=lambda: idles.append(1))
+    assert [r["id"] for r in results] == ["a", "b", "c"]           # stops at the batch; "d" waits
+    assert len(idles) == 3 and waited > 0
+    assert next(replies) == [{"id": "d"}]
+    replies = iter([[{"id": "x"}], None, [{"id": "late"}]])
+    results, waited = gather(lambda: next(replies), batch=10, cap=1e-3)
+    assert [r["id"] for r in results] == ["x"] and waited == 0.0    # nothing more in: no second wait
