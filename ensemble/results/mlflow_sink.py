@@ -121,9 +121,10 @@ class MlflowSink:
     def members(self, views: list[MemberView]) -> None:
         """Each member as a nested run, ``PARALLEL`` requests at a time (a member's three calls
         wait on the server, not on this process). A retried batch may meet members already
-        written: those are skipped (the ``written`` set), so a retry never duplicates a run."""
+        written: those are skipped (the ``written`` set of ``MemberView.key``), so a retry never
+        duplicates a run."""
         parent = self._parent()
-        todo = [v for v in views if v.id not in self.written]
+        todo = [v for v in views if v.key not in self.written]
         if len(todo) <= 1:
             for view in todo:
                 self._member(view, parent)
@@ -134,33 +135,29 @@ class MlflowSink:
                 future.result()                        # the first error makes the batch retried
 
     def known(self, views: list[MemberView]) -> None:
-        """Members earlier jobs ended (``--resume``): those the parent run holds whole (a
-        nested run with an end status) are counted as written; a nested run an earlier job
-        left unfinished (it ended mid-write) is deleted and written again; the rest are
-        written now."""
+        """Members earlier jobs ended (``--resume``): a member the parent run holds whole (a
+        nested run ended with the member's status) is skipped; a nested run an earlier job
+        left unfinished (RUNNING: it died mid-write) is deleted; the rest are written now."""
         parent = self._parent()
-        held: dict[str, list] = {}
+        held: dict[str, set[str]] = {}
         token = None
         while True:
             page = self.client.search_runs([self.experiment_id], max_results=1000, page_token=token,
                                            filter_string=f"tags.mlflow.parentRunId = '{parent}'")
             for run in page:
-                held.setdefault(run.data.tags.get("member", run.info.run_name), []).append(run)
+                if run.info.status in _ENDED:
+                    held.setdefault(run.data.tags.get("member", run.info.run_name), set()).add(run.info.status)
+                else:
+                    self.client.delete_run(run.info.run_id)
             token = page.token
             if not token:
                 break
-        for member, runs in held.items():
-            if any(r.info.status in _ENDED for r in runs):
-                self.written.add(member)
-            else:
-                for run in runs:
-                    self.client.delete_run(run.info.run_id)
-        self.members(views)
+        self.members([v for v in views if _STATUS.get(v.status, "FAILED") not in held.get(v.id, ())])
 
     def _member(self, view: MemberView, parent: str) -> None:
         from mlflow.entities import Metric
         stamp = int(1000 * (view.ended or time.time()))
-        run = self._create(f"{self.token}-{view.id}", view.id,
+        run = self._create(f"{self.token}-{view.key}", view.id,
                            {"mlflow.parentRunId": parent, "member": view.id, "status": view.status}, stamp)
         metrics = [Metric(key, float(v), stamp, epoch + 1)
                    for key, values in view.history.items() for epoch, v in enumerate(values)]
@@ -170,7 +167,7 @@ class MlflowSink:
             metrics.append(Metric("train_seconds", float(view.train_seconds), stamp, last))
         self._log(run.info.run_id, metrics, view.hparams)
         self.client.set_terminated(run.info.run_id, status=_STATUS.get(view.status, "FAILED"), end_time=stamp)
-        self.written.add(view.id)
+        self.written.add(view.key)
 
     def ensemble(self, summary: dict, files: list[Path]) -> None:
         from mlflow.entities import Metric

@@ -65,8 +65,8 @@ def startup_phases(records: Iterable[MemberRecord | Mapping[str, Any]]) -> dict:
     every rank receives its node's copy), tensorflow (the trainer's set-up: what is left of
     importing TensorFlow, which workers start while rank 0 prepares, and configuring it),
     first_build (model build of the first member), and total (process creation to the first
-    member's start). Each as the slowest worker's and the
-    mean over workers, in seconds; ``{}`` without stamps (rehearsal runs have no TensorFlow)."""
+    member's start). Each as the slowest worker's and the mean over workers, in seconds;
+    ``{}`` without stamps (rehearsal runs have no TensorFlow)."""
     firsts = [r for r in as_records(records) if isinstance(r.extra.get("startup"), Mapping) and r.started is not None]
     per_phase: dict[str, list[float]] = {}
     for r in firsts:

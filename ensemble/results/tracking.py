@@ -46,6 +46,11 @@ class MemberView:
     train_seconds: float | None = None
     ended: float | None = None
 
+    @property
+    def key(self) -> str:
+        """One training of the member: a member trained again (on resume) is a new one."""
+        return f"{self.id}@{self.ended}"
+
 
 def _scalar(value: Any) -> float | int | str | bool | None:
     if isinstance(value, (bool, int, float, str)):
@@ -187,7 +192,7 @@ class Background:
 
     def _send(self, call, count: int, views: Sequence[MemberView] = ()) -> bool:
         """``call()`` with retries; False (and everything dropped) once the sink is given up.
-        Of a batch of ``views``, the members a sink says it wrote (its ``written`` ids) before
+        Of a batch of ``views``, the members a sink says it wrote (its ``written`` keys) before
         it failed are not counted as dropped."""
         start, pause = time.monotonic(), 0.25
         self.inflight = count
@@ -200,7 +205,7 @@ class Background:
                 error = f"{type(exc).__name__}: {str(exc)[:300]}"
             if time.monotonic() - start >= self.give_up_seconds or self._stop.is_set():
                 written = getattr(self.sink, "written", None)
-                self._give_up(error, count if written is None else sum(v.id not in written for v in views))
+                self._give_up(error, count if written is None else sum(v.key not in written for v in views))
                 return False
             time.sleep(min(pause, max(0.0, start + self.give_up_seconds - time.monotonic())))
             pause = min(2 * pause, 5.0)
@@ -394,10 +399,18 @@ def known_views(run_dir: Path, upto: int) -> list[MemberView]:
     return views
 
 
+def _put_known(sinks: list[Background], run_dir: Path, upto: int) -> None:
+    views = known_views(run_dir, upto)
+    if views:
+        for sink in sinks:
+            sink.put(("known", views))
+
+
 def serve(stream: BinaryIO) -> None:
     """The writer process: frames from ``stream`` to the sinks, each in its own thread."""
     sinks: list[Background] = []
     finish_seconds, ok = 0.0, True
+    known: threading.Thread | None = None
     while True:
         head = stream.read(4)
         if len(head) < 4:
@@ -421,11 +434,10 @@ def serve(stream: BinaryIO) -> None:
                 sinks.append(Background(MlflowSink(t.mlflow, t.mlflow_experiment, run_dir, cfg, payload["meta"],
                                                    payload["resume"]), t.queue_size, t.batch_seconds,
                                         t.give_up_seconds))
-            if sinks and payload.get("known_upto"):
-                views = known_views(run_dir, payload["known_upto"])
-                for sink in sinks:
-                    if views:
-                        sink.put(("known", views))
+            if sinks and payload.get("known_upto"):       # read beside the pipe: the master never waits
+                known = threading.Thread(target=_put_known, args=(sinks, run_dir, payload["known_upto"]),
+                                         name="tracking-known", daemon=True)
+                known.start()
         elif kind == "close":
             ok = bool(payload)
         else:
@@ -436,6 +448,8 @@ def serve(stream: BinaryIO) -> None:
             for sink in sinks:
                 sink.put((kind, payload))
     end = time.monotonic() + finish_seconds
+    if known is not None:
+        known.join(max(0.0, end - time.monotonic()))
     for sink in sinks:
         sink.close(ok, max(0.0, end - time.monotonic()), finish_seconds)
         if sink.dropped or sink.warned:
