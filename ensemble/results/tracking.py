@@ -400,7 +400,12 @@ def known_views(run_dir: Path, upto: int) -> list[MemberView]:
 
 
 def _put_known(sinks: list[Background], run_dir: Path, upto: int) -> None:
-    views = known_views(run_dir, upto)
+    try:
+        views = known_views(run_dir, upto)
+    except Exception as exc:                  # noqa: BLE001 - the catch-up never fails the run
+        log.warning(f"tracking: cannot read the members earlier jobs ended ({type(exc).__name__}: {exc}); "
+                    "only this job's are sent")
+        return
     if views:
         for sink in sinks:
             sink.put(("known", views))
