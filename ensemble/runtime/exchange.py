@@ -10,11 +10,9 @@ sleeps instead of spinning a core.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from ensemble.runtime.mpi import TAG_STATE, polite_bcast, poll_recv
+from ensemble.runtime.mpi import TAG_STATE, polite_bcast, polite_wait, poll_recv
 
 Header = list[tuple[tuple[int, ...], str]]
 
@@ -51,16 +49,6 @@ def state_bytes(arrays: list[np.ndarray]) -> int:
     return int(sum(np.asarray(a).nbytes for a in arrays))
 
 
-def _wait(requests, max_sleep: float) -> None:
-    sleep = 1e-4
-    pending = list(requests)
-    while pending:
-        pending = [r for r in pending if not r.Test()]
-        if pending:
-            time.sleep(sleep)
-            sleep = min(sleep * 2, max_sleep)
-
-
 def send_state(comm, arrays: list[np.ndarray], dests: list[int], max_sleep: float = 0.05) -> int:
     """Send the state to each rank in ``dests`` (non-blocking, all at once); returns the bytes
     sent (the buffer's size times the number of receivers)."""
@@ -69,7 +57,7 @@ def send_state(comm, arrays: list[np.ndarray], dests: list[int], max_sleep: floa
     for dest in dests:
         requests.append(comm.isend(header, dest=dest, tag=TAG_STATE))
         requests.append(comm.Isend(buffer, dest=dest, tag=TAG_STATE))
-    _wait(requests, max_sleep)
+    polite_wait(requests, max_sleep)
     return len(buffer) * len(dests)
 
 
@@ -78,7 +66,7 @@ def recv_state(comm, source: int, max_sleep: float = 0.05) -> tuple[list[np.ndar
     header, _, _ = poll_recv(comm, source, TAG_STATE, max_sleep)
     size = header_bytes(header)
     buffer = np.empty(size, np.uint8)
-    _wait([comm.Irecv(buffer, source=source, tag=TAG_STATE)], max_sleep)
+    polite_wait([comm.Irecv(buffer, source=source, tag=TAG_STATE)], max_sleep)
     return unpack(header, buffer), size
 
 
@@ -92,5 +80,5 @@ def share_in_group(group, arrays: list[np.ndarray] | None, max_sleep: float = 0.
     header = polite_bcast(group, header, 0, max_sleep)
     if not leader:
         buffer = np.empty(header_bytes(header), np.uint8)
-    _wait([group.Ibcast(buffer, root=0)], max_sleep)
+    polite_wait([group.Ibcast(buffer, root=0)], max_sleep)
     return arrays if leader else unpack(header, buffer)

@@ -182,16 +182,10 @@ def gather(poll: Callable[[], list[dict] | None], batch: int, cap: float,
     return results, waited
 
 
-def drain_sends(sends, max_sleep: float) -> None:
-    """Wait (sleeping, backing off to ``max_sleep``) until every pending send of ``sends``
-    (a deque of MPI requests) has completed: before the stops, every spec is delivered."""
-    sleep = 1e-4
-    while sends:
-        if sends[0].Test():
-            sends.popleft()
-            continue
-        time.sleep(sleep)
-        sleep = min(sleep * 2, max_sleep)
+def sleep_cap(max_sleep: float, mean_seconds: float | None) -> float:
+    """The longest nap between a master's probes: ``max_sleep``, or less when members are
+    short (``mean_seconds``), so the master answers well within one member's time."""
+    return max_sleep if mean_seconds is None else min(max_sleep, max(5e-4, 0.1 * mean_seconds))
 
 
 def timed(train: Trainer, spec: dict, report: Report) -> dict | None:
@@ -396,10 +390,9 @@ class MpiExecutor:
         return message
 
     def sleep_cap(self) -> float:
-        """The longest nap between probes: ``max_sleep``, or less when members are short, so
-        the master answers well within one member's time (what a worker's next spec covers)."""
-        mean = self.slots.mean_seconds
-        return self.max_sleep if mean is None else min(self.max_sleep, max(5e-4, 0.1 * mean))
+        """The longest nap between probes (``sleep_cap``; a worker's next spec covers the
+        member's time the master may take to answer)."""
+        return sleep_cap(self.max_sleep, self.slots.mean_seconds)
 
     def _local_results(self, decide: Decide) -> list[dict]:
         """What the master's own thread has for the loop: its reports answered, its results."""
@@ -433,7 +426,8 @@ class MpiExecutor:
         return results
 
     def shutdown(self) -> None:
-        drain_sends(self._sends, self.max_sleep)
+        self.mpi.polite_wait(self._sends, self.max_sleep)      # every spec delivered before the stops
+        self._sends.clear()
         for worker in self.leaders:
             self.comm.send(None, dest=worker, tag=self.mpi.TAG_STOP)
         if self.local is not None:

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ensemble.runtime.executor import MAX_IN_HAND, Decide, MpiExecutor, drain_sends, gather, go_on, result_seconds
+from ensemble.runtime.executor import MAX_IN_HAND, Decide, MpiExecutor, gather, go_on, result_seconds, sleep_cap
 
 log = logging.getLogger(__name__)
 
@@ -221,19 +221,17 @@ class HierarchyExecutor:
         reports; ``decide`` is not asked)."""
         mpi = self.mpi
         self._flush()
-        mean = self.mean_seconds
-        cap = self.max_sleep if mean is None else min(self.max_sleep, max(5e-4, 0.1 * mean))
-
         def poll() -> list[dict] | None:
             got = mpi.try_recv(self.comm, mpi.ANY_SOURCE, mpi.TAG_RESULT)
             return None if got is None else self._take(got[0], got[1])
-        results, waited = gather(poll, self.batch, cap, idle)
+        results, waited = gather(poll, self.batch, sleep_cap(self.max_sleep, self.mean_seconds), idle)
         self.idle_seconds += waited
         return results
 
     def shutdown(self) -> None:
         self._flush()
-        drain_sends(self._sends, self.max_sleep)
+        self.mpi.polite_wait(self._sends, self.max_sleep)      # every block delivered before the stops
+        self._sends.clear()
         for rank in self.subs:
             self.comm.send(None, dest=rank, tag=self.mpi.TAG_STOP)
 

@@ -167,13 +167,21 @@ def couple(comm=MPI.COMM_WORLD):
     return app, inter
 
 
+def polite_wait(requests, max_sleep: float = 0.05) -> None:
+    """Wait until every request of ``requests`` has completed, sleeping (1e-4 s, doubling up
+    to ``max_sleep``) instead of busy-polling."""
+    sleep = 1e-4
+    pending = list(requests)
+    while pending:
+        pending = [r for r in pending if not r.Test()]
+        if pending:
+            time.sleep(sleep)
+            sleep = min(sleep * 2, max_sleep)
+
+
 def polite_barrier(comm, max_sleep: float = 0.05) -> None:
     """A barrier that sleeps while waiting instead of busy-polling."""
-    req = comm.Ibarrier()
-    sleep = 1e-4
-    while not req.Test():
-        time.sleep(sleep)
-        sleep = min(sleep * 2, max_sleep)
+    polite_wait([comm.Ibarrier()], max_sleep)
 
 
 def polite_bcast(comm, obj, root: int = 0, max_sleep: float = 0.05):
