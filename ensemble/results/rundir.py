@@ -168,15 +168,16 @@ class RunDirectory:
         readers use ``records()``."""
         return read_journal(self.path / self.JOURNAL, events)
 
-    def read_lines(self) -> list[dict]:
+    def read_lines(self, upto: int | None = None) -> list[dict]:
         """Every whole journal line, records and events, in order, as raw dicts (``history()``
-        gives them typed)."""
-        return read_lines(self.path / self.JOURNAL)
+        gives them typed); ``upto``: within the journal's first ``upto`` bytes only."""
+        return read_lines(self.path / self.JOURNAL, upto)
 
     # -- members ----------------------------------------------------------------------
-    def store(self) -> PackStore:
-        """The packed store of the candidates' predictions (opened: its torn tail cut)."""
-        return PackStore(self.path / self.STORE)
+    def store(self, read_only: bool = False) -> PackStore:
+        """The packed store of the candidates' predictions (opened: its torn tail cut, unless
+        ``read_only``: another process may be appending)."""
+        return PackStore(self.path / self.STORE, read_only=read_only)
 
     def model_ref(self, member_id: str) -> str:
         """How the journal and ensemble.json name a member's model (relative to the run directory)."""

@@ -380,13 +380,11 @@ class Tracking:
 def known_views(run_dir: Path, upto: int) -> list[MemberView]:
     """The members the journal's first ``upto`` bytes hold (an id's last record), with the
     per-epoch histories the store kept (read-only: the master may be appending to it)."""
-    from ensemble.results.journal import read_lines, typed_history
+    from ensemble.results.journal import typed_history
     from ensemble.results.rundir import RunDirectory
-    from ensemble.results.store import PackStore
-    layout = RunDirectory(run_dir)
-    last = {r.id: r for r in typed_history(read_lines(layout.path / layout.JOURNAL, upto))
-            if isinstance(r, MemberRecord)}
-    store = PackStore(layout.path / layout.STORE, read_only=True)
+    run = RunDirectory(run_dir)
+    last = {r.id: r for r in typed_history(run.read_lines(upto)) if isinstance(r, MemberRecord)}
+    store = run.store(read_only=True)
     views = []
     for record in last.values():
         history = None
