@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchkit import mpiexec, workspace, write_block  # noqa: E402
 
+from ensemble.config.vocabulary import proper_score  # noqa: E402
 from ensemble.results.records import MemberRecord  # noqa: E402
 
 SEED = 3
@@ -106,8 +107,8 @@ max_params = 100000
 metric = "{metric}"
 """
 #: the proper score of a project run's test split, the first of these its summary has: log loss
-#: (classification), Gaussian NLL (regression with a variance), MSE
-PROPER_SCORES = ("log_loss", "nll", "mse")
+#: (classification), Gaussian NLL (regression with a variance), MSE (the vocabulary's names)
+PROPER_SCORES = (proper_score("classification"), proper_score("regression"), proper_score("regression", False))
 #: the baselines a side's times are compared with: (side, its column-name suffix in ``table``)
 BASELINES = (("dh_re", ""), ("dh_cbo", "_cbo"))
 DEEPHYPER: list[str] = []          # --deephyper-path, appended to sys.path (the venv's numpy and TensorFlow first)
