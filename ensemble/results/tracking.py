@@ -131,15 +131,28 @@ def _writes(kind: str, payload: Any) -> int:
     return len(payload) if kind in MEMBER_KINDS else int(kind == "ensemble")
 
 
+#: while the run goes on, each sink's thread uses at most this share of one core: after a
+#: write that took ``c`` seconds of the thread's CPU it rests ``c * (1 / CPU_SHARE - 1)``.
+#: The lowest priority is not enough on its own: ranks that wake thousands of times a second
+#: lost 10-40% to a writer busy beside them (nice 19 or ``SCHED_IDLE`` alike; the file
+#: system's own work for TensorBoard's folder and file per member is not the writer's CPU
+#: time), see docs/tracking.md. Once the run ends (``close``) the writer goes flat out.
+CPU_SHARE = 0.1
+
+
 class Background:
     """A sink in a daemon thread behind a bounded queue, with batching and retries.
 
     Items are gathered for ``batch_seconds`` and handed over together; a call that raises is
     retried with backoff until ``give_up_seconds`` have passed since the first failure, then
-    the sink is given up: what was pending and everything later is dropped, with ONE warning."""
+    the sink is given up: what was pending and everything later is dropped, with ONE warning.
+    Until ``close`` the thread keeps to ``cpu_share`` of a core (``CPU_SHARE``)."""
 
-    def __init__(self, sink: Sink, queue_size: int, batch_seconds: float, give_up_seconds: float):
+    def __init__(self, sink: Sink, queue_size: int, batch_seconds: float, give_up_seconds: float,
+                 cpu_share: float = CPU_SHARE):
         self.sink, self.batch_seconds, self.give_up_seconds = sink, batch_seconds, give_up_seconds
+        self.rest_factor = 1.0 / cpu_share - 1.0
+        self._hurry = threading.Event()     # set by close: no more resting
         self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self.dropped = 0                    # members (and the ensemble, as one) not written
         self.gave_up: str | None = None
@@ -180,6 +193,7 @@ class Background:
                 if item[0] != "members" or time.monotonic() >= end:
                     break
             views = [v for kind, vs in batch if kind == "members" for v in vs]
+            cpu = time.thread_time()
             if views and not self._send(lambda v=views: self.sink.members(v), len(views), views):
                 return
             for kind, payload in batch:
@@ -189,6 +203,7 @@ class Background:
                     return
                 if kind == "stop":
                     return
+            self._hurry.wait((time.thread_time() - cpu) * self.rest_factor)
 
     def _send(self, call, count: int, views: Sequence[MemberView] = ()) -> bool:
         """``call()`` with retries; False (and everything dropped) once the sink is given up.
@@ -225,7 +240,9 @@ class Background:
                         "the run goes on")
 
     def close(self, ok: bool, wait: float, limit: float | None = None) -> None:
-        """Let the thread write what waits for at most ``wait`` seconds, then drop the rest."""
+        """Let the thread write what waits (no longer resting) for at most ``wait`` seconds,
+        then drop the rest."""
+        self._hurry.set()
         if self.gave_up is None:
             try:
                 self.queue.put(("stop", None), timeout=max(wait, 0.01))

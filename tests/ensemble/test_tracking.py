@@ -183,6 +183,45 @@ def test_a_sink_that_keeps_failing_is_given_up_once_and_drops_the_rest(caplog):
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
 
 
+def test_a_busy_sink_keeps_to_its_share_of_a_core_until_close():
+    """A write that costs CPU is followed by a rest of cost * (1/share - 1); close ends the rests."""
+    class Burner(Flaky):
+        def members(self, views):
+            super().members(views)
+            end = time.thread_time() + 0.05
+            while time.thread_time() < end:
+                pass
+
+    sink = Burner(0)
+    bg = Background(sink, queue_size=100, batch_seconds=0.0, give_up_seconds=30, cpu_share=0.1)
+    bg.put(("members", [view_of(record(0))]))
+    deadline = time.monotonic() + 10
+    while not sink.members_seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    bg.put(("members", [view_of(record(1))]))
+    time.sleep(0.2)                              # within the first write's rest (9 x 0.05 s)
+    assert sink.members_seen == ["mlp-000"]
+    bg.close(True, wait=5)                       # no more resting: the second goes out at once
+    assert sink.members_seen == ["mlp-000", "mlp-001"] and bg.dropped == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="needs the tracking extra")
+def test_event_records_are_framed_as_tensorboards_own_writer_frames_them(tmp_path):
+    import io
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    from ensemble.results.tensorboard_sink import _crc32c, records
+    payloads = [b"", b"brain.Event:2", bytes(range(256)) * 3]
+    theirs = io.BytesIO()
+    writer = RecordWriter(theirs)
+    for data in payloads:
+        writer.write(data)
+    assert records(payloads, crc32c) == theirs.getvalue()              # TensorBoard's pure-Python CRC
+    assert records(payloads, _crc32c()) == theirs.getvalue()           # the one the sink uses
+
+
 def test_a_full_queue_drops_instead_of_blocking():
     release = threading.Event()
 
