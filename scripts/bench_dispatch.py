@@ -147,6 +147,16 @@ def master_calls_us(tmp: Path, n: int = 20000) -> float:
     return 1e6 * seconds / n
 
 
+def writer_start_cpu() -> float:
+    """CPU seconds the writer process spends once, at its start: the interpreter and the
+    sinks' imports (TensorBoard's protos and HParams summaries, MLflow's client)."""
+    code = ("import time\nimport ensemble.results.tracking\nfrom ensemble.results import tensorboard_sink\n"
+            "from tensorboard.plugins.hparams import summary_v2\nimport mlflow\nprint(time.process_time())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return float(out.stdout.split()[-1])
+
+
 def tracking_sides(args, tmp: Path) -> None:
     """[tracking] off / on against a live local server / on against a dead URI, interleaved
     (the order rotates each repetition), so a noisy machine shifts every side alike; the
@@ -158,6 +168,8 @@ def tracking_sides(args, tmp: Path) -> None:
     ranks, load0 = args.ranks[0], os.getloadavg()[0]
     calls_us = master_calls_us(tmp)
     print(f"the master's own tracking calls: {calls_us:.1f} us per result (in-process, profiled below)")
+    start_cpu = writer_start_cpu()
+    print(f"the writer's start (its imports, once per job): {start_cpu:.1f} s of CPU")
     with MlflowServer(tmp / "mlflow", nice=19) as server:
         configs = {"off": "", "live": TRACKING.format(uri=server.uri),
                    "dead": TRACKING.format(uri=f"http://127.0.0.1:{free_port()}")}
@@ -181,7 +193,8 @@ def tracking_sides(args, tmp: Path) -> None:
              "```bash", f"python scripts/bench_dispatch.py --tracking --ranks {ranks} --members {args.members} "
              f"--reps {args.reps}" + (f" --write {args.write}" if args.write else ""), "```", "",
              f"The master's own tracking calls (`Tracking.results` and its idle calls, in-process, 20,000 "
-             f"results): {calls_us:.1f} µs per result.", "",
+             f"results): {calls_us:.1f} µs per result. The writer's start (the interpreter and the sinks' "
+             f"imports, once per job, at nice 19 beside the ranks): {start_cpu:.1f} s of CPU.", "",
              "| tracking | members/s (median) | on/off members/s: median (min-max) "
              "| master CPU µs/result (median) | on/off CPU per result: median (min-max) |",
              "|---|---|---|---|---|"]
