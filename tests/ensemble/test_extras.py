@@ -13,7 +13,7 @@ import tomllib
 from ensemble import export
 from tests.conftest import ROOT
 
-OPTIONAL = {"mlflow", "mlflow-skinny", "tensorboard", "onnx", "onnxruntime", "tf2onnx"}
+OPTIONAL = {"mlflow", "mlflow-skinny", "tensorboard", "google-crc32c", "onnx", "onnxruntime", "tf2onnx"}
 
 
 def names(requirements: list[str]) -> set[str]:
@@ -26,7 +26,7 @@ def test_tracking_and_export_packages_stay_in_their_extras():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     assert not names(project["dependencies"]) & OPTIONAL
-    assert names(extras["tracking"]) == {"tensorboard", "mlflow-skinny"}
+    assert names(extras["tracking"]) == {"tensorboard", "google-crc32c", "mlflow-skinny"}
     assert names(extras["onnx"]) == {"tf2onnx", "onnx", "onnxruntime"}
     assert "mlflow" in names(extras["test"]) and "mlflow" not in names(extras["tracking"])
 
