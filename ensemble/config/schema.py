@@ -526,6 +526,12 @@ SCHEMA = Table({
         "finish_seconds": Key(NUM, 15.0, _nonneg,
                               doc="at the run's end, the longest wait for queued tracking writes; the rest "
                                   "is dropped, and the console says how much"),
+        "cpu_share": Key(NUM, 0.1, lambda v: None if 0.0 < v <= 1.0 else "must be in (0, 1]",
+                         doc="while the run goes on, each destination's writer thread uses at most this share "
+                             "of one core (after a write it rests in proportion to the CPU time the write "
+                             "took): a writer busy beside ranks that wake thousands of times a second slows "
+                             "them whatever its priority; 1: no limit, for a rank-0 node with cores to spare. "
+                             "At the run's end it writes flat out for up to `finish_seconds`"),
     }, doc="TensorBoard and MLflow tracking. Only the master writes, from background threads: a slow or "
            "absent tracking server never fails or holds up the run. May change on `--resume`."),
 })

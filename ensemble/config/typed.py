@@ -421,6 +421,11 @@ class TrackingConfig(Section):
     #: at the run's end, the longest wait for queued tracking writes; the rest is dropped, and the console
     #: says how much
     finish_seconds: float
+    #: while the run goes on, each destination's writer thread uses at most this share of one core (after a
+    #: write it rests in proportion to the CPU time the write took): a writer busy beside ranks that wake
+    #: thousands of times a second slows them whatever its priority; 1: no limit, for a rank-0 node with
+    #: cores to spare. At the run's end it writes flat out for up to `finish_seconds`
+    cpu_share: float
 
 
 @dataclass(frozen=True)

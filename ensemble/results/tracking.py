@@ -131,25 +131,19 @@ def _writes(kind: str, payload: Any) -> int:
     return len(payload) if kind in MEMBER_KINDS else int(kind == "ensemble")
 
 
-#: while the run goes on, each sink's thread uses at most this share of one core: after a
-#: write that took ``c`` seconds of the thread's CPU it rests ``c * (1 / CPU_SHARE - 1)``.
-#: The lowest priority is not enough on its own: ranks that wake thousands of times a second
-#: lost 10-40% to a writer busy beside them (nice 19 or ``SCHED_IDLE`` alike; the file
-#: system's own work for TensorBoard's folder and file per member is not the writer's CPU
-#: time), see docs/tracking.md. Once the run ends (``close``) the writer goes flat out.
-CPU_SHARE = 0.1
-
-
 class Background:
     """A sink in a daemon thread behind a bounded queue, with batching and retries.
 
     Items are gathered for ``batch_seconds`` and handed over together; a call that raises is
     retried with backoff until ``give_up_seconds`` have passed since the first failure, then
     the sink is given up: what was pending and everything later is dropped, with ONE warning.
-    Until ``close`` the thread keeps to ``cpu_share`` of a core (``CPU_SHARE``)."""
+    Until ``close`` the thread keeps to ``cpu_share`` of a core (``tracking.cpu_share``): after
+    a write that took ``c`` seconds of its CPU it rests ``c * (1 / cpu_share - 1)``. The
+    lowest priority alone was not enough: ranks that wake thousands of times a second lost
+    10-40% to a writer busy beside them, nice 19 or ``SCHED_IDLE`` alike (docs/tracking.md)."""
 
     def __init__(self, sink: Sink, queue_size: int, batch_seconds: float, give_up_seconds: float,
-                 cpu_share: float = CPU_SHARE):
+                 cpu_share: float):
         self.sink, self.batch_seconds, self.give_up_seconds = sink, batch_seconds, give_up_seconds
         self.rest_factor = 1.0 / cpu_share - 1.0
         self._hurry = threading.Event()     # set by close: no more resting
@@ -448,12 +442,12 @@ def serve(stream: BinaryIO) -> None:
             if t.tensorboard:
                 from ensemble.results.tensorboard_sink import TensorBoardSink
                 sinks.append(Background(TensorBoardSink(run_dir / "tensorboard", payload["meta"]), t.queue_size,
-                                        t.batch_seconds, t.give_up_seconds))
+                                        t.batch_seconds, t.give_up_seconds, t.cpu_share))
             if t.mlflow:
                 from ensemble.results.mlflow_sink import MlflowSink
                 sinks.append(Background(MlflowSink(t.mlflow, t.mlflow_experiment, run_dir, cfg, payload["meta"],
                                                    payload["resume"]), t.queue_size, t.batch_seconds,
-                                        t.give_up_seconds))
+                                        t.give_up_seconds, t.cpu_share))
             if sinks and payload.get("known_upto"):       # read beside the pipe: the master never waits
                 known = threading.Thread(target=_put_known, args=(sinks, run_dir, payload["known_upto"]),
                                          name="tracking-known", daemon=True)

@@ -3,7 +3,7 @@
 Started by ``tracking.Tracking`` with a pipe on its stdin; writes TensorBoard event files
 and talks to the MLflow server (``tracking.serve``), so none of that runs in the master's
 interpreter. Its console lines go to the master's console. It runs at the lowest CPU
-priority (nice 19) and each sink keeps to a share of a core (``tracking.CPU_SHARE``) until
+priority (nice 19) and each sink keeps to a share of a core (``tracking.cpu_share``) until
 the run ends: when members end faster than that it falls behind and drops at the end what
 ``tracking.finish_seconds`` did not let it write, instead of taking CPU time from the ranks.
 """

@@ -157,7 +157,7 @@ class Flaky:
 
 def test_the_queue_batches_and_retries_until_it_gets_through():
     sink = Flaky(fails=2)
-    bg = Background(sink, queue_size=100, batch_seconds=0.2, give_up_seconds=30)
+    bg = Background(sink, queue_size=100, batch_seconds=0.2, give_up_seconds=30, cpu_share=1.0)
     for i in range(5):
         bg.put(("members", [view_of(record(i))]))
     bg.put(("ensemble", ({}, [])))
@@ -168,7 +168,7 @@ def test_the_queue_batches_and_retries_until_it_gets_through():
 
 def test_a_sink_that_keeps_failing_is_given_up_once_and_drops_the_rest(caplog):
     sink = Flaky(fails=10**9)
-    bg = Background(sink, queue_size=100, batch_seconds=0.01, give_up_seconds=0.3)
+    bg = Background(sink, queue_size=100, batch_seconds=0.01, give_up_seconds=0.3, cpu_share=1.0)
     with caplog.at_level(logging.WARNING, logger="ensemble.tracking"):
         bg.put(("members", [view_of(record(0))]))
         deadline = time.monotonic() + 10
@@ -183,26 +183,40 @@ def test_a_sink_that_keeps_failing_is_given_up_once_and_drops_the_rest(caplog):
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
 
 
-def test_a_busy_sink_keeps_to_its_share_of_a_core_until_close():
-    """A write that costs CPU is followed by a rest of cost * (1/share - 1); close ends the rests."""
-    class Burner(Flaky):
-        def members(self, views):
-            super().members(views)
-            end = time.thread_time() + 0.05
-            while time.thread_time() < end:
-                pass
+class Burner(Flaky):
+    """Each write costs 0.05 s of the thread's CPU."""
+    def members(self, views):
+        super().members(views)
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
 
+
+def two_writes(cpu_share: float) -> tuple[list[str], Background]:
+    """What a sink has written 0.2 s after a second batch arrived behind a first that cost 0.05 s."""
     sink = Burner(0)
-    bg = Background(sink, queue_size=100, batch_seconds=0.0, give_up_seconds=30, cpu_share=0.1)
+    bg = Background(sink, queue_size=100, batch_seconds=0.0, give_up_seconds=30, cpu_share=cpu_share)
     bg.put(("members", [view_of(record(0))]))
     deadline = time.monotonic() + 10
     while not sink.members_seen and time.monotonic() < deadline:
         time.sleep(0.01)
     bg.put(("members", [view_of(record(1))]))
-    time.sleep(0.2)                              # within the first write's rest (9 x 0.05 s)
-    assert sink.members_seen == ["mlp-000"]
+    time.sleep(0.2)                              # within the first write's rest (9 x 0.05 s at a tenth)
+    return list(sink.members_seen), bg
+
+
+def test_a_sink_keeps_to_its_share_of_a_core_until_close():
+    """A write that costs CPU is followed by a rest of cost * (1/share - 1); close ends the rests."""
+    seen, bg = two_writes(cpu_share=0.1)
+    assert seen == ["mlp-000"]
     bg.close(True, wait=5)                       # no more resting: the second goes out at once
-    assert sink.members_seen == ["mlp-000", "mlp-001"] and bg.dropped == 0
+    assert bg.sink.members_seen == ["mlp-000", "mlp-001"] and bg.dropped == 0
+
+
+def test_a_sink_with_a_whole_core_never_rests():
+    seen, bg = two_writes(cpu_share=1.0)
+    assert seen == ["mlp-000", "mlp-001"]
+    bg.close(True, wait=5)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="needs the tracking extra")
@@ -229,7 +243,7 @@ def test_a_full_queue_drops_instead_of_blocking():
         def members(self, views):
             release.wait(5)
 
-    bg = Background(Stuck(0), queue_size=2, batch_seconds=0.0, give_up_seconds=30)
+    bg = Background(Stuck(0), queue_size=2, batch_seconds=0.0, give_up_seconds=30, cpu_share=1.0)
     t0 = time.monotonic()
     for i in range(10):
         bg.put(("members", [view_of(record(i))]))
