@@ -23,7 +23,7 @@ import re
 import socket
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from ensemble.results.tracking import MemberView
 EXPERIMENT_SECONDS = 30.0
 
 
-def _crc32c():
+def _crc32c() -> Callable[[bytes], int]:
     """CRC-32C: the C one of ``google-crc32c`` (in the ``tracking`` extra) where installed, else
     TensorBoard's pure-Python one (about 25 µs a record: 40% of a member's writing)."""
     try:
@@ -48,7 +48,7 @@ def _masked(crc: int) -> int:
     return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def records(payloads: list[bytes], crc32c) -> bytes:
+def records(payloads: list[bytes], crc32c: Callable[[bytes], int]) -> bytes:
     """TFRecord framing, the event file's format: per record its length (uint64), the length's
     masked CRC-32C, the bytes, their masked CRC-32C (all little-endian)."""
     out = bytearray()
