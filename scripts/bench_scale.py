@@ -5,6 +5,7 @@ model, the journal's cost per line, and the reproducible mode.
     python scripts/bench_scale.py calibrate [--repeats 3]
     python scripts/bench_scale.py journal [--lines 20000]
     python scripts/bench_scale.py twice
+    python scripts/bench_scale.py validate [--ranks 16 32] [--per-worker 16] [--write docs/scale.md]
 
 ``table``: ``python -m ensemble.simulate --engine fast`` rows (the master's recorded cost
 model, ``orchestrate.simulate.MASTER_COST_US``); "acceptance" = the issue's rows (60 s
@@ -17,12 +18,26 @@ session engine (``SimExecutor.calibrate``), the least of ``--repeats`` runs, per
 ``journal``: what one journal line costs: bytes, and microseconds to encode and write it.
 ``twice``: the same session-engine command twice in the reproducible mode, and once
 measured, to show the figure does not move with the machine's load.
+``validate``: the simulator against real oversubscribed runs of the new scheduling. For each
+rank count and each ``runtime.order`` (``list``, ``cost``): a real ``mpiexec -n R python -m
+ensemble.run`` of rehearsal members of two architectures, listed short first (median 0.5 s
+and 4 s, ``rehearsal.arch_seconds``, spread 0.5, ``--per-worker`` members per worker, half
+of each; the long one is the wider, so ``cost`` can tell before measuring), then
+``python -m ensemble.simulate`` of the same config, the same workers, and the
+real run's member times (``--replay``, the session engine: the real master code on a virtual
+clock, the recorded cost model). Both journals are read by one function: utilisation as
+``ensemble.json`` reports it and after start-up (from the moment the last worker started
+its first member; the simulator does not model start-up, and 32 ranks on 2 cores finish
+importing seconds apart), the time from that moment to the last result, and the workers'
+idle time after their last member. Prints sim/real ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -151,6 +166,103 @@ def twice(args) -> None:
               f"{time.perf_counter() - t:.1f} s", flush=True)
 
 
+VALIDATE = """
+name = "validate"
+seed = {seed}
+[[architectures]]
+name = "short"
+members = {short}
+layers = [{{type = "Dense", units = 8}}]
+[[architectures]]
+name = "long"
+members = {long}
+layers = [{{type = "Dense", units = 64}}, {{type = "Dense", units = 64}}]
+[runtime]
+trainer = "rehearsal"
+order = "{order}"
+progress_seconds = 1e9
+[rehearsal]
+seconds = 0.5
+spread = 0.5
+predictions = false
+arch_seconds = {{long = 4.0}}
+"""
+
+
+def journal_figures(run_dir: Path) -> dict:
+    """From a run's journal (real or simulated): utilisation as ``ensemble.json`` reports it,
+    and over the steady part (from the moment the last worker started its first member to the
+    last result, member time clipped to it), that span, and the mean idle time of a worker
+    after its last member ended."""
+    from ensemble.results.rundir import RunDirectory
+    from ensemble.results.timeline import run_stats
+    rd = RunDirectory(run_dir)
+    lines = rd.read_lines()
+    records = [r for r in lines if "event" not in r and r.get("started") is not None]
+    stats = run_stats(records, [r for r in lines if "event" in r])
+    firsts, lasts = {}, {}
+    for r in records:
+        w = r.get("worker", r.get("rank"))
+        firsts[w] = min(firsts.get(w, r["started"]), r["started"])
+        lasts[w] = max(lasts.get(w, r["ended"]), r["ended"])
+    start, end = max(firsts.values()), max(r["received"] for r in records)
+    busy = sum(max(0.0, min(r["ended"], end) - max(r["started"], start)) for r in records)
+    return {"workers": stats["workers"], "members": stats["members"], "utilisation": stats["utilisation"],
+            "steady": busy / (len(firsts) * (end - start)), "span": end - start,
+            "tail_idle": sum(end - t for t in lasts.values()) / len(lasts)}
+
+
+def validate(args) -> None:
+    import datetime
+    from bench_dispatch import launcher
+    from benchkit import write_block
+    tmp = Path(tempfile.mkdtemp(prefix="validate_"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    rows = []
+    load0 = os.getloadavg()[0]
+    for ranks in args.ranks:
+        for order in ("list", "cost"):
+            members = (ranks - 1) * args.per_worker
+            cfg = tmp / f"n{ranks}_{order}.toml"
+            cfg.write_text(VALIDATE.format(seed=args.seed, short=members // 2, long=members - members // 2,
+                                           order=order))
+            real, sim = tmp / f"real_n{ranks}_{order}", tmp / f"sim_n{ranks}_{order}"
+            out = subprocess.run(launcher() + ["-n", str(ranks), sys.executable, "-m", "ensemble.run", str(cfg),
+                                               "--run-dir", str(real), "--overwrite"],
+                                 capture_output=True, text=True, env=env, timeout=1800)
+            if out.returncode:
+                raise SystemExit(f"ensemble.run -n {ranks} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+            r = journal_figures(real)
+            out = subprocess.run([sys.executable, "-m", "ensemble.simulate", str(cfg), "--workers", str(r["workers"]),
+                                  "--replay", str(real), "--run-dir", str(sim), "--json"],
+                                 capture_output=True, text=True, env=env, timeout=1800)
+            if out.returncode:
+                raise SystemExit(f"ensemble.simulate failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+            s_ = journal_figures(sim / f"workers{r['workers']}")
+            rows.append((ranks, order, r, s_))
+            print(f"-n {ranks} order {order}: real {r}, simulated {s_}", flush=True)
+    lines = [f"Measured {datetime.date.today().isoformat()} on {os.cpu_count()} cores (load "
+             f"{load0:.1f} before), every rank oversubscribed; rehearsal members of two architectures listed short "
+             f"first (medians 0.5 s and 4 s, spread 0.5), {args.per_worker} members per worker, seed {args.seed}:",
+             "", "```bash", f"python scripts/bench_scale.py validate --ranks {' '.join(map(str, args.ranks))} "
+             f"--per-worker {args.per_worker} --seed {args.seed}" + (f" --write {args.write}" if args.write else ""),
+             "```", "",
+             "| ranks | order | workers | members | utilisation real / sim (ratio) | after start-up real / sim "
+             "(ratio) | span after start-up, s: real / sim (ratio) | idle after a worker's last member, s: "
+             "real / sim |", "|---|---|---|---|---|---|---|---|"]
+    for ranks, order, r, s_ in rows:
+        lines.append(f"| {ranks} | {order} | {r['workers']} | {r['members']} | {100 * r['utilisation']:.1f}% / "
+                     f"{100 * s_['utilisation']:.1f}% ({s_['utilisation'] / r['utilisation']:.3f}) | "
+                     f"{100 * r['steady']:.1f}% / {100 * s_['steady']:.1f}% ({s_['steady'] / r['steady']:.3f}) | "
+                     f"{r['span']:.1f} / {s_['span']:.1f} ({s_['span'] / r['span']:.3f}) | "
+                     f"{r['tail_idle']:.1f} / {s_['tail_idle']:.1f} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.write:
+        write_block(Path(args.write), "bench_scale validate", table)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -163,8 +275,14 @@ def main() -> None:
     j.add_argument("--lines", type=int, default=20000)
     w = sub.add_parser("twice")
     w.add_argument("--workers", type=int, default=1000)
+    v = sub.add_parser("validate")
+    v.add_argument("--ranks", type=int, nargs="+", default=[16, 32])
+    v.add_argument("--per-worker", type=int, default=16)
+    v.add_argument("--seed", type=int, default=1)
+    v.add_argument("--write", metavar="PAGE", help="write the table into PAGE between its <!-- bench_scale validate --> marks")
     args = p.parse_args()
-    {"table": table, "calibrate": calibrate, "journal": journal, "twice": twice}[args.what](args)
+    {"table": table, "calibrate": calibrate, "journal": journal, "twice": twice,
+     "validate": validate}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -120,6 +120,12 @@ def _nonneg(v):
     return None if v >= 0 else "must be >= 0"
 
 
+def _arch_seconds(v):
+    bad = [k for k, x in v.items() if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0]
+    return None if not bad else (f"must map architecture names to seconds >= 0; {bad[0]!r} is given "
+                                 f"{v[bad[0]]!r}")
+
+
 def _fraction(v):
     return None if 0.0 < v < 1.0 else "must be between 0 and 1 (exclusive)"
 
@@ -497,6 +503,10 @@ SCHEMA = Table({
                       doc="sigma of the log of the sleep (log-normal); 0: every member sleeps the median"),
         "replay": Key((str,), "",
                       doc="a journal.jsonl (or a run directory) whose members' times are slept again, by id"),
+        "arch_seconds": Key((dict,), {}, _arch_seconds,
+                            doc="median seconds per architecture name, for the architectures named (the others "
+                                "sleep `seconds`): a rehearsal of an ensemble whose architectures differ in cost, "
+                                "e.g. {small = 6, large = 60}"),
         "predictions": Key((bool,), True,
                            doc="return made-up validation and test predictions, so selection runs as after "
                                "training"),
@@ -695,6 +705,11 @@ def resolve_dict(raw: dict, *, source: str = "config", saved: bool = False,
         if arch["name"] in names:
             found.add(f"`{where}.name` {arch['name']!r} is used twice; names must be unique", f"{where}.name")
         names.add(arch["name"])
+    unknown = sorted(set(cfg["rehearsal"]["arch_seconds"]) - names)
+    if unknown and cfg["mode"] == "ensemble" and found.ok("rehearsal.arch_seconds"):
+        found.add(f"`rehearsal.arch_seconds` names {', '.join(map(repr, unknown))}, which no [[architectures]] "
+                  f"table is called (they are {', '.join(map(repr, sorted(names))) or 'none'}); use their `name`s",
+                  "rehearsal.arch_seconds")
     from evolve.space import SearchSpace
     for key in cfg["search"]:
         if key not in SearchSpace.KEYS:

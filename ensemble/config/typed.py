@@ -389,6 +389,9 @@ class RehearsalConfig(Section):
     spread: float
     #: a journal.jsonl (or a run directory) whose members' times are slept again, by id
     replay: str
+    #: median seconds per architecture name, for the architectures named (the others sleep `seconds`): a
+    #: rehearsal of an ensemble whose architectures differ in cost, e.g. {small = 6, large = 60}
+    arch_seconds: Mapping[str, Any]
     #: return made-up validation and test predictions, so selection runs as after training
     predictions: bool
     #: probability that a member fails

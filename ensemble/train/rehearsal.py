@@ -5,8 +5,9 @@ journal, budget, selection, ensemble.json) with members whose cost is only their
 so a user can size an allocation, and the project can measure its master, before paying
 for GPUs. Each member:
 
-- sleeps a duration drawn from a log-normal distribution (median ``rehearsal.seconds``,
-  spread ``rehearsal.spread`` = sigma of the log; 0 gives every member the median), or the
+- sleeps a duration drawn from a log-normal distribution (median ``rehearsal.seconds``, or
+  its architecture's ``rehearsal.arch_seconds``; spread ``rehearsal.spread`` = sigma of the
+  log; 0 gives every member the median), or the
   time an earlier run journalled for the same member id (``rehearsal.replay``:
   a journal.jsonl or its run directory; ids it lacks get durations drawn from its records);
 - splits the sleep over ``epochs`` and reports to the master every ``report_every`` epochs
@@ -73,7 +74,8 @@ def member_seconds(spec: dict, settings: RehearsalConfig, replay: dict[str, floa
         values = list(replay.values())
         return values[zlib.crc32(spec["id"].encode()) % len(values)]
     rng = np.random.default_rng([spec["seed"], 17])
-    return float(settings.seconds * np.exp(settings.spread * rng.standard_normal()))
+    median = settings.arch_seconds.get(spec.get("arch"), settings.seconds)
+    return float(median * np.exp(settings.spread * rng.standard_normal()))
 
 
 def _made_up(task, y: np.ndarray, n_outputs: int, quality: float, rng, gaussian: bool):

@@ -210,6 +210,23 @@ def test_rehearsal_durations_are_log_normal_around_the_median_and_replayable(tmp
         replay_durations(tmp_path / "nowhere")
 
 
+def test_rehearsal_arch_seconds_give_each_named_architecture_its_own_median():
+    from ensemble.config import ConfigError
+    from ensemble.train.rehearsal import member_seconds
+    archs = [{"name": "small", "members": 2, "layers": [{"type": "Dense", "units": 4}]},
+             {"name": "large", "members": 2, "layers": [{"type": "Dense", "units": 64}]}]
+    settings = resolve_config({**CFG, "architectures": archs,
+                               "rehearsal": {"seconds": 2.0, "spread": 0.5, "arch_seconds": {"large": 20}}}).rehearsal
+    large = [member_seconds({"id": f"l{i}", "seed": i, "arch": "large"}, settings) for i in range(2000)]
+    small = [member_seconds({"id": f"s{i}", "seed": i, "arch": "small"}, settings) for i in range(2000)]
+    assert np.median(large) == pytest.approx(20.0, rel=0.08) and np.median(small) == pytest.approx(2.0, rel=0.08)
+    assert np.std(np.log(large)) == pytest.approx(0.5, rel=0.08)
+    with pytest.raises(ConfigError, match=r"rehearsal.arch_seconds.*'huge'.*'large', 'small'"):
+        resolve_config({**CFG, "architectures": archs, "rehearsal": {"arch_seconds": {"huge": 5}}})
+    with pytest.raises(ConfigError, match=r"rehearsal.arch_seconds.*'large' is given -1"):
+        resolve_config({**CFG, "architectures": archs, "rehearsal": {"arch_seconds": {"large": -1}}})
+
+
 def test_rehearsal_reports_and_obeys_a_stop(tmp_path):
     trainer = rehearsal(tmp_path, predictions=False)
     seen = []
