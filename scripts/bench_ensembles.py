@@ -141,9 +141,10 @@ def default_root(kind: str) -> Path:
     return ROOT / "bench_out" / ("ensembles" if kind == "mlp" else f"ensembles-{kind}")
 
 
-def config(d: Dataset, seed: int, root: Path, kind: str = "mlp") -> dict:
+def config(d: Dataset, seed: int, root: Path, kind: str = "mlp", holdout: float | None = None) -> dict:
     """The run of one (dataset, seed): the project's defaults but for the members' shapes
-    (``KINDS``) and a longer training (early stopping ends it)."""
+    (``KINDS``) and a longer training (early stopping ends it); ``holdout``:
+    ``data.calibration_holdout`` (None: its default)."""
     source = d.source
     if callable(source):
         path = root / "data" / f"{d.name}.npz"
@@ -154,7 +155,8 @@ def config(d: Dataset, seed: int, root: Path, kind: str = "mlp") -> dict:
         source = str(path)
     return {
         "name": f"{d.name}-s{seed}", "output_dir": str(root / "runs"), "seed": seed,
-        "data": {"source": source, "task": d.task, "val_fraction": 0.2, "test_fraction": 0.2},
+        "data": {"source": source, "task": d.task, "val_fraction": 0.2, "test_fraction": 0.2,
+                 **({} if holdout is None else {"calibration_holdout": holdout})},
         "train": {"epochs": 100, "patience": 10, "learning_rate": 3e-3, "batch_size": 32},
         "architectures": KINDS[kind],
     }
@@ -211,7 +213,7 @@ def _has_shift(run: Path) -> bool:
     return path.is_file() and "offset" in json.loads(path.read_text())
 
 
-def train_pairs(pairs: list[tuple[str, int]], root: Path, kind: str = "mlp") -> None:
+def train_pairs(pairs: list[tuple[str, int]], root: Path, kind: str = "mlp", holdout: float | None = None) -> None:
     """Train each (dataset, seed) here, one after another (one TensorFlow start-up)."""
     import ensemble
     for name, seed in pairs:
@@ -221,7 +223,7 @@ def train_pairs(pairs: list[tuple[str, int]], root: Path, kind: str = "mlp") -> 
             continue
         t = time.perf_counter()
         if not (run / "ensemble.json").is_file():
-            ensemble.run_config(config(d, seed, root, kind), overwrite=True)
+            ensemble.run_config(config(d, seed, root, kind, holdout), overwrite=True)
         if d.shift:
             (run / "bench_shift.json").write_text(json.dumps(_shifted(run, d.task), indent=1))
         print(f"trained {name} seed {seed} in {time.perf_counter() - t:.0f} s", flush=True)
@@ -244,6 +246,7 @@ def train(args: argparse.Namespace) -> None:
         log = open(root / f"train-{j}.log", "a")
         procs.append(subprocess.Popen(
             [sys.executable, __file__, "_train", "--root", str(root), "--kind", args.kind,
+             *([] if args.holdout is None else ["--holdout", str(args.holdout)]),
              "--pairs", json.dumps(share)],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT))
     codes = [p.wait() for p in procs]
@@ -291,6 +294,7 @@ def load_run(run: Path) -> dict:
     return {"cfg": cfg, "task": task, "metric": metric, "arrays": arrays, "best": best,
             "targets": {"val": targets["y_val"], "test": targets["y_test"]},
             "baseline": (summary.get("baseline") or {}).get("test"),
+            "holdout": meta.get("calibration_holdout", 0.0),
             # the ensemble the run chose, when the selection code that wrote it was the previous
             # default (greedy or bagged by 2-fold CV, the best member alone when in-sample better)
             "previous": {"test": summary["ensemble"]["test"], "members": len(summary["members"])}
@@ -319,7 +323,8 @@ def assess(run: dict) -> dict:
             choice = choose_ensemble(val_preds, run["targets"]["val"], proper, method=method, rank_metric=run["metric"],
                                      k=cfg.ensemble.k, val_vars=val_vars, seed=cfg.seed)
             weights, why = choice["weights"], choice["why"]
-        scored = score_weights(task, weights, arrays, run["targets"], cfg.ensemble.calibration, cfg.seed, gaussian)
+        scored = score_weights(task, weights, arrays, run["targets"], cfg.ensemble.calibration, cfg.seed, gaussian,
+                               run["holdout"])
         w = np.array(list(weights.values()))
         out[method] = {"test": scored["metrics"]["test"], "members": len(weights),
                        "size": float(1.0 / np.sum(w ** 2)), "why": why,
@@ -327,7 +332,8 @@ def assess(run: dict) -> dict:
         if method == "auto":              # the other recalibrations of the same ensemble
             for setting in (("none", "variance_scaling", "conformal") if task.name == "regression"
                             else ("none", "temperature")):
-                other = score_weights(task, weights, arrays, run["targets"], setting, cfg.seed, gaussian)
+                other = score_weights(task, weights, arrays, run["targets"], setting, cfg.seed, gaussian,
+                                      run["holdout"])
                 out[f"auto/{setting}"] = {"test": other["metrics"]["test"], "curve": other["curve"]}
     out["linear"] = {"test": run["baseline"]} if run["baseline"] else None
     out["previous"] = run["previous"]
@@ -557,11 +563,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs", type=int, default=2, help="training processes (one TensorFlow thread each)")
     p.add_argument("--datasets", nargs="+", choices=sorted(BY_NAME))
     p.add_argument("--pairs", help=argparse.SUPPRESS)
+    p.add_argument("--holdout", type=float, help="train: `data.calibration_holdout` of every run (default: the "
+                   "schema's); give it a --root of its own")
     p.add_argument("--write", help="write the documentation page (markdown) here")
     args = p.parse_args(argv)
     args.root = args.root or str(default_root(args.kind))
     if args.stage == "_train":
-        train_pairs([tuple(x) for x in json.loads(args.pairs)], Path(args.root), args.kind)
+        train_pairs([tuple(x) for x in json.loads(args.pairs)], Path(args.root), args.kind, args.holdout)
     elif args.stage == "train":
         train(args)
     else:

@@ -38,6 +38,11 @@ class DataConfig(Section):
     #: share of the samples held out for validation (early stopping, ranking, ensemble selection,
     #: calibration); when the data gives its split without validation rows: share of the training rows
     val_fraction: float
+    #: share of the validation rows that members' early stopping never sees, kept for recalibrating the
+    #: ensemble's uncertainty (split conformal's guarantee needs rows the members were not fitted to);
+    #: selection still reads every validation row; 0: recalibrate on every validation row; used when both
+    #: parts have at least 20 rows, and not for streamed data
+    calibration_holdout: float
     #: share of the samples held out for the final test scores, used for nothing else; not with a split the
     #: data gives
     test_fraction: float

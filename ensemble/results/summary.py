@@ -26,6 +26,7 @@ from ensemble.task import get_task
 from ensemble.task.calibration import apply as apply_calibration
 from ensemble.task.calibration import coverage_curve
 from ensemble.task.calibration import fit as fit_calibration
+from ensemble.task.calibration import holdout_rows, rows_of
 from ensemble.task.metrics import COVERAGE_LEVELS, CURVE_LEVELS, coverage_name, higher_is_better, level_key, metric_task
 
 Records = Iterable[MemberRecord | Mapping[str, Any]]
@@ -93,10 +94,11 @@ def _selection_table(ids: list, choice: dict) -> dict:
 
 def score_weights(task: Any, weights: Mapping[Any, float], arrays: Mapping[Any, Mapping[str, np.ndarray]],
                   targets: Mapping[str, np.ndarray], calibration_setting: str, seed: int,
-                  gaussian: bool) -> dict:
+                  gaussian: bool, holdout: float = 0.0) -> dict:
     """The ensemble of ``weights`` over members' stored predictions (``arrays[id]``: "val_pred",
     "test_pred" and, for Gaussian members, "val_var", "test_var"), recalibrated on the
-    validation split as ``ensemble.calibration`` says, scored on each split of ``targets``
+    validation split as ``ensemble.calibration`` says (on the rows ``data.calibration_holdout``
+    kept from early stopping, ``holdout``: its share), scored on each split of ``targets``
     ({"val": y, "test": y}). Returns {"stats": split -> per-sample statistics, "metrics":
     split -> metrics, "calibration": the fitted calibration or None, "before": split ->
     metrics of the uncalibrated ensemble, "curve": a regression ensemble's coverage curve
@@ -107,7 +109,12 @@ def score_weights(task: Any, weights: Mapping[Any, float], arrays: Mapping[Any, 
     w = np.array([weights[i] for i in ids], dtype=np.float64)
     raw = {s: task.combine_outputs([(arrays[i][f"{s}_pred"], arrays[i].get(f"{s}_var")) for i in ids], w)
            for s in targets}
-    calibration = fit_calibration(task.name, targets["val"], raw["val"], calibration_setting, seed)
+    n_val = len(targets["val"])
+    rows = holdout_rows(n_val, holdout)[1]
+    calibration = fit_calibration(task.name, np.asarray(targets["val"])[rows], rows_of(raw["val"], rows, n_val),
+                                  calibration_setting, seed)
+    if calibration is not None:
+        calibration["rows"] = len(rows)
     stats = {s: apply_calibration(task.name, raw[s], calibration) for s in raw}
     metrics = {s: task.ensemble_metrics(targets[s], stats[s], gaussian) for s in stats}
     curve = None
@@ -187,7 +194,7 @@ def build_ensemble(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta
     out = {"task": task.name, "metric": metric, "method": choice["method"], "members": members,
            **_count_fields(counts), "n_candidates": len(pool), "selection": _selection_table(ids, choice)}
     scored = score_weights(task, weights, arrays, {"val": y_val, "test": y_test}, settings.calibration,
-                           cfg.seed, gaussian)
+                           cfg.seed, gaussian, meta.get("calibration_holdout", 0.0))
     stats, calibration = scored["stats"], scored["calibration"]
     out["ensemble"] = scored["metrics"]
     out["calibration"] = {"method": "none"} if calibration is None else dict(calibration)

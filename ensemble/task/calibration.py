@@ -28,9 +28,10 @@ scaled probabilities; its split into aleatoric and epistemic parts keeps the mem
 proportions. (The exported Keras model, built of stock layers, gives the probabilities
 before the temperature: ``calibration.temperature`` in ensemble.json says what to apply.)
 
-Calibration uses the validation split, which also chose the ensemble and stopped
-training early; the test split, untouched, says whether it held (``ensemble.json``
-reports coverage before and after on both).
+Calibration uses the validation split, which also chose the ensemble and, unless
+``data.calibration_holdout`` keeps part of it from them (``holdout_rows``), stopped the
+members' training early; the test split, untouched, says whether it held
+(``ensemble.json`` reports coverage before and after on both).
 """
 
 from __future__ import annotations
@@ -51,6 +52,25 @@ LEVELS = tuple(sorted({*M.COVERAGE_LEVELS, *M.CURVE_LEVELS}))
 T_BOUNDS = (0.05, 20.0)
 #: misclassified validation rows needed before a temperature may sharpen probabilities
 MIN_ERRORS = 5
+
+
+def holdout_rows(n: int, share: float) -> tuple[np.ndarray, np.ndarray]:
+    """``data.calibration_holdout``: the validation rows members stop early on, and the rows
+    kept for the recalibration alone (sorted indices into the validation split). A fixed
+    draw of ``n`` alone, so every rank and every later reader (``ensemble reselect``,
+    ``predict``) finds the same rows; no holdout (every row in both) when ``share`` is 0 or
+    either part would hold fewer than ``MIN_ROWS`` rows."""
+    every = np.arange(n)
+    held = int(round(n * share))
+    if not share or held < MIN_ROWS or n - held < MIN_ROWS:
+        return every, every
+    kept = np.sort(np.random.default_rng([n, 7919]).permutation(n)[:held])
+    return np.setdiff1d(every, kept), kept
+
+
+def rows_of(stats: dict, rows: np.ndarray, n: int) -> dict:
+    """Per-sample ``stats`` (arrays of ``n`` rows) at ``rows``; other entries as they are."""
+    return {k: (v[rows] if isinstance(v, np.ndarray) and v.ndim and len(v) == n else v) for k, v in stats.items()}
 
 
 def resolve(setting: str, task: str) -> str:

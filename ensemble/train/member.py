@@ -230,9 +230,16 @@ def member_datasets(spec: dict, data: Mapping[str, np.ndarray], meta: dict, y_tf
     idx = member_indices(len(data["y_train"]), spec["seed"], spec.get("bootstrap", False))
     train_ds = make_dataset(data["x_train"], data["y_train"], idx, spec["batch_size"], spec["seed"],
                             y_transform=y_tf, shard=shard)
-    val_ds = make_dataset(data["x_val"], data["y_val"], np.arange(len(data["y_val"])), 512, 0,
+    val_ds = make_dataset(data["x_val"], data["y_val"], stopping_rows(data, meta), 512, 0,
                           shuffle=False, y_transform=y_tf)
     return train_ds, val_ds
+
+
+def stopping_rows(data: Mapping[str, np.ndarray], meta: dict) -> np.ndarray:
+    """The validation rows a member stops early on: all of them, less those
+    ``data.calibration_holdout`` keeps for the recalibration."""
+    from ensemble.task.calibration import holdout_rows
+    return holdout_rows(len(data["y_val"]), meta.get("calibration_holdout", 0.0))[0]
 
 
 _STREAMED: dict = {}

@@ -148,7 +148,7 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
     from ensemble.config.vocabulary import gaussian_head
     from ensemble.task import get_task
     from ensemble.train.architecture import build_model, make_optimizer
-    from ensemble.train.member import HOST, MemberFailed, failure_record, member_record
+    from ensemble.train.member import HOST, MemberFailed, failure_record, member_record, stopping_rows
 
     t0 = time.monotonic()
     first = specs[0]
@@ -168,8 +168,9 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
     pack = Pack(models, make_optimizer(first["optimizer"], first["learning_rate"]), loss)
     pack.rows = row_gather(data["x_train"], data["y_train"], y_tf, lead=2)   # one numpy call a step
     zipped = tf.data.Dataset.zip(tuple(datasets)).prefetch(2)
-    x_val = tf.constant(np.asarray(data["x_val"]))
-    y_val = np.asarray(data["y_val"])
+    stop_on = stopping_rows(data, meta)
+    x_val = tf.constant(np.asarray(data["x_val"])[stop_on])
+    y_val = np.asarray(data["y_val"])[stop_on]
     y_val = tf.constant(y_tf(y_val).astype(np.float32) if y_tf is not None else y_val)
     build_seconds = time.monotonic() - t0
     k = len(specs)

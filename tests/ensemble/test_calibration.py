@@ -163,3 +163,45 @@ def test_normalised_conformal_intervals_equal_crepes(n):
         interval = reference.predict_int(new_mean, sigmas=new_std, confidence=int(key) / 100)
         np.testing.assert_allclose(new_mean - half_width, interval[:, 0], rtol=1e-12)
         np.testing.assert_allclose(new_mean + half_width, interval[:, 1], rtol=1e-12)
+
+
+def test_the_calibration_holdout_is_a_fixed_disjoint_part_of_the_validation_rows():
+    stop, held = C.holdout_rows(200, 0.5)
+    assert len(held) == 100 and len(stop) == 100 and not set(stop) & set(held)
+    assert sorted({*stop, *held}) == list(range(200))
+    assert np.array_equal(held, C.holdout_rows(200, 0.5)[1])               # every rank finds the same rows
+    assert held.min() < 50 and held.max() > 150                            # drawn, not a block
+    for n, share in ((200, 0.0), (30, 0.5), (100, 0.9)):                   # none, or a part under 20 rows
+        stop, held = C.holdout_rows(n, share)
+        assert np.array_equal(stop, np.arange(n)) and np.array_equal(held, np.arange(n))
+
+
+def test_members_stop_early_on_the_rows_the_holdout_leaves():
+    from ensemble.train.member import stopping_rows
+    data = {"y_val": np.zeros(120)}
+    assert np.array_equal(stopping_rows(data, {}), np.arange(120))
+    rows = stopping_rows(data, {"calibration_holdout": 0.25})
+    assert len(rows) == 90 and np.array_equal(rows, C.holdout_rows(120, 0.25)[0])
+
+
+def test_an_ensemble_is_recalibrated_on_the_held_out_rows_alone():
+    """Members fitted to the stopping rows (small errors there) and not to the held ones: the
+    spread is scaled by the held rows' errors, so the test split, like the held rows, is covered."""
+    from ensemble.results.summary import score_weights
+    rng = np.random.default_rng(0)
+    n = 400
+    stop, held = C.holdout_rows(n, 0.5)
+    y_val = rng.normal(size=n)
+    noise = np.where(np.isin(np.arange(n), held), 2.0, 0.5)                 # optimistic on the stopping rows
+    arrays = {"m": {"val_pred": (y_val + noise * rng.normal(size=n))[:, None], "val_var": np.ones((n, 1)),
+                    "test_pred": np.zeros((n, 1)), "test_var": np.ones((n, 1))}}
+    y_test = 2.0 * rng.normal(size=n)
+    targets = {"val": y_val, "test": y_test}
+    task = get_task("regression")
+    plain = score_weights(task, {"m": 1.0}, arrays, targets, "variance_scaling", 0, True)
+    held_out = score_weights(task, {"m": 1.0}, arrays, targets, "variance_scaling", 0, True, 0.5)
+    assert held_out["calibration"]["rows"] == 200 and plain["calibration"]["rows"] == n
+    assert held_out["calibration"]["std_scale"][0] == pytest.approx(2.0, rel=0.1)
+    assert plain["calibration"]["std_scale"][0] < 1.7
+    assert held_out["metrics"]["test"]["coverage90"] == pytest.approx(0.9, abs=0.04)
+    assert plain["metrics"]["test"]["coverage90"] < 0.85
