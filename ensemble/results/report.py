@@ -577,8 +577,12 @@ def _notes(view: RunView) -> str:
                      + (f" ({html.escape(sel['why'])})" if sel.get("why") else ""))
     cal = s.get("calibration")
     if cal:
+        n_val = ((view.meta or {}).get("sizes") or {}).get("val")
+        rows = cal.get("rows")
         items.append(f"Calibration: {cal.get('method', 'none')}"
-                     + (f", temperature {cal['temperature']:.3f}" if "temperature" in cal else ""))
+                     + (f", temperature {cal['temperature']:.3f}" if "temperature" in cal else "")
+                     + (f", fitted on {rows} validation rows that members' early stopping did not see"
+                        if rows is not None and n_val is not None and rows < n_val else ""))
     base = s.get("baseline") or {}
     metric = view.metric
     if "test" in base and metric in base["test"] and metric in s.get("ensemble", {}).get("test", {}):
