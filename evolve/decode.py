@@ -198,11 +198,17 @@ def _space_problem(genome: AnyGenome, space: SearchSpace) -> str | None:
 def check(genome: AnyGenome, input_shape: tuple[int, ...], n_outputs: int,
           space: SearchSpace) -> str | None:
     """The reason ``genome`` is invalid for this data and space, or None. Never raises."""
+    return _problem(genome, space, lambda: analyse(genome, input_shape, n_outputs))
+
+
+def _problem(genome: AnyGenome, space: SearchSpace, analysis) -> str | None:
+    """``check``'s verdict, the analysis made by ``analysis()`` (once, after the space's own
+    rules pass)."""
     try:
         reason = _space_problem(genome, space)
         if reason:
             return reason
-        a = analyse(genome, input_shape, n_outputs)
+        a = analysis()
         if a.problem:
             return a.problem
         if a.n_params > space.max_params:
@@ -223,7 +229,7 @@ def decode(genome: AnyGenome, input_shape: tuple[int, ...], space: SearchSpace |
     a = analyse(genome, input_shape, n_outputs or 1)
     reason = a.problem
     if reason is None and space is not None and n_outputs is not None:
-        reason = check(genome, input_shape, n_outputs, space)
+        reason = _problem(genome, space, lambda: a)              # the analysis above, not a second one
     if reason:
         try:
             name = genome.summary(input_shape)
