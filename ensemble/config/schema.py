@@ -223,7 +223,7 @@ SCHEMA = Table({
                             doc="share of the samples held out for validation (early stopping, ranking, "
                                 "ensemble selection, calibration); when the data gives its split without "
                                 "validation rows: share of the training rows"),
-        "calibration_holdout": Key(NUM, 0.0, lambda v: None if 0.0 <= v <= 0.8 else "must be in [0, 0.8]",
+        "calibration_holdout": Key(NUM, 0.5, lambda v: None if 0.0 <= v <= 0.8 else "must be in [0, 0.8]",
                                    doc="share of the validation rows that members' early stopping never sees, kept "
                                        "for recalibrating the ensemble's uncertainty (split conformal's guarantee "
                                        "needs rows the members were not fitted to); selection still reads every "
