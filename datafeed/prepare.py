@@ -148,8 +148,6 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
         arrays[f"y_{split}"] = np.ascontiguousarray(y[idx[split]])
     meta["input_shape"] = list(x.shape[1:])
     meta["sizes"] = {s: int(len(idx[s])) for s in SPLITS}
-    if data.calibration_holdout:          # members stop early on the rest (ensemble.task.calibration.holdout_rows)
-        meta["calibration_holdout"] = data.calibration_holdout
     return arrays, meta, {s: idx[s].astype(np.int64) for s in SPLITS}
 
 

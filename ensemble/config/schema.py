@@ -223,12 +223,14 @@ SCHEMA = Table({
                             doc="share of the samples held out for validation (early stopping, ranking, "
                                 "ensemble selection, calibration); when the data gives its split without "
                                 "validation rows: share of the training rows"),
-        "calibration_holdout": Key(NUM, 0.5, lambda v: None if 0.0 <= v <= 0.8 else "must be in [0, 0.8]",
-                                   doc="share of the validation rows that members' early stopping never sees, kept "
-                                       "for recalibrating the ensemble's uncertainty (split conformal's guarantee "
-                                       "needs rows the members were not fitted to); selection still reads every "
-                                       "validation row; 0: recalibrate on every validation row; used when both "
-                                       "parts have at least 20 rows, and not for streamed data"),
+        "calibration_holdout": Key((str, int, float), "auto", lambda v: None if v == "auto" or (
+            not isinstance(v, (str, bool)) and 0.0 <= v <= 0.8) else 'must be "auto" or a share in [0, 0.8]',
+            doc="share of the validation rows that members' early stopping never sees, kept for "
+                "recalibrating the ensemble's uncertainty (split conformal's guarantee needs rows the members "
+                "were not fitted to); selection still reads every validation row; \"auto\": half of them for "
+                "regression, none for classification (whose temperature promises no coverage, and whose "
+                "early stopping gains from every row); 0: recalibrate on every validation row; used when both "
+                "parts have at least 20 rows, and not for streamed data"),
         "test_fraction": Key(NUM, 0.15, _fraction,
                              doc="share of the samples held out for the final test scores, used for nothing else; "
                                  "not with a split the data gives"),

@@ -40,9 +40,11 @@ class DataConfig(Section):
     val_fraction: float
     #: share of the validation rows that members' early stopping never sees, kept for recalibrating the
     #: ensemble's uncertainty (split conformal's guarantee needs rows the members were not fitted to);
-    #: selection still reads every validation row; 0: recalibrate on every validation row; used when both
-    #: parts have at least 20 rows, and not for streamed data
-    calibration_holdout: float
+    #: selection still reads every validation row; "auto": half of them for regression, none for
+    #: classification (whose temperature promises no coverage, and whose early stopping gains from every
+    #: row); 0: recalibrate on every validation row; used when both parts have at least 20 rows, and not for
+    #: streamed data
+    calibration_holdout: str | int | float
     #: share of the samples held out for the final test scores, used for nothing else; not with a split the
     #: data gives
     test_fraction: float

@@ -26,6 +26,7 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
     from datafeed.streaming import prepare_stream, stream_plan
     from ensemble.config.vocabulary import check_input_rank
     from ensemble.modes import mode_of
+    from ensemble.task.calibration import holdout_share
     plan = stream_plan(cfg.data)                # the files, when members stream them (issue 33)
     if plan is not None:
         check_streaming(cfg)
@@ -34,6 +35,9 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
         got = read_data(cfg.data)               # the split too, where the data gives it
         arrays, meta, rows = prepare_with_rows(got.x, got.y, got.info, cfg.data, cfg.seed, got.rows)
         del got
+        share = holdout_share(cfg.data.calibration_holdout, meta["task"])
+        if share:                               # members stop early on the rest (calibration.holdout_rows)
+            meta["calibration_holdout"] = share
     if cfg.data.task == "auto":                 # the task is known now: settings that depend on it
         check_task_settings(cfg, meta["task"], "the labels make this task")
     mode = mode_of(cfg)

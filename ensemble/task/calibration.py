@@ -54,6 +54,15 @@ T_BOUNDS = (0.05, 20.0)
 MIN_ERRORS = 5
 
 
+#: ``data.calibration_holdout = "auto"``: the share of the validation rows held back, per task
+AUTO_HOLDOUT = {"regression": 0.5, "classification": 0.0}
+
+
+def holdout_share(setting: str | float, task: str) -> float:
+    """The share ``data.calibration_holdout`` stands for on ``task``."""
+    return AUTO_HOLDOUT[task] if setting == "auto" else float(setting)
+
+
 def holdout_rows(n: int, share: float) -> tuple[np.ndarray, np.ndarray]:
     """``data.calibration_holdout``: the validation rows members stop early on, and the rows
     kept for the recalibration alone (sorted indices into the validation split). A fixed

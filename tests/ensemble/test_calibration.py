@@ -205,3 +205,15 @@ def test_an_ensemble_is_recalibrated_on_the_held_out_rows_alone():
     assert plain["calibration"]["std_scale"][0] < 1.7
     assert held_out["metrics"]["test"]["coverage90"] == pytest.approx(0.9, abs=0.04)
     assert plain["metrics"]["test"]["coverage90"] < 0.85
+
+
+def test_the_holdout_setting_is_auto_by_task_or_a_share_and_refuses_anything_else():
+    from ensemble.config import ConfigError
+    from ensemble.config.schema import resolve_config
+    arch = [{"name": "m", "members": 1, "layers": [{"type": "Dense", "units": 4}]}]
+    assert resolve_config({"architectures": arch}).data.calibration_holdout == "auto"
+    assert C.holdout_share("auto", "regression") == 0.5 and C.holdout_share("auto", "classification") == 0.0
+    assert C.holdout_share(0.3, "classification") == 0.3
+    for bad in (0.9, -0.1, "half", True):
+        with pytest.raises(ConfigError, match="data.calibration_holdout"):
+            resolve_config({"architectures": arch, "data": {"calibration_holdout": bad}})
