@@ -626,8 +626,8 @@ def ece_study(args: argparse.Namespace) -> None:
     print("| members | temperature | test ECE at most the best member's | test log loss at most the best "
           "member's | mean change of test log loss against T = 1 |")
     print("|---|---|---|---|---|")
-    for (kind, name), (e, l, n, dl) in rows.items():
-        loss = "-" if not dl else f"{l} of {n}"
+    for (kind, name), (e, wins, n, dl) in rows.items():
+        loss = "-" if not dl else f"{wins} of {n}"
         change = "-" if not dl else f"{np.mean(dl):+.4f}"
         print(f"| {kind} | {name} | {e} of {n} ({100 * e / n:.0f}%) | {loss} | {change} |")
 

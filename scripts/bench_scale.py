@@ -214,6 +214,7 @@ def journal_figures(run_dir: Path) -> dict:
 
 def validate(args) -> None:
     import datetime
+
     from bench_dispatch import launcher
     from benchkit import write_block
     tmp = Path(tempfile.mkdtemp(prefix="validate_"))
@@ -279,7 +280,8 @@ def main() -> None:
     v.add_argument("--ranks", type=int, nargs="+", default=[16, 32])
     v.add_argument("--per-worker", type=int, default=16)
     v.add_argument("--seed", type=int, default=1)
-    v.add_argument("--write", metavar="PAGE", help="write the table into PAGE between its <!-- bench_scale validate --> marks")
+    v.add_argument("--write", metavar="PAGE",
+                   help="write the table into PAGE between its <!-- bench_scale validate --> marks")
     args = p.parse_args()
     {"table": table, "calibrate": calibrate, "journal": journal, "twice": twice,
      "validate": validate}[args.what](args)

@@ -24,9 +24,8 @@ from ensemble.results.rundir import RunDirectory
 from ensemble.results.selection import choose_ensemble, rank_members
 from ensemble.task import get_task
 from ensemble.task.calibration import apply as apply_calibration
-from ensemble.task.calibration import coverage_curve
+from ensemble.task.calibration import coverage_curve, holdout_rows, rows_of
 from ensemble.task.calibration import fit as fit_calibration
-from ensemble.task.calibration import holdout_rows, rows_of
 from ensemble.task.metrics import COVERAGE_LEVELS, CURVE_LEVELS, coverage_name, higher_is_better, level_key, metric_task
 
 Records = Iterable[MemberRecord | Mapping[str, Any]]
