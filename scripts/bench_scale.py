@@ -219,7 +219,7 @@ def validate(args) -> None:
     from benchkit import write_block
     tmp = Path(tempfile.mkdtemp(prefix="validate_"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    rows = []
+    results = []
     load0 = os.getloadavg()[0]
     for ranks in args.ranks:
         for order in ("list", "cost"):
@@ -240,7 +240,7 @@ def validate(args) -> None:
             if out.returncode:
                 raise SystemExit(f"ensemble.simulate failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
             s_ = journal_figures(sim / f"workers{r['workers']}")
-            rows.append((ranks, order, r, s_))
+            results.append((ranks, order, r, s_))
             print(f"-n {ranks} order {order}: real {r}, simulated {s_}", flush=True)
     lines = [f"Measured {datetime.date.today().isoformat()} on {os.cpu_count()} cores (load "
              f"{load0:.1f} before), every rank oversubscribed; rehearsal members of two architectures listed short "
@@ -251,7 +251,7 @@ def validate(args) -> None:
              "| ranks | order | workers | members | utilisation real / sim (ratio) | after start-up real / sim "
              "(ratio) | span after start-up, s: real / sim (ratio) | idle after a worker's last member, s: "
              "real / sim |", "|---|---|---|---|---|---|---|---|"]
-    for ranks, order, r, s_ in rows:
+    for ranks, order, r, s_ in results:
         lines.append(f"| {ranks} | {order} | {r['workers']} | {r['members']} | {100 * r['utilisation']:.1f}% / "
                      f"{100 * s_['utilisation']:.1f}% ({s_['utilisation'] / r['utilisation']:.3f}) | "
                      f"{100 * r['steady']:.1f}% / {100 * s_['steady']:.1f}% ({s_['steady'] / r['steady']:.3f}) | "
