@@ -5,7 +5,7 @@ model, the journal's cost per line, and the reproducible mode.
     python scripts/bench_scale.py calibrate [--repeats 3]
     python scripts/bench_scale.py journal [--lines 20000]
     python scripts/bench_scale.py twice
-    python scripts/bench_scale.py validate [--ranks 16 32] [--per-worker 16] [--write docs/scale.md]
+    python scripts/bench_scale.py validate [--ranks 16 32] [--per-worker 16] [--seeds 1 2 3] [--write docs/scale.md]
 
 ``table``: ``python -m ensemble.simulate --engine fast`` rows (the master's recorded cost
 model, ``orchestrate.simulate.MASTER_COST_US``); "acceptance" = the issue's rows (60 s
@@ -29,7 +29,8 @@ clock, the recorded cost model). Both journals are read by one function: utilisa
 ``ensemble.json`` reports it and after start-up (from the moment the last worker started
 its first member; the simulator does not model start-up, and 32 ranks on 2 cores finish
 importing seconds apart), the time from that moment to the last result, and the workers'
-idle time after their last member. Prints sim/real ratios.
+idle time after their last member. Prints sim/real ratios (median and range over ``--seeds``:
+each seed draws other member times).
 """
 
 from __future__ import annotations
@@ -212,51 +213,71 @@ def journal_figures(run_dir: Path) -> dict:
             "tail_idle": sum(end - t for t in lasts.values()) / len(lasts)}
 
 
+def _ratio_cell(real: list[float], sim: list[float], scale: float = 1.0, unit: str = "") -> str:
+    """Median real / median simulated, then the sim/real ratio's median and range over the seeds."""
+    import statistics
+    ratios = [b / a for a, b in zip(real, sim)]
+    return (f"{scale * statistics.median(real):.1f}{unit} / {scale * statistics.median(sim):.1f}{unit} "
+            f"({statistics.median(ratios):.3f}; {min(ratios):.3f}-{max(ratios):.3f})")
+
+
 def validate(args) -> None:
     import datetime
+    import statistics
 
     from bench_dispatch import launcher
     from benchkit import write_block
     tmp = Path(tempfile.mkdtemp(prefix="validate_"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    results = []
+    results: dict[tuple[int, str], list[tuple[dict, dict]]] = {}
     load0 = os.getloadavg()[0]
-    for ranks in args.ranks:
-        for order in ("list", "cost"):
-            members = (ranks - 1) * args.per_worker
-            cfg = tmp / f"n{ranks}_{order}.toml"
-            cfg.write_text(VALIDATE.format(seed=args.seed, short=members // 2, long=members - members // 2,
-                                           order=order))
-            real, sim = tmp / f"real_n{ranks}_{order}", tmp / f"sim_n{ranks}_{order}"
-            out = subprocess.run(launcher() + ["-n", str(ranks), sys.executable, "-m", "ensemble.run", str(cfg),
-                                               "--run-dir", str(real), "--overwrite"],
-                                 capture_output=True, text=True, env=env, timeout=1800)
-            if out.returncode:
-                raise SystemExit(f"ensemble.run -n {ranks} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-            r = journal_figures(real)
-            out = subprocess.run([sys.executable, "-m", "ensemble.simulate", str(cfg), "--workers", str(r["workers"]),
-                                  "--replay", str(real), "--run-dir", str(sim), "--json"],
-                                 capture_output=True, text=True, env=env, timeout=1800)
-            if out.returncode:
-                raise SystemExit(f"ensemble.simulate failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-            s_ = journal_figures(sim / f"workers{r['workers']}")
-            results.append((ranks, order, r, s_))
-            print(f"-n {ranks} order {order}: real {r}, simulated {s_}", flush=True)
+    for seed in args.seeds:
+        for ranks in args.ranks:
+            for order in ("list", "cost"):
+                members = (ranks - 1) * args.per_worker
+                cfg = tmp / f"n{ranks}_{order}_s{seed}.toml"
+                cfg.write_text(VALIDATE.format(seed=seed, short=members // 2, long=members - members // 2,
+                                               order=order))
+                real, sim = tmp / f"real_n{ranks}_{order}_s{seed}", tmp / f"sim_n{ranks}_{order}_s{seed}"
+                out = subprocess.run(launcher() + ["-n", str(ranks), sys.executable, "-m", "ensemble.run",
+                                                   str(cfg), "--run-dir", str(real), "--overwrite"],
+                                     capture_output=True, text=True, env=env, timeout=1800)
+                if out.returncode:
+                    raise SystemExit(f"ensemble.run -n {ranks} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+                r = journal_figures(real)
+                out = subprocess.run([sys.executable, "-m", "ensemble.simulate", str(cfg), "--workers",
+                                      str(r["workers"]), "--replay", str(real), "--run-dir", str(sim), "--json"],
+                                     capture_output=True, text=True, env=env, timeout=1800)
+                if out.returncode:
+                    raise SystemExit(f"ensemble.simulate failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+                s_ = journal_figures(sim / f"workers{r['workers']}")
+                results.setdefault((ranks, order), []).append((r, s_))
+                print(f"seed {seed} -n {ranks} order {order}: real {r}, simulated {s_}", flush=True)
     lines = [f"Measured {datetime.date.today().isoformat()} on {os.cpu_count()} cores (load "
              f"{load0:.1f} before), every rank oversubscribed; rehearsal members of two architectures listed short "
-             f"first (medians 0.5 s and 4 s, spread 0.5), {args.per_worker} members per worker, seed {args.seed}:",
+             f"first (medians 0.5 s and 4 s, spread 0.5), {args.per_worker} members per worker, seeds "
+             f"{', '.join(map(str, args.seeds))} (each cell: the medians over the seeds, real / simulated, then the "
+             "simulated-over-real ratio's median and range):",
              "", "```bash", f"python scripts/bench_scale.py validate --ranks {' '.join(map(str, args.ranks))} "
-             f"--per-worker {args.per_worker} --seed {args.seed}" + (f" --write {args.write}" if args.write else ""),
-             "```", "",
-             "| ranks | order | workers | members | utilisation real / sim (ratio) | after start-up real / sim "
-             "(ratio) | span after start-up, s: real / sim (ratio) | idle after a worker's last member, s: "
-             "real / sim |", "|---|---|---|---|---|---|---|---|"]
-    for ranks, order, r, s_ in results:
-        lines.append(f"| {ranks} | {order} | {r['workers']} | {r['members']} | {100 * r['utilisation']:.1f}% / "
-                     f"{100 * s_['utilisation']:.1f}% ({s_['utilisation'] / r['utilisation']:.3f}) | "
-                     f"{100 * r['steady']:.1f}% / {100 * s_['steady']:.1f}% ({s_['steady'] / r['steady']:.3f}) | "
-                     f"{r['span']:.1f} / {s_['span']:.1f} ({s_['span'] / r['span']:.3f}) | "
-                     f"{r['tail_idle']:.1f} / {s_['tail_idle']:.1f} |")
+             f"--per-worker {args.per_worker} --seeds {' '.join(map(str, args.seeds))}"
+             + (f" --write {args.write}" if args.write else ""), "```", "",
+             "| ranks | order | workers | members | utilisation | after start-up | span after start-up | idle after a "
+             "worker's last member | cost order's gain, points: real / simulated |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (ranks, order), pairs in results.items():
+        real, sim = [p[0] for p in pairs], [p[1] for p in pairs]
+        gain = ""
+        if order == "cost":
+            base = results[(ranks, "list")]
+            gains_r = [100 * (a[0]["utilisation"] - b[0]["utilisation"]) for a, b in zip(pairs, base)]
+            gains_s = [100 * (a[1]["utilisation"] - b[1]["utilisation"]) for a, b in zip(pairs, base)]
+            gain = f"{statistics.median(gains_r):+.1f} / {statistics.median(gains_s):+.1f}"
+        lines.append(f"| {ranks} | {order} | {real[0]['workers']} | {real[0]['members']} | "
+                     + _ratio_cell([x["utilisation"] for x in real], [x["utilisation"] for x in sim], 100, "%") + " | "
+                     + _ratio_cell([x["steady"] for x in real], [x["steady"] for x in sim], 100, "%") + " | "
+                     + _ratio_cell([x["span"] for x in real], [x["span"] for x in sim], 1, " s") + " | "
+                     + _ratio_cell([x["tail_idle"] for x in real], [x["tail_idle"] for x in sim], 1, " s")
+                     + f" | {gain} |")
     table = "\n".join(lines)
     print(table)
     if args.write:
@@ -279,7 +300,7 @@ def main() -> None:
     v = sub.add_parser("validate")
     v.add_argument("--ranks", type=int, nargs="+", default=[16, 32])
     v.add_argument("--per-worker", type=int, default=16)
-    v.add_argument("--seed", type=int, default=1)
+    v.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     v.add_argument("--write", metavar="PAGE",
                    help="write the table into PAGE between its <!-- bench_scale validate --> marks")
     args = p.parse_args()
