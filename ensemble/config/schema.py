@@ -426,6 +426,12 @@ SCHEMA = Table({
         "jit_compile": Key((bool,), False,
                            doc="compile each member's train step with XLA: faster on GPUs for many models, a "
                                "compilation per member first"),
+        "traced_models": Key((int,), 2, _nonneg,
+                             doc="compiled models a worker keeps for the next member of the same architecture, "
+                                 "which then trains without tracing its steps again (1-2 s a member for small "
+                                 "networks) and ends bit for bit as on a new model; 0: off. Each kept model "
+                                 "holds about three copies of its parameters: lower it for models near the "
+                                 "device's memory"),
         "master_trains": Key((str, bool), "auto", lambda v: None if v in ("auto", True, False) else
                              'must be "auto", true or false',
                              doc="rank 0 also trains members, in a thread beside its scheduling loop, so its GPU "

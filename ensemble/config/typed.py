@@ -321,6 +321,11 @@ class RuntimeConfig(Section):
     #: compile each member's train step with XLA: faster on GPUs for many models, a compilation per member
     #: first
     jit_compile: bool
+    #: compiled models a worker keeps for the next member of the same architecture, which then trains without
+    #: tracing its steps again (1-2 s a member for small networks) and ends bit for bit as on a new model; 0:
+    #: off. Each kept model holds about three copies of its parameters: lower it for models near the device's
+    #: memory
+    traced_models: int
     #: rank 0 also trains members, in a thread beside its scheduling loop, so its GPU is not idle; "auto":
     #: when rank 0 has a GPU (and `group_size` is 1), not on CPU-only nodes where it would take a core from
     #: the workers

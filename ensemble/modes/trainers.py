@@ -47,7 +47,7 @@ def make_trainer(cfg: RunConfig, meta: dict, data: Any, run_dir: RunDirectory, r
     if rt.trainer != KERAS:
         return OneByOne(load_factory(rt.trainer)(cfg, meta, data, run_dir, rank, group))
     from ensemble.runtime.env import configure_tensorflow
-    configure_tensorflow(rt.threads, rt.precision, rt.jit_compile, rt.deterministic)
+    configure_tensorflow(rt.threads, rt.precision, rt.jit_compile, rt.deterministic, rt.traced_models)
     if group is not None and group.Get_size() == 1:
         group = None                                  # G = 1: no communication at all
     return mode_of(cfg).keras_trainer(cfg, meta, data, run_dir, rank, group, comm)

@@ -173,17 +173,19 @@ def preload_tensorflow():
 
 
 #: what ``configure_tensorflow`` set for this process; ``train.member`` compiles with ``jit_compile``
-TENSORFLOW = {"precision": "float32", "jit_compile": False, "deterministic": True}
+#: and keeps ``traced_models`` compiled models (``train.traced``; none until configured)
+TENSORFLOW = {"precision": "float32", "jit_compile": False, "deterministic": True, "traced_models": 0}
 
 
 def configure_tensorflow(threads: int, precision: str = "float32", jit_compile: bool = False,
-                         deterministic: bool = True) -> None:
+                         deterministic: bool = True, traced_models: int = 0) -> None:
     """One TensorFlow thread pool of ``threads`` per rank; call once per process.
     ``precision``: Keras's global dtype policy ("mixed_float16" / "mixed_bfloat16": layers
     compute in half precision and keep float32 weights; the task's output head stays
     float32). ``jit_compile``: members' train steps are compiled with XLA.
     ``deterministic`` (``runtime.deterministic``): op determinism, so a member trained
-    twice the same way ends bit for bit the same."""
+    twice the same way ends bit for bit the same. ``traced_models`` (``runtime.traced_models``):
+    compiled models kept for the next member of the same architecture (``train.traced``)."""
     while _PRELOAD:                              # the background import, if one runs, ends first
         _PRELOAD.pop().join()
     import keras
@@ -197,7 +199,8 @@ def configure_tensorflow(threads: int, precision: str = "float32", jit_compile: 
         tf.config.experimental.enable_op_determinism()
     tf.get_logger().setLevel("ERROR")          # per-member retracing notices are expected here
     keras.mixed_precision.set_global_policy(precision)
-    TENSORFLOW.update(precision=precision, jit_compile=jit_compile, deterministic=deterministic)
+    TENSORFLOW.update(precision=precision, jit_compile=jit_compile, deterministic=deterministic,
+                      traced_models=traced_models)
 
 
 def process_started() -> float | None:

@@ -28,6 +28,7 @@ from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.env import TENSORFLOW
 from ensemble.runtime.executor import Report
 from ensemble.task import get_task
+from ensemble.train.traced import TRACED, adopt, trace_key
 
 log = logging.getLogger(__name__)
 HOST = socket.gethostname()
@@ -165,8 +166,15 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     loss, metrics = task.loss(gaussian)
     y_shift, y_scale = task.target_scaling(data["y_train"])
     y_tf = task.target_transform(y_shift, y_scale)        # members train on standardised targets
-    model.compile(optimizer=make_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss,
-                  metrics=metrics, jit_compile=TENSORFLOW["jit_compile"])
+    TRACED.size = TENSORFLOW["traced_models"]
+    key = trace_key(spec, meta, gaussian, TENSORFLOW, group)
+    kept = TRACED.take(key)
+    if kept is not None and adopt(kept, model, make_optimizer(spec["optimizer"], spec["learning_rate"])):
+        model, reused = kept, True                            # its traced steps, this member's state
+    else:
+        model.compile(optimizer=make_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss,
+                      metrics=metrics, jit_compile=TENSORFLOW["jit_compile"])
+        reused = False
     parallel = make_data_parallel(model, group) if group is not None else []
     train_ds, val_ds = member_datasets(spec, data, meta, y_tf, group)
     build_seconds = time.monotonic() - t0                 # model, optimizer and both datasets
@@ -216,6 +224,9 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         result["inherited"] = inherited
     if reporter is not None:
         result["decisions"] = [d["action"] for d in reporter.decisions]
+    if reused:                                        # trained on a kept model: no tracing (``train.traced``)
+        result["reused_trace"] = True
+    TRACED.keep(key, model)
     return result
 
 

@@ -86,4 +86,4 @@ def test_mixed_precision_and_xla_train_with_a_float32_head(tmp_path, data, preci
         assert model.predict(data["x_test"], verbose=0).dtype == np.float32
     finally:
         configure_tensorflow(1)                          # the process default again, for later tests
-    assert TENSORFLOW == {"precision": "float32", "jit_compile": False, "deterministic": True}
+    assert TENSORFLOW == {"precision": "float32", "jit_compile": False, "deterministic": True, "traced_models": 0}

@@ -1,0 +1,133 @@
+"""What reusing a worker's traced training step buys (``runtime.traced_models``), in real runs.
+
+    python scripts/bench_traced.py [--reps 3] [--ranks 2] [--write docs/scale.md]
+
+For each workload, real ``mpiexec -n R python -m ensemble.run`` runs with
+``runtime.traced_models = 0`` (every member traces its train and test steps) and with the
+default (a worker's next member of the same architecture trains on its kept model), in
+alternating order, ``--reps`` pairs in one sitting (this machine is shared: a pair's two runs
+see the same load). Per run, from the journal: the mean seconds a member took (its
+``train_seconds``: build, epochs, prediction, writing), its first epoch's (where tracing is),
+and the run's members per second (first start to last end). Reported: the median and range
+over pairs of off/on, and whether the two runs' ensembles are the same (they must be: a
+member on a kept model ends bit for bit as on a new one).
+
+Workloads: ``demo``, the README's ``configs/digits.toml`` (4 MLP and 4 CNN members, up to 40
+epochs); ``short``, the same data with 24 members of its CNN at 8 epochs (short members, as
+at the largest scale, where a fixed cost per member weighs most).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+
+from benchkit import mpiexec, workspace, write_block  # noqa: E402
+
+from ensemble.config import load_config  # noqa: E402
+from ensemble.config.schema import dump_toml  # noqa: E402
+from ensemble.results.journal import read_journal  # noqa: E402
+
+SIDES = {"off": 0, "on": None}          # None: the schema's default
+
+
+def workload(name: str, run_root: Path) -> dict:
+    """The config (as a dict) of workload ``name``."""
+    cfg = load_config(ROOT / "configs" / "digits.toml").to_dict()
+    cfg["output_dir"] = str(run_root)
+    if name == "short":
+        cnn = next(a for a in cfg["architectures"] if a["name"] == "cnn")
+        cfg["architectures"] = [{**cnn, "members": 24}]
+        cfg["train"]["epochs"] = 8
+    return cfg
+
+
+def run(cfg: dict, side: str, ranks: int, folder: Path) -> dict:
+    cfg = json.loads(json.dumps(cfg))
+    if SIDES[side] is not None:
+        cfg.setdefault("runtime", {})["traced_models"] = SIDES[side]
+    path = folder / f"{side}.toml"
+    path.write_text(dump_toml(cfg))
+    run_dir = folder / f"run_{side}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    started = time.monotonic()
+    out = subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, "-m", "ensemble.run", str(path),
+                          "--run-dir", str(run_dir), "--overwrite"], capture_output=True, text=True, env=env,
+                         timeout=1800)
+    if out.returncode:
+        raise SystemExit(f"ensemble.run failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    records = [r for r in read_journal(run_dir / "journal.jsonl") if r.get("status") == "ok"]
+    ensemble = json.loads((run_dir / "ensemble.json").read_text())
+    span = max(r["ended"] for r in records) - min(r["started"] for r in records)
+    return {"members": len(records), "wall": time.monotonic() - started,
+            "member_s": statistics.mean(r["train_seconds"] for r in records),
+            "first_epoch_s": statistics.mean(r["costs"]["first_epoch"] for r in records),
+            "reused": sum(bool(r.get("reused_trace")) for r in records),
+            "per_second": len(records) / span,
+            "selected": [(m["id"], m["weight"]) for m in ensemble["members"]], "ensemble": ensemble["ensemble"],
+            "results": sorted((r["id"], r["epochs"], json.dumps(r["val"]), json.dumps(r["test"])) for r in records)}
+
+
+def median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def summarise(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=3, help="alternating pairs of runs per workload")
+    p.add_argument("--ranks", type=int, default=2, help="MPI ranks of each run (one is the master)")
+    p.add_argument("--workloads", default="demo,short")
+    p.add_argument("--keep", help="folder to keep the runs in")
+    p.add_argument("--write", help="a docs page to write the table into (between <!-- bench_traced --> marks)")
+    args = p.parse_args()
+    load = os.getloadavg()[0]
+    lines = ["| workload | members | reused (on) | member s off / on | first epoch s off / on | "
+             "member time off/on: median (range) | members/s on/off: median (range) | same results |",
+             "|---|---|---|---|---|---|---|---|"]
+    with workspace(args.keep, "bench_traced_") as root:
+        for name in args.workloads.split(","):
+            got: dict[str, list[dict]] = {"off": [], "on": []}
+            for rep in range(args.reps):
+                for side in (("off", "on") if rep % 2 == 0 else ("on", "off")):
+                    folder = root / name / f"rep{rep}"
+                    folder.mkdir(parents=True, exist_ok=True)
+                    got[side].append(run(workload(name, root), side, args.ranks, folder))
+                    r = got[side][-1]
+                    print(f"{name} rep {rep} {side}: {r['members']} members, {r['member_s']:.2f} s each "
+                          f"(first epoch {r['first_epoch_s']:.2f} s), {r['per_second']:.3f} members/s, "
+                          f"{r['reused']} reused", flush=True)
+            off, on = got["off"], got["on"]
+            same = all(a[k] == b[k] for a, b in zip(off, on) for k in ("results", "selected", "ensemble"))
+            lines.append(
+                f"| {name} | {on[0]['members']} | {on[0]['reused']} | "
+                f"{median(off, 'member_s'):.2f} / {median(on, 'member_s'):.2f} | "
+                f"{median(off, 'first_epoch_s'):.2f} / {median(on, 'first_epoch_s'):.2f} | "
+                f"{summarise([a['member_s'] / b['member_s'] for a, b in zip(off, on)])} | "
+                f"{summarise([b['per_second'] / a['per_second'] for a, b in zip(off, on)])} | "
+                f"{'yes' if same else 'NO'} |")
+    head = (f"Measured {datetime.date.today()} on {os.cpu_count()} cores (load {load:.1f} before), "
+            f"`-n {args.ranks}`, {args.reps} alternating pairs per workload:\n\n"
+            f"```bash\npython scripts/bench_traced.py --reps {args.reps} --ranks {args.ranks}\n```\n\n")
+    text = head + "\n".join(lines) + "\n"
+    print(text)
+    if args.write:
+        write_block(Path(args.write), "bench_traced", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Members of one architecture reuse a worker's traced training step (``runtime.traced_models``,
+``ensemble.train.traced``): a member trained on a kept model ends bit for bit as on a new one;
+what a traced step depends on decides what is reused; the cache stays within its size."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ensemble.results.records import Status
+from ensemble.results.rundir import RunDirectory
+from ensemble.train.traced import TracedModels, trace_key
+
+LAYERS = [{"type": "Dense", "units": 16, "activation": "relu"}, {"type": "BatchNormalization"},
+          {"type": "Dropout", "rate": 0.3}, {"type": "Dense", "units": 8, "activation": "tanh"}]
+TF = {"precision": "float32", "jit_compile": False}
+
+
+def make_data(task: str):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(240, 6)).astype(np.float32)
+    if task == "classification":
+        y = ((x[:, 0] + x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 0.5)).astype(np.int64)
+        meta = {"task": task, "input_shape": [6], "n_outputs": 3}
+    else:
+        y = (x[:, 0] * 2 + np.sin(x[:, 1]) + 0.2 * np.abs(x[:, 3]) * rng.normal(size=240)).astype(np.float64)
+        meta = {"task": task, "input_shape": [6], "n_outputs": 1}
+    data = {"x_train": x[:160], "y_train": y[:160], "x_val": x[160:200], "y_val": y[160:200],
+            "x_test": x[200:], "y_test": y[200:]}
+    return data, meta
+
+
+def spec(i: int, **extra):
+    return {"id": f"m{i}", "arch": "mlp", "layers": LAYERS, "model": None, "params": {}, "seed": 50 + i,
+            "epochs": 6, "batch_size": 32, "optimizer": "adamw", "learning_rate": 0.01, "patience": 2,
+            "member_time_limit": 60.0, "bootstrap": i % 2 == 1, "loss": "auto", **extra}
+
+
+@pytest.mark.slow                  # TensorFlow training: make test, not make test-fast
+@pytest.mark.parametrize("task,precision", [("classification", "float32"), ("regression", "float32"),
+                                            ("classification", "mixed_float16")])
+def test_a_member_on_a_kept_model_ends_as_on_a_new_one(tmp_path, task, precision):
+    import keras
+
+    from ensemble.runtime.env import configure_tensorflow
+    from ensemble.train.member import run_member
+    from ensemble.train.traced import TRACED
+    data, meta = make_data(task)
+    TRACED.clear()
+    configure_tensorflow(1, precision, traced_models=2)
+    kept_dir, new_dir = RunDirectory(tmp_path / "kept"), RunDirectory(tmp_path / "new")
+    first = run_member(spec(0), data, meta, kept_dir, 0)
+    again = [run_member(spec(i), data, meta, kept_dir, 0) for i in (1, 2)]
+    other = run_member(spec(3, learning_rate=0.003), data, meta, kept_dir, 0)   # another key: traced anew
+    assert "reused_trace" not in first and "reused_trace" not in other
+    assert [r.get("reused_trace") for r in again] == [True, True]
+    assert len(TRACED) == 2                       # lr 0.01 and lr 0.003
+    configure_tensorflow(1, precision, traced_models=0)      # the same members, each on a new model
+    try:
+        for kept in again:
+            new = run_member(spec(int(kept["id"][1:])), data, meta, new_dir, 0)
+            assert new["status"] == kept["status"] == Status.OK.value and "reused_trace" not in new
+            assert new["epochs"] == kept["epochs"] and new["stopped"] == kept["stopped"]
+            assert new["val"] == kept["val"] and new["test"] == kept["test"]
+            np.testing.assert_array_equal(new["payload"]["arrays"]["test_pred"],
+                                          kept["payload"]["arrays"]["test_pred"])
+            mine = keras.models.load_model(tmp_path / "kept" / kept["path"], compile=False)
+            twin = keras.models.load_model(tmp_path / "new" / new["path"], compile=False)
+            for w, v in zip(mine.get_weights(), twin.get_weights(), strict=True):
+                np.testing.assert_array_equal(w, v)
+            np.testing.assert_array_equal(mine(data["x_test"][:5]), twin(data["x_test"][:5]))
+    finally:
+        TRACED.clear()
+        configure_tensorflow(1)
+
+
+@pytest.mark.slow
+def test_a_kept_model_whose_variables_differ_is_not_adopted():
+    import keras
+
+    from ensemble.runtime.env import configure_tensorflow
+    from ensemble.train.architecture import build_model, make_optimizer
+    from ensemble.train.traced import adopt
+    configure_tensorflow(1)
+    kept = build_model({"layers": LAYERS}, (6,), 3, "classification")
+    kept.compile(optimizer=make_optimizer("adam", 0.01), loss="sparse_categorical_crossentropy")
+    kept.optimizer.build(kept.trainable_variables)
+    before = [w.copy() for w in kept.get_weights()]
+    fresh = build_model({"layers": LAYERS[:1]}, (6,), 3, "classification")
+    assert not adopt(kept, fresh, make_optimizer("adam", 0.01))
+    other = build_model({"layers": LAYERS}, (6,), 3, "classification")     # same shapes, other optimizer
+    assert not adopt(kept, other, keras.optimizers.SGD(learning_rate=0.01))
+    for w, v in zip(kept.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(w, v)
+    assert adopt(kept, other, make_optimizer("adam", 0.01))
+    for w, v in zip(kept.get_weights(), other.get_weights(), strict=True):
+        np.testing.assert_array_equal(w, v)
+
+
+META = {"task": "classification", "input_shape": [6], "n_outputs": 3}
+
+
+def test_the_key_holds_what_a_traced_step_depends_on_and_nothing_per_member():
+    base = trace_key(spec(0), META, False, TF)
+    assert base == trace_key(spec(1, epochs=99, patience=7, member_time_limit=5.0, report_every=1,
+                                  inherit={"from": "e1", "path": "x"}), META, False, TF)
+    assert json.loads(base)["spec"]["layers"] == LAYERS
+    for changed in (spec(0, learning_rate=0.02), spec(0, optimizer="adam"), spec(0, batch_size=64),
+                    spec(0, loss="mse"), spec(0, layers=LAYERS[:2])):
+        assert trace_key(changed, META, False, TF) != base
+    assert trace_key(spec(0), META, True, TF) != base
+    assert trace_key(spec(0), {**META, "task": "regression", "n_outputs": 1}, False, TF) != base
+    assert trace_key(spec(0), {**META, "input_shape": [7]}, False, TF) != base
+    assert trace_key(spec(0), META, False, {**TF, "precision": "mixed_float16"}) != base
+    assert trace_key(spec(0), META, False, {**TF, "jit_compile": True}) != base
+    assert trace_key(spec(0, model="pkg.mod:build"), META, False, TF) is None     # a user's builder
+    assert trace_key(spec(0), META, False, TF, group=object()) is None            # a member group
+
+
+def test_the_cache_hands_a_model_out_once_and_keeps_at_most_its_size():
+    cache = TracedModels(size=2)
+    for key in ("a", "b", "c"):
+        cache.keep(key, f"model {key}")
+    assert len(cache) == 2 and cache.take("a") is None          # the least recently used went
+    assert cache.take("b") == "model b" and cache.take("b") is None
+    cache.keep("b", "model b")
+    cache.keep("d", "model d")                                   # "c" is now the oldest
+    assert cache.take("c") is None and cache.take("b") == "model b"
+    assert cache.take(None) is None
+    off = TracedModels(size=0)
+    off.keep("a", "model a")
+    assert len(off) == 0 and off.take("a") is None
