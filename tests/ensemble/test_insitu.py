@@ -58,7 +58,8 @@ def test_local_equals_predict_at_every_bucket_edge_and_traces_once(reg_run):
         assert set(got) == set(want) and "intervals.90" in got
         for key in want:
             assert got[key].shape == want[key].shape == (n, 2)
-            np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-6, err_msg=f"{n} {key}")
+            # float32 rounding: a padded batch may sum in another order (oneDNN on AVX-512 CPUs)
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5, err_msg=f"{n} {key}")
     mean, std = session.predict_mean_spread(x)
     np.testing.assert_array_equal(mean, got["mean"])
     assert (std > 0).all()

@@ -140,5 +140,5 @@ def test_each_data_mistake_stops_every_rank_before_training_naming_the_file_and_
     assert proc.returncode == 3, proc.stdout + proc.stderr              # every rank: exit 3, no hang
     for word in words:
         assert word in proc.stderr, (word, proc.stderr)
-    assert proc.stderr.count("error") <= 2, proc.stderr                 # said once, by rank 0
+    assert proc.stderr.count("data error:") == 1, proc.stderr           # said once, by rank 0
     assert not (run_dir / "journal.jsonl").exists()
