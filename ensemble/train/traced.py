@@ -6,12 +6,13 @@ Keras traces a compiled model's train and test steps into TensorFlow graphs on i
 or more of their epochs, and every new model pays it again. The next member of the same
 architecture on the same worker needs exactly the same graphs, only other numbers in them.
 So a worker keeps its last few compiled models, keyed by everything a traced step depends
-on (the layers, the input and output shapes, the task and its loss, the optimizer and its
-settings, the precision and XLA setting), and trains the next member of a key on the kept
+on (the layers, the input and output shapes, the task and its loss, the optimizer, the
+precision and XLA setting), and trains the next member of a key on the kept
 model after loading that member's own starting state into it: the weights, Batch
 Normalization statistics and dropout seed streams of a model freshly built with the
 member's seed (and inherited weights, if any), and the state of a fresh optimizer
-(iterations, learning rate, moments). Nothing else persists between members (callbacks,
+(iterations, learning rate, moments): members that differ only in learning rate or batch
+size (a search's mutations often do) share a kept model too. Nothing else persists between members (callbacks,
 datasets, metrics are made per ``fit``), so the member ends bit for bit as it would on a
 fresh model (``tests/ensemble/test_traced.py``); its fresh model is built anyway (0.05-0.1 s)
 because its initial state is the member's definition.
@@ -32,9 +33,10 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-#: the spec's settings a traced step depends on (with the layers); the rest (seed, epochs,
-#: patience, bootstrap, time limit, reports, inheritance) only feed callbacks, data and weights
-TRACED_SETTINGS = ("layers", "optimizer", "learning_rate", "batch_size", "loss")
+#: the spec's settings a traced step depends on; the rest only feed callbacks (epochs, patience,
+#: time limit, reports), data (seed, bootstrap, batch size: a batch's length is not part of the
+#: trace) and starting state (seed, inheritance, learning rate: an optimizer variable)
+TRACED_SETTINGS = ("layers", "optimizer", "loss")
 
 
 def trace_key(spec: dict, meta: dict, gaussian: bool, tensorflow: dict, group: Any = None) -> str | None:

@@ -38,6 +38,10 @@ def spec(i: int, **extra):
             "member_time_limit": 60.0, "bootstrap": i % 2 == 1, "loss": "auto", **extra}
 
 
+#: members after the first: another seed (and a bootstrap), then another learning rate and batch size
+CHANGES = [spec(1), spec(2, learning_rate=0.003, batch_size=16)]
+
+
 @pytest.mark.slow                  # TensorFlow training: make test, not make test-fast
 @pytest.mark.parametrize("task,precision", [("classification", "float32"), ("regression", "float32"),
                                             ("classification", "mixed_float16")])
@@ -52,15 +56,15 @@ def test_a_member_on_a_kept_model_ends_as_on_a_new_one(tmp_path, task, precision
     configure_tensorflow(1, precision, traced_models=2)
     kept_dir, new_dir = RunDirectory(tmp_path / "kept"), RunDirectory(tmp_path / "new")
     first = run_member(spec(0), data, meta, kept_dir, 0)
-    again = [run_member(spec(i), data, meta, kept_dir, 0) for i in (1, 2)]
-    other = run_member(spec(3, learning_rate=0.003), data, meta, kept_dir, 0)   # another key: traced anew
+    again = [run_member(s, data, meta, kept_dir, 0) for s in CHANGES]
+    other = run_member(spec(3, optimizer="adam"), data, meta, kept_dir, 0)      # another key: traced anew
     assert "reused_trace" not in first and "reused_trace" not in other
-    assert [r.get("reused_trace") for r in again] == [True, True]
-    assert len(TRACED) == 2                       # lr 0.01 and lr 0.003
+    assert [r.get("reused_trace") for r in again] == [True] * len(CHANGES)
+    assert len(TRACED) == 2                       # adamw and adam
     configure_tensorflow(1, precision, traced_models=0)      # the same members, each on a new model
     try:
-        for kept in again:
-            new = run_member(spec(int(kept["id"][1:])), data, meta, new_dir, 0)
+        for changed, kept in zip(CHANGES, again, strict=True):
+            new = run_member(changed, data, meta, new_dir, 0)
             assert new["status"] == kept["status"] == Status.OK.value and "reused_trace" not in new
             assert new["epochs"] == kept["epochs"] and new["stopped"] == kept["stopped"]
             assert new["val"] == kept["val"] and new["test"] == kept["test"]
@@ -107,8 +111,8 @@ def test_the_key_holds_what_a_traced_step_depends_on_and_nothing_per_member():
     assert base == trace_key(spec(1, epochs=99, patience=7, member_time_limit=5.0, report_every=1,
                                   inherit={"from": "e1", "path": "x"}), META, False, TF)
     assert json.loads(base)["spec"]["layers"] == LAYERS
-    for changed in (spec(0, learning_rate=0.02), spec(0, optimizer="adam"), spec(0, batch_size=64),
-                    spec(0, loss="mse"), spec(0, layers=LAYERS[:2])):
+    assert base == trace_key(spec(2, learning_rate=0.02, batch_size=64), META, False, TF)
+    for changed in (spec(0, optimizer="adam"), spec(0, loss="mse"), spec(0, layers=LAYERS[:2])):
         assert trace_key(changed, META, False, TF) != base
     assert trace_key(spec(0), META, True, TF) != base
     assert trace_key(spec(0), {**META, "task": "regression", "n_outputs": 1}, False, TF) != base
