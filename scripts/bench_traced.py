@@ -1,20 +1,27 @@
-"""What reusing a worker's traced training step buys (``runtime.traced_models``), in real runs.
+"""What reusing a worker's traced training step buys (``runtime.traced_models``), and tracing
+the next one ahead (``runtime.pretrace``), in real runs.
 
     python scripts/bench_traced.py [--reps 3] [--ranks 2] [--write docs/scale.md]
 
-For each workload, real ``mpiexec -n R python -m ensemble.run`` runs with
-``runtime.traced_models = 0`` (every member traces its train and test steps) and with the
-default (a worker's next member of the same architecture trains on its kept model), in
+For each workload, real ``mpiexec -n R python -m ensemble.run`` runs of its two sides, in
 alternating order, ``--reps`` pairs in one sitting (this machine is shared: a pair's two runs
-see the same load). Per run, from the journal: the mean seconds a member took (its
-``train_seconds``: build, epochs, prediction, writing), its first epoch's (where tracing is),
+see the same load). ``demo`` and ``short`` compare ``runtime.traced_models = 0`` (every
+member traces its train and test steps) with the default (a worker's next member of the same
+architecture trains on its kept model); ``search`` compares ``runtime.pretrace`` off and on
+(the next candidate traced in a background thread while one trains; both with
+``specs_in_hand = 2``, so that the worker holds the next candidate). Per run, from the
+journal: the mean seconds a member took (its ``train_seconds``: build, epochs, prediction,
+writing), its first epoch's (where tracing is),
 and the run's members per second (first start to last end). Reported: the median and range
 over pairs of off/on, and whether the two runs' ensembles are the same (they must be: a
 member on a kept model ends bit for bit as on a new one).
 
 Workloads: ``demo``, the README's ``configs/digits.toml`` (4 MLP and 4 CNN members, up to 40
 epochs); ``short``, the same data with 24 members of its CNN at 8 epochs (short members, as
-at the largest scale, where a fixed cost per member weighs most).
+at the largest scale, where a fixed cost per member weighs most); ``search``, the README's
+``configs/digits_evolve.toml`` (regularized evolution over convolutional and dense networks)
+for 24 candidates of at most 8 epochs. At ``-n 2`` the master leaves a core mostly idle,
+as a GPU leaves its host's cores: the background trace has a core to run on.
 """
 
 from __future__ import annotations
@@ -39,24 +46,28 @@ from ensemble.config import load_config  # noqa: E402
 from ensemble.config.schema import dump_toml  # noqa: E402
 from ensemble.results.journal import read_journal  # noqa: E402
 
-SIDES = {"off": 0, "on": None}          # None: the schema's default
+#: workload -> its sides' [runtime] settings (off, on)
+SIDES = {"demo": ({"traced_models": 0}, {}), "short": ({"traced_models": 0}, {}),
+         "search": ({"pretrace": False, "specs_in_hand": 2}, {"pretrace": True, "specs_in_hand": 2})}
 
 
 def workload(name: str, run_root: Path) -> dict:
     """The config (as a dict) of workload ``name``."""
-    cfg = load_config(ROOT / "configs" / "digits.toml").to_dict()
+    cfg = load_config(ROOT / "configs" / ("digits_evolve.toml" if name == "search" else "digits.toml")).to_dict()
     cfg["output_dir"] = str(run_root)
     if name == "short":
         cnn = next(a for a in cfg["architectures"] if a["name"] == "cnn")
         cfg["architectures"] = [{**cnn, "members": 24}]
         cfg["train"]["epochs"] = 8
+    if name == "search":
+        cfg["evolve"]["evaluations"] = 24
+        cfg["train"]["epochs"] = 8
     return cfg
 
 
-def run(cfg: dict, side: str, ranks: int, folder: Path) -> dict:
+def run(cfg: dict, name: str, side: str, ranks: int, folder: Path) -> dict:
     cfg = json.loads(json.dumps(cfg))
-    if SIDES[side] is not None:
-        cfg.setdefault("runtime", {})["traced_models"] = SIDES[side]
+    cfg.setdefault("runtime", {}).update(SIDES[name][side == "on"])
     path = folder / f"{side}.toml"
     path.write_text(dump_toml(cfg))
     run_dir = folder / f"run_{side}"
@@ -91,7 +102,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=3, help="alternating pairs of runs per workload")
     p.add_argument("--ranks", type=int, default=2, help="MPI ranks of each run (one is the master)")
-    p.add_argument("--workloads", default="demo,short")
+    p.add_argument("--workloads", default="demo,short,search")
     p.add_argument("--keep", help="folder to keep the runs in")
     p.add_argument("--write", help="a docs page to write the table into (between <!-- bench_traced --> marks)")
     args = p.parse_args()
@@ -106,7 +117,7 @@ def main() -> None:
                 for side in (("off", "on") if rep % 2 == 0 else ("on", "off")):
                     folder = root / name / f"rep{rep}"
                     folder.mkdir(parents=True, exist_ok=True)
-                    got[side].append(run(workload(name, root), side, args.ranks, folder))
+                    got[side].append(run(workload(name, root), name, side, args.ranks, folder))
                     r = got[side][-1]
                     print(f"{name} rep {rep} {side}: {r['members']} members, {r['member_s']:.2f} s each "
                           f"(first epoch {r['first_epoch_s']:.2f} s), {r['per_second']:.3f} members/s, "

@@ -326,6 +326,10 @@ class RuntimeConfig(Section):
     #: off. Each kept model holds about three copies of its parameters: lower it for models near the device's
     #: memory
     traced_models: int
+    #: while a worker trains a member, trace the steps of the next one it holds in a background thread (the
+    #: same member either way); it pays where the node has a core to spare and slows training where every
+    #: core trains; "auto": when the rank has a GPU
+    pretrace: str | bool
     #: rank 0 also trains members, in a thread beside its scheduling loop, so its GPU is not idle; "auto":
     #: when rank 0 has a GPU (and `group_size` is 1), not on CPU-only nodes where it would take a core from
     #: the workers

@@ -84,8 +84,14 @@ class Mode:
     def keras_trainer(self, cfg: RunConfig, meta: dict, data: Any, run_dir: RunDirectory, rank: int,
                       group: Any = None, comm: Any = None) -> Trainer:
         """The Keras trainer for this mode on one worker (TensorFlow is configured already)."""
+        from ensemble.runtime.env import TENSORFLOW
         from ensemble.train.member import run_member
-        return OneByOne(lambda spec, report: run_member(spec, data, meta, run_dir, rank, group, report))
+        from ensemble.train.traced import PRETRACE, pretrace_wanted
+        ahead = None
+        if group is None and pretrace_wanted(cfg.runtime.pretrace):
+            def ahead(upcoming: dict, now: dict) -> None:
+                PRETRACE.start(upcoming, now, data, meta, TENSORFLOW)
+        return OneByOne(lambda spec, report: run_member(spec, data, meta, run_dir, rank, group, report), ahead)
 
     def packs(self, cfg: RunConfig) -> bool:
         """Whether workers pack several members into one graph (``runtime.members_per_rank``)."""

@@ -68,6 +68,11 @@ class PackingTrainer:
         from ensemble.train.packed import pack_key
         return pack_key(spec)
 
+    looks_ahead = False
+
+    def ahead(self, upcoming: dict, now: dict) -> None:
+        """Nothing: what the worker holds ahead packs with what it trains now."""
+
     def train_many(self, specs: list[dict]) -> list[dict]:
         from ensemble.train.member import run_member
         from ensemble.train.packed import train_packed

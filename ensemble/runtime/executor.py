@@ -51,9 +51,13 @@ class Trainer(Protocol):
     ``trainer(spec, report)`` trains one member and returns its record (a JSON-able dict,
     the MPI boundary; None on a group rank that is not the leader). A trainer that packs
     (``pack`` > 1) trains up to ``pack`` specs of equal ``pack_key`` at once with
-    ``train_many``; a ``pack_key`` of None means "alone"."""
+    ``train_many``; a ``pack_key`` of None means "alone". ``ahead(upcoming, now)``: the
+    worker holds ``upcoming`` (sent ahead) and is about to train ``now``; a trainer may
+    prepare ``upcoming`` meanwhile (``runtime.pretrace``) or do nothing."""
 
     pack: int
+    #: whether ``ahead`` does anything (a worker then waits a moment for the next spec: ``serve``)
+    looks_ahead: bool
 
     def __call__(self, spec: dict, report: Report) -> dict | None: ...
 
@@ -61,17 +65,29 @@ class Trainer(Protocol):
 
     def train_many(self, specs: list[dict]) -> list[dict]: ...
 
+    def ahead(self, upcoming: dict, now: dict) -> None: ...
+
+
+#: seconds a worker whose trainer looks ahead waits, before training, for the next spec
+AHEAD_WAIT = 0.05
+
 
 class OneByOne:
-    """A Trainer from a plain function ``(spec, report) -> record``: no packing."""
+    """A Trainer from a plain function ``(spec, report) -> record``: no packing; ``ahead``,
+    if given, is called as ``ahead(upcoming, now)``."""
 
     pack = 1
 
-    def __init__(self, train: TrainFn):
-        self._train = train
+    def __init__(self, train: TrainFn, ahead: Callable[[dict, dict], Any] | None = None):
+        self._train, self._ahead = train, ahead
+        self.looks_ahead = ahead is not None
 
     def __call__(self, spec: dict, report: Report) -> dict | None:
         return self._train(spec, report)
+
+    def ahead(self, upcoming: dict, now: dict) -> None:
+        if self._ahead is not None:
+            self._ahead(upcoming, now)
 
     def pack_key(self, spec: dict) -> Any:
         return None
@@ -561,11 +577,21 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: di
         while (got := try_recv(comm, 0, ANY_TAG)) is not None:        # specs sent ahead (or the stop)
             take(got)
 
+    def next_spec_briefly() -> None:
+        """Wait up to ``AHEAD_WAIT`` for the spec the master sends on the last result."""
+        deadline = time.monotonic() + AHEAD_WAIT
+        while (got := try_recv(comm, 0, ANY_TAG)) is None and time.monotonic() < deadline:
+            time.sleep(AHEAD_WAIT / 25)
+        if got is not None:
+            take(got)
+
     count = 0
+    sends_ahead = False                    # the master has sent a spec before this worker asked
     while True:
         spec = None
         if leader:
             drain()
+            sends_ahead = sends_ahead or bool(inbox)
             if not inbox:
                 take(poll_recv(comm, 0, ANY_TAG, max_sleep))
             spec = inbox.popleft()
@@ -583,6 +609,11 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: di
                 result["started"], result["ended"] = round(started, 4), round(time.time(), 4)
         else:
             log.debug("training %s", spec.get("id"))
+            if leader and not grouped and train.looks_ahead:
+                if not inbox and sends_ahead:
+                    next_spec_briefly()
+                if inbox and inbox[0] is not None:
+                    train.ahead(inbox[0], spec)      # the next spec held: prepared meanwhile
             results = [timed(train, spec, report)]
         if leader:
             for result in results:

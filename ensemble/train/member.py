@@ -28,7 +28,7 @@ from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.env import TENSORFLOW
 from ensemble.runtime.executor import Report
 from ensemble.task import get_task
-from ensemble.train.traced import TRACED, adopt, trace_key
+from ensemble.train.traced import BUILD_LOCK, PRETRACE, TRACED, adopt, trace_key
 
 log = logging.getLogger(__name__)
 HOST = socket.gethostname()
@@ -154,8 +154,9 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     t0 = time.monotonic()
     task = get_task(meta["task"])
     gaussian = gaussian_head(spec.get("loss"), task.name, bool(spec.get("model")))
-    keras.utils.set_random_seed(spec["seed"])
-    model = build_model(spec, tuple(meta["input_shape"]), meta["n_outputs"], task.name)
+    with BUILD_LOCK:                                    # a pretrace thread builds nothing meanwhile
+        keras.utils.set_random_seed(spec["seed"])
+        model = build_model(spec, tuple(meta["input_shape"]), meta["n_outputs"], task.name)
     inherited = None
     if spec.get("inherit"):                             # evolve.inherit: start from the parent's weights
         from ensemble.train.inherit import inherit_weights
@@ -168,6 +169,7 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     y_tf = task.target_transform(y_shift, y_scale)        # members train on standardised targets
     TRACED.size = TENSORFLOW["traced_models"]
     key = trace_key(spec, meta, gaussian, TENSORFLOW, group)
+    PRETRACE.wait(key)                                    # traced ahead: let that end
     kept = TRACED.take(key)
     if kept is not None and adopt(kept, model, make_optimizer(spec["optimizer"], spec["learning_rate"])):
         model, reused = kept, True                            # its traced steps, this member's state

@@ -17,6 +17,15 @@ datasets, metrics are made per ``fit``), so the member ends bit for bit as it wo
 fresh model (``tests/ensemble/test_traced.py``); its fresh model is built anyway (0.05-0.1 s)
 because its initial state is the member's definition.
 
+The next member's steps can also be traced ahead (``runtime.pretrace``): while a worker
+trains one member, a background thread builds the next spec it holds (sent ahead by the
+master) and runs one training and one validation batch through it, so that its model is
+kept, traced, when that member starts. Tracing is Python on the host: it overlaps the
+member's training where the node has a core to spare (beside a GPU, always), and only
+slows it where every core trains. Both threads build models under ``BUILD_LOCK``: a
+member's seeded build draws from Python's and NumPy's global generators, which a build in
+the other thread must not interleave with.
+
 Not reused: a user's model builder (``model = "package.module:function"``: its layers may
 keep Python state no variable holds), members of a group (the data-parallel step wraps the
 model) and packed members (their own graph). ``traced_models = 0`` turns it off; each kept
@@ -28,10 +37,14 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Mapping
 
 log = logging.getLogger(__name__)
+
+#: held while a model is built (a member's seeded build, a background one)
+BUILD_LOCK = threading.Lock()
 
 #: the spec's settings a traced step depends on; the rest only feed callbacks (epochs, patience,
 #: time limit, reports), data (seed, bootstrap, batch size: a batch's length is not part of the
@@ -62,26 +75,32 @@ class TracedModels:
     def __init__(self, size: int = 0):
         self.size = size
         self._models: OrderedDict[str, Any] = OrderedDict()
-        self.reused = 0
+        self._lock = threading.Lock()           # the member's thread and a pretrace thread
 
     def __len__(self) -> int:
         return len(self._models)
 
+    def __contains__(self, key: str | None) -> bool:
+        return key in self._models
+
     def take(self, key: str | None):
         if key is None or not self.size:
             return None
-        return self._models.pop(key, None)
+        with self._lock:
+            return self._models.pop(key, None)
 
     def keep(self, key: str | None, model) -> None:
         if key is None or not self.size:
             return
-        self._models[key] = model
-        self._models.move_to_end(key)
-        while len(self._models) > self.size:
-            self._models.popitem(last=False)
+        with self._lock:
+            self._models[key] = model
+            self._models.move_to_end(key)
+            while len(self._models) > self.size:
+                self._models.popitem(last=False)
 
     def clear(self) -> None:
-        self._models.clear()
+        with self._lock:
+            self._models.clear()
 
 
 def adopt(kept, fresh, optimizer) -> bool:
@@ -104,5 +123,81 @@ def adopt(kept, fresh, optimizer) -> bool:
     return True
 
 
-#: this process's kept models; ``runtime.env.configure_tensorflow`` sets its size
+#: this process's kept models; ``train.member`` sizes it from ``runtime.traced_models``
 TRACED = TracedModels()
+
+
+def member_key(spec: dict, meta: Mapping[str, Any], tensorflow: Mapping[str, Any], group: Any = None) -> str | None:
+    """``trace_key`` of a member spec as ``train.member`` trains it."""
+    from ensemble.config.vocabulary import gaussian_head
+    gaussian = gaussian_head(spec.get("loss"), meta["task"], bool(spec.get("model")))
+    return trace_key(spec, dict(meta), gaussian, dict(tensorflow), group)
+
+
+class Pretracer:
+    """Traces one upcoming member's steps at a time in a background thread, into ``TRACED``."""
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self._key: str | None = None
+        self.traced = 0                     # donors kept, for the tests and the benchmark
+
+    def start(self, upcoming: dict, now: dict, data: Mapping[str, Any], meta: Mapping[str, Any],
+              tensorflow: Mapping[str, Any]) -> bool:
+        """Trace ``upcoming`` in the background unless its steps are kept already, are those of
+        ``now`` (traced by its own member in a moment), or another trace still runs. Streamed
+        data is left alone (a batch would read the files twice)."""
+        TRACED.size = tensorflow["traced_models"]
+        if not TRACED.size or meta.get("stream") or (self._thread is not None and self._thread.is_alive()):
+            return False
+        key = member_key(upcoming, meta, tensorflow)
+        if key is None or key in TRACED or key == member_key(now, meta, tensorflow):
+            return False
+        self._key = key
+        self._thread = threading.Thread(target=self._trace, args=(key, upcoming, data, meta, dict(tensorflow)),
+                                        name="pretrace", daemon=True)
+        self._thread.start()
+        return True
+
+    def wait(self, key: str | None) -> None:
+        """Let a trace of ``key`` that is running end first (a member about to train it)."""
+        thread = self._thread
+        if key is not None and key == self._key and thread is not None:
+            thread.join()
+
+    def _trace(self, key: str, spec: dict, data: Mapping[str, Any], meta: Mapping[str, Any],
+               tensorflow: dict) -> None:
+        try:
+            import keras
+
+            from ensemble.task import get_task
+            from ensemble.train.architecture import build_model, make_optimizer
+            from ensemble.train.member import member_datasets
+            keras.mixed_precision.set_global_policy(tensorflow["precision"])   # Keras' settings are per thread
+            task = get_task(meta["task"])
+            gaussian = json.loads(key)["gaussian"]
+            with BUILD_LOCK:
+                model = build_model(spec, tuple(meta["input_shape"]), meta["n_outputs"], task.name)
+            loss, metrics = task.loss(gaussian)
+            model.compile(optimizer=make_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss,
+                          metrics=metrics, jit_compile=tensorflow["jit_compile"])
+            y_tf = task.target_transform(*task.target_scaling(data["y_train"]))
+            train_ds, val_ds = member_datasets(spec, data, dict(meta), y_tf)
+            model.fit(train_ds.take(1), validation_data=val_ds.take(1), epochs=1, verbose=0)
+            TRACED.keep(key, model)
+            self.traced += 1
+        except Exception as exc:  # noqa: BLE001 - the member traces its own steps instead
+            log.debug("tracing %s ahead failed: %s: %s", spec.get("id"), type(exc).__name__, exc)
+
+
+#: this process's background tracer (``runtime.pretrace``)
+PRETRACE = Pretracer()
+
+
+def pretrace_wanted(setting: str | bool) -> bool:
+    """``runtime.pretrace``: true, false, or "auto" (this rank sees a GPU: its host cores
+    mostly wait on it). Call after ``configure_tensorflow``."""
+    if setting != "auto":
+        return bool(setting)
+    import tensorflow as tf
+    return bool(tf.config.list_physical_devices("GPU"))

@@ -80,6 +80,44 @@ def test_a_member_on_a_kept_model_ends_as_on_a_new_one(tmp_path, task, precision
         configure_tensorflow(1)
 
 
+def tracings(function) -> int:
+    """How often the tf.function(s) behind Keras's ``train_function`` were traced."""
+    cells = [cell.cell_contents for cell in function.__closure__ or ()]
+    counted = [c.experimental_get_tracing_count() for c in cells if hasattr(c, "experimental_get_tracing_count")]
+    assert counted, "no tf.function found behind the model's train_function"
+    return sum(counted)
+
+
+@pytest.mark.slow
+def test_a_member_traced_ahead_ends_as_one_traced_by_itself_and_traces_once(tmp_path):
+    from ensemble.runtime.env import TENSORFLOW, configure_tensorflow
+    from ensemble.train.member import run_member
+    from ensemble.train.traced import PRETRACE, TRACED, member_key
+    data, meta = make_data("classification")
+    now, upcoming = spec(0), spec(1, layers=LAYERS[1:], batch_size=16)       # another architecture
+    TRACED.clear()
+    configure_tensorflow(1, traced_models=2)
+    try:
+        assert not PRETRACE.start(spec(2), now, data, meta, TENSORFLOW)     # the same steps as now's
+        assert PRETRACE.start(upcoming, now, data, meta, TENSORFLOW)
+        first = run_member(now, data, meta, RunDirectory(tmp_path / "a"), 0)          # while it traces
+        ahead = run_member(upcoming, data, meta, RunDirectory(tmp_path / "a"), 0)
+        assert "reused_trace" not in first and ahead["reused_trace"] is True and PRETRACE.traced == 1
+        model = TRACED.take(member_key(upcoming, meta, TENSORFLOW))
+        assert tracings(model.train_function) == 1          # traced ahead; the member's own fit traced nothing
+        TRACED.keep(member_key(upcoming, meta, TENSORFLOW), model)
+        assert not PRETRACE.start(upcoming, now, data, meta, TENSORFLOW)     # kept already
+        configure_tensorflow(1, traced_models=0)
+        assert not PRETRACE.start(spec(3, layers=LAYERS[2:]), now, data, meta, TENSORFLOW)   # off
+        alone = run_member(upcoming, data, meta, RunDirectory(tmp_path / "b"), 0)
+        assert alone["val"] == ahead["val"] and alone["test"] == ahead["test"]
+        assert alone["epochs"] == ahead["epochs"]
+        np.testing.assert_array_equal(alone["payload"]["arrays"]["val_pred"], ahead["payload"]["arrays"]["val_pred"])
+    finally:
+        TRACED.clear()
+        configure_tensorflow(1)
+
+
 @pytest.mark.slow
 def test_a_kept_model_whose_variables_differ_is_not_adopted():
     import keras

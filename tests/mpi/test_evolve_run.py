@@ -68,3 +68,25 @@ def test_evolve_run_three_ranks(tmp_path):
     assert ens["search"]["search_best"]["val"] >= ens["search"]["initial_best"]["val"]
     assert ens["best_member"]["id"] == board["id"][0]
     assert "search: best evolved" in proc.stdout
+
+
+def test_tracing_the_next_candidate_ahead_changes_no_result(tmp_path):
+    """`runtime.pretrace = true` at -n 2 (one worker, holding the next candidate while it trains
+    one: `specs_in_hand = 2`): candidates' steps are traced in the background and the search is
+    the same, candidate for candidate, as with it off."""
+    journals = {}
+    for pretrace in ("false", "true"):
+        cfg = tmp_path / f"evo_{pretrace}.toml"
+        cfg.write_text(textwrap.dedent(CONFIG).replace("evaluations = 7", "evaluations = 6")
+                       + f"[runtime]\npretrace = {pretrace}\nspecs_in_hand = 2\n")
+        run_dir = tmp_path / f"run_{pretrace}"
+        proc = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=400)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        journals[pretrace] = {r["id"]: r for r in read_journal(run_dir / "journal.jsonl")}
+    off, on = journals["false"], journals["true"]
+    assert sorted(off) == sorted(on) == [f"e{i:04d}" for i in range(1, 7)]
+    for member, record in off.items():
+        assert on[member]["genome"] == record["genome"] and on[member]["epochs"] == record["epochs"]
+        assert on[member]["val"] == record["val"] and on[member]["test"] == record["test"], member
+    assert not any(r.get("reused_trace") for r in off.values())     # each candidate a new architecture
+    assert sum(bool(r.get("reused_trace")) for r in on.values()) >= 2        # traced ahead, then trained

@@ -46,7 +46,7 @@ def check(runs, out, placement: str, n_sim: int, names=("reg", "cls")) -> None:
                 flat.update({k: v for k, v in want.items() if not isinstance(v, dict)})
                 assert set(got.files) - {"x"} == set(flat)
                 for key, value in flat.items():
-                    np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=1e-6,
+                    np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-5,   # float32 rounding
                                                err_msg=f"{placement} {name} {key}")
                 if name == "reg":       # a real spread, not zeros that would match anything
                     assert (got["std"] > 0).all() and got["mean"].shape == (len(got["x"]), 2)

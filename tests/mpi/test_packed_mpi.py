@@ -32,6 +32,7 @@ members = 1
 layers = [{{type = "Reshape", target_shape = [8, 8, 1]}}, {{type = "Conv2D", filters = 4, kernel_size = 3}}]
 [runtime]
 members_per_rank = {k}
+order = "list"                          # the MLPs first, as listed: the hand-out the blocks below assume
 """
 
 
