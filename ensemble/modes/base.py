@@ -86,9 +86,9 @@ class Mode:
         """The Keras trainer for this mode on one worker (TensorFlow is configured already)."""
         from ensemble.runtime.env import TENSORFLOW
         from ensemble.train.member import run_member
-        from ensemble.train.traced import PRETRACE, pretrace_wanted
+        from ensemble.train.traced import PRETRACE
         ahead = None
-        if group is None and pretrace_wanted(cfg.runtime.pretrace):
+        if group is None and cfg.runtime.pretrace:
             def ahead(upcoming: dict, now: dict) -> None:
                 PRETRACE.start(upcoming, now, data, meta, TENSORFLOW)
         return OneByOne(lambda spec, report: run_member(spec, data, meta, run_dir, rank, group, report), ahead)

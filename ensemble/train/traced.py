@@ -21,8 +21,8 @@ The next member's steps can also be traced ahead (``runtime.pretrace``): while a
 trains one member, a background thread builds the next spec it holds (sent ahead by the
 master) and runs one training and one validation batch through it, so that its model is
 kept, traced, when that member starts. Tracing is Python on the host: it overlaps the
-member's training where the node has a core to spare (beside a GPU, always), and only
-slows it where every core trains. Both threads build models under ``BUILD_LOCK``: a
+member's training where the node has a core to spare beside each worker (GPU nodes), and
+only slows it where every core trains: it is off unless set. Both threads build models under ``BUILD_LOCK``: a
 member's seeded build draws from Python's and NumPy's global generators, which a build in
 the other thread must not interleave with.
 
@@ -192,12 +192,3 @@ class Pretracer:
 
 #: this process's background tracer (``runtime.pretrace``)
 PRETRACE = Pretracer()
-
-
-def pretrace_wanted(setting: str | bool) -> bool:
-    """``runtime.pretrace``: true, false, or "auto" (this rank sees a GPU: its host cores
-    mostly wait on it). Call after ``configure_tensorflow``."""
-    if setting != "auto":
-        return bool(setting)
-    import tensorflow as tf
-    return bool(tf.config.list_physical_devices("GPU"))

@@ -375,6 +375,8 @@ def test_a_trainer_trains_one_spec_into_its_record(trainer):
     assert isinstance(trainer.pack, int) and trainer.pack >= 1
     spec = {"id": "m-007", "seed": 7, "epochs": 2}
     hash(trainer.pack_key(spec))                        # a key to group specs by (None: alone)
+    assert isinstance(trainer.looks_ahead, bool)
+    assert trainer.ahead({"id": "m-009", "seed": 9, "epochs": 2}, spec) is None   # prepares at most; trains nothing
     result = trainer(spec, lambda payload: pytest.fail("a spec without report_every never reports"))
     assert MemberRecord.from_json(result).id == "m-007" and result["status"] == "ok"
     json.dumps(result)                                  # what crosses MPI and lands in the journal
