@@ -1,30 +1,31 @@
 """Members of one architecture reuse the traced training step on a worker
-(``runtime.traced_models``).
+(``runtime.traced_models``), and the next member's steps may be traced ahead
+(``runtime.pretrace``).
 
 Keras traces a compiled model's train and test steps into TensorFlow graphs on its first
 ``fit``: for the small networks of a search or an ensemble that costs 1-2 s, as long as ten
 or more of their epochs, and every new model pays it again. The next member of the same
 architecture on the same worker needs exactly the same graphs, only other numbers in them.
 So a worker keeps its last few compiled models, keyed by everything a traced step depends
-on (the layers, the input and output shapes, the task and its loss, the optimizer, the
-precision and XLA setting), and trains the next member of a key on the kept
-model after loading that member's own starting state into it: the weights, Batch
-Normalization statistics and dropout seed streams of a model freshly built with the
-member's seed (and inherited weights, if any), and the state of a fresh optimizer
-(iterations, learning rate, moments): members that differ only in learning rate or batch
-size (a search's mutations often do) share a kept model too. Nothing else persists between members (callbacks,
+on (the layers, the input and output shapes, the task and its loss, the optimizer class,
+the precision and XLA setting), and trains the next member of a key on the kept model
+after loading that member's own starting state into it: the weights, Batch Normalization
+statistics and dropout seed streams of a model freshly built with the member's seed (and
+inherited weights, if any), and the state of a fresh optimizer (iterations, learning rate,
+moments). Members that differ only in learning rate or batch size (a search's mutations
+often do) share a kept model too. Nothing else persists between members (callbacks,
 datasets, metrics are made per ``fit``), so the member ends bit for bit as it would on a
 fresh model (``tests/ensemble/test_traced.py``); its fresh model is built anyway (0.05-0.1 s)
 because its initial state is the member's definition.
 
-The next member's steps can also be traced ahead (``runtime.pretrace``): while a worker
-trains one member, a background thread builds the next spec it holds (sent ahead by the
-master) and runs one training and one validation batch through it, so that its model is
-kept, traced, when that member starts. Tracing is Python on the host: it overlaps the
-member's training where the node has a core to spare beside each worker (GPU nodes), and
-only slows it where every core trains: it is off unless set. Both threads build models under ``BUILD_LOCK``: a
-member's seeded build draws from Python's and NumPy's global generators, which a build in
-the other thread must not interleave with.
+Traced ahead: while a worker trains one member, a background thread builds the next spec
+it holds (sent ahead by the master) and runs one training and one validation batch
+through it, so that its model is kept, traced, when that member starts. Tracing is Python
+on the host: it overlaps the member's training where the node has a core to spare beside
+each worker (GPU nodes), and only slows it where every core trains, so it is off unless
+set. Both threads build models under ``BUILD_LOCK``: a member's seeded build draws from
+Python's and NumPy's global generators, which a build in the other thread must not
+interleave with.
 
 Not reused: a user's model builder (``model = "package.module:function"``: its layers may
 keep Python state no variable holds), members of a group (the data-parallel step wraps the
