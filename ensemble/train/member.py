@@ -197,10 +197,7 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     if not len(losses) or not np.isfinite(losses).all():
         raise MemberFailed("nan_loss", f"training loss became NaN/inf at epoch {len(losses)}; lower "
                            f"`learning_rate` (now {spec['learning_rate']}) or check the data")
-    if not all(np.isfinite(w).all() for w in model.get_weights()):
-        # the loss can stay finite over NaN weights: a CPU's max(NaN, 0) in ReLU may give 0
-        raise MemberFailed("nan_loss", "training made weights NaN/inf (the loss stayed finite, a ReLU "
-                           f"hid them); lower `learning_rate` (now {spec['learning_rate']}) or check the data")
+    check_weights(model, spec)
     if group is not None:
         limit.hit = bool(group.allreduce(int(limit.hit)))        # one verdict for the whole group
         limit.completed = min(group.allgather(limit.completed))
@@ -234,6 +231,14 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         result["reused_trace"] = True
     TRACED.keep(key, model)
     return result
+
+
+def check_weights(model, spec: dict) -> None:
+    """Raise ``nan_loss`` when training left a weight NaN/inf: the loss can stay finite over
+    NaN weights (a CPU's max(NaN, 0) in ReLU may give 0), and every prediction would be NaN."""
+    if not all(np.isfinite(w).all() for w in model.get_weights()):
+        raise MemberFailed("nan_loss", "training made weights NaN/inf (the loss stayed finite, a ReLU hid "
+                           f"them); lower `learning_rate` (now {spec['learning_rate']}) or check the data")
 
 
 def member_datasets(spec: dict, data: Mapping[str, np.ndarray], meta: dict, y_tf, group=None):

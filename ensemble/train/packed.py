@@ -148,7 +148,7 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
     from ensemble.config.vocabulary import gaussian_head
     from ensemble.task import get_task
     from ensemble.train.architecture import build_model, make_optimizer
-    from ensemble.train.member import HOST, MemberFailed, failure_record, member_record, stopping_rows
+    from ensemble.train.member import HOST, MemberFailed, check_weights, failure_record, member_record, stopping_rows
 
     t0 = time.monotonic()
     first = specs[0]
@@ -222,6 +222,7 @@ def train_packed(specs: list[dict], data: Mapping[str, np.ndarray], meta: dict, 
             if i in failed:
                 raise failed[i]
             pack.give_back(i, best_weights[i])
+            check_weights(models[i], spec)
             record = member_record(spec, models[i], data, run_dir, task, gaussian, y_shift, y_scale,
                                    history[i], trained[i], t0, build_seconds / k,
                                    "early_stopping" if trained[i] < spec["epochs"] else "epochs")

@@ -75,3 +75,17 @@ def test_what_cannot_be_packed_trains_alone():
     assert pack_key(spec(0, layers=[{"type": "Conv1D", "filters": 4, "kernel_size": 3}])) is None
     assert pack_key(spec(0, layers=[{"type": "Dense", "units": 4, "kernel_regularizer": "l2"}])) is None
     assert pack_key(spec(0, inherit={"from": "e0001", "path": "x"})) is None
+
+
+@pytest.mark.slow
+def test_packed_members_whose_weights_go_nan_fail_as_nan_loss(tmp_path):
+    """NaN features: every packed member fails as `nan_loss` (by its loss, or by its weights
+    where a ReLU hid the NaN from the loss), not later as NaN predictions."""
+    from ensemble.runtime.env import configure_tensorflow
+    from ensemble.train.packed import train_packed
+    configure_tensorflow(1)
+    data, meta = make_data("classification")
+    data = {**data, "x_train": np.full_like(data["x_train"], np.nan)}
+    records = train_packed([spec(i, epochs=2) for i in range(2)], data, meta, RunDirectory(tmp_path), 0)
+    assert [r["status"] for r in records] == [Status.FAILED.value] * 2
+    assert [r["error"]["kind"] for r in records] == ["nan_loss"] * 2
