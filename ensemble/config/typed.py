@@ -323,8 +323,7 @@ class RuntimeConfig(Section):
     jit_compile: bool
     #: compiled models a worker keeps for the next member of the same architecture, which then trains without
     #: tracing its steps again (1-2 s a member for small networks) and ends bit for bit as on a new model; 0:
-    #: off. Each kept model holds about three copies of its parameters: lower it for models near the device's
-    #: memory
+    #: off. A model whose variables and optimizer state take more than 256 MiB is not kept
     traced_models: int
     #: while a worker trains a member, trace the steps of the next one it holds (`specs_in_hand` of 2 or
     #: more) in a background thread; the same members either way. It pays where the node has a core to spare

@@ -29,9 +29,10 @@ interleave with.
 
 Not reused: a user's model builder (``model = "package.module:function"``: its layers may
 keep Python state no variable holds), members of a group (the data-parallel step wraps the
-model) and packed members (their own graph). ``traced_models = 0`` turns it off; each kept
-model holds its weights and optimizer state in memory (three copies of its parameters), so
-lower it for models near the device's memory.
+model) and packed members (their own graph). ``traced_models = 0`` turns it off. Each kept
+model holds its weights and optimizer state in (device) memory, so a model whose variables
+take more than ``KEEP_BYTES`` is not kept: tracing is a large share of a member's time only
+for small networks, and a large one must not hold a second copy's memory between members.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 #: held while a model is built (a member's seeded build, a background one)
 BUILD_LOCK = threading.Lock()
+#: a model whose variables and optimizer state take more bytes is not kept (about 20 million
+#: parameters with Adam)
+KEEP_BYTES = 256 * 2**20
 
 #: the spec's settings a traced step depends on; the rest only feed callbacks (epochs, patience,
 #: time limit, reports), data (seed, bootstrap, batch size: a batch's length is not part of the
@@ -62,6 +66,14 @@ def trace_key(spec: dict, meta: dict, gaussian: bool, tensorflow: dict, group: A
                        "n_outputs": meta["n_outputs"],
                        "tf": {k: tensorflow.get(k) for k in ("precision", "jit_compile")}},
                       sort_keys=True, default=str)
+
+
+def variable_bytes(model) -> int:
+    """Bytes of a compiled model's variables and its optimizer's."""
+    import numpy as np
+    optimizer = getattr(model, "optimizer", None)
+    variables = list(model.variables) + (list(optimizer.variables) if optimizer is not None else [])
+    return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in variables)
 
 
 def _signature(variables) -> list[tuple]:
@@ -91,7 +103,7 @@ class TracedModels:
             return self._models.pop(key, None)
 
     def keep(self, key: str | None, model) -> None:
-        if key is None or not self.size:
+        if key is None or not self.size or variable_bytes(model) > KEEP_BYTES:
             return
         with self._lock:
             self._models[key] = model

@@ -161,16 +161,29 @@ def test_the_key_holds_what_a_traced_step_depends_on_and_nothing_per_member():
     assert trace_key(spec(0), META, False, TF, group=object()) is None            # a member group
 
 
+class Small:
+    """A stand-in for a compiled model: ``variables`` of ``n`` float32 numbers, no optimizer."""
+
+    def __init__(self, name: str, n: int = 10):
+        self.name, self.variables = name, [np.zeros(n, dtype=np.float32)]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Small) and other.name == self.name
+
+
 def test_the_cache_hands_a_model_out_once_and_keeps_at_most_its_size():
+    from ensemble.train.traced import KEEP_BYTES
     cache = TracedModels(size=2)
     for key in ("a", "b", "c"):
-        cache.keep(key, f"model {key}")
+        cache.keep(key, Small(f"model {key}"))
     assert len(cache) == 2 and cache.take("a") is None          # the least recently used went
-    assert cache.take("b") == "model b" and cache.take("b") is None
-    cache.keep("b", "model b")
-    cache.keep("d", "model d")                                   # "c" is now the oldest
-    assert cache.take("c") is None and cache.take("b") == "model b"
+    assert cache.take("b") == Small("model b") and cache.take("b") is None
+    cache.keep("b", Small("model b"))
+    cache.keep("d", Small("model d"))                           # "c" is now the oldest
+    assert cache.take("c") is None and cache.take("b") == Small("model b")
     assert cache.take(None) is None
+    cache.keep("big", Small("big", KEEP_BYTES // 4 + 1))           # over the memory bar: not kept
+    assert "big" not in cache and cache.take("big") is None
     off = TracedModels(size=0)
-    off.keep("a", "model a")
+    off.keep("a", Small("model a"))
     assert len(off) == 0 and off.take("a") is None
