@@ -434,10 +434,10 @@ SCHEMA = Table({
         "pretrace": Key((bool,), False,
                         doc="while a worker trains a member, trace the steps of the next one it holds "
                             "(`specs_in_hand` of 2 or more) in a background thread; the same members either "
-                            "way. It pays where the node has a core to spare beside each worker (GPU nodes; "
-                            "1.11x evaluations/s in a search at -n 2 on 2 cores) and slows training where every "
-                            "core trains, hence off unless set; the background model takes device memory "
-                            "while it is traced"),
+                            "way. It pays most where the node has a core to spare beside each worker (1.11x "
+                            "evaluations/s in a search at -n 2 on 2 cores, 1.05x at -n 3); off unless set, as it "
+                            "was not measured on GPUs, where the background model takes device memory while "
+                            "it is traced"),
         "master_trains": Key((str, bool), "auto", lambda v: None if v in ("auto", True, False) else
                              'must be "auto", true or false',
                              doc="rank 0 also trains members, in a thread beside its scheduling loop, so its GPU "

@@ -21,9 +21,9 @@ because its initial state is the member's definition.
 Traced ahead: while a worker trains one member, a background thread builds the next spec
 it holds (sent ahead by the master) and runs one training and one validation batch
 through it, so that its model is kept, traced, when that member starts. Tracing is Python
-on the host: it overlaps the member's training where the node has a core to spare beside
-each worker (GPU nodes), and only slows it where every core trains, so it is off unless
-set. Both threads build models under ``BUILD_LOCK``: a member's seeded build draws from
+on the host: it overlaps the member's training best where the node has a core to spare
+beside each worker (GPU nodes); it is off unless set (not measured on GPUs, where the
+background model takes device memory). Both threads build models under ``BUILD_LOCK``: a member's seeded build draws from
 Python's and NumPy's global generators, which a build in the other thread must not
 interleave with.
 
