@@ -23,9 +23,9 @@ it holds (sent ahead by the master) and runs one training and one validation bat
 through it, so that its model is kept, traced, when that member starts. Tracing is Python
 on the host: it overlaps the member's training best where the node has a core to spare
 beside each worker (GPU nodes); it is off unless set (not measured on GPUs, where the
-background model takes device memory). Both threads build models under ``BUILD_LOCK``: a member's seeded build draws from
-Python's and NumPy's global generators, which a build in the other thread must not
-interleave with.
+background model takes device memory). Both threads build models under ``BUILD_LOCK``:
+a member's seeded build draws from Python's and NumPy's global generators, which a build
+in the other thread must not interleave with.
 
 Not reused: a user's model builder (``model = "package.module:function"``: its layers may
 keep Python state no variable holds), members of a group (the data-parallel step wraps the
