@@ -45,6 +45,7 @@ from benchkit import mpiexec, workspace, write_block  # noqa: E402
 from ensemble.config import load_config  # noqa: E402
 from ensemble.config.schema import dump_toml  # noqa: E402
 from ensemble.results.journal import read_journal  # noqa: E402
+from ensemble.results.records import MemberRecord  # noqa: E402
 
 #: workload -> its sides' [runtime] settings (off, on)
 SIDES = {"demo": ({"traced_models": 0}, {}), "short": ({"traced_models": 0}, {}),
@@ -84,7 +85,7 @@ def run(cfg: dict, name: str, side: str, ranks: int, folder: Path) -> dict:
     return {"members": len(records), "wall": time.monotonic() - started,
             "member_s": statistics.mean(r["train_seconds"] for r in records),
             "first_epoch_s": statistics.mean(r["costs"]["first_epoch"] for r in records),
-            "reused": sum(bool(r.get("reused_trace")) for r in records),
+            "reused": sum(MemberRecord.from_json(r).reused_trace for r in records),
             "per_second": len(records) / span,
             "selected": [(m["id"], m["weight"]) for m in ensemble["members"]], "ensemble": ensemble["ensemble"],
             "results": sorted((r["id"], r["epochs"], json.dumps(r["val"]), json.dumps(r["test"])) for r in records)}

@@ -51,6 +51,9 @@ _LABELS = {Status.OK: "ok", Status.FAILED: "failed", Status.DISCARDED: "discarde
 
 #: the error kind a worker gives a member stopped by its time limit (``train.member``)
 TIME_LIMIT_KIND = "time_limit"
+#: the record key (true, else absent) of a member trained on a worker's kept model, whose
+#: steps were traced before it started (``train.traced``)
+REUSED_TRACE = "reused_trace"
 
 #: the fields ``MemberRecord`` reads from a JSON line itself; every other key is kept in ``extra``
 _FIELDS = ("id", "status", "arch", "seed", "val", "test", "epochs", "params", "train_seconds", "rank", "host",
@@ -129,6 +132,11 @@ class MemberRecord:
     @property
     def ok(self) -> bool:
         return self.status is Status.OK
+
+    @property
+    def reused_trace(self) -> bool:
+        """Trained on a kept model: no tracing of its own (``runtime.traced_models``, ``pretrace``)."""
+        return bool(self.extra.get(REUSED_TRACE))
 
     @property
     def error_kind(self) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ensemble.results.events import Event, EventKind
-from ensemble.results.records import MemberRecord, as_records
+from ensemble.results.records import REUSED_TRACE, MemberRecord, as_records
 
 
 def as_events(events: Iterable[Event | Mapping[str, Any]]) -> list[Event]:
@@ -143,11 +143,12 @@ def member_costs(records: Iterable[MemberRecord | Mapping[str, Any]]) -> dict:
     """Where finished members' time went: per phase the mean seconds per member, its share of
     their training time and the total (members whose records carry ``costs``; older
     journals and the rehearsal trainer have none)."""
-    timed = [r.costs for r in as_records(records) if r.ok and r.costs]
+    ok = [r for r in as_records(records) if r.ok and r.costs]
+    timed = [r.costs for r in ok]
     if not timed:
         return {}
     total = sum(sum(c.get(p, 0.0) for p in COST_PHASES) for c in timed) or 1e-9
-    out = {"members": len(timed)}
+    out = {"members": len(timed), REUSED_TRACE: sum(r.reused_trace for r in ok)}
     for phase in (*COST_PHASES, "validation"):
         seconds = sum(c.get(phase, 0.0) for c in timed)
         out[phase] = {"mean": round(seconds / len(timed), 4), "share": round(seconds / total, 4),
@@ -179,4 +180,6 @@ def format_stats(stats: dict) -> str:
             for name in COST_PHASES if costs[name]["total"] > 0)
         if costs["validation"]["total"] > 0:
             text += f"; validation inside the epochs {costs['validation']['mean']:.2f} s"
+        if costs.get(REUSED_TRACE):
+            text += f"; {costs[REUSED_TRACE]} trained on a kept model (no tracing)"
     return text

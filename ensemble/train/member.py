@@ -22,7 +22,7 @@ import numpy as np
 
 from datafeed.pipeline import make_dataset, member_indices
 from ensemble.config.vocabulary import gaussian_head
-from ensemble.results.records import TIME_LIMIT_KIND, Status
+from ensemble.results.records import REUSED_TRACE, TIME_LIMIT_KIND, Status
 from ensemble.results.retention import passes
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.env import TENSORFLOW
@@ -228,7 +228,7 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     if reporter is not None:
         result["decisions"] = [d["action"] for d in reporter.decisions]
     if reused:                                        # trained on a kept model: no tracing (``train.traced``)
-        result["reused_trace"] = True
+        result[REUSED_TRACE] = True
     TRACED.keep(key, model)
     return result
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ensemble.results.records import Status
+from ensemble.results.records import REUSED_TRACE, Status
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.timeline import format_stats, member_costs
 
@@ -46,11 +46,11 @@ def test_the_run_summary_averages_the_phases_and_skips_records_without_them():
     records = [{"status": Status.OK.value, "costs": {"build": 1.0, "first_epoch": 2.0, "epochs": 6.0, "validation": 1.0,
                                           "predict": 0.5, "write": 0.5, "other": 0.0}},
                {"status": Status.OK.value, "costs": {"build": 1.0, "first_epoch": 2.0, "epochs": 2.0, "validation": 0.5,
-                                          "predict": 0.5, "write": 0.5, "other": 0.0}},
+                                          "predict": 0.5, "write": 0.5, "other": 0.0}, REUSED_TRACE: True},
                {"status": Status.OK.value},                      # an older journal, or the rehearsal trainer
                {"status": Status.FAILED.value, "costs": {"build": 50.0}}]
     costs = member_costs(records)
-    assert costs["members"] == 2
+    assert costs["members"] == 2 and costs["reused_trace"] == 1
     assert costs["epochs"]["mean"] == 4.0 and costs["epochs"]["share"] == pytest.approx(8 / 16)
     assert costs["validation"]["mean"] == 0.75
     assert member_costs([{"status": Status.OK.value}]) == {}
@@ -58,6 +58,7 @@ def test_the_run_summary_averages_the_phases_and_skips_records_without_them():
                          "members_per_second": 1.0, "member_costs": costs})
     assert "member time, mean of 2: build 1.00 s (12%), first epoch 2.00 s (25%), epochs 4.00 s (50%)" in line
     assert "validation inside the epochs 0.75 s" in line
+    assert "; 1 trained on a kept model (no tracing)" in line
 
 
 class Ticks:

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from ensemble.results.records import Status
+from ensemble.results.records import REUSED_TRACE, Status
 from ensemble.results.rundir import RunDirectory
 from ensemble.train.traced import TracedModels, trace_key
 
@@ -58,14 +58,14 @@ def test_a_member_on_a_kept_model_ends_as_on_a_new_one(tmp_path, task, precision
     first = run_member(spec(0), data, meta, kept_dir, 0)
     again = [run_member(s, data, meta, kept_dir, 0) for s in CHANGES]
     other = run_member(spec(3, optimizer="adam"), data, meta, kept_dir, 0)      # another key: traced anew
-    assert "reused_trace" not in first and "reused_trace" not in other
-    assert [r.get("reused_trace") for r in again] == [True] * len(CHANGES)
+    assert REUSED_TRACE not in first and REUSED_TRACE not in other
+    assert [r.get(REUSED_TRACE) for r in again] == [True] * len(CHANGES)
     assert len(TRACED) == 2                       # adamw and adam
     configure_tensorflow(1, precision, traced_models=0)      # the same members, each on a new model
     try:
         for changed, kept in zip(CHANGES, again, strict=True):
             new = run_member(changed, data, meta, new_dir, 0)
-            assert new["status"] == kept["status"] == Status.OK.value and "reused_trace" not in new
+            assert new["status"] == kept["status"] == Status.OK.value and REUSED_TRACE not in new
             assert new["epochs"] == kept["epochs"] and new["stopped"] == kept["stopped"]
             assert new["val"] == kept["val"] and new["test"] == kept["test"]
             np.testing.assert_array_equal(new["payload"]["arrays"]["test_pred"],
@@ -102,7 +102,7 @@ def test_a_member_traced_ahead_ends_as_one_traced_by_itself_and_traces_once(tmp_
         assert PRETRACE.start(upcoming, now, data, meta, TENSORFLOW)
         first = run_member(now, data, meta, RunDirectory(tmp_path / "a"), 0)          # while it traces
         ahead = run_member(upcoming, data, meta, RunDirectory(tmp_path / "a"), 0)
-        assert "reused_trace" not in first and ahead["reused_trace"] is True and PRETRACE.traced == 1
+        assert REUSED_TRACE not in first and ahead[REUSED_TRACE] is True and PRETRACE.traced == 1
         model = TRACED.take(member_key(upcoming, meta, TENSORFLOW))
         assert tracings(model.train_function) == 1          # traced ahead; the member's own fit traced nothing
         TRACED.keep(member_key(upcoming, meta, TENSORFLOW), model)

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from ensemble.results.journal import read_journal
+from ensemble.results.records import MemberRecord
 from tests.conftest import run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -88,5 +89,5 @@ def test_tracing_the_next_candidate_ahead_changes_no_result(tmp_path):
     for member, record in off.items():
         assert on[member]["genome"] == record["genome"] and on[member]["epochs"] == record["epochs"]
         assert on[member]["val"] == record["val"] and on[member]["test"] == record["test"], member
-    assert not any(r.get("reused_trace") for r in off.values())     # each candidate a new architecture
-    assert sum(bool(r.get("reused_trace")) for r in on.values()) >= 2        # traced ahead, then trained
+    assert not any(MemberRecord.from_json(r).reused_trace for r in off.values())   # each a new architecture
+    assert sum(MemberRecord.from_json(r).reused_trace for r in on.values()) >= 2   # traced ahead, then trained
