@@ -79,7 +79,7 @@ def run(cfg: dict, name: str, side: str, ranks: int, folder: Path) -> dict:
                          timeout=1800)
     if out.returncode:
         raise SystemExit(f"ensemble.run failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    records = [r for r in read_journal(run_dir / "journal.jsonl") if r.get("status") == "ok"]
+    records = [r for r in read_journal(run_dir / "journal.jsonl") if MemberRecord.from_json(r).ok]
     ensemble = json.loads((run_dir / "ensemble.json").read_text())
     span = max(r["ended"] for r in records) - min(r["started"] for r in records)
     return {"members": len(records), "wall": time.monotonic() - started,
