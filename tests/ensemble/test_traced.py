@@ -54,15 +54,15 @@ def test_a_member_on_a_kept_model_ends_as_on_a_new_one(tmp_path, task, precision
     data, meta = make_data(task)
     TRACED.clear()
     configure_tensorflow(1, precision, traced_models=2)
-    kept_dir, new_dir = RunDirectory(tmp_path / "kept"), RunDirectory(tmp_path / "new")
-    first = run_member(spec(0), data, meta, kept_dir, 0)
-    again = [run_member(s, data, meta, kept_dir, 0) for s in CHANGES]
-    other = run_member(spec(3, optimizer="adam"), data, meta, kept_dir, 0)      # another key: traced anew
-    assert REUSED_TRACE not in first and REUSED_TRACE not in other
-    assert [r.get(REUSED_TRACE) for r in again] == [True] * len(CHANGES)
-    assert len(TRACED) == 2                       # adamw and adam
-    configure_tensorflow(1, precision, traced_models=0)      # the same members, each on a new model
     try:
+        kept_dir, new_dir = RunDirectory(tmp_path / "kept"), RunDirectory(tmp_path / "new")
+        first = run_member(spec(0), data, meta, kept_dir, 0)
+        again = [run_member(s, data, meta, kept_dir, 0) for s in CHANGES]
+        other = run_member(spec(3, optimizer="adam"), data, meta, kept_dir, 0)      # another key: traced anew
+        assert REUSED_TRACE not in first and REUSED_TRACE not in other
+        assert [r.get(REUSED_TRACE) for r in again] == [True] * len(CHANGES)
+        assert len(TRACED) == 2                       # adamw and adam
+        configure_tensorflow(1, precision, traced_models=0)      # the same members, each on a new model
         for changed, kept in zip(CHANGES, again, strict=True):
             new = run_member(changed, data, meta, new_dir, 0)
             assert new["status"] == kept["status"] == Status.OK.value and REUSED_TRACE not in new
