@@ -16,6 +16,10 @@ and the run's members per second (first start to last end). Reported: the median
 over pairs of off/on, and whether the two runs' ensembles are the same (they must be: a
 member on a kept model ends bit for bit as on a new one).
 
+Memory (``--memory N``): N small members of one architecture trained one after the other
+in one process (``train.member.run_member``, as a worker does), with ``traced_models`` 2
+and 0, each in a fresh process; the process's resident memory after 10, N/2 and N members.
+
 Workloads: ``demo``, the README's ``configs/digits.toml`` (4 MLP and 4 CNN members, up to 40
 epochs); ``short``, the same data with 24 members of its CNN at 8 epochs (short members, as
 at the largest scale, where a fixed cost per member weighs most); ``search``, the README's
@@ -91,6 +95,39 @@ def run(cfg: dict, name: str, side: str, ranks: int, folder: Path) -> dict:
             "results": sorted((r["id"], r["epochs"], json.dumps(r["val"]), json.dumps(r["test"])) for r in records)}
 
 
+MEMORY_CHILD = """
+import os, sys
+sys.path.insert(0, {root!r})
+from ensemble.runtime.env import configure_tensorflow
+configure_tensorflow(1, traced_models={kept})
+from ensemble.results.rundir import RunDirectory
+from ensemble.train.member import run_member
+from tests.ensemble.test_traced import make_data, spec
+data, meta = make_data("classification")
+marks, rss = {{10, {n} // 2, {n}}}, []
+for i in range({n}):
+    run_member(spec(i, epochs=2), data, meta, RunDirectory({folder!r}), 0)
+    if i + 1 in marks:
+        rss.append(int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20)
+print(" ".join(f"{{r:.0f}}" for r in rss))
+"""
+
+
+def memory(n: int, root: Path) -> str:
+    """Resident MiB after 10, n/2 and n members, kept models on (2) and off (0)."""
+    lines = [f"| traced_models | resident MiB after 10 / {n // 2} / {n} members | growth per member |",
+             "|---|---|---|"]
+    for kept in (2, 0):
+        code = MEMORY_CHILD.format(root=str(ROOT), kept=kept, n=n, folder=str(root / f"mem{kept}"))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800,
+                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        if out.returncode:
+            raise SystemExit(f"the memory run failed:\n{out.stderr[-2000:]}")
+        mib = [float(v) for v in out.stdout.split()[-3:]]
+        lines.append(f"| {kept} | {' / '.join(f'{v:.0f}' for v in mib)} | {(mib[-1] - mib[0]) / (n - 10):.2f} MiB |")
+    return "\n".join(lines)
+
+
 def median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
@@ -106,7 +143,13 @@ def main() -> None:
     p.add_argument("--workloads", default="demo,short,search")
     p.add_argument("--keep", help="folder to keep the runs in")
     p.add_argument("--write", help="a docs page to write the table into (between <!-- bench_traced --> marks)")
+    p.add_argument("--memory", type=int, metavar="N", help="the memory of N members in one process, and stop")
     args = p.parse_args()
+    if args.memory:
+        with workspace(args.keep, "bench_traced_") as root:
+            print(f"Measured {datetime.date.today()}: python scripts/bench_traced.py --memory {args.memory}\n")
+            print(memory(args.memory, root))
+        return
     load = os.getloadavg()[0]
     lines = ["| workload | members | reused (on) | member s off / on | first epoch s off / on | "
              "member time off/on: median (range) | members/s on/off: median (range) | same results |",
