@@ -57,6 +57,8 @@ class PackingTrainer:
     ``pack_key`` packed into one graph (``ensemble.train.packed``); ``serve`` packs what the
     worker holds. A pack that fails to train as a whole trains its members one by one."""
 
+    looks_ahead = False
+
     def __init__(self, pack: int, data: Any, meta: dict, run_dir: RunDirectory, rank: int):
         self.pack, self.data, self.meta, self.run_dir, self.rank = pack, data, meta, run_dir, rank
 
@@ -67,8 +69,6 @@ class PackingTrainer:
     def pack_key(self, spec: dict) -> Any:
         from ensemble.train.packed import pack_key
         return pack_key(spec)
-
-    looks_ahead = False
 
     def ahead(self, upcoming: dict, now: dict) -> None:
         """Nothing: what the worker holds ahead packs with what it trains now."""
