@@ -168,7 +168,7 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     y_shift, y_scale = task.target_scaling(data["y_train"])
     y_tf = task.target_transform(y_shift, y_scale)        # members train on standardised targets
     TRACED.size = TENSORFLOW["traced_models"]
-    key = trace_key(spec, meta, gaussian, TENSORFLOW, group)
+    key = trace_key(spec, meta, TENSORFLOW, group)
     PRETRACE.wait(key)                                    # traced ahead: let that end
     kept = TRACED.take(key)
     if kept is not None and adopt(kept, model, make_optimizer(spec["optimizer"], spec["learning_rate"])):

@@ -57,11 +57,12 @@ KEEP_BYTES = 256 * 2**20
 TRACED_SETTINGS = ("layers", "optimizer", "loss")
 
 
-def trace_key(spec: dict, meta: dict, gaussian: bool, tensorflow: dict, group: Any = None) -> str | None:
-    """What a member's traced steps depend on, as a string; None when it must not reuse any."""
+def trace_key(spec: dict, meta: Mapping[str, Any], tensorflow: Mapping[str, Any], group: Any = None) -> str | None:
+    """What a member's traced steps depend on, as a string; None when it must not reuse any.
+    (Its Gaussian head or not follows from the loss and the task, both in the key.)"""
     if group is not None or spec.get("model") or not spec.get("layers"):
         return None
-    return json.dumps({"spec": {k: spec.get(k) for k in TRACED_SETTINGS}, "gaussian": gaussian,
+    return json.dumps({"spec": {k: spec.get(k) for k in TRACED_SETTINGS},
                        "task": meta["task"], "input_shape": list(meta["input_shape"]),
                        "n_outputs": meta["n_outputs"],
                        "tf": {k: tensorflow.get(k) for k in ("precision", "jit_compile")}},
@@ -140,13 +141,6 @@ def adopt(kept, fresh, optimizer) -> bool:
 TRACED = TracedModels()
 
 
-def member_key(spec: dict, meta: Mapping[str, Any], tensorflow: Mapping[str, Any], group: Any = None) -> str | None:
-    """``trace_key`` of a member spec as ``train.member`` trains it."""
-    from ensemble.config.vocabulary import gaussian_head
-    gaussian = gaussian_head(spec.get("loss"), meta["task"], bool(spec.get("model")))
-    return trace_key(spec, dict(meta), gaussian, dict(tensorflow), group)
-
-
 class Pretracer:
     """Traces one upcoming member's steps at a time in a background thread, into ``TRACED``."""
 
@@ -163,8 +157,8 @@ class Pretracer:
         TRACED.size = tensorflow["traced_models"]
         if not TRACED.size or meta.get("stream") or (self._thread is not None and self._thread.is_alive()):
             return False
-        key = member_key(upcoming, meta, tensorflow)
-        if key is None or key in TRACED or key == member_key(now, meta, tensorflow):
+        key = trace_key(upcoming, meta, tensorflow)
+        if key is None or key in TRACED or key == trace_key(now, meta, tensorflow):
             return False
         self._key = key
         self._thread = threading.Thread(target=self._trace, args=(key, upcoming, data, meta, dict(tensorflow)),
@@ -183,12 +177,13 @@ class Pretracer:
         try:
             import keras
 
+            from ensemble.config.vocabulary import gaussian_head
             from ensemble.task import get_task
             from ensemble.train.architecture import build_model, make_optimizer
             from ensemble.train.member import member_datasets
             keras.mixed_precision.set_global_policy(tensorflow["precision"])   # Keras' settings are per thread
             task = get_task(meta["task"])
-            gaussian = json.loads(key)["gaussian"]
+            gaussian = gaussian_head(spec.get("loss"), task.name, False)     # a user's builder is never traced ahead
             with BUILD_LOCK:
                 model = build_model(spec, tuple(meta["input_shape"]), meta["n_outputs"], task.name)
             loss, metrics = task.loss(gaussian)

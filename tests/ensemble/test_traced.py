@@ -12,30 +12,18 @@ import pytest
 from ensemble.results.records import REUSED_TRACE, Status
 from ensemble.results.rundir import RunDirectory
 from ensemble.train.traced import TracedModels, trace_key
+from tests.ensemble.test_packed import make_data
+from tests.ensemble.test_packed import spec as packed_spec
 
 LAYERS = [{"type": "Dense", "units": 16, "activation": "relu"}, {"type": "BatchNormalization"},
           {"type": "Dropout", "rate": 0.3}, {"type": "Dense", "units": 8, "activation": "tanh"}]
 TF = {"precision": "float32", "jit_compile": False}
 
 
-def make_data(task: str):
-    rng = np.random.default_rng(3)
-    x = rng.normal(size=(240, 6)).astype(np.float32)
-    if task == "classification":
-        y = ((x[:, 0] + x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 0.5)).astype(np.int64)
-        meta = {"task": task, "input_shape": [6], "n_outputs": 3}
-    else:
-        y = (x[:, 0] * 2 + np.sin(x[:, 1]) + 0.2 * np.abs(x[:, 3]) * rng.normal(size=240)).astype(np.float64)
-        meta = {"task": task, "input_shape": [6], "n_outputs": 1}
-    data = {"x_train": x[:160], "y_train": y[:160], "x_val": x[160:200], "y_val": y[160:200],
-            "x_test": x[200:], "y_test": y[200:]}
-    return data, meta
-
-
 def spec(i: int, **extra):
-    return {"id": f"m{i}", "arch": "mlp", "layers": LAYERS, "model": None, "params": {}, "seed": 50 + i,
-            "epochs": 6, "batch_size": 32, "optimizer": "adamw", "learning_rate": 0.01, "patience": 2,
-            "member_time_limit": 60.0, "bootstrap": i % 2 == 1, "loss": "auto", **extra}
+    """``test_packed``'s member spec (whose data ``make_data`` is) with Batch Normalization, AdamW
+    and 6 epochs."""
+    return packed_spec(i, **{"layers": LAYERS, "optimizer": "adamw", "epochs": 6, **extra})
 
 
 #: members after the first: another seed (and a bootstrap), then another learning rate and batch size
@@ -92,7 +80,7 @@ def tracings(function) -> int:
 def test_a_member_traced_ahead_ends_as_one_traced_by_itself_and_traces_once(tmp_path):
     from ensemble.runtime.env import TENSORFLOW, configure_tensorflow
     from ensemble.train.member import run_member
-    from ensemble.train.traced import PRETRACE, TRACED, member_key
+    from ensemble.train.traced import PRETRACE, TRACED, trace_key
     data, meta = make_data("classification")
     now, upcoming = spec(0), spec(1, layers=LAYERS[1:], batch_size=16)       # another architecture
     TRACED.clear()
@@ -103,9 +91,9 @@ def test_a_member_traced_ahead_ends_as_one_traced_by_itself_and_traces_once(tmp_
         first = run_member(now, data, meta, RunDirectory(tmp_path / "a"), 0)          # while it traces
         ahead = run_member(upcoming, data, meta, RunDirectory(tmp_path / "a"), 0)
         assert REUSED_TRACE not in first and ahead[REUSED_TRACE] is True and PRETRACE.traced == 1
-        model = TRACED.take(member_key(upcoming, meta, TENSORFLOW))
+        model = TRACED.take(trace_key(upcoming, meta, TENSORFLOW))
         assert tracings(model.train_function) == 1          # traced ahead; the member's own fit traced nothing
-        TRACED.keep(member_key(upcoming, meta, TENSORFLOW), model)
+        TRACED.keep(trace_key(upcoming, meta, TENSORFLOW), model)
         assert not PRETRACE.start(upcoming, now, data, meta, TENSORFLOW)     # kept already
         configure_tensorflow(1, traced_models=0)
         assert not PRETRACE.start(spec(3, layers=LAYERS[2:]), now, data, meta, TENSORFLOW)   # off
@@ -145,20 +133,21 @@ META = {"task": "classification", "input_shape": [6], "n_outputs": 3}
 
 
 def test_the_key_holds_what_a_traced_step_depends_on_and_nothing_per_member():
-    base = trace_key(spec(0), META, False, TF)
+    base = trace_key(spec(0), META, TF)
     assert base == trace_key(spec(1, epochs=99, patience=7, member_time_limit=5.0, report_every=1,
-                                  inherit={"from": "e1", "path": "x"}), META, False, TF)
+                                  inherit={"from": "e1", "path": "x"}), META, TF)
     assert json.loads(base)["spec"]["layers"] == LAYERS
-    assert base == trace_key(spec(2, learning_rate=0.02, batch_size=64), META, False, TF)
+    assert base == trace_key(spec(2, learning_rate=0.02, batch_size=64), META, TF)
     for changed in (spec(0, optimizer="adam"), spec(0, loss="mse"), spec(0, layers=LAYERS[:2])):
-        assert trace_key(changed, META, False, TF) != base
-    assert trace_key(spec(0), META, True, TF) != base
-    assert trace_key(spec(0), {**META, "task": "regression", "n_outputs": 1}, False, TF) != base
-    assert trace_key(spec(0), {**META, "input_shape": [7]}, False, TF) != base
-    assert trace_key(spec(0), META, False, {**TF, "precision": "mixed_float16"}) != base
-    assert trace_key(spec(0), META, False, {**TF, "jit_compile": True}) != base
-    assert trace_key(spec(0, model="pkg.mod:build"), META, False, TF) is None     # a user's builder
-    assert trace_key(spec(0), META, False, TF, group=object()) is None            # a member group
+        assert trace_key(changed, META, TF) != base
+    regression = {**META, "task": "regression", "n_outputs": 1}
+    assert trace_key(spec(0), regression, TF) != base
+    assert trace_key(spec(0), regression, TF) != trace_key(spec(0, loss="mse"), regression, TF)   # Gaussian head
+    assert trace_key(spec(0), {**META, "input_shape": [7]}, TF) != base
+    assert trace_key(spec(0), META, {**TF, "precision": "mixed_float16"}) != base
+    assert trace_key(spec(0), META, {**TF, "jit_compile": True}) != base
+    assert trace_key(spec(0, model="pkg.mod:build"), META, TF) is None     # a user's builder
+    assert trace_key(spec(0), META, TF, group=object()) is None            # a member group
 
 
 class Small:
