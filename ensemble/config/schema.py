@@ -497,6 +497,16 @@ SCHEMA = Table({
                      doc="mode \"ensemble\": the order members go out in; \"cost\": the longest predicted "
                          "first (each architecture's measured mean seconds; before any is measured, its epochs and "
                          "layer widths), so short members fill the end of the run; \"list\": as listed"),
+        "tail_helpers": Key((int, str), "auto",
+                            lambda v: None if v == "auto" or (isinstance(v, int) and not isinstance(v, bool)
+                                                              and 0 <= v <= 63)
+                            else 'must be "auto" or a whole number from 0 to 63',
+                            doc="the end of the run: once nothing more is to be handed out, each idle worker joins "
+                                "the member that has trained longest as a data-parallel helper (at its next epoch "
+                                "end), up to this many helpers a member; 0: off. \"auto\": 7 from 32 workers on, "
+                                "else off (a helped member is a valid member of its spec, not the bit-for-bit twin "
+                                "of the unhelped one, and which members get help depends on timing). Ensemble and "
+                                "evolve modes, Keras and rehearsal trainers, `group_size` 1, no packing"),
         "stop_quantile": Key(NUM, 0.5, lambda v: None if 0.0 < v <= 1.0 else "must be in (0, 1]",
                              nullable=True,
                              doc="a time-limited run stops handing out members once this quantile of the "

@@ -380,6 +380,12 @@ class RuntimeConfig(Section):
     #: measured mean seconds; before any is measured, its epochs and layer widths), so short members fill the
     #: end of the run; "list": as listed
     order: str
+    #: the end of the run: once nothing more is to be handed out, each idle worker joins the member that has
+    #: trained longest as a data-parallel helper (at its next epoch end), up to this many helpers a member;
+    #: 0: off. "auto": 7 from 32 workers on, else off (a helped member is a valid member of its spec, not the
+    #: bit-for-bit twin of the unhelped one, and which members get help depends on timing). Ensemble and
+    #: evolve modes, Keras and rehearsal trainers, `group_size` 1, no packing
+    tail_helpers: int | str
     #: a time-limited run stops handing out members once this quantile of the members' seconds so far would
     #: not end before the deadline (null: the slowest member seen); a member still training at the deadline
     #: is cut there, which costs no more than the idle worker would have (docs/scale.md measures it)

@@ -67,6 +67,9 @@ class Mode:
     uses_architectures: ClassVar[bool] = True
     #: whether its members can read streamed data (``data.stream``; a population's trainer reads memory)
     reads_streams: ClassVar[bool] = True
+    #: whether idle workers may help its last members at the end of the run (``runtime.tail``;
+    #: a population trains in rounds, an online run on data that keeps coming: no last members)
+    takes_helpers: ClassVar[bool] = True
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         """The run's Source and Decider (the same object when the mode's rounds are both)."""
@@ -85,17 +88,30 @@ class Mode:
                       group: Any = None, comm: Any = None) -> Trainer:
         """The Keras trainer for this mode on one worker (TensorFlow is configured already)."""
         from ensemble.runtime.env import TENSORFLOW
-        from ensemble.train.member import run_member
+        from ensemble.train.member import help_member, run_member
         from ensemble.train.traced import PRETRACE
         ahead = None
         if group is None and cfg.runtime.pretrace:
             def ahead(upcoming: dict, now: dict) -> None:
                 PRETRACE.start(upcoming, now, data, meta, TENSORFLOW)
-        return OneByOne(lambda spec, report: run_member(spec, data, meta, run_dir, rank, group, report), ahead)
+        if group is not None:                         # a member group's communicator is fixed: no helpers
+            return OneByOne(lambda spec, report: run_member(spec, data, meta, run_dir, rank, group, report), ahead)
+        return OneByOne(lambda spec, report, tail: run_member(spec, data, meta, run_dir, rank, None, report, tail),
+                        ahead, help=lambda spec, leader, tail: help_member(spec, data, meta, leader, tail))
 
     def packs(self, cfg: RunConfig) -> bool:
         """Whether workers pack several members into one graph (``runtime.members_per_rank``)."""
         return False
+
+    def tail_helpers(self, cfg: RunConfig, workers: int) -> int:
+        """How many helpers may join one member at the end of the run (``runtime.tail_helpers``
+        for this mode, trainer and job: 0 where its trainer cannot take them)."""
+        from ensemble.modes.trainers import KERAS, REHEARSAL
+        from ensemble.runtime.tail import helpers_per_member
+        rt = cfg.runtime
+        if not self.takes_helpers or rt.trainer not in (KERAS, REHEARSAL) or self.packs(cfg):
+            return 0
+        return helpers_per_member(rt.tail_helpers, workers, rt.group_size)
 
     def hierarchy_problem(self, cfg: RunConfig) -> str | None:
         """Why sub-masters (``runtime.sub_masters``) cannot serve this run, or None. A sub-master

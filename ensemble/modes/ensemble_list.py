@@ -58,6 +58,8 @@ class PackingTrainer:
     worker holds. A pack that fails to train as a whole trains its members one by one."""
 
     looks_ahead = False
+    elastic = False                   # a packing run takes no helpers at its end (``runtime.tail``)
+    tail = None
 
     def __init__(self, pack: int, data: Any, meta: dict, run_dir: RunDirectory, rank: int):
         self.pack, self.data, self.meta, self.run_dir, self.rank = pack, data, meta, run_dir, rank
@@ -72,6 +74,9 @@ class PackingTrainer:
 
     def ahead(self, upcoming: dict, now: dict) -> None:
         """Nothing: what the worker holds ahead packs with what it trains now."""
+
+    def help(self, spec: dict, leader: int) -> None:
+        raise RuntimeError("a packing trainer takes no helpers")
 
     def train_many(self, specs: list[dict]) -> list[dict]:
         from ensemble.train.member import run_member

@@ -46,6 +46,7 @@ def needs_simulation() -> str:
 
 class OnlineMode(Mode):
     name = "online"
+    takes_helpers = False              # the data keeps coming: no last members
 
     def before_prepare(self, cfg: RunConfig, args: Any) -> None:
         """Rank 0, before the data is read: link to the simulation, start receiving, and write

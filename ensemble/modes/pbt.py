@@ -18,6 +18,7 @@ class PbtMode(Mode):
     name = "pbt"
     master_may_train = False           # members send each other their weights over MPI: not from a thread
     reads_streams = False              # train.population gathers its batches from the arrays in memory
+    takes_helpers = False              # rounds, not last members
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         from ensemble.sources.population import PopulationSource

@@ -43,7 +43,10 @@ def make_trainer(cfg: RunConfig, meta: dict, data: Any, run_dir: RunDirectory, r
     if rt.trainer == REHEARSAL:
         from ensemble.train.rehearsal import RehearsalTrainer
         rehearse = RehearsalTrainer(cfg, meta, data, leader=group is None or group.Get_rank() == 0)
-        return OneByOne(lambda spec, report: guarded(lambda: rehearse(spec, report), spec, rank))
+        if group is not None and group.Get_size() > 1:      # a member group's communicator is fixed: no helpers
+            return OneByOne(lambda spec, report: guarded(lambda: rehearse(spec, report), spec, rank))
+        return OneByOne(lambda spec, report, tail: guarded(lambda: rehearse(spec, report, tail), spec, rank),
+                        help=lambda spec, leader, tail: rehearse.help(spec, leader, tail))
     if rt.trainer != KERAS:
         return OneByOne(load_factory(rt.trainer)(cfg, meta, data, run_dir, rank, group))
     from ensemble.runtime.env import configure_tensorflow

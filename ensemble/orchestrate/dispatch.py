@@ -45,6 +45,7 @@ def dispatch(executor: Executor, source: Source, on_results: Callable[[list[Memb
             spec = adjust(decider.stamp(spec))
             sent[spec["id"]] = round(clock(), 4)
             executor.submit(spec)
+        executor.tail(should_stop() or source.dry())     # nothing more to hand out: idle workers may help
         if not executor.busy():
             break
         results = executor.wait(decider.decide, idle)

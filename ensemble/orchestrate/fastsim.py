@@ -19,12 +19,14 @@ nothing else, at about 1-2 us per member:
 - a time limit stops the hand-out when the budget's rule says so (``RunBudget``: the
   slowest member seen, or ``stop_quantile`` of those seen); a member still training at
   the deadline is cut there and its time counts as lost;
-- ``tail = "helpers"`` (a what-if, not the runtime's behaviour: a member group's size is
-  fixed when the job starts): once the list is dry, an idle worker joins the running
-  member that has trained longest (the master knows elapsed times, not durations) as a
-  data-parallel helper, up to ``max_group`` ranks; a group of g ranks trains at
+- ``tail = "helpers"`` (``runtime.tail_helpers``, the runtime's rule): once the list is dry,
+  an idle worker joins the running member that has trained longest, once it has trained
+  ``STRAGGLER`` x the members' running mean (the master knows elapsed times, not
+  durations), as a data-parallel helper, up to ``max_group`` ranks; a worker no member
+  can take yet waits and is tried again at each later event. A group of g ranks trains at
   ``g * efficiency ** log2(g)`` times one rank's speed after ``join_seconds`` of moving
-  the member's state.
+  the member's state (the runtime measures instead: a crew that does not pay parts, which
+  is not modelled).
 
 Utilisation is ``run_stats``'s: member-seconds of useful training (as one rank would
 train them) over workers x (last result taken - first start). The engine is checked
@@ -43,6 +45,7 @@ import numpy as np
 from ensemble.orchestrate.simulate import MasterCost
 from ensemble.runtime.budget import DurationQuantile
 from ensemble.runtime.executor import COVER_SECONDS, MAX_IN_HAND, SHORT_MEMBER
+from ensemble.runtime.tail import AUTO_HELPERS, EFFICIENCY, STRAGGLER
 
 TAILS = ("none", "helpers")
 
@@ -57,8 +60,8 @@ class Scenario:
     latency: float = 0.0005
     in_hand: int | None = None               # None: the auto rule of ``Slots``
     tail: str = "none"
-    max_group: int = 8
-    efficiency: float = 0.9                  # a helper group's parallel efficiency per doubling
+    max_group: int = AUTO_HELPERS + 1
+    efficiency: float = EFFICIENCY           # a helper group's parallel efficiency per doubling
     join_seconds: float = 5.0
     time_limit: float | None = None          # the deadline, seconds after the start
     stop_quantile: float | None = None       # None: the slowest member seen (``RunBudget``)
@@ -134,28 +137,44 @@ def run(s: Scenario, durations: np.ndarray) -> dict:
     def speed(g: int) -> float:
         return g * s.efficiency ** math.log2(g)
 
-    def join(w: int, t: float) -> None:
-        """Idle worker ``w`` helps the longest-running member that still takes helpers."""
-        nonlocal m
+    mean: list[float | None] = [None]              # the master's running mean of durations (``Slots``)
+    idle: list[int] = []                           # idle workers no member could take yet
+
+    def ready(t: float) -> bool:
+        """Whether the longest-running member that takes helpers is a straggler at ``t``."""
         while oldest:
-            _, leader, member = oldest[0]
+            begun, leader, member = oldest[0]
             state = work_left.get(leader)
             if state is None or running[leader] != member or state[2] >= s.max_group:
                 pop(oldest)
                 continue
-            left, at, g = state
-            left -= (t - at) * speed(g)
-            end_now = t + left / speed(g)
-            end_new = t + s.join_seconds + max(0.0, left - s.join_seconds * speed(g)) / speed(g + 1)
-            if end_new >= end_now:
+            return mean[0] is None or t - begun >= STRAGGLER * mean[0]
+        return False
+
+    def join(w: int, t: float) -> bool:
+        """Idle worker ``w`` helps the longest-running member that takes helpers, if it is a
+        straggler (``runtime.tail.TailPlan``: the master knows elapsed times, not durations);
+        the member's end moves as its crew grows, after ``join_seconds`` of moving state."""
+        nonlocal m
+        while oldest:
+            begun, leader, member = oldest[0]
+            state = work_left.get(leader)
+            if state is None or running[leader] != member or state[2] >= s.max_group:
                 pop(oldest)
                 continue
+            if mean[0] is not None and t - begun < STRAGGLER * mean[0]:
+                break                               # no straggler yet: ``w`` waits
+            left, at, g = state
+            left -= (t - at) * speed(g)
+            end_new = t + s.join_seconds + max(0.0, left - s.join_seconds * speed(g)) / speed(g + 1)
             m = max(m, t) + c_disp                  # the master tells the group
             group.setdefault(leader, []).append(w)
             work_left[leader] = (max(0.0, left - s.join_seconds * speed(g)), t + s.join_seconds, g + 1)
             version[leader] += 1
             push(events, (end_new, leader, member, version[leader]))
-            return
+            return True
+        idle.append(w)
+        return False
 
     running = [-1] * workers
     for e in events:
@@ -176,6 +195,8 @@ def run(s: Scenario, durations: np.ndarray) -> dict:
             if limited:
                 est.observe(dur[j])
         done += 1
+        if helpers:
+            mean[0] = dur[j] if mean[0] is None else mean[0] + 0.1 * (dur[j] - mean[0])
         m = (m if m > t + lat else t + lat) + c_res
         if m > last:
             last = m
@@ -207,8 +228,12 @@ def run(s: Scenario, durations: np.ndarray) -> dict:
             elif helpers and (nxt >= n or stopped):
                 if not dry:                        # from now on idle workers help the running members
                     dry = True
-                    oldest.extend((work_left[u][1], u, running[u]) for u in work_left if running[u] >= 0)
+                    oldest.extend((start[running[u]], u, running[u]) for u in work_left if running[u] >= 0)
                     heapq.heapify(oldest)
+                join(v, t)
+        while idle and ready(t):                   # a member may have become a straggler since
+            v = idle.pop()
+            if running[v] < 0:
                 join(v, t)
     span = max(last - first, 1e-9)
     return {"workers": workers, "members": done, "in_hand": k, "utilisation": round(useful / (workers * span), 4),

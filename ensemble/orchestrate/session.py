@@ -267,7 +267,8 @@ def run_master_side(comm, cfg: RunConfig, meta: dict, data, run_dir: RunDirector
     elif leaders:
         local = (lambda: make_trainer(cfg, meta, data, run_dir, 0)) if master_trains else None
         chosen = MpiExecutor(comm, leaders, rt.poll_max_sleep, in_hand(cfg, mode), local=local,
-                             block=rt.members_per_rank if mode.packs(cfg) else 1)
+                             block=rt.members_per_rank if mode.packs(cfg) else 1,
+                             helpers=mode.tail_helpers(cfg, len(leaders)))
     else:
         chosen = SerialExecutor(lambda: make_trainer(cfg, meta, data, run_dir, 0))
     budget = RunBudget(rt.time_limit, rt.finish_reserve, rt.max_failed_share, end_time=job_end_time(),

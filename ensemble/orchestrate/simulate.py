@@ -189,6 +189,10 @@ class SimExecutor:
         self._push(t + self.latency, "result", worker, result)
         self._start_next(worker, t)
 
+    def tail(self, dry: bool) -> None:
+        """Nothing: the session engine does not model helpers at the end of the run; the
+        fast engine does (``fastsim``, ``--tail helpers``)."""
+
     def answer(self, spec_id: str, decision: dict) -> None:
         """A decision for a held report reaches its worker ``latency`` from now."""
         worker = self.held.pop(spec_id)

@@ -54,6 +54,17 @@ TIME_LIMIT_KIND = "time_limit"
 #: the record key (true, else absent) of a member trained on a worker's kept model, whose
 #: steps were traced before it started (``train.traced``)
 REUSED_TRACE = "reused_trace"
+#: the record key (a count, else absent) of a member that idle workers helped at the end of the
+#: run: how many helper ranks trained it beside its own at the end (``runtime.tail``)
+HELPERS = "helpers"
+#: the record key of a helped member: the seconds its helper ranks spent in its crew, in all
+#: (counted as training time in the run's utilisation, ``results.timeline``)
+HELPER_SECONDS = "helper_seconds"
+
+
+def helped_fields(helpers: int, seconds: float) -> dict:
+    """A helped member's record fields (``HELPERS``, ``HELPER_SECONDS``); {} if it had none."""
+    return {HELPERS: helpers, HELPER_SECONDS: round(seconds, 3)} if helpers else {}
 
 #: the fields ``MemberRecord`` reads from a JSON line itself; every other key is kept in ``extra``
 _FIELDS = ("id", "status", "arch", "seed", "val", "test", "epochs", "params", "train_seconds", "rank", "host",
@@ -137,6 +148,16 @@ class MemberRecord:
     def reused_trace(self) -> bool:
         """Trained on a kept model: no tracing of its own (``runtime.traced_models``, ``pretrace``)."""
         return bool(self.extra.get(REUSED_TRACE))
+
+    @property
+    def helpers(self) -> int:
+        """Helper ranks that trained it with its worker at the end of the run (``runtime.tail``)."""
+        return int(self.extra.get(HELPERS, 0) or 0)
+
+    @property
+    def helper_seconds(self) -> float:
+        """Seconds its helper ranks trained it, in all (0 for a member not helped)."""
+        return float(self.extra.get(HELPER_SECONDS, 0.0) or 0.0)
 
     @property
     def error_kind(self) -> str:

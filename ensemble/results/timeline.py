@@ -8,8 +8,9 @@ Records are ``MemberRecord``s and events ``Event``s (plain journal lines are rea
 
 Per segment: startup is the time from the job's start to the first member's start;
 the time available is workers x (last result - first start); utilisation is the time
-members trained (ended - started, failed ones included) over the time available, so a
-worker that waits for work, starts late, or idles at the end counts against it.
+members trained (ended - started, failed ones included, plus the seconds helper ranks
+spent in a member's crew at the end of the run, ``runtime.tail``) over the time available,
+so a worker that waits for work, starts late, or idles at the end counts against it.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def run_stats(records: Iterable[MemberRecord | Mapping[str, Any]], events: Itera
         first = min(r.started for r in mine)
         last = max(r.received for r in mine)
         span = max(last - first, 1e-9)
-        training += sum(r.ended - r.started for r in mine)
+        training += sum(r.ended - r.started + r.helper_seconds for r in mine)
         available += workers * span
         working += span
         startup += max(0.0, first - seg.data.get("job_started", seg.data["time"]))

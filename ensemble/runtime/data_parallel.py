@@ -66,10 +66,17 @@ def broadcast_weights(model: keras.Model, comm, root: int = 0) -> None:
     """
     if group_size(comm) == 1:
         return
-    variables = list(model.weights)
-    if not variables:
+    if not model.weights:
         raise ValueError("broadcast_weights: the model has no weights yet; build it first "
                          "(give it an Input or call it on a batch)")
+    broadcast_variables(list(model.weights), comm, root)
+
+
+def broadcast_variables(variables: list, comm, root: int = 0) -> None:
+    """Give every rank ``root``'s values of ``variables`` (the same list, shapes and dtypes
+    on every rank: weights, an optimizer's state): one fused byte buffer, one ``Bcast``."""
+    if group_size(comm) == 1 or not variables:
+        return
     arrays = [np.ascontiguousarray(v.numpy()) for v in variables]
     if comm.Get_rank() == root:
         buf = np.concatenate([a.reshape(-1).view(np.uint8) for a in arrays])
@@ -78,8 +85,16 @@ def broadcast_weights(model: keras.Model, comm, root: int = 0) -> None:
     comm.Bcast(buf, root=root)
     offset = 0
     for v, a in zip(variables, arrays):
-        v.assign(buf[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape))
+        v.assign(buf[offset:offset + a.nbytes].view(a.dtype).reshape(tuple(v.shape)))   # a scalar stays one
         offset += a.nbytes
+
+
+def rebind(callbacks: list, comm) -> None:
+    """Point a data-parallel model (the callbacks ``make_data_parallel`` returned) at another
+    communicator of the same rank order, the rank of each old member unchanged (a group that
+    grew: ``runtime.tail``); its compiled step is kept, no retrace."""
+    average, stop = callbacks
+    average.comm = stop.comm = average.fused.comm = comm
 
 
 def _aligned_empty(n: int) -> np.ndarray:
@@ -357,3 +372,12 @@ def make_data_parallel(model: keras.Model, comm) -> list[keras.callbacks.Callbac
         if v.name == "seed_generator_state":
             v.assign(v.numpy() + np.array([rank * _SEED_STRIDE, 0], dtype=v.numpy().dtype))
     return [average, GroupStop(comm, fused)]
+
+
+def undo_data_parallel(model: keras.Model) -> None:
+    """The model's own train and test steps again (after ``make_data_parallel``), retraced at
+    the next ``fit``: a rank left alone by its group (``runtime.tail``)."""
+    for name in ("train_step", "test_step"):
+        model.__dict__.pop(name, None)
+    model.train_function = model.test_function = None
+

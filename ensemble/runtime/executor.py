@@ -29,6 +29,7 @@ import pickle
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,10 @@ class Trainer(Protocol):
     pack: int
     #: whether ``ahead`` does anything (a worker then waits a moment for the next spec: ``serve``)
     looks_ahead: bool
+    #: whether its members take helpers at the end of the run (``runtime.tail``); ``serve``
+    #: then sets ``tail`` (a ``WorkerTail``) before the first member
+    elastic: bool
+    tail: Any
 
     def __call__(self, spec: dict, report: Report) -> dict | None: ...
 
@@ -67,23 +72,39 @@ class Trainer(Protocol):
 
     def ahead(self, upcoming: dict, now: dict) -> None: ...
 
+    def help(self, spec: dict, leader: int) -> None:
+        """Help rank ``leader`` train ``spec`` until it ends (an elastic trainer's helper side)."""
+
 
 #: seconds a worker whose trainer looks ahead waits, before training, for the next spec
 AHEAD_WAIT = 0.05
+#: seconds between a waiting master's looks for stragglers its idle workers may help (``runtime.tail``)
+TAIL_CHECK_SECONDS = 0.5
 
 
 class OneByOne:
     """A Trainer from a plain function ``(spec, report) -> record``: no packing; ``ahead``,
-    if given, is called as ``ahead(upcoming, now)``."""
+    if given, is called as ``ahead(upcoming, now)``. With ``help`` (``(spec, leader, tail)``)
+    the trainer is elastic: ``train`` is then called as ``train(spec, report, tail)``."""
 
     pack = 1
 
-    def __init__(self, train: TrainFn, ahead: Callable[[dict, dict], Any] | None = None):
-        self._train, self._ahead = train, ahead
+    def __init__(self, train: TrainFn, ahead: Callable[[dict, dict], Any] | None = None,
+                 help: Callable[[dict, int, Any], None] | None = None):
+        self._train, self._ahead, self._help = train, ahead, help
         self.looks_ahead = ahead is not None
+        self.elastic = help is not None
+        self.tail = None
 
     def __call__(self, spec: dict, report: Report) -> dict | None:
+        if self.elastic:
+            return self._train(spec, report, self.tail)
         return self._train(spec, report)
+
+    def help(self, spec: dict, leader: int) -> None:
+        if self._help is None:
+            raise RuntimeError("this trainer takes no helpers")
+        self._help(spec, leader, self.tail)
 
     def ahead(self, upcoming: dict, now: dict) -> None:
         if self._ahead is not None:
@@ -93,7 +114,7 @@ class OneByOne:
         return None
 
     def train_many(self, specs: list[dict]) -> list[dict]:
-        return [r for r in (self._train(spec, go_on_report) for spec in specs) if r is not None]
+        return [r for r in (self(spec, go_on_report) for spec in specs) if r is not None]
 
 
 def go_on_report(payload: dict) -> dict:
@@ -146,6 +167,11 @@ class Executor(Protocol):
 
     def answer(self, spec_id: str, decision: dict) -> None:
         """Send a decision to the member ``decide`` held (returned None for)."""
+
+    def tail(self, dry: bool) -> None:
+        """Whether the source is dry (nothing more will be submitted): from then on, an
+        executor that can lets idle workers help the members still training
+        (``runtime.tail``); others do nothing."""
 
 
 class HeldReports:
@@ -259,6 +285,9 @@ class SerialExecutor:
     def answer(self, spec_id: str, decision: dict) -> None:
         raise RuntimeError("a serial run holds no reports")
 
+    def tail(self, dry: bool) -> None:
+        """Nothing: one slot, no one to help."""
+
 
 #: ``specs_in_hand = "auto"``: one spec in hand once members average over LONG_MEMBER seconds
 #: (a queued spec would only make the end of the run less even; back to more below
@@ -352,9 +381,14 @@ class MpiExecutor:
     """
 
     def __init__(self, comm, workers: list[int], max_sleep: float = 0.05, in_hand: int | None = 1,
-                 batch: int = 256, local: Callable[[], Trainer] | None = None, block: int = 1):
+                 batch: int = 256, local: Callable[[], Trainer] | None = None, block: int = 1,
+                 helpers: int = 0):
         from ensemble.runtime import mpi  # only here: the serial path needs no MPI
+        from ensemble.runtime.tail import TailPlan
         self.mpi = mpi
+        self.plan = TailPlan(helpers)               # the end of the run: who helps whom (runtime.tail)
+        self._dry = False
+        self._idle_check = 0.0                      # when the master next looks for stragglers to help
         self.comm, self.max_sleep, self.batch = comm, max_sleep, batch
         self.leaders = list(workers)
         self.index = {rank: i for i, rank in enumerate(self.leaders)}
@@ -374,6 +408,8 @@ class MpiExecutor:
         if slot == len(self.leaders):               # the master's own training thread
             self.local.inbox.put(spec)
             return
+        if len(self.slots.held[slot]) == 1:         # it starts now (nothing else in its hands)
+            self.plan.started(slot, spec["id"], time.monotonic())
         # non-blocking: a worker busy training takes the spec when it is done, the master
         # never waits for it (a blocking send can, once a worker's receive queue is full)
         worker = self.leaders[slot]
@@ -398,12 +434,56 @@ class MpiExecutor:
             self.comm.send(check_decision(decision), dest=worker, tag=mpi.TAG_DECISION)
             log.debug("report from rank %d on %s: %s", worker, spec.get("id"), decision["action"])
             return None
+        if tag == mpi.TAG_HELP:                     # a member's worker turned its helpers away
+            for w in self.plan.decline(self.index[worker], message["declined"]):
+                self._help(w)
+            return None
         if tag != mpi.TAG_RESULT:
             raise RuntimeError(f"master got an unexpected message (tag {tag}) from rank {worker}")
-        message["worker"] = self.index[worker]
-        self.slots.done(message["worker"], result_seconds(message), message.get("id"))
+        slot = message["worker"] = self.index[worker]
+        self.slots.done(slot, result_seconds(message), message.get("id"))
         log.debug("result of %s from rank %d", message.get("id"), worker)
+        freed = self.plan.ended(slot)
+        held = self.slots.held[slot]
+        if held:                                    # its next spec starts now
+            self.plan.started(slot, held[0]["id"], time.monotonic())
+        if self._dry:
+            for w in (slot, *freed):
+                self._help(w)
+            self._help_idle()
         return message
+
+    def tail(self, dry: bool) -> None:
+        """From the first ``dry``: every idle worker, and each that goes idle later, helps the
+        longest-running member with room (``TailPlan``); a member's worker is told of each
+        helper (``TAG_HELP``) and takes it in at its next epoch end (``runtime.tail``)."""
+        if not dry or self._dry or not self.plan.max_helpers:
+            return
+        self._dry = True
+        for w in range(len(self.leaders)):
+            self._help(w)
+
+    def _help(self, w: int) -> None:
+        if self.slots.held[w] or self.plan.busy(w):
+            return
+        got = self.plan.assign(w, time.monotonic(), self.slots.mean_seconds)
+        if got is not None:
+            self._send_help(w, *got)
+
+    def _help_idle(self) -> None:
+        """Idle workers no member could take before (none was a straggler yet): again."""
+        if self.plan.idle:
+            for w, leader, spec_id in self.plan.assign_idle(time.monotonic(), self.slots.mean_seconds):
+                self._send_help(w, leader, spec_id)
+
+    def _send_help(self, w: int, leader: int, spec_id: str) -> None:
+        spec = self.slots.training(leader)
+        mpi, rank = self.mpi, self.leaders[w]
+        self._sends.append(self.comm.isend({"spec": spec, "leader": self.leaders[leader]}, dest=rank,
+                                           tag=mpi.TAG_HELP))
+        self._sends.append(self.comm.isend({"id": spec_id, "helper": rank}, dest=self.leaders[leader],
+                                           tag=mpi.TAG_HELP))
+        log.debug("rank %d helps rank %d with %s", rank, self.leaders[leader], spec_id)
 
     def sleep_cap(self) -> float:
         """The longest nap between probes (``sleep_cap``; a worker's next spec covers the
@@ -437,7 +517,15 @@ class MpiExecutor:
                 return None
             result = self._handle(*got, decide)
             return [] if result is None else [result]
-        results, waited = gather(poll, self.batch, self.sleep_cap(), idle)
+
+        def lull() -> None:
+            if idle is not None:
+                idle()
+            now = time.monotonic()
+            if self.plan.idle and now >= self._idle_check:   # a member may have become a straggler
+                self._idle_check = now + TAIL_CHECK_SECONDS
+                self._help_idle()
+        results, waited = gather(poll, self.batch, self.sleep_cap(), lull)
         self.idle_seconds += waited
         return results
 
@@ -538,6 +626,14 @@ def _pack_with(train: Trainer, spec: dict, inbox: deque, refill: Callable[[], No
         sleep = min(2 * sleep, 0.05)
 
 
+@dataclass(frozen=True)
+class Help:
+    """In a worker's inbox: help rank ``leader`` train ``spec`` (the end of the run, ``runtime.tail``)."""
+
+    spec: dict
+    leader: int
+
+
 def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: dict | None = None) -> int:
     """A worker rank: train specs from the master until told to stop; returns how many.
     Its first result carries ``startup`` (when the process reached each start-up step).
@@ -551,6 +647,7 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: di
     from ensemble.runtime.mpi import (
         ANY_TAG,
         TAG_DECISION,
+        TAG_HELP,
         TAG_REPORT,
         TAG_RESULT,
         TAG_STOP,
@@ -561,6 +658,10 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: di
     leader = group is None or group.Get_rank() == 0
     grouped = group is not None and group.Get_size() > 1
     inbox: deque = deque()
+    tail = None
+    if train.elastic and not grouped:                  # the end of the run may send helpers (runtime.tail)
+        from ensemble.runtime.tail import WorkerTail
+        tail = train.tail = WorkerTail(comm, max_sleep)
 
     def report(payload: dict) -> dict:
         decision = None
@@ -571,6 +672,12 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: di
 
     def take(got) -> None:
         message, _, tag = got
+        if tag == TAG_HELP:
+            if "helper" in message:                # for a member this worker trains no longer
+                tail.release([message["helper"]])
+            else:                                  # this worker helps a member at the end of the run
+                inbox.append(Help(message["spec"], int(message["leader"])))
+            return
         inbox.append(None if tag == TAG_STOP else message)
 
     def drain() -> None:
@@ -600,6 +707,10 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: di
         if spec is None:
             log.debug("told to stop after %d specs", count)
             return count
+        if isinstance(spec, Help):
+            log.debug("helping rank %d with %s", spec.leader, spec.spec.get("id"))
+            train.help(spec.spec, spec.leader)
+            continue
         pack = _pack_with(train, spec, inbox, drain) if leader and not grouped else [spec]
         if len(pack) > 1:                  # packed members (runtime.members_per_rank): one graph, K results
             log.debug("training %s packed", ", ".join(s.get("id") for s in pack))
@@ -612,7 +723,7 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: di
             if leader and not grouped and train.looks_ahead:
                 if not inbox and sends_ahead:
                     next_spec_briefly()
-                if inbox and inbox[0] is not None:
+                if inbox and isinstance(inbox[0], dict):
                     train.ahead(inbox[0], spec)      # the next spec held: prepared meanwhile
             results = [timed(train, spec, report)]
         if leader:

@@ -238,3 +238,7 @@ class HierarchyExecutor:
     def answer(self, spec_id: str, decision: dict) -> None:
         raise RuntimeError("a master hierarchy holds no reports (its sub-masters answer them); "
                            "set `runtime.sub_masters = 0` for a run whose decider holds members")
+
+    def tail(self, dry: bool) -> None:
+        """Nothing yet: a sub-master's workers do not help each other's members at the end
+        (``runtime.tail`` is a flat master's)."""

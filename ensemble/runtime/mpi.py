@@ -22,6 +22,7 @@ ANY_TAG = MPI.ANY_TAG
 TAG_SPEC, TAG_RESULT, TAG_STOP = 11, 12, 13
 TAG_REPORT, TAG_DECISION = 14, 15        # a worker's in-training report and the master's answer
 TAG_STATE = 16                           # a member's weights and optimizer state, worker to worker (PBT)
+TAG_HELP, TAG_JOIN = 17, 18              # the run's end (runtime.tail): master -> helper, leader; leader -> helper
 TAG_INSITU_REQUEST, TAG_INSITU_REPLY, TAG_INSITU_DONE = 21, 22, 23   # in-situ inference, client <-> server
 TAG_ONLINE_UP, TAG_ONLINE_DOWN = 31, 32  # online training (MPMD): simulation -> ensemble master, and back
 

@@ -57,6 +57,10 @@ class Source(Protocol):
     def next_spec(self) -> dict | None:
         """The next spec to train, or None when nothing can be handed out now."""
 
+    def dry(self) -> bool:
+        """Whether nothing more will ever be handed out (the members still training are the
+        run's last: idle workers may help them, ``runtime.tail``)."""
+
     def tell(self, record: MemberRecord) -> MemberRecord:
         """A member ended (any status); returns its record as the journal keeps it."""
 

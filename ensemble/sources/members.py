@@ -117,12 +117,18 @@ class SpecList:
     def __init__(self, specs: Iterable[dict], done_ids: Collection[str] = frozenset(), total: int | None = None):
         self.pending = (s for s in specs if s["id"] not in done_ids)
         self.total = total
+        self._dry = False
 
     def bind(self, hooks: Hooks) -> None:
         pass
 
     def next_spec(self) -> dict | None:
-        return next(self.pending, None)
+        spec = next(self.pending, None)
+        self._dry = spec is None
+        return spec
+
+    def dry(self) -> bool:
+        return self._dry
 
     def tell(self, record: MemberRecord) -> MemberRecord:
         return record
@@ -165,6 +171,7 @@ class CostOrdered(SpecList):
     def next_spec(self) -> dict | None:
         live = [name for name, spec in self.heads.items() if spec is not None]
         if not live:
+            self._dry = True
             return None
         name = max(live, key=self.predicted)           # ties: the first in the list
         if self.current in live and self.predicted(self.current) >= self.STICK * self.predicted(name):

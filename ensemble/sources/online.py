@@ -120,6 +120,9 @@ class OnlineSource:
                 path.unlink(missing_ok=True)
 
     # -- what ended ----------------------------------------------------------------------------
+    def dry(self) -> bool:
+        return False                     # its members train in rounds (or on new data): none is the last
+
     def tell(self, record: MemberRecord) -> MemberRecord:
         self._files_in_use.pop(record.id, None)
         if record.ok:

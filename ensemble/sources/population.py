@@ -236,6 +236,9 @@ class PopulationSource:
             return self.pending.popleft()
         return None
 
+    def dry(self) -> bool:
+        return False                     # its members train in rounds (or on new data): none is the last
+
     def tell(self, record: MemberRecord) -> MemberRecord:
         """A member's final result; a member that failed outside a round (an exception, not a
         NaN) leaves the population, which goes on without it."""

@@ -277,6 +277,9 @@ class SearchSource:
                 "batch_size": genome.batch_size, "genome": genome.to_dict(),
                 "summary": genome.summary(self.input_shape)}
 
+    def dry(self) -> bool:
+        return not self.reissue and not self.retrain and (self.exhausted or self.strategy.budget_spent())
+
     def tell(self, record: MemberRecord) -> MemberRecord:
         """A candidate ended (a discarded one is a low-fidelity evaluation): the strategy
         learns its fitness; the record gets its ``search`` entry (evaluation, wall, fitness)."""

@@ -12,6 +12,7 @@ obeys the decision (go on, stop, new learning rate).
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import time
@@ -27,6 +28,7 @@ from ensemble.results.retention import passes
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.env import TENSORFLOW
 from ensemble.runtime.executor import Report
+from ensemble.runtime.tail import MIN_STEP_SECONDS, PAYS
 from ensemble.task import get_task
 from ensemble.train.traced import BUILD_LOCK, PRETRACE, TRACED, adopt, trace_key
 
@@ -111,7 +113,8 @@ def _phase_clock():
             self.validation, self._val_start = 0.0, None
 
         def on_train_begin(self, logs=None):
-            self.fit_start = time.perf_counter()
+            if self.fit_start is None:              # a member that grew (``runtime.tail``) fits again
+                self.fit_start = time.perf_counter()
 
         def on_epoch_end(self, epoch, logs=None):
             if self.first_end is None:
@@ -140,12 +143,14 @@ def _phase_clock():
 
 
 def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: RunDirectory,
-                 group=None, report: Report | None = None) -> dict | None:
+                 group=None, report: Report | None = None, tail=None) -> dict | None:
     """Train ``spec`` on the shared ``data`` views; return its journal record.
 
     With a member ``group`` (G > 1 ranks) every rank of the group calls this: each trains
     on its shard of every global batch with a fused gradient allreduce; only the leader
-    predicts, writes files and returns the record (the others return None).
+    predicts, writes files and returns the record (the others return None). With ``tail``
+    (a ``runtime.tail.WorkerTail``, a worker of one rank) the member takes the helpers the
+    master sends at the end of the run, at its epoch ends (``grow_and_fit``).
     """
     import keras
 
@@ -181,18 +186,30 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     train_ds, val_ds = member_datasets(spec, data, meta, y_tf, group)
     build_seconds = time.monotonic() - t0                 # model, optimizer and both datasets
     limit, clock = _time_limit_callback(spec["member_time_limit"]), _phase_clock()
-    early = keras.callbacks.EarlyStopping(monitor="val_loss", patience=spec["patience"], restore_best_weights=True)
-    callbacks = parallel[:1] + [clock, keras.callbacks.TerminateOnNaN(), limit, early] + parallel[1:]
+    early = _early_stopping(spec)
     reporter = None
-    if report is not None and spec.get("report_every"):
-        reporter = _report_callback(report, int(spec["report_every"]))
-        callbacks.append(reporter)
-    try:
-        hist = model.fit(train_ds, validation_data=val_ds, epochs=spec["epochs"], verbose=0, shuffle=False,
-                         callbacks=callbacks).history
-    except Exception as exc:
-        exc.inside_group_fit = group is not None   # the other ranks may wait in an allreduce forever
-        raise
+    if tail is not None and group is None:             # the end of the run may send helpers
+        crew = Crew(tail, [tail.rank], leader=True)
+        if report is not None and spec.get("report_every"):
+            reporter = _report_callback(crew.report(report), int(spec["report_every"]))
+        hist = grow_and_fit(model, crew, spec, data, meta, y_tf, (train_ds, val_ds),
+                            [clock, keras.callbacks.TerminateOnNaN(), limit, early]
+                            + ([reporter] if reporter is not None else []), early, limit, 0)
+        helped = crew.helped()
+        if helped:
+            key = None                                 # its steps are data-parallel now: not kept
+    else:
+        helped = {}
+        callbacks = parallel[:1] + [clock, keras.callbacks.TerminateOnNaN(), limit, early] + parallel[1:]
+        if report is not None and spec.get("report_every"):
+            reporter = _report_callback(report, int(spec["report_every"]))
+            callbacks.append(reporter)
+        try:
+            hist = model.fit(train_ds, validation_data=val_ds, epochs=spec["epochs"], verbose=0, shuffle=False,
+                             callbacks=callbacks).history
+        except Exception as exc:
+            exc.inside_group_fit = group is not None   # the other ranks may wait in an allreduce forever
+            raise
     losses = np.asarray(hist.get("loss", []), dtype=np.float64)
     if not len(losses) or not np.isfinite(losses).all():
         raise MemberFailed("nan_loss", f"training loss became NaN/inf at epoch {len(losses)}; lower "
@@ -229,8 +246,285 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         result["decisions"] = [d["action"] for d in reporter.decisions]
     if reused:                                        # trained on a kept model: no tracing (``train.traced``)
         result[REUSED_TRACE] = True
+    result.update(helped)
     TRACED.keep(key, model)
     return result
+
+
+def _early_stopping(spec: dict):
+    """The member's early stopping on the validation loss (its counters survive a pause)."""
+    return _resumable()(monitor="val_loss", patience=spec["patience"], restore_best_weights=True)
+
+
+@functools.cache
+def _resumable():
+    import keras
+
+    class Resumable(keras.callbacks.EarlyStopping):
+        """EarlyStopping whose counters (and best weights) live on when ``fit`` is left to
+        grow the member's group and entered again (``grow_and_fit``); ``pausing`` says the
+        ``fit`` that ends now is such a pause (the best weights are not restored)."""
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.begun = self.pausing = False
+
+        def on_train_begin(self, logs=None):
+            if not self.begun:
+                super().on_train_begin(logs)
+                self.begun = True
+
+        def on_train_end(self, logs=None):
+            if not self.pausing:
+                super().on_train_end(logs)
+
+        def state(self) -> dict:
+            return {"wait": self.wait, "best": self.best, "best_epoch": self.best_epoch,
+                    "stopped_epoch": self.stopped_epoch}
+
+        def load(self, state: dict) -> None:
+            self.begun = True
+            for name, value in state.items():
+                setattr(self, name, value)
+    return Resumable
+
+
+class Crew:
+    """The ranks training one member at the end of the run (``runtime.tail``): the member's
+    worker (the leader, first) and its helpers; their communicator (None alone) and the
+    data-parallel callbacks once there is more than one."""
+
+    def __init__(self, tail, ranks: list[int], leader: bool):
+        self.tail, self.ranks, self.leader = tail, list(ranks), leader
+        self.group = None
+        self.parallel: list = []
+        self.joined: dict[int, float] = {}              # helper rank -> when it joined (the leader's clock)
+        self.spent, self.most = 0.0, 0                  # helpers' seconds in a crew that parted; most helpers
+
+    def grow(self, ranks: list[int]) -> None:
+        """Every rank of the grown group (old ranks first, in their order): the new communicator."""
+        now = time.monotonic()
+        self.joined.update({r: now for r in ranks if r not in self.ranks})
+        old, self.ranks = self.group, list(ranks)
+        self.most = max(self.most, len(self.ranks) - 1)
+        self.group = self.tail.form(self.ranks)
+        if old is not None:
+            old.Free()
+
+    def part(self, model) -> None:
+        """The crew parts before the member ends (its helpers did not speed it up): the
+        leader trains on alone, with its model's own steps."""
+        from ensemble.runtime.data_parallel import undo_data_parallel
+        now = time.monotonic()
+        self.spent += sum(now - t for t in self.joined.values())
+        self.joined.clear()
+        if self.group is not None:
+            self.group.Free()
+        self.group, self.ranks = None, self.ranks[:1]
+        if self.leader:
+            undo_data_parallel(model)
+            self.parallel = []
+
+    def helped(self) -> dict:
+        """The leader's record fields: the most helpers it had and their seconds in the crew
+        (``records.helped_fields``)."""
+        from ensemble.results.records import helped_fields
+        now = time.monotonic()
+        return helped_fields(self.most, self.spent + sum(now - t for t in self.joined.values()))
+
+    def data_parallel(self, model) -> None:
+        from ensemble.runtime.data_parallel import make_data_parallel, rebind
+        if self.parallel:
+            rebind(self.parallel, self.group)
+        else:
+            self.parallel = make_data_parallel(model, self.group)
+
+    def report(self, report: Report | None) -> Report:
+        """The leader's report to the master, its decision then given to every rank of the crew
+        (a helper passes ``None``: it only receives the decision)."""
+        from ensemble.runtime.mpi import polite_bcast
+
+        def crew_report(payload: dict) -> dict:
+            decision = report(payload) if self.leader else None
+            return decision if self.group is None else polite_bcast(self.group, decision)
+        return crew_report
+
+
+def _help_check(crew: Crew, spec: dict, early):
+    """The leader's last callback before the group's stop: at an epoch end, helpers that have
+    arrived (up to the global batch: a rank needs a row) pause ``fit`` to grow the group,
+    unless the member ends now anyway."""
+    import keras
+
+    class HelpCheck(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.pending: list[int] = []
+            self.pausing = self.parting = self.declined = False
+            self.step = float("inf")                  # the shortest seconds per training step alone
+            self.crew_steps: list[float] = []         # seconds per step in the crew since it last grew
+            self._fit_epochs = 0
+            self._begin = self._last = 0.0
+            self._steps = 0
+
+        def on_train_begin(self, logs=None):
+            self.pausing = self.parting = early.pausing = False
+            self._fit_epochs = 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._begin, self._steps = time.perf_counter(), 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self._steps += 1
+            self._last = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            if not crew.leader:
+                return
+            if self._steps and self._fit_epochs:            # not the first epoch of a fit: it traces
+                seconds = (self._last - self._begin) / self._steps
+                if len(crew.ranks) == 1:
+                    self.step = min(self.step, seconds)
+                else:
+                    self.crew_steps.append(seconds)
+            self._fit_epochs += 1
+            ending = self.model.stop_training or epoch + 1 >= spec["epochs"]
+            if (len(crew.ranks) > 1 and len(self.crew_steps) >= 2 and not ending
+                    and self.step / min(self.crew_steps) < PAYS):
+                self.parting = self.pausing = early.pausing = self.declined = True   # the crew does not pay
+                self.model.stop_training = True
+                return
+            arrived = crew.tail.arrived(spec["id"])
+            if arrived and (self.declined or (len(crew.ranks) == 1 and self.step < MIN_STEP_SECONDS)):
+                if self.declined:
+                    crew.tail.release(arrived)
+                else:                                 # steps too short to share: no helpers, and no more
+                    self.declined = True
+                    crew.tail.decline(spec["id"], arrived)
+                return
+            room = max(0, int(spec["batch_size"]) - len(crew.ranks) - len(self.pending))
+            self.pending += arrived[:room]
+            crew.tail.release(arrived[room:])
+            if self.pending and not ending and self.step < float("inf"):     # its step measured alone first
+                self.model.stop_training = self.pausing = early.pausing = True
+
+        def take(self) -> dict | None:
+            """After ``fit``: the crew's next ranks (a pause: grown by the helpers waiting, or the
+            leader alone when the crew did not pay), or None: the member ended."""
+            pending, self.pending = self.pending, []
+            if self.parting:
+                crew.tail.decline(spec["id"], pending)      # the master frees the crew, sends no more
+                return {"ranks": crew.ranks[:1]}
+            if self.pausing and pending:
+                self.crew_steps = []
+                crew.tail.invite(crew.ranks + pending, pending)
+                return {"ranks": crew.ranks + pending}
+            crew.tail.release(pending)
+            return None
+    return HelpCheck()
+
+
+def grow_and_fit(model, crew: Crew, spec: dict, data, meta: dict, y_tf, datasets, callbacks: list, early, limit,
+                 epoch: int) -> dict:
+    """Train from ``epoch`` on, the crew growing at epoch ends as helpers arrive; every rank of
+    the crew runs this (the helpers from ``help_member``). Returns the history of the epochs
+    trained here. At each pause the leader tells the crew the new ranks (none: the end), the
+    new ranks are invited, the group is formed, the leader's state (weights, optimizer,
+    epoch, early-stopping counters, elapsed time) goes to every rank, and ``fit`` goes on on
+    the new shards. At the end the crew agrees on the time limit's verdict and parts."""
+    from ensemble.runtime.mpi import polite_bcast
+    check = _help_check(crew, spec, early)
+    train_ds, val_ds = datasets
+    history: dict[str, list] = {}
+    while True:
+        cbs = crew.parallel[:1] + callbacks + [check] + crew.parallel[1:]
+        try:
+            hist = model.fit(train_ds, validation_data=val_ds, initial_epoch=epoch, epochs=spec["epochs"],
+                             verbose=0, shuffle=False, callbacks=cbs).history
+        except Exception as exc:
+            exc.inside_group_fit = crew.group is not None
+            if crew.leader and crew.group is None:
+                crew.tail.release(check.pending)              # no helper waits for a member that failed
+            raise
+        for k, v in hist.items():
+            history.setdefault(k, []).extend(v)
+        epoch += len(hist.get("loss", []))
+        plan = check.take() if crew.leader else None
+        if crew.group is not None:
+            plan = polite_bcast(crew.group, plan)         # the crew hears: its next ranks, or the end
+        if plan is None:
+            break
+        if len(plan["ranks"]) == 1:                       # the crew parts: the leader goes on alone
+            crew.part(model)
+            if not crew.leader:
+                return history
+            train_ds, val_ds = member_datasets(spec, data, meta, y_tf, None)
+            continue
+        crew.grow(plan["ranks"])
+        state = {"epoch": epoch, "elapsed": _clock() - limit.start, "completed": limit.completed,
+                 "early": early.state()} if crew.leader else None
+        epoch = _share(model, crew, state, early, limit)
+        crew.data_parallel(model)
+        train_ds, val_ds = member_datasets(spec, data, meta, y_tf, crew.group)
+    if crew.group is not None:
+        limit.hit = bool(crew.group.allreduce(int(limit.hit)))       # one verdict for the whole crew
+        limit.completed = min(crew.group.allgather(limit.completed))
+        crew.group.Free()
+        crew.group = None
+    return history
+
+
+def _share(model, crew: Crew, state: dict | None, early, limit) -> int:
+    """The leader's state to every rank of the crew (its weights, its optimizer's variables,
+    and ``state``: epoch, elapsed seconds, epochs within the time limit, early-stopping
+    counters); returns the epoch to go on from."""
+    from ensemble.runtime.data_parallel import broadcast_variables, broadcast_weights
+    from ensemble.runtime.mpi import polite_bcast
+    optimizer = model.optimizer
+    if not optimizer.built:                            # a helper's: its variables to receive into
+        optimizer.build(model.trainable_variables)
+    broadcast_weights(model, crew.group)
+    broadcast_variables(list(optimizer.variables), crew.group)
+    state = polite_bcast(crew.group, state)
+    if not crew.leader:
+        limit.start = _clock() - state["elapsed"]
+        limit.completed = state["completed"]
+        early.load(state["early"])
+    return int(state["epoch"])
+
+
+def help_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, leader: int, tail) -> None:
+    """A helper at the end of the run: build ``spec``'s model as its worker did, wait for the
+    worker (``leader``) to take it into its crew, then train with the crew until the member
+    ends (``grow_and_fit``). The leader records the member; a helper returns nothing, also
+    when the member ended before it was taken in."""
+    import keras
+
+    from ensemble.train.architecture import build_model, make_optimizer
+    task = get_task(meta["task"])
+    gaussian = gaussian_head(spec.get("loss"), task.name, bool(spec.get("model")))
+    with BUILD_LOCK:
+        keras.utils.set_random_seed(spec["seed"])
+        model = build_model(spec, tuple(meta["input_shape"]), meta["n_outputs"], task.name)
+    loss, metrics = task.loss(gaussian)
+    model.compile(optimizer=make_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss, metrics=metrics,
+                  jit_compile=TENSORFLOW["jit_compile"])
+    model.optimizer.build(model.trainable_variables)
+    y_shift, y_scale = task.target_scaling(data["y_train"])
+    y_tf = task.target_transform(y_shift, y_scale)
+    ranks = tail.answer(leader)
+    if ranks is None:                                   # the member ended first
+        return
+    crew = Crew(tail, [], leader=False)
+    crew.grow(ranks)
+    limit, early = _time_limit_callback(spec["member_time_limit"]), _early_stopping(spec)
+    epoch = _share(model, crew, None, early, limit)
+    crew.data_parallel(model)
+    callbacks = [keras.callbacks.TerminateOnNaN(), limit, early]
+    if spec.get("report_every"):
+        callbacks.append(_report_callback(crew.report(None), int(spec["report_every"])))
+    grow_and_fit(model, crew, spec, data, meta, y_tf, member_datasets(spec, data, meta, y_tf, crew.group),
+                 callbacks, early, limit, epoch)
 
 
 def check_weights(model, spec: dict) -> None:
@@ -339,9 +633,9 @@ def candidate_payload(spec: dict, val: dict, preds: dict, variances: dict, histo
 
 
 def run_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: RunDirectory, rank: int,
-               group=None, report: Report | None = None) -> dict | None:
+               group=None, report: Report | None = None, tail=None) -> dict | None:
     """``train_member`` that never raises: a failure becomes a journal record."""
-    return guarded(lambda: train_member(spec, data, meta, run_dir, group, report), spec, rank)
+    return guarded(lambda: train_member(spec, data, meta, run_dir, group, report, tail), spec, rank)
 
 
 def failure_record(spec: dict, exc: BaseException, t0: float) -> dict:

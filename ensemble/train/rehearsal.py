@@ -129,24 +129,48 @@ class RehearsalTrainer:
             return scores, None
         return scores, (preds, variances)
 
-    def __call__(self, spec: dict, report: Report | None = None) -> dict | None:
+    def __call__(self, spec: dict, report: Report | None = None, tail=None) -> dict | None:
         t0 = time.monotonic()
         seconds = member_seconds(spec, self.settings, self.replay)
         epochs = max(1, int(spec.get("epochs", 1)))
         every = int(spec.get("report_every") or 0)
         done, stopped = epochs, "epochs"
+        crew = _Crew(tail) if tail is not None else None
+        end = t0
         for epoch in range(1, epochs + 1):
-            _sleep_until(t0 + seconds * epoch / epochs)
+            end += seconds / epochs / (crew.speed() if crew is not None else 1.0)
+            _sleep_until(end)
             if report is not None and every and epoch % every == 0 and epoch < epochs:
                 decision = report({"epoch": epoch, "logs": {"loss": 1.0 / epoch, "val_loss": 1.0 / epoch}})
                 if decision["action"] == "stop":
                     done, stopped = epoch, "master"
                     break
+            if crew is not None and epoch < epochs:
+                crew.epoch_end(spec["id"])
         if not self.leader:            # the other ranks of a group sleep and report alike, return nothing
             return None
+        helped = crew.end() if crew is not None else {}
         record = self.record(spec, time.monotonic() - t0, done, stopped)
         record["train_seconds"] = round(time.monotonic() - t0, 3)      # scoring and writing included
+        record.update(helped)
         return record
+
+    def help(self, spec: dict, leader: int, tail) -> None:
+        """A helper at the end of the run: in the crew of ``leader`` until the member ends (it
+        sleeps with the leader, whose epochs shorten as the crew grows: ``tail.speedup``)."""
+        from ensemble.runtime.mpi import polite_bcast
+        ranks = tail.answer(leader)
+        if ranks is None:
+            return
+        group = tail.form(ranks)
+        polite_bcast(group, None)                       # the state (here: nothing to carry)
+        while (new := polite_bcast(group, None)) is not None:
+            if new:
+                ranks = ranks + new
+                old, group = group, tail.form(ranks)
+                old.Free()
+                polite_bcast(group, None)
+        group.Free()
 
     def record(self, spec: dict, seconds: float, epochs: int | None = None, stopped: str = "epochs") -> dict:
         """The member's journal record after ``seconds`` (raises MemberFailed for a drawn failure)."""
@@ -166,6 +190,47 @@ class RehearsalTrainer:
         if arrays is not None:
             record.update(candidate_payload(spec, scores["val"], *arrays))
         return record
+
+
+class _Crew:
+    """A rehearsal member's worker and its helpers (``runtime.tail``), following the Keras
+    member's messages: at each epoch end the crew hears whether it grows ([] no, a list of
+    new ranks yes), the new ranks are invited and the group is formed; ``None`` ends it."""
+
+    def __init__(self, tail):
+        self.tail, self.ranks, self.group = tail, [tail.rank], None
+        self.joined: dict[int, float] = {}
+
+    def speed(self) -> float:
+        from ensemble.runtime.tail import EFFICIENCY, speedup
+        return speedup(len(self.ranks), EFFICIENCY)
+
+    def epoch_end(self, spec_id: str) -> None:
+        from ensemble.runtime.mpi import polite_bcast
+        new = self.tail.arrived(spec_id)
+        if self.group is not None:
+            polite_bcast(self.group, new)
+        if not new:
+            return
+        self.tail.invite(self.ranks + new, new)
+        self.ranks = self.ranks + new
+        old, self.group = self.group, self.tail.form(self.ranks)
+        if old is not None:
+            old.Free()
+        polite_bcast(self.group, {})
+        now = time.monotonic()
+        self.joined.update({r: now for r in new})
+
+    def end(self) -> dict:
+        """The crew parts; the record's ``helpers`` and ``helper_seconds`` (none: {})."""
+        from ensemble.runtime.mpi import polite_bcast
+        if self.group is None:
+            return {}
+        polite_bcast(self.group, None)
+        self.group.Free()
+        from ensemble.results.records import helped_fields
+        now = time.monotonic()
+        return helped_fields(len(self.ranks) - 1, sum(now - t for t in self.joined.values()))
 
 
 def _sleep_until(deadline: float) -> None:

@@ -95,6 +95,9 @@ class FakeExecutor:
     def shutdown(self) -> None:
         pass
 
+    def tail(self, dry: bool) -> None:
+        pass
+
 
 def run(source: SearchSource, lines: list, executor: FakeExecutor, kill_in_journal: int | None = None) -> None:
     """The master's side as ``orchestrate.session`` wires it: issued lines and results to
