@@ -60,9 +60,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--arch-costs", type=float, nargs="+", default=[1.0],
                    help="--engine fast: members dealt round-robin over architectures whose median seconds are "
                         "--seconds times these (default: one architecture)")
-    p.add_argument("--tail", choices=("none", "helpers"), default="none",
+    p.add_argument("--tail", choices=("none", "helpers"), default=None,
                    help="--engine fast: what idle workers do once the list is dry; helpers: join the longest-running "
-                        "member as data-parallel helpers (a what-if: the runtime's groups are fixed at the start)")
+                        "straggler as data-parallel helpers, as the runtime does (`runtime.tail_helpers`); default: "
+                        "what the config's `runtime.tail_helpers` gives at each worker count (\"auto\": helpers "
+                        "from 32 workers)")
     p.add_argument("--seed", type=int, default=0, help="--engine fast: the seed of the members' durations")
     p.add_argument("--sub-masters", default="1",
                    help="--engine fast: a model of a master hierarchy whose sub-masters each carry their members' "
@@ -103,7 +105,9 @@ def fast_rows(cfg, args) -> int:
     """``--engine fast``: one row per worker count (``orchestrate.fastsim``)."""
     import time
 
+    from ensemble.modes import mode_of
     from ensemble.orchestrate import fastsim
+    from ensemble.runtime.tail import AUTO_HELPERS
     rt = cfg.runtime
     cost = cost_model(args.master_cost, cfg.mode)
     if cost is None:
@@ -119,15 +123,17 @@ def fast_rows(cfg, args) -> int:
             rank = -np.asarray(args.arch_costs)[arch]      # the architectures' measured means, longest first
             durations = durations[np.argsort(rank, kind="stable")]
         hand = None if rt.specs_in_hand == "auto" else int(rt.specs_in_hand)
+        helpers = mode_of(cfg).tail_helpers(cfg, workers)
+        tail = args.tail or ("helpers" if helpers else "none")
         scenario = fastsim.Scenario(workers, cost, message_seconds=args.message_us * 1e-6, latency=args.latency,
-                                    in_hand=hand, tail=args.tail,
+                                    in_hand=hand, tail=tail, max_group=1 + (helpers or AUTO_HELPERS),
                                     time_limit=None if rt.time_limit is None else rt.time_limit - rt.finish_reserve,
                                     stop_quantile=rt.stop_quantile)
         subs = (fastsim.hierarchy_shape(workers, float(np.mean(durations)), cost, scenario.message_seconds)
                 if args.sub_masters == "auto" else int(args.sub_masters))     # the runtime's own choice
         t0 = time.perf_counter()
         stats = fastsim.run_hierarchy(scenario, durations, subs)
-        stats.update(real_seconds=round(time.perf_counter() - t0, 2), mode=cfg.mode, order=rt.order, tail=args.tail,
+        stats.update(real_seconds=round(time.perf_counter() - t0, 2), mode=cfg.mode, order=rt.order, tail=tail,
                      seconds=cfg.rehearsal.seconds, spread=cfg.rehearsal.spread,
                      cost_us=[round(cost.result * 1e6, 2), round(cost.dispatch * 1e6, 2)])
         if args.json:

@@ -699,7 +699,7 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: di
         if leader:
             drain()
             sends_ahead = sends_ahead or bool(inbox)
-            if not inbox:
+            while not inbox:                 # (a stale help message adds nothing: wait on)
                 take(poll_recv(comm, 0, ANY_TAG, max_sleep))
             spec = inbox.popleft()
         if grouped:
