@@ -285,6 +285,101 @@ def validate(args) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+VALIDATE_TAIL = """
+name = "validate_tail"
+seed = {seed}
+[[architectures]]
+name = "a"
+members = {members}
+epochs = 10
+layers = [{{type = "Dense", units = 8}}]
+[runtime]
+trainer = "rehearsal"
+tail_helpers = {helpers}
+progress_seconds = 1e9
+[rehearsal]
+seconds = 1.0
+spread = 1.0
+predictions = false
+"""
+
+
+def validate_tail(args) -> None:
+    """Idle workers as helpers (``runtime.tail_helpers``): real oversubscribed rehearsal runs
+    against the session engine, helpers off and on, the same drawn member durations."""
+    import datetime
+    import statistics
+
+    from bench_dispatch import launcher
+    from benchkit import write_block
+
+    from ensemble.results.rundir import RunDirectory
+    from ensemble.results.timeline import run_stats
+    tmp = Path(tempfile.mkdtemp(prefix="validate_tail_"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    results: dict[tuple[int, int], list[tuple[dict, dict]]] = {}
+    load0 = os.getloadavg()[0]
+
+    def figures(run_dir: Path) -> dict:
+        lines = RunDirectory(run_dir).read_lines()
+        records = [r for r in lines if "event" not in r and r.get("started") is not None]
+        stats = run_stats(records, [r for r in lines if "event" in r])
+        start = min(r["started"] for r in records)
+        return {"workers": stats["workers"], "members": stats["members"], "utilisation": stats["utilisation"],
+                "span": max(r["received"] for r in records) - start,
+                "helped": sum(1 for r in records if r.get("helpers"))}
+
+    for seed in args.seeds:
+        for ranks in args.ranks:
+            for helpers in (0, args.helpers):
+                cfg = tmp / f"n{ranks}_h{helpers}_s{seed}.toml"
+                cfg.write_text(VALIDATE_TAIL.format(seed=seed, members=(ranks - 1) * args.per_worker,
+                                                    helpers=helpers))
+                real, sim = tmp / f"real_{cfg.stem}", tmp / f"sim_{cfg.stem}"
+                out = subprocess.run(launcher() + ["-n", str(ranks), sys.executable, "-m", "ensemble.run",
+                                                   str(cfg), "--run-dir", str(real), "--overwrite"],
+                                     capture_output=True, text=True, env=env, timeout=1800)
+                if out.returncode:
+                    raise SystemExit(f"ensemble.run -n {ranks} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+                r = figures(real)
+                out = subprocess.run([sys.executable, "-m", "ensemble.simulate", str(cfg), "--workers",
+                                      str(r["workers"]), "--run-dir", str(sim), "--json"],
+                                     capture_output=True, text=True, env=env, timeout=1800)
+                if out.returncode:
+                    raise SystemExit(f"ensemble.simulate failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+                s_ = figures(sim / f"workers{r['workers']}")
+                results.setdefault((ranks, helpers), []).append((r, s_))
+                print(f"seed {seed} -n {ranks} helpers {helpers}: real {r}, simulated {s_}", flush=True)
+    lines = [f"Measured {datetime.date.today().isoformat()} on {os.cpu_count()} cores (load {load0:.1f} before), "
+             f"every rank oversubscribed; rehearsal members of one architecture (median 1 s, spread 1.0, 10 epochs), "
+             f"{args.per_worker} members per worker, seeds {', '.join(map(str, args.seeds))}; the simulator draws "
+             "the same durations (each cell: the medians over the seeds, real / simulated, then the "
+             "simulated-over-real ratio's median and range):",
+             "", "```bash", f"python scripts/bench_scale.py validate-tail --ranks {' '.join(map(str, args.ranks))} "
+             f"--per-worker {args.per_worker} --helpers {args.helpers} --seeds {' '.join(map(str, args.seeds))}"
+             + (f" --write {args.write}" if args.write else ""), "```", "",
+             "| ranks | tail_helpers | workers | members | utilisation | span | members helped | helpers' gain, "
+             "points: real / simulated |", "|---|---|---|---|---|---|---|---|"]
+    for (ranks, helpers), pairs in results.items():
+        real, sim = [p[0] for p in pairs], [p[1] for p in pairs]
+        gain = ""
+        if helpers:
+            base = results[(ranks, 0)]
+            gains_r = [100 * (a[0]["utilisation"] - b[0]["utilisation"]) for a, b in zip(pairs, base)]
+            gains_s = [100 * (a[1]["utilisation"] - b[1]["utilisation"]) for a, b in zip(pairs, base)]
+            gain = f"{statistics.median(gains_r):+.1f} / {statistics.median(gains_s):+.1f}"
+        lines.append(f"| {ranks} | {helpers} | {real[0]['workers']} | {real[0]['members']} | "
+                     + _ratio_cell([x["utilisation"] for x in real], [x["utilisation"] for x in sim], 100, "%") + " | "
+                     + _ratio_cell([x["span"] for x in real], [x["span"] for x in sim], 1, " s") + " | "
+                     + f"{statistics.median(x['helped'] for x in real):g} / "
+                       f"{statistics.median(x['helped'] for x in sim):g} | {gain} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.write:
+        write_block(Path(args.write), "bench_scale validate-tail", table)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -297,6 +392,12 @@ def main() -> None:
     j.add_argument("--lines", type=int, default=20000)
     w = sub.add_parser("twice")
     w.add_argument("--workers", type=int, default=1000)
+    vt = sub.add_parser("validate-tail")
+    vt.add_argument("--ranks", type=int, nargs="+", default=[16, 32])
+    vt.add_argument("--per-worker", type=int, default=8)
+    vt.add_argument("--helpers", type=int, default=7)
+    vt.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    vt.add_argument("--write", metavar="PAGE", help="write the table into PAGE between its bench_scale markers")
     v = sub.add_parser("validate")
     v.add_argument("--ranks", type=int, nargs="+", default=[16, 32])
     v.add_argument("--per-worker", type=int, default=16)
@@ -305,7 +406,7 @@ def main() -> None:
                    help="write the table into PAGE between its <!-- bench_scale validate --> marks")
     args = p.parse_args()
     {"table": table, "calibrate": calibrate, "journal": journal, "twice": twice,
-     "validate": validate}[args.what](args)
+     "validate": validate, "validate-tail": validate_tail}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ run accepts simulates: early discarding and PBT rounds included.
   master ``latency`` after the member ends; each message costs the master
   ``message_seconds`` (a send or a receive: measure it with ``scripts/bench_dispatch.py``'s
   ping-pong); workers hold specs in hand exactly as the MPI executor's ``Slots`` say;
+- at the end of the run (``runtime.tail_helpers``) the executor plans helpers with the MPI
+  executor's ``TailPlan``; a helper joins at its member's next epoch end and a crew of g
+  ranks trains at ``tail.speedup(g, tail.EFFICIENCY)`` times one rank, as a rehearsal
+  member does (members that report to the master are not helped here);
 - the master's own cost is measured (``cost=None``): the real time its code takes between
   two waits (source, journal, budget) advances the virtual clock, so results that arrive
   while it is busy queue up as they would on a real machine; or it comes from a cost
@@ -50,7 +54,7 @@ from ensemble.config import RunConfig
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.timeline import run_stats
 from ensemble.runtime.budget import RunBudget
-from ensemble.runtime.executor import Decide, Slots, check_decision, result_seconds
+from ensemble.runtime.executor import TAIL_CHECK_SECONDS, Decide, Slots, check_decision, result_seconds
 from ensemble.train.member import guarded
 
 
@@ -103,8 +107,13 @@ class SimExecutor:
     def __init__(self, workers: int, duration: Callable[[dict], float], record: Callable[[dict, float, int, str], dict],
                  clock: VirtualClock, *, in_hand: int | None = None, latency: float = 0.0,
                  message_seconds: float = 0.0, group_size: int = 1, batch: int = 256,
-                 curve: Callable[[dict, int, int], dict] | None = None, cost: MasterCost | None = None):
+                 curve: Callable[[dict, int, int], dict] | None = None, cost: MasterCost | None = None,
+                 helpers: int = 0):
+        from ensemble.runtime.tail import TailPlan
         self.workers, self.duration, self.record, self.clock = workers, duration, record, clock
+        self.plan = TailPlan(helpers)                  # the end of the run, as ``MpiExecutor`` plans it
+        self._dry = False
+        self._idle_check = 0.0
         self.cost = cost if cost is not None else MasterCost(0.0, 0.0)
         # the real master code's seconds and calls, after a wait (results) and after a submit (specs)
         self.code = {"result": 0.0, "results": 0, "dispatch": 0.0, "dispatches": 0}
@@ -149,6 +158,8 @@ class SimExecutor:
         sent = self.clock() + self.message_seconds + self.cost.dispatch
         self.clock.set(sent)
         worker = self.slots.take(spec)
+        if len(self.slots.held[worker]) == 1:           # it starts on arrival: the master's view
+            self.plan.started(worker, spec["id"], sent)
         self._push(sent + self.latency, "arrive", worker, spec)
         self.messages += 1
         self._leave("dispatch")
@@ -161,7 +172,7 @@ class SimExecutor:
         epochs = max(1, int(spec.get("epochs", 1)))
         every = int(spec.get("report_every") or 0)
         state = {"spec": spec, "start": t, "seconds": self.duration(spec), "epochs": epochs, "every": every,
-                 "epoch": 0}
+                 "epoch": 0, "done": 0.0, "at": t, "crew": 1, "version": 0, "joined": []}
         self.running[worker] = state
         self._advance(worker, t)
 
@@ -173,11 +184,39 @@ class SimExecutor:
         per_epoch = state["seconds"] / state["epochs"]
         nxt = state["epoch"] + state["every"]
         if not state["every"] or nxt > state["epochs"]:
-            self._push(t + (state["epochs"] - state["epoch"]) * per_epoch, "end", worker, state)
+            left = state["seconds"] - state["done"] if not state["every"] else \
+                (state["epochs"] - state["epoch"]) * per_epoch
+            self._push(t + left / self._speed(state), "end", worker, (state, state["version"]))
             return
         when = t + (nxt - state["epoch"]) * per_epoch
         state["epoch"] = nxt
         self._push(when + self.latency, "report", worker, nxt)
+
+    @staticmethod
+    def _speed(state: dict) -> float:
+        from ensemble.runtime.tail import EFFICIENCY, speedup
+        return speedup(state["crew"], EFFICIENCY)
+
+    def _arrived(self, worker: int, t: float, spec_id: str) -> None:
+        """A helper for ``spec_id`` reaches its worker: it joins at the member's next epoch end
+        (none before the member ends: it goes back, freed with the result). Members that
+        report to the master are not helped here."""
+        state = self.running[worker]
+        if state is None or state["spec"]["id"] != spec_id or state["every"]:
+            return
+        per = state["seconds"] / state["epochs"]
+        progress = state["done"] + (t - state["at"]) * self._speed(state)
+        boundary = (math.floor(progress / per + 1e-9) + 1) * per
+        if boundary >= state["seconds"] - 1e-9:
+            return
+        self._push(state["at"] + (boundary - state["done"]) / self._speed(state), "join", worker,
+                   (state, state["version"]))
+
+    def _join(self, worker: int, t: float, state: dict) -> None:
+        state["done"] += (t - state["at"]) * self._speed(state)
+        state["at"], state["crew"], state["version"] = t, state["crew"] + 1, state["version"] + 1
+        state["joined"].append(t)
+        self._advance(worker, t)
 
     def _end(self, worker: int, t: float, epochs: int, stopped: str) -> None:
         state = self.running[worker]
@@ -185,13 +224,38 @@ class SimExecutor:
         result = self.record(spec, t - state["start"], epochs, stopped)
         result.update(started=round(state["start"], 4), ended=round(t, 4), worker=worker,
                       rank=1 + worker * self.group_size, host=f"sim{worker}")
+        if state["crew"] > 1:
+            from ensemble.results.records import helped_fields
+            result.update(helped_fields(state["crew"] - 1, sum(t - j for j in state["joined"])))
         self.running[worker] = None
         self._push(t + self.latency, "result", worker, result)
         self._start_next(worker, t)
 
     def tail(self, dry: bool) -> None:
-        """Nothing: the session engine does not model helpers at the end of the run; the
-        fast engine does (``fastsim``, ``--tail helpers``)."""
+        """As ``MpiExecutor.tail``: from the first ``dry``, idle workers help stragglers; a
+        helper joins its member at the member's next epoch end, and a crew of g ranks trains
+        at ``tail.speedup(g, tail.EFFICIENCY)`` times one rank (the rehearsal's model; the
+        Keras guards, which turn helpers away or part a crew that does not pay, are not
+        modelled)."""
+        if not dry or self._dry or not self.plan.max_helpers:
+            return
+        self._dry = True
+        for w in range(self.workers):
+            self._help(w, self.clock())
+
+    def _help(self, w: int, t: float) -> None:
+        if self.slots.held[w] or self.plan.busy(w):
+            return
+        got = self.plan.assign(w, t, self.slots.mean_seconds)
+        if got is not None:
+            leader, spec_id = got
+            self.messages += 2
+            self._push(t + self.message_seconds + self.latency, "help", leader, spec_id)
+
+    def _help_idle(self, t: float) -> None:
+        for _helper, leader, spec_id in self.plan.assign_idle(t, self.slots.mean_seconds):
+            self.messages += 2
+            self._push(t + self.message_seconds + self.latency, "help", leader, spec_id)
 
     def answer(self, spec_id: str, decision: dict) -> None:
         """A decision for a held report reaches its worker ``latency`` from now."""
@@ -205,8 +269,15 @@ class SimExecutor:
             self.queues[worker].append(item)
             self._start_next(worker, t)
         elif kind == "end":
-            if self.running[worker] is item:
-                self._end(worker, t, item["epochs"], "epochs")
+            state, version = item
+            if self.running[worker] is state and state["version"] == version:
+                self._end(worker, t, state["epochs"], "epochs")
+        elif kind == "help":                           # at the member's worker
+            self._arrived(worker, t, item)
+        elif kind == "join":
+            state, version = item
+            if self.running[worker] is state and state["version"] == version:
+                self._join(worker, t, state)
         elif kind == "report":                         # at the master (``t``: its arrival)
             state = self.running[worker]
             spec = state["spec"]
@@ -228,6 +299,13 @@ class SimExecutor:
         elif kind == "result":
             self.slots.done(worker, result_seconds(item))
             results.append(item)
+            freed = self.plan.ended(worker)
+            if self.slots.held[worker]:
+                self.plan.started(worker, self.slots.held[worker][0]["id"], t)
+            if self._dry:
+                for w in (worker, *freed):
+                    self._help(w, t)
+                self._help_idle(t)
 
     def wait(self, decide: Decide, idle: Callable[[], None] | None = None) -> list[dict]:
         self._enter()
@@ -239,6 +317,14 @@ class SimExecutor:
             if t > now:
                 if results:                             # everything already in goes back now
                     break
+                if self.plan.idle and self._dry:        # as the MPI master: a look for stragglers
+                    check = max(now, self._idle_check)  # every TAIL_CHECK_SECONDS while it waits
+                    if check < t:
+                        self.idle_seconds += check - now
+                        self.clock.set(check)
+                        self._idle_check = check + TAIL_CHECK_SECONDS
+                        self._help_idle(check)
+                        continue
                 self.idle_seconds += t - now            # nothing in yet: the master waits
                 if idle is not None:                    # group commit ticks at least once a wait
                     self.clock.set(min(t, now + 1.0))
@@ -308,7 +394,8 @@ def simulate(cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, workers: i
                                lambda: trainer.record(spec, seconds, epochs, stopped), spec, 0),
                            clock, in_hand=in_hand(cfg, mode_of(cfg)), latency=latency,
                            message_seconds=message_seconds, group_size=rt.group_size,
-                           curve=learning_curve(metric, settings.accuracy), cost=cost)
+                           curve=learning_curve(metric, settings.accuracy), cost=cost,
+                           helpers=mode_of(cfg).tail_helpers(cfg, workers))
     budget = RunBudget(rt.time_limit, rt.finish_reserve, rt.max_failed_share, clock=clock,
                        stop_quantile=rt.stop_quantile)
     real0 = time.perf_counter()

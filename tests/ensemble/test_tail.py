@@ -86,3 +86,26 @@ def test_the_fast_simulator_with_the_runtimes_rule_fills_the_tail_and_ends_every
     assert none["members"] == helped["members"] == len(durations)
     assert helped["utilisation"] > none["utilisation"] + 0.03
     assert helped["simulated_seconds"] < none["simulated_seconds"]
+
+
+def test_the_session_engine_runs_the_real_master_with_helpers_and_counts_every_member_once(tmp_path):
+    """The real master session on simulated workers: ``SimExecutor`` plans helpers as the MPI
+    executor does; helped members end sooner, are recorded once, and say so."""
+    from ensemble.orchestrate.simulate import simulate
+    from ensemble.results.journal import read_journal
+    from ensemble.results.rundir import RunDirectory
+    from tests.ensemble.test_control_plane import sim_data
+    from tests.ensemble.test_simulate_fast import COST, spread_config
+    data, meta = sim_data()
+    runs = {}
+    for helpers in (0, 3):
+        cfg = spread_config(48, 30.0, 1.0, tail_helpers=helpers)
+        run_dir = tmp_path / str(helpers)
+        runs[helpers] = simulate(cfg, meta, data, RunDirectory(run_dir), 6, latency=0.0005, cost=COST)
+        records = read_journal(run_dir / "journal.jsonl")
+        assert sorted(r["id"] for r in records) == sorted({r["id"] for r in records}) and len(records) == 48
+        helped = [r for r in records if r.get("helpers")]
+        assert bool(helped) == bool(helpers)
+        assert all(1 <= r["helpers"] <= 3 and r["helper_seconds"] > 0 for r in helped)
+    assert runs[3]["simulated_seconds"] < runs[0]["simulated_seconds"]
+    assert runs[3]["utilisation"] > runs[0]["utilisation"] + 0.03
