@@ -122,7 +122,8 @@ def run_hierarchy(comm, cfg: RunConfig, meta: dict, data, run_dir: RunDirectory,
         return run_master_side(comm, cfg, meta, data, run_dir, resume, [], job_started, command, executor=executor,
                                fields={"sub_masters": subs, "shares": layout.shares()})
     if role == "sub":
-        serve_sub_master(comm, share, share_leaders(layout, k), hand, rt.poll_max_sleep)
+        serve_sub_master(comm, share, share_leaders(layout, k), hand, rt.poll_max_sleep,
+                         helpers=mode_of(cfg).tail_helpers(cfg, layout.groups))
         return 0
     trainer = make_trainer(cfg, meta, data, run_dir, comm.Get_rank(), group, comm)
     serve(share, trainer, rt.poll_max_sleep, group, startup={**(stamps or {}), "trainer": round(time.time(), 3)})

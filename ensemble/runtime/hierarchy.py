@@ -114,21 +114,26 @@ def room_of(executor: MpiExecutor) -> int:
     return len(executor.leaders) * ((executor.slots.target or 1) + 1)
 
 
-def serve_sub_master(comm, share, leaders: list[int], in_hand: int | None, max_sleep: float = 0.05) -> int:
+def serve_sub_master(comm, share, leaders: list[int], in_hand: int | None, max_sleep: float = 0.05,
+                     helpers: int = 0) -> int:
     """A sub-master: train the blocks of specs the top master (rank 0 of ``comm``) deals on
     the share's workers (``leaders``, ranks of ``share``), forward every batch of results,
-    until the top says stop; returns how many results went up."""
+    until the top says stop; returns how many results went up. Once the top says no more
+    specs come (``{"dry": True}``) and its queue is empty, idle workers of the share help its
+    members still training (up to ``helpers`` each, ``runtime.tail``)."""
     from ensemble.runtime.mpi import ANY_TAG, TAG_RESULT, TAG_STOP, poll_recv, try_recv
-    executor = MpiExecutor(share, leaders, max_sleep, in_hand)
+    executor = MpiExecutor(share, leaders, max_sleep, in_hand, helpers=helpers)
     queue: deque[dict] = deque()
     sends: deque = deque()
-    stopped = False
+    stopped = dry = False
 
     def take(got) -> None:
-        nonlocal stopped
+        nonlocal stopped, dry
         message, _, tag = got
         if tag == TAG_STOP:
             stopped = True
+        elif isinstance(message, dict):             # {"dry": True}: the top has nothing more
+            dry = True
         else:
             queue.extend(message)
 
@@ -141,6 +146,7 @@ def serve_sub_master(comm, share, leaders: list[int], in_hand: int | None, max_s
         drain()
         while queue and executor.free():
             executor.submit(queue.popleft())
+        executor.tail(dry and not queue)
         if executor.busy():
             results = executor.wait(go_on, drain)
             sends.append(comm.isend({"results": results, "room": room_of(executor)}, dest=0, tag=TAG_RESULT))
@@ -181,6 +187,7 @@ class HierarchyExecutor:
         self.report_bytes = 0                        # reports are answered by the sub-masters
         self.mean_seconds: float | None = None
         self.blocks = 0                              # spec messages sent (for the benchmark)
+        self._dry = False                            # the sub-masters were told that no more specs come
 
     def free(self) -> int:
         return sum(max(0, r - o) for r, o in zip(self.room, self.out))
@@ -240,5 +247,12 @@ class HierarchyExecutor:
                            "set `runtime.sub_masters = 0` for a run whose decider holds members")
 
     def tail(self, dry: bool) -> None:
-        """Nothing yet: a sub-master's workers do not help each other's members at the end
-        (``runtime.tail`` is a flat master's)."""
+        """From the first ``dry``: tell every sub-master (after its last block) that no more
+        specs come; each lets its idle workers help its own members once its queue is empty
+        (``runtime.tail``; a share's workers help only members of their share)."""
+        if not dry or self._dry:
+            return
+        self._dry = True
+        self._flush()
+        for rank in self.subs:
+            self._sends.append(self.comm.isend({"dry": True}, dest=rank, tag=self.mpi.TAG_SPEC))

@@ -88,3 +88,18 @@ def test_a_keras_member_takes_a_helper_and_ends_as_a_valid_member(tmp_path):
     assert big.get(HELPERS) == 1 and big[HELPER_SECONDS] > 0        # the idle worker joined it
     assert big["val"]["accuracy"] > 0.85                             # a member that learned
     assert (run_dir / "ensemble.json").exists()
+
+
+def test_a_hierarchy_lets_each_share_help_its_own_members(tmp_path):
+    """-n 9, two sub-masters of three workers: once the top has nothing more, each sub-master's
+    idle workers help its members; every member is still recorded once."""
+    cfg = tmp_path / "h.toml"
+    cfg.write_text(textwrap.dedent(REHEARSAL.replace("members = 16", "members = 24")
+                                   .replace("tail_helpers = 3", "tail_helpers = 2\nsub_masters = 2")))
+    run_dir = tmp_path / "run"
+    proc = run_mpi(9, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    records = members(run_dir)
+    assert Counter(r["id"] for r in records) == Counter({f"a-{i:03d}": 1 for i in range(24)})
+    helped = [r for r in records if r.get(HELPERS)]
+    assert helped and all(1 <= r[HELPERS] <= 2 for r in helped)
