@@ -221,11 +221,29 @@ def _ratio_cell(real: list[float], sim: list[float], scale: float = 1.0, unit: s
             f"({statistics.median(ratios):.3f}; {min(ratios):.3f}-{max(ratios):.3f})")
 
 
+def real_run(cfg: Path, ranks: int, run_dir: Path, env: dict) -> None:
+    """A real oversubscribed ``mpiexec -n ranks python -m ensemble.run cfg`` into ``run_dir``."""
+    from bench_dispatch import launcher
+    out = subprocess.run(launcher() + ["-n", str(ranks), sys.executable, "-m", "ensemble.run", str(cfg),
+                                       "--run-dir", str(run_dir), "--overwrite"],
+                         capture_output=True, text=True, env=env, timeout=1800)
+    if out.returncode:
+        raise SystemExit(f"ensemble.run -n {ranks} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+
+
+def simulated_run(cfg: Path, workers: int, run_dir: Path, env: dict, *extra: str) -> None:
+    """``python -m ensemble.simulate cfg`` (the session engine) on ``workers`` into ``run_dir``."""
+    out = subprocess.run([sys.executable, "-m", "ensemble.simulate", str(cfg), "--workers", str(workers),
+                          *extra, "--run-dir", str(run_dir), "--json"],
+                         capture_output=True, text=True, env=env, timeout=1800)
+    if out.returncode:
+        raise SystemExit(f"ensemble.simulate failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+
+
 def validate(args) -> None:
     import datetime
     import statistics
 
-    from bench_dispatch import launcher
     from benchkit import write_block
     tmp = Path(tempfile.mkdtemp(prefix="validate_"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -239,17 +257,9 @@ def validate(args) -> None:
                 cfg.write_text(VALIDATE.format(seed=seed, short=members // 2, long=members - members // 2,
                                                order=order))
                 real, sim = tmp / f"real_n{ranks}_{order}_s{seed}", tmp / f"sim_n{ranks}_{order}_s{seed}"
-                out = subprocess.run(launcher() + ["-n", str(ranks), sys.executable, "-m", "ensemble.run",
-                                                   str(cfg), "--run-dir", str(real), "--overwrite"],
-                                     capture_output=True, text=True, env=env, timeout=1800)
-                if out.returncode:
-                    raise SystemExit(f"ensemble.run -n {ranks} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+                real_run(cfg, ranks, real, env)
                 r = journal_figures(real)
-                out = subprocess.run([sys.executable, "-m", "ensemble.simulate", str(cfg), "--workers",
-                                      str(r["workers"]), "--replay", str(real), "--run-dir", str(sim), "--json"],
-                                     capture_output=True, text=True, env=env, timeout=1800)
-                if out.returncode:
-                    raise SystemExit(f"ensemble.simulate failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+                simulated_run(cfg, r["workers"], sim, env, "--replay", str(real))
                 s_ = journal_figures(sim / f"workers{r['workers']}")
                 results.setdefault((ranks, order), []).append((r, s_))
                 print(f"seed {seed} -n {ranks} order {order}: real {r}, simulated {s_}", flush=True)
@@ -310,7 +320,6 @@ def validate_tail(args) -> None:
     import datetime
     import statistics
 
-    from bench_dispatch import launcher
     from benchkit import write_block
 
     from ensemble.results.rundir import RunDirectory
@@ -336,17 +345,9 @@ def validate_tail(args) -> None:
                 cfg.write_text(VALIDATE_TAIL.format(seed=seed, members=(ranks - 1) * args.per_worker,
                                                     helpers=helpers))
                 real, sim = tmp / f"real_{cfg.stem}", tmp / f"sim_{cfg.stem}"
-                out = subprocess.run(launcher() + ["-n", str(ranks), sys.executable, "-m", "ensemble.run",
-                                                   str(cfg), "--run-dir", str(real), "--overwrite"],
-                                     capture_output=True, text=True, env=env, timeout=1800)
-                if out.returncode:
-                    raise SystemExit(f"ensemble.run -n {ranks} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+                real_run(cfg, ranks, real, env)
                 r = figures(real)
-                out = subprocess.run([sys.executable, "-m", "ensemble.simulate", str(cfg), "--workers",
-                                      str(r["workers"]), "--run-dir", str(sim), "--json"],
-                                     capture_output=True, text=True, env=env, timeout=1800)
-                if out.returncode:
-                    raise SystemExit(f"ensemble.simulate failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+                simulated_run(cfg, r["workers"], sim, env)
                 s_ = figures(sim / f"workers{r['workers']}")
                 results.setdefault((ranks, helpers), []).append((r, s_))
                 print(f"seed {seed} -n {ranks} helpers {helpers}: real {r}, simulated {s_}", flush=True)

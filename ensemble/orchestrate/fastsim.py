@@ -45,7 +45,7 @@ import numpy as np
 from ensemble.orchestrate.simulate import MasterCost
 from ensemble.runtime.budget import DurationQuantile
 from ensemble.runtime.executor import COVER_SECONDS, MAX_IN_HAND, SHORT_MEMBER
-from ensemble.runtime.tail import AUTO_HELPERS, EFFICIENCY, STRAGGLER
+from ensemble.runtime.tail import AUTO_HELPERS, EFFICIENCY, STRAGGLER, speedup
 
 TAILS = ("none", "helpers")
 
@@ -135,7 +135,7 @@ def run(s: Scenario, durations: np.ndarray) -> dict:
     pop, push = heapq.heappop, heapq.heappush
 
     def speed(g: int) -> float:
-        return g * s.efficiency ** math.log2(g)
+        return speedup(g, s.efficiency)
 
     mean: list[float | None] = [None]              # the master's running mean of durations (``Slots``)
     idle: list[int] = []                           # idle workers no member could take yet
@@ -156,25 +156,19 @@ def run(s: Scenario, durations: np.ndarray) -> dict:
         straggler (``runtime.tail.TailPlan``: the master knows elapsed times, not durations);
         the member's end moves as its crew grows, after ``join_seconds`` of moving state."""
         nonlocal m
-        while oldest:
-            begun, leader, member = oldest[0]
-            state = work_left.get(leader)
-            if state is None or running[leader] != member or state[2] >= s.max_group:
-                pop(oldest)
-                continue
-            if mean[0] is not None and t - begun < STRAGGLER * mean[0]:
-                break                               # no straggler yet: ``w`` waits
-            left, at, g = state
-            left -= (t - at) * speed(g)
-            end_new = t + s.join_seconds + max(0.0, left - s.join_seconds * speed(g)) / speed(g + 1)
-            m = max(m, t) + c_disp                  # the master tells the group
-            group.setdefault(leader, []).append(w)
-            work_left[leader] = (max(0.0, left - s.join_seconds * speed(g)), t + s.join_seconds, g + 1)
-            version[leader] += 1
-            push(events, (end_new, leader, member, version[leader]))
-            return True
-        idle.append(w)
-        return False
+        if not ready(t):                            # none takes helpers, or no straggler yet: ``w`` waits
+            idle.append(w)
+            return False
+        _, leader, member = oldest[0]
+        left, at, g = work_left[leader]
+        left -= (t - at) * speed(g)
+        end_new = t + s.join_seconds + max(0.0, left - s.join_seconds * speed(g)) / speed(g + 1)
+        m = max(m, t) + c_disp                      # the master tells the group
+        group.setdefault(leader, []).append(w)
+        work_left[leader] = (max(0.0, left - s.join_seconds * speed(g)), t + s.join_seconds, g + 1)
+        version[leader] += 1
+        push(events, (end_new, leader, member, version[leader]))
+        return True
 
     running = [-1] * workers
     for e in events:

@@ -100,19 +100,21 @@ class TailPlan:
     def ended(self, worker: int) -> list[int]:
         spec_id = self.training.pop(worker, None)
         self.closed.discard((worker, spec_id))
-        freed = self.helpers.pop(worker, [])
-        for h in freed:
-            self.helping.pop(h, None)
-        return freed
+        return self._free(worker)
 
     def decline(self, worker: int, spec_id: str) -> list[int]:
         if self.training.get(worker) != spec_id:
             return []
         self.closed.add((worker, spec_id))
+        freed = self._free(worker)
+        self.declined += len(freed)
+        return freed
+
+    def _free(self, worker: int) -> list[int]:
+        """``worker``'s helpers, no longer helping it."""
         freed = self.helpers.pop(worker, [])
         for h in freed:
             self.helping.pop(h, None)
-        self.declined += len(freed)
         return freed
 
     def busy(self, worker: int) -> bool:
