@@ -81,7 +81,8 @@ def analyse(genome: AnyGenome, input_shape: tuple[int, ...], n_outputs: int = 1)
             out.layers.append({"type": "Flatten"})
             ch = math.prod(spatial) * ch
         else:
-            out.layers.append({"type": f"GlobalAveragePooling{d}D"})
+            pooling = "GlobalMaxPooling" if genome.reduction == "global_max" else "GlobalAveragePooling"
+            out.layers.append({"type": f"{pooling}{d}D"})
         spatial = None
         out.shapes.append((ch,))
 

@@ -32,7 +32,7 @@ LAYER_TYPES = ("conv", "maxpool", "avgpool", "dense", "dropout", "batchnorm")
 SPATIAL_TYPES = frozenset({"conv", "maxpool", "avgpool"})
 ACTIVATIONS = _VOCAB_ACTIVATIONS          # one vocabulary with configs and training
 OPTIMIZERS = tuple(_VOCAB_OPTIMIZERS)
-REDUCTIONS = ("global_average", "flatten")
+REDUCTIONS = ("global_average", "global_max", "flatten")
 SPACES = ("auto", "free", "structured")
 
 
@@ -129,7 +129,7 @@ class SearchSpace:
     learning_rate: tuple[float, float] = (1e-4, 1e-2)  # range [min, max], log-uniform
     batch_size: tuple[int, ...] = (16, 32, 64, 128)   # choice
     optimizers: tuple[str, ...] = ("adam", "sgd", "rmsprop", "adamw")         # choice
-    reductions: tuple[str, ...] = REDUCTIONS          # choice: spatial maps -> vector (GAP, Flatten)
+    reductions: tuple[str, ...] = REDUCTIONS          # choice: spatial maps -> vector (GAP, GMP, Flatten)
     max_params: int = 2_000_000
     space: str = "auto"                               # the genome: free layer list or structured; "auto":
                                                       # structured for spatial input, free for tables

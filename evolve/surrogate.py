@@ -55,7 +55,8 @@ class Featurizer:
     BASE = ("n_conv", "n_maxpool", "n_avgpool", "n_dense", "n_dropout", "n_batchnorm", "n_residual",
             "depth", "log2_filters_mean", "log2_filters_max", "log2_filters_first", "kernel_mean", "kernel_max",
             "log2_downsampling", "log2_receptive_field", "conv_before_pool", "log2_units_mean", "log2_units_max",
-            "dropout_mean", "dropout_max", "log10_params", "log10_lr", "log2_batch_size", "flatten")
+            "dropout_mean", "dropout_max", "log10_params", "log10_lr", "log2_batch_size", "flatten",
+            "global_max")
 
     def __init__(self, space: SearchSpace, input_shape: tuple[int, ...], n_outputs: int):
         self.space, self.input_shape, self.n_outputs = space, tuple(input_shape), int(n_outputs)
@@ -102,7 +103,7 @@ class Featurizer:
                 _log2(down), _log2(rf), conv_first if first_pool is not None else float(bool(filters)),
                 _mean(lu), max(lu, default=0.0), _mean(rates), max(rates, default=0.0),
                 math.log10(params) if params else 0.0, math.log10(g.learning_rate), _log2(g.batch_size),
-                float(g.reduction == "flatten")]
+                float(g.reduction == "flatten"), float(g.reduction == "global_max")]
         opt = [float(g.optimizer == o) for o in self.optimizers]
         act = [acts.count(a) / len(acts) if acts else 0.0 for a in self.activations]
         return np.asarray(base + opt + act, dtype=np.float64)

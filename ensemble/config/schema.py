@@ -602,7 +602,7 @@ SEARCH_DOCS = {
     "learning_rate": "range [min, max]: learning rates, log-uniform",
     "batch_size": "choice: batch sizes",
     "optimizers": "choice: optimizers",
-    "reductions": "choice: how spatial maps become a vector before dense layers (global_average, flatten)",
+    "reductions": "choice: how spatial maps become a vector before dense layers (global_average, global_max, flatten)",
     "max_params": "a genome with more parameters (output layer included) is repaired or rejected",
 }
 
@@ -900,8 +900,8 @@ EVOLVE_KEYS = {
                        "journal says which layers"),
     "templates": Key((bool,), True,
                      doc="the first population holds small known-good networks for the input's kind (a small "
-                         "CNN and a residual CNN for sequences and images, two MLPs for tables) next to the "
-                         "random ones"),
+                         "CNN and a fully convolutional network for sequences, a small CNN and a deeper pooled "
+                         "one for images and volumes, two MLPs for tables) next to the random ones"),
     "start_from": Key((str,), "",
                       doc="\"\": none; or an earlier mode \"evolve\" run directory (relative to the config) on "
                           "samples of the same shape: its best candidates (up to half the first population) "
