@@ -142,12 +142,12 @@ class Genome:
         """One line: how the input is treated, the layers in order, the hyperparameters,
         e.g. ``in 8x8x1: C32k3(relu)-MP2-GAP-D128(elu)-do0.2 | adam lr=1e-3 bs=64``.
 
-        ``GAP`` (global average pooling), ``GMP`` (global max pooling) or ``Flatten`` marks where spatial maps become one
-        vector (``reduction``): before the first dense layer after spatial input, or at the
-        end. ``in 8x8x1:`` / ``in 64:`` is the shape of one sample the network sees (after
-        ``data.reshape``); only with ``input_shape`` can a genome without conv/pooling layers
-        show whether its input is a flat vector or an image reduced first (``GAP-D128``).
-        The notation is documented in docs/search.md."""
+        ``GAP`` (global average pooling), ``GMP`` (global max pooling) or ``Flatten`` marks
+        where spatial maps become one vector (``reduction``): before the first dense layer
+        after spatial input, or at the end. ``in 8x8x1:`` / ``in 64:`` is the shape of one
+        sample the network sees (after ``data.reshape``); only with ``input_shape`` can a
+        genome without conv/pooling layers show whether its input is a flat vector or an
+        image reduced first (``GAP-D128``). The notation is documented in docs/search.md."""
         shape = tuple(int(n) for n in input_shape) if input_shape is not None else None
         spatial = shape is not None and len(shape) > 1
         reduce_ = {"flatten": "Flatten", "global_max": "GMP"}.get(self.reduction, "GAP")

@@ -46,6 +46,16 @@ def test_flatten_reduction_counts_the_flat_width():
     assert a.n_params == 896 + (8192 * 128 + 128) + 1290
 
 
+@pytest.mark.parametrize("shape, d", [((50, 4), 1), ((8, 8, 2), 2)])
+def test_global_max_reduction_pools_each_channel_to_its_largest_value(shape, d):
+    g = EXAMPLE.replace(reduction="global_max")
+    a = analyse(g, shape, 10)
+    assert a.layers[2] == {"type": f"GlobalMaxPooling{d}D"} and a.shapes[2] == (32,)
+    assert a.n_params == analyse(EXAMPLE, shape, 10).n_params          # no weights, as GAP
+    assert "-MP2-GMP-D128(elu)" in g.summary(shape)
+    assert Genome.from_dict(g.to_dict()) == g
+
+
 def test_residual_projection_strides_and_batchnorm():
     g = genome(conv(4, k=3, s=2, res=True), L("batchnorm"), conv(4, k=1, res=True))
     a = analyse(g, (7, 9, 2), 10)

@@ -1,8 +1,10 @@
 """An evolve run killed mid-search (the whole job, kill -9) and resumed equals the
-uninterrupted run: search.csv has the same ids, genomes and metrics in the same order."""
+uninterrupted run: search.csv has the same ids, genomes and metrics in the same order; one
+started from an earlier run's genomes (``evolve.start_from``) resumes with every candidate once."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pandas as pd
@@ -72,3 +74,38 @@ def test_evolve_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
     metrics = ["val_accuracy", "best_val_accuracy"]
     pd.testing.assert_frame_equal(a.drop(columns=metrics), b.drop(columns=metrics))
     pd.testing.assert_frame_equal(a[metrics], b[metrics], rtol=1e-6)
+
+
+@pytest.mark.long
+def test_a_search_started_from_an_earlier_run_resumes_after_kill_9_with_every_candidate_once(tmp_path):
+    earlier = tmp_path / "earlier"
+    first = tmp_path / "first.toml"
+    first.write_text(textwrap.dedent(CONFIG).replace("evaluations = 7", "evaluations = 4"))
+    proc = run_mpi(2, ["-m", "ensemble.run", str(first), "--run-dir", str(earlier)], timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cfg = tmp_path / "next.toml"
+    cfg.write_text(textwrap.dedent(CONFIG).replace('sample_size = 2', f'sample_size = 2\nstart_from = "{earlier}"'))
+
+    run_dir = tmp_path / "next"
+    lines = kill_after(cfg, run_dir, finished=2)
+    done = {x["id"] for x in lines if "event" not in x}
+    assert 2 <= len(done) < 7
+    proc = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    after = read_lines(run_dir / "journal.jsonl")
+    issued = [x for x in after if x.get("event") == "issued"]
+    records = [x for x in after if "event" not in x]
+    assert sorted(x["id"] for x in issued) == [f"e{i:04d}" for i in range(1, 8)]      # each handed out once
+    assert sorted(x["id"] for x in records if x["status"] == "ok") == [f"e{i:04d}" for i in range(1, 8)]
+    keys = [json.dumps(x["genome"], sort_keys=True) for x in issued]
+    assert len(set(keys)) == len(keys)                                                  # no genome twice
+    table = pd.read_csv(earlier / "search.csv")                                        # it started from the
+    top = table[table["val_accuracy"] == table["val_accuracy"].max()]["id"]            # earlier run's best
+    assert keys[0] in {json.dumps(read_genome(earlier, i), sort_keys=True) for i in top}
+
+
+def read_genome(run_dir, member_id: str) -> dict:
+    """The genome an earlier run's journal holds for ``member_id``."""
+    return next(x["genome"] for x in read_lines(run_dir / "journal.jsonl")
+                if "event" not in x and x["id"] == member_id)
