@@ -4,6 +4,7 @@ matters on each: the gap between a linear model, an MLP and a small CNN.
     python scripts/search_problems.py gap [--seeds 2]        # the table in docs/search.md
     python scripts/search_problems.py write DIR               # DIR/<problem>.npz for configs
     python scripts/search_problems.py spaces --problem signals --budget 150 [--seeds 2]
+    python scripts/search_problems.py templates [--seeds 4]   # the table in evolve/templates.py
 
 Problems (each an .npz of x, y; the project splits it as any data file):
 - ``signals``: 1-D signals of 64 steps, 4 classes; a class is a motif of 8 steps placed at a
@@ -14,6 +15,10 @@ Problems (each an .npz of x, y; the project splits it as any data file):
 - ``peaks``: regression on 1-D sequences of 48 steps: the target is the height of the
   largest of three bumps at random positions, plus a little noise.
 
+``templates`` trains each template (``evolve/templates.py``) and the variants it was chosen
+against alone on each problem (1,500 samples, 20 epochs, patience 4, as the suite's
+candidates), built by the project's own path (``evolve.decode`` then
+``ensemble.train.architecture.build_layers``), and prints validation medians.
 ``gap`` trains, on one split per seed, a linear model (logistic or ridge regression), an
 MLP (two dense layers of 64) and a small CNN (two convolution blocks with pooling, global
 average pooling, a dense layer), each with early stopping, and prints test accuracy (R^2
@@ -157,6 +162,50 @@ def gap(seeds: int) -> str:
     return "\n".join(rows)
 
 
+# ----------------------------------------------------------------------- templates
+def template_variants() -> dict:
+    """The templates and what they were chosen against, by name (structured genomes)."""
+    from evolve.templates import IMAGE_TEMPLATES, SEQUENCE_TEMPLATES
+    cnn, fcn, deep = SEQUENCE_TEMPLATES["cnn"], SEQUENCE_TEMPLATES["fcn"], IMAGE_TEMPLATES["deep"]
+    return {"cnn (GAP)": cnn, "cnn, global max pooling": cnn.replace(reduction="global_max"),
+            "FCN, global average pooling": fcn.replace(reduction="global_average"),
+            "FCN, global max pooling (sequences)": fcn, "three pooled stages (images, volumes)": deep}
+
+
+def compare_templates(seeds: int) -> str:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+
+    from ensemble.runtime.env import configure_tensorflow
+    from ensemble.train.architecture import build_layers, make_optimizer
+    from evolve import SearchSpace, decode
+    configure_tensorflow(1)
+    variants = template_variants()
+    rows = ["| template | " + " | ".join(PROBLEMS) + " |", "|---|" + "---|" * len(PROBLEMS)]
+    cells: dict[str, list[str]] = {name: [] for name in variants}
+    for problem, (make, task) in PROBLEMS.items():
+        x, y = make(n=1500)
+        shape, outputs = x.shape[1:], int(y.max()) + 1 if task == "classification" else 1
+        space = SearchSpace.from_config({"space": "structured"}, input_rank=len(shape))
+        for name, genome in variants.items():
+            scores, started = [], time.perf_counter()
+            for seed in range(seeds):
+                tr, va, _ = _split(len(x), seed)
+                keras.utils.set_random_seed(seed)
+                model = build_layers(decode(genome, shape, space, outputs), shape, outputs, task)
+                model.compile(optimizer=make_optimizer(genome.optimizer, genome.learning_rate),
+                              loss="sparse_categorical_crossentropy" if task == "classification" else "mse")
+                model.fit(x[tr], y[tr], validation_data=(x[va], y[va]), epochs=20, batch_size=genome.batch_size,
+                          verbose=0, callbacks=[keras.callbacks.EarlyStopping(patience=4, restore_best_weights=True)])
+                pred = model.predict(x[va], verbose=0)
+                scores.append(float(np.mean(pred.argmax(axis=1) == y[va])) if task == "classification"
+                              else float(1 - np.mean((pred[:, 0] - y[va]) ** 2) / np.var(y[va])))
+            cells[name].append(f"{np.median(scores):.3f} ({time.perf_counter() - started:.0f} s)")
+            print(problem, name, np.round(scores, 3), flush=True)
+    rows += [f"| {name} | " + " | ".join(c) + " |" for name, c in cells.items()]
+    return "\n".join(rows)
+
+
 # -------------------------------------------------------------------------- spaces
 SPACES_CONFIG = """
 name = "{name}"
@@ -213,7 +262,7 @@ def spaces(problem: str, budget: float, seeds: int, folder: Path) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=("gap", "write", "spaces"))
+    p.add_argument("command", choices=("gap", "write", "spaces", "templates"))
     p.add_argument("folder", nargs="?", default=str(ROOT / "bench_out" / "search_problems"))
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--problem", choices=sorted(PROBLEMS), default="signals")
@@ -224,6 +273,8 @@ def main() -> None:
         print("\n".join(str(v) for v in write(Path(args.folder)).values()))
     elif args.command == "gap":
         print(gap(args.seeds))
+    elif args.command == "templates":
+        print(compare_templates(args.seeds))
     else:
         print(spaces(args.problem, args.budget, args.seeds, Path(args.folder)))
     print(f"({time.perf_counter() - t:.0f} s, {time.strftime('%Y-%m-%d')})")
