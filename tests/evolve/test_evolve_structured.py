@@ -208,6 +208,17 @@ def test_templates_are_valid_for_their_kind_in_both_spaces(kind, structured):
     assert all(count_params(g, shape, 3) <= 5000 for g in templates(small, shape, 3))
 
 
+def test_sequences_start_from_a_full_resolution_detector_and_images_only_from_pooled_cnns():
+    def full_resolution(g: StructuredGenome) -> bool:
+        return all(st.down == "none" for st in g.stages)
+    seq = templates(space(2), KINDS["sequence"][1], 3)
+    assert any(full_resolution(g) and g.reduction == "global_max" for g in seq)      # the FCN
+    assert any(not full_resolution(g) and g.reduction == "global_average" for g in seq)
+    for kind in ("image", "volume"):
+        rank, shape = KINDS[kind]
+        assert not any(full_resolution(g) for g in templates(space(rank), shape, 3))
+
+
 @pytest.mark.parametrize("name", ["regularized", "mu_plus_lambda", "nsga2", "random"])
 def test_starting_points_are_the_first_asks_each_once_also_after_replay(name):
     sp = space(3)
