@@ -101,6 +101,22 @@ def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return rows[: int(0.6 * n)], rows[int(0.6 * n): int(0.8 * n)], rows[int(0.8 * n):]
 
 
+def _fit_and_score(model, optimizer, x, y, rows: tuple, task: str, epochs: int, patience: int,
+                   batch_size: int) -> float:
+    """Train ``model`` on rows ``rows[0]`` with early stopping on ``rows[1]`` (best weights kept) and
+    score it on ``rows[2]``: accuracy, or R^2 for regression."""
+    import keras
+    from sklearn.metrics import r2_score
+    tr, va, scored = rows
+    model.compile(optimizer=optimizer,
+                  loss="sparse_categorical_crossentropy" if task == "classification" else "mse")
+    model.fit(x[tr], y[tr], validation_data=(x[va], y[va]), epochs=epochs, batch_size=batch_size, verbose=0,
+              callbacks=[keras.callbacks.EarlyStopping(patience=patience, restore_best_weights=True)])
+    pred = model.predict(x[scored], verbose=0)
+    return (float(np.mean(pred.argmax(axis=1) == y[scored])) if task == "classification"
+            else float(r2_score(y[scored], pred[:, 0])))
+
+
 def _keras_model(kind: str, shape: tuple, task: str, outputs: int):
     import keras
     inputs = keras.Input(shape)
@@ -148,13 +164,8 @@ def gap(seeds: int) -> str:
                 keras.utils.set_random_seed(seed)
                 outputs = int(y.max()) + 1 if task == "classification" else 1
                 model = _keras_model(kind, x.shape[1:], task, outputs)
-                model.compile(optimizer=keras.optimizers.Adam(2e-3),
-                              loss="sparse_categorical_crossentropy" if task == "classification" else "mse")
-                model.fit(x[tr], y[tr], validation_data=(x[va], y[va]), epochs=40, batch_size=64, verbose=0,
-                          callbacks=[keras.callbacks.EarlyStopping(patience=5, restore_best_weights=True)])
-                pred = model.predict(x[te], verbose=0)
-                scores[kind].append(float(np.mean(pred.argmax(axis=1) == y[te])) if task == "classification"
-                                    else float(r2_score(y[te], pred[:, 0])))
+                scores[kind].append(_fit_and_score(model, keras.optimizers.Adam(2e-3), x, y, (tr, va, te), task,
+                                                   epochs=40, patience=5, batch_size=64))
         m = {k: float(np.median(v)) for k, v in scores.items()}
         metric = "accuracy" if task == "classification" else "R^2"
         rows.append(f"| {name} | {task} ({metric}) | {len(x):,} | {m['linear']:.3f} | {m['mlp']:.3f} | "
@@ -193,13 +204,9 @@ def compare_templates(seeds: int) -> str:
                 tr, va, _ = _split(len(x), seed)
                 keras.utils.set_random_seed(seed)
                 model = build_layers(decode(genome, shape, space, outputs), shape, outputs, task)
-                model.compile(optimizer=make_optimizer(genome.optimizer, genome.learning_rate),
-                              loss="sparse_categorical_crossentropy" if task == "classification" else "mse")
-                model.fit(x[tr], y[tr], validation_data=(x[va], y[va]), epochs=20, batch_size=genome.batch_size,
-                          verbose=0, callbacks=[keras.callbacks.EarlyStopping(patience=4, restore_best_weights=True)])
-                pred = model.predict(x[va], verbose=0)
-                scores.append(float(np.mean(pred.argmax(axis=1) == y[va])) if task == "classification"
-                              else float(1 - np.mean((pred[:, 0] - y[va]) ** 2) / np.var(y[va])))
+                scores.append(_fit_and_score(model, make_optimizer(genome.optimizer, genome.learning_rate), x, y,
+                                             (tr, va, va), task, epochs=20, patience=4,
+                                             batch_size=genome.batch_size))
             cells[name].append(f"{np.median(scores):.3f} ({time.perf_counter() - started:.0f} s)")
             print(problem, name, np.round(scores, 3), flush=True)
     rows += [f"| {name} | " + " | ".join(c) + " |" for name, c in cells.items()]
