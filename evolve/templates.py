@@ -26,9 +26,9 @@ accuracy, R^2 for peaks; 2026-11-25):
 | three pooled stages (images, volumes) | 0.745 | 0.998 | 0.233 |
 
 The FCN with global max pooling is the best start for classifying sequences and a poor, unstable
-one for peaks' regression, where the small CNN beside it is the better start (and where the
-search, measured on the whole suite, still moved past both within its first minute:
-docs/search-benchmark.md). Without its dropout it did worse on peaks (0.082).
+one for peaks' regression (without its dropout worse still, 0.082), so a regression's FCN ends
+in global average pooling (``templates_for(shape, "regression")``): 0.520 there, beside the
+small CNN's 0.555.
 
 A small residual CNN (three stages of two blocks, strided) was a template until the suite
 showed it dominated (validation 0.60-0.76 on signals and R^2 0.46-0.51 on peaks against
@@ -71,16 +71,27 @@ TABLE_TEMPLATES: dict[str, StructuredGenome] = {
 }
 
 
-def templates_for(input_shape: tuple[int, ...]) -> dict[str, StructuredGenome]:
-    """The templates of this input's kind, by name: one sample's shape, channels last."""
+#: a regression's sequence templates: the FCN ends in global average pooling (measured above:
+#: global max pooling is the best start for classifying sequences, the worst for peaks' R^2)
+SEQUENCE_REGRESSION_TEMPLATES: dict[str, StructuredGenome] = {
+    **SEQUENCE_TEMPLATES, "fcn": SEQUENCE_TEMPLATES["fcn"].replace(reduction="global_average")}
+
+
+def templates_for(input_shape: tuple[int, ...], task: str = "classification") -> dict[str, StructuredGenome]:
+    """The templates of this input's kind and `task` ("classification" or "regression"), by
+    name: one sample's shape, channels last."""
     rank = len(input_shape)
-    return TABLE_TEMPLATES if rank == 1 else SEQUENCE_TEMPLATES if rank == 2 else IMAGE_TEMPLATES
+    if rank == 2:
+        return SEQUENCE_REGRESSION_TEMPLATES if task == "regression" else SEQUENCE_TEMPLATES
+    return TABLE_TEMPLATES if rank == 1 else IMAGE_TEMPLATES
 
 
-def templates(space: SearchSpace, input_shape: tuple[int, ...], n_outputs: int) -> list[AnyGenome]:
-    """The templates for this input's kind, each valid for ``space`` (distinct; in the order above)."""
+def templates(space: SearchSpace, input_shape: tuple[int, ...], n_outputs: int,
+              task: str = "classification") -> list[AnyGenome]:
+    """The templates for this input's kind and `task`, each valid for ``space`` (distinct; in
+    the order above)."""
     out: list[AnyGenome] = []
-    for template in templates_for(tuple(input_shape)).values():
+    for template in templates_for(tuple(input_shape), task).values():
         start: AnyGenome = template if space.structured else template.to_genome()
         fitted = repair(start, tuple(input_shape), n_outputs, space)
         if fitted is not None and all(fitted.key() != g.key() for g in out):

@@ -90,7 +90,7 @@ def initial_genomes(cfg: RunConfig, meta: dict, space, first_population: int | N
         out += start_genomes(cfg.evolve.start_from, meta, space, max(1, size // 2))
     if cfg.evolve.templates:
         keys = {g.key() for g in out}
-        out += [g for g in templates(space, shape, n_outputs) if g.key() not in keys]
+        out += [g for g in templates(space, shape, n_outputs, meta["task"]) if g.key() not in keys]
     return out[:size]
 
 

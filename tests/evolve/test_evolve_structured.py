@@ -217,6 +217,10 @@ def test_sequences_start_from_a_full_resolution_detector_and_images_only_from_po
     for kind in ("image", "volume"):
         rank, shape = KINDS[kind]
         assert not any(full_resolution(g) for g in templates(space(rank), shape, 3))
+    # a regression's FCN averages (max pooling was the worst start for a sequence's R^2)
+    reg = templates(space(2), KINDS["sequence"][1], 1, "regression")
+    assert len(reg) == len(seq) and any(full_resolution(g) and g.reduction == "global_average" for g in reg)
+    assert not any(g.reduction == "global_max" for g in reg)
 
 
 @pytest.mark.parametrize("name", ["regularized", "mu_plus_lambda", "nsga2", "random"])
