@@ -55,13 +55,19 @@ SEQUENCE_TEMPLATES: dict[str, StructuredGenome] = {
                             activation="relu", norm=True, residual=False, dropout=0.1,
                             reduction="global_max", optimizer="adam", learning_rate=1e-3, batch_size=32),
 }
-#: for images and volumes, by name
+_DEEP = StructuredGenome(stages=(Stage(1, 16, 5), Stage(1, 32, 5, "maxpool", 2), Stage(1, 64, 3, "maxpool", 2)),
+                         dense=(32,), activation="relu", norm=True, residual=False, dropout=0.1,
+                         reduction="global_average", optimizer="adam", learning_rate=1e-3, batch_size=32)
+#: for images, by name
 IMAGE_TEMPLATES: dict[str, StructuredGenome] = {
     "cnn": _CNN,
-    "deep": StructuredGenome(stages=(Stage(1, 16, 5), Stage(1, 32, 5, "maxpool", 2), Stage(1, 64, 3, "maxpool", 2)),
-                             dense=(32,), activation="relu", norm=True, residual=False, dropout=0.1,
-                             reduction="global_average", optimizer="adam", learning_rate=1e-3, batch_size=32),
+    "detector": StructuredGenome(stages=(Stage(1, 32, 7),), dense=(), activation="relu", norm=False, residual=False,
+                                 dropout=0.1, reduction="global_max", optimizer="adam", learning_rate=1e-3,
+                                 batch_size=32),
+    "deep": _DEEP,
 }
+#: for volumes, by name: no detector (a 7x7x7 kernel at full resolution costs 13 times the small CNN)
+VOLUME_TEMPLATES: dict[str, StructuredGenome] = {"cnn": _CNN, "deep": _DEEP}
 #: for flat tables, by name
 TABLE_TEMPLATES: dict[str, StructuredGenome] = {
     "mlp": StructuredGenome(stages=(), dense=(128, 64), activation="relu", norm=False, residual=False,
@@ -83,7 +89,7 @@ def templates_for(input_shape: tuple[int, ...], task: str = "classification") ->
     rank = len(input_shape)
     if rank == 2:
         return SEQUENCE_REGRESSION_TEMPLATES if task == "regression" else SEQUENCE_TEMPLATES
-    return TABLE_TEMPLATES if rank == 1 else IMAGE_TEMPLATES
+    return TABLE_TEMPLATES if rank == 1 else IMAGE_TEMPLATES if rank == 3 else VOLUME_TEMPLATES
 
 
 def templates(space: SearchSpace, input_shape: tuple[int, ...], n_outputs: int,

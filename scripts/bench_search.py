@@ -466,7 +466,7 @@ def surrogate_cost(results: tuple[int, ...] = (1000, 10000), asks: int = 100, ca
 # ------------------------------------------------------------------------------ main
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--problem", default="digits", help="digits, or a comma list of signals, textures, peaks")
+    p.add_argument("--problem", default="digits", help="digits, or a comma list of signals, textures, peaks, stripes")
     p.add_argument("--seeds", default=str(SEED), help="comma list of seeds (the split's and the searches')")
     p.add_argument("--sides", default="dh_re,project", help="comma list of " + ", ".join([*PROJECT_SIDES, *DH_SIDES]))
     p.add_argument("--budget", type=float, default=60.0, help="seconds of search on each side")
