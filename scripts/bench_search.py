@@ -228,7 +228,10 @@ def run_candidate(job) -> dict:
             if p["pooling"] == "yes" and min(h.shape[1:-1]) >= 2:
                 h = pool(2)(h)
         if int(p["conv_blocks"]) > 0:
-            h = (keras.layers.GlobalAveragePooling1D if len(shape) == 2 else keras.layers.GlobalAveragePooling2D)()(h)
+            pooling = {("average", 2): keras.layers.GlobalAveragePooling1D,
+                       ("average", 3): keras.layers.GlobalAveragePooling2D,
+                       ("max", 2): keras.layers.GlobalMaxPooling1D, ("max", 3): keras.layers.GlobalMaxPooling2D}
+            h = pooling[(p.get("reduction", "average"), len(shape))]()(h)
         else:
             h = keras.layers.Flatten()(h)
         for _ in range(int(p["dense_layers"])):
@@ -252,8 +255,9 @@ def run_candidate(job) -> dict:
             "metadata": {"test": _score(model, d["x_test"], d["y_test"], task)}}
 
 
-def deephyper_problem(digits: bool):
-    """DeepHyper's space: digits' MLP space, or the suite's fixed-shape CNN space."""
+def deephyper_problem(digits: bool, reductions: bool = False):
+    """DeepHyper's space: digits' MLP space, or the suite's fixed-shape CNN space (with
+    `reductions`: a 12th parameter, global average or global max pooling after the conv blocks)."""
     from deephyper.hpo import HpProblem
     space = HpProblem()
     if digits:
@@ -277,11 +281,13 @@ def deephyper_problem(digits: bool):
     space.add_hyperparameter(["adam", "sgd", "rmsprop", "adamw"], "optimizer")
     space.add_hyperparameter((1e-4, 1e-2, "log-uniform"), "learning_rate")
     space.add_hyperparameter([16, 32, 64, 128], "batch_size")
+    if reductions:
+        space.add_hyperparameter(["average", "max"], "reduction")
     return space
 
 
 def deephyper_side(problem: Problem, folder: Path, seed: int, budget: float, workers: int,
-                   method: str = "dh_re") -> dict:
+                   method: str = "dh_re", reductions: bool = False) -> dict:
     """DeepHyper's search in a fresh Python process, timed from its launch as the project's
     ``mpiexec`` is: both sides pay for starting Python and importing TensorFlow on the clock
     (a search run in this process would start with TensorFlow already imported, and its
@@ -290,7 +296,8 @@ def deephyper_side(problem: Problem, folder: Path, seed: int, budget: float, wor
     np.savez(folder / "split.npz", **split_arrays(problem, seed))
     job = {"folder": str(folder), "task": problem.task, "epochs": problem.training["epochs"],
            "patience": problem.training["patience"], "seed": seed, "budget": budget, "workers": workers,
-           "method": method, "digits": problem.source is None, "population": problem.population}
+           "method": method, "digits": problem.source is None, "population": problem.population,
+           "reductions": reductions}
     (folder / "job.json").write_text(json.dumps(job))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}
     launched = time.time()
@@ -313,7 +320,7 @@ def deephyper_job(path: Path) -> None:
     from deephyper.hpo import CBO, RegularizedEvolution
     os.environ.update(BENCH_SEARCH_DATA=str(folder / "split.npz"), BENCH_SEARCH_TASK=job["task"],
                       BENCH_SEARCH_TRAINING=f"{job['epochs']},{job['patience']}")
-    space = deephyper_problem(job["digits"])
+    space = deephyper_problem(job["digits"], job.get("reductions", False))
     evaluator = Evaluator.create(run_candidate, method="process", method_kwargs={"num_workers": job["workers"]})
     log_dir = str(folder / job["method"])
     if job["method"] == "dh_re":
@@ -487,6 +494,9 @@ def main() -> int:
     p.add_argument("--candidates", type=int, default=12, help="--surrogate-cost: children screened per ask")
     p.add_argument("--plot", help="write best-so-far validation against wall time here (PNG; one problem and seed)")
     p.add_argument("--keep", help="folder to keep the runs in")
+    p.add_argument("--dh-reductions", action="store_true",
+                   help="DeepHyper's space gains a choice of global average or global max pooling (write to "
+                        "a results file of its own: the table does not tell the two spaces apart)")
     p.add_argument("--deephyper-job", help=argparse.SUPPRESS)    # the fresh process of DeepHyper's side
     args = p.parse_args()
     if args.table:
@@ -525,7 +535,9 @@ def main() -> int:
                     where.mkdir(parents=True, exist_ok=True)
                     started = time.time()
                     if side in DH_SIDES:
-                        run = deephyper_side(problem, where, seed, args.budget, args.workers, side)
+                        run = deephyper_side(problem, where, seed, args.budget, args.workers, side,
+                                             args.dh_reductions)
+                        run["dh_space"] = "reductions" if args.dh_reductions else "practitioner"
                     else:
                         extra = PROJECT_SIDES[side]
                         if side == "surrogate" and args.surrogate_min:

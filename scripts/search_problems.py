@@ -196,9 +196,12 @@ def template_variants() -> dict:
     """The templates and what they were chosen against, by name (structured genomes)."""
     from evolve.templates import IMAGE_TEMPLATES, SEQUENCE_TEMPLATES
     cnn, fcn, deep = SEQUENCE_TEMPLATES["cnn"], SEQUENCE_TEMPLATES["fcn"], IMAGE_TEMPLATES["deep"]
+    detector = IMAGE_TEMPLATES["detector"]
     return {"cnn (GAP)": cnn, "cnn, global max pooling": cnn.replace(reduction="global_max"),
-            "FCN, global average pooling": fcn.replace(reduction="global_average"),
-            "FCN, global max pooling (sequences)": fcn, "three pooled stages (images, volumes)": deep}
+            "FCN, global average pooling (sequence regression)": fcn.replace(reduction="global_average"),
+            "FCN, global max pooling (sequence classification)": fcn,
+            "detector (images)": detector, "detector with batch norm": detector.replace(norm=True),
+            "three pooled stages (images, volumes)": deep}
 
 
 def compare_templates(seeds: int, only: str | None = None) -> str:

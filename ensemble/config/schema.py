@@ -900,8 +900,9 @@ EVOLVE_KEYS = {
                        "journal says which layers"),
     "templates": Key((bool,), True,
                      doc="the first population holds small known-good networks for the input's kind (a small "
-                         "CNN and a fully convolutional network for sequences, a small CNN and a deeper pooled "
-                         "one for images and volumes, two MLPs for tables) next to the random ones"),
+                         "CNN and a fully convolutional network for sequences; a small CNN, a one-convolution "
+                         "detector with global max pooling and a deeper pooled CNN for images and volumes; two "
+                         "MLPs for tables) next to the random ones"),
     "start_from": Key((str,), "",
                       doc="\"\": none; or an earlier mode \"evolve\" run directory (relative to the config) on "
                           "samples of the same shape: its best candidates (up to half the first population) "

@@ -282,8 +282,8 @@ class EvolveConfig(Section):
     #: whose shape is unchanged (when the parent's model file is kept); the journal says which layers
     inherit: bool
     #: the first population holds small known-good networks for the input's kind (a small CNN and a fully
-    #: convolutional network for sequences, a small CNN and a deeper pooled one for images and volumes, two
-    #: MLPs for tables) next to the random ones
+    #: convolutional network for sequences; a small CNN, a one-convolution detector with global max pooling
+    #: and a deeper pooled CNN for images and volumes; two MLPs for tables) next to the random ones
     templates: bool
     #: "": none; or an earlier mode "evolve" run directory (relative to the config) on samples of the same
     #: shape: its best candidates (up to half the first population) are trained again as the first ones
