@@ -46,9 +46,9 @@ def config(name: str) -> dict:
 
 
 def outcome(spec: dict) -> dict:
-    """What training ``spec`` gives: a pure function of its genome (as real training of the
-    same genome and seed is), a failure now and then; how long it takes, from its id."""
-    h = zlib.crc32(json.dumps(spec["genome"], sort_keys=True).encode())
+    """What training ``spec`` gives: a pure function of its genome and seed (as real training
+    is), a failure now and then; how long it takes, from its id."""
+    h = zlib.crc32(json.dumps([spec["genome"], spec["seed"]], sort_keys=True).encode())
     record = {"id": spec["id"], "genome": spec["genome"], "summary": spec["summary"], "seed": spec["seed"],
               "params": 100 + h % 5000, "seconds": 1 + zlib.crc32(spec["id"].encode()) % 4}
     if h % 5 == 0:
