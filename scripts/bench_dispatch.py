@@ -18,6 +18,7 @@ Both are ratios measured in one sitting, so a noisy machine shifts both sides al
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -47,6 +48,11 @@ predictions = false
 """
 
 
+def with_root() -> dict[str, str]:
+    """This environment with the project first on PYTHONPATH (packages already there stay)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+
+
 def launcher() -> list[str]:
     here = Path(sys.executable).parent
     for name in ("mpiexec", "mpirun"):
@@ -60,7 +66,7 @@ def run(ranks: int, members: int, seconds: float, sync: float, tmp: Path, tracki
     cfg = tmp / f"bench_{tag}.toml"
     cfg.write_text(CONFIG.format(members=members, seconds=seconds, sync=sync) + tracking)
     run_dir = tmp / f"run_{tag}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = with_root()
     out = subprocess.run(launcher() + ["-n", str(ranks), sys.executable, "-m", "ensemble.run", str(cfg),
                                        "--run-dir", str(run_dir), "--overwrite"],
                          capture_output=True, text=True, env=env, timeout=1800)
@@ -106,8 +112,13 @@ def pingpong(ranks: int, stats: dict, tmp: Path) -> dict:
 
 
 #: --tracking's sides: what each adds to the config (the live URI is filled in when the server is up)
-TRACKING = "\n[tracking]\ntensorboard = true\nfinish_seconds = 5\ngive_up_seconds = 2\n" \
-           'mlflow = "{uri}"\nmlflow_experiment = "bench_dispatch"\n'
+TENSORBOARD = "\n[tracking]\ntensorboard = true\nfinish_seconds = 5\ngive_up_seconds = 2\n"
+TRACKING = TENSORBOARD + 'mlflow = "{uri}"\nmlflow_experiment = "bench_dispatch"\n'
+#: --write's marks in the page, unless --block names others
+BLOCK = "bench_dispatch tracking"
+#: --sides: what each is called in the table
+SIDES = {"off": "off", "tensorboard": "TensorBoard only", "live": "TensorBoard + MLflow, live local server",
+         "dead": "TensorBoard + MLflow, dead URI"}
 
 
 def master_calls_us(tmp: Path, n: int = 20000) -> float:
@@ -153,7 +164,7 @@ def writer_start_cpu() -> float:
     code = ("import time\nimport ensemble.results.tracking\nfrom ensemble.results import tensorboard_sink\n"
             "from tensorboard.plugins.hparams import summary_v2\nimport mlflow\nprint(time.process_time())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env=with_root())
     return float(out.stdout.split()[-1])
 
 
@@ -170,36 +181,39 @@ def tracking_sides(args, tmp: Path) -> None:
     print(f"the master's own tracking calls: {calls_us:.1f} us per result (in-process, profiled below)")
     start_cpu = writer_start_cpu()
     print(f"the writer's start (its imports, once per job): {start_cpu:.1f} s of CPU")
-    with MlflowServer(tmp / "mlflow", nice=19) as server:
-        configs = {"off": "", "live": TRACKING.format(uri=server.uri),
+    sides = ["off"] + [side for side in args.sides if side != "off"]      # every ratio is to off
+    with contextlib.ExitStack() as stack:
+        live = stack.enter_context(MlflowServer(tmp / "mlflow", nice=19)).uri if "live" in sides else ""
+        configs = {"off": "", "tensorboard": TENSORBOARD, "live": TRACKING.format(uri=live),
                    "dead": TRACKING.format(uri=f"http://127.0.0.1:{free_port()}")}
-        sides = list(configs)
+        configs = {side: configs[side] for side in sides}
         rows = []
-        print(f"{'rep':>3} {'side':>5} {'members/s':>9} {'CPU us/result':>13}", flush=True)
+        print(f"{'rep':>3} {'side':>11} {'members/s':>9} {'CPU us/result':>13}", flush=True)
         for rep in range(args.reps):
             got = {}
-            for side in sides[rep % 3:] + sides[:rep % 3]:
+            for side in sides[rep % len(sides):] + sides[:rep % len(sides)]:
                 folder = tmp / f"{side}{rep}"
                 folder.mkdir()
                 stats = run(ranks, args.members, 0.0, args.sync[0], folder, configs[side])
                 shutil.rmtree(folder, ignore_errors=True)
                 got[side] = (stats["members_per_second"], stats["master_cpu_us_per_result"])
-                print(f"{rep:>3} {side:>5} {got[side][0]:>9.0f} {got[side][1]:>13.1f}", flush=True)
+                print(f"{rep:>3} {side:>11} {got[side][0]:>9.0f} {got[side][1]:>13.1f}", flush=True)
             rows.append(got)
     load1 = os.getloadavg()[0]
     lines = [f"Measured {datetime.date.today().isoformat()} on {os.cpu_count()} cores (load {load0:.1f} before, "
              f"{load1:.1f} after), rehearsal members of 0 s, -n {ranks}, {args.members} members a run, "
-             f"{args.reps} repetitions of the three sides in rotating order:", "",
+             f"{args.reps} repetitions of the {len(sides)} sides in rotating order:", "",
              "```bash", f"python scripts/bench_dispatch.py --tracking --ranks {ranks} --members {args.members} "
-             f"--reps {args.reps}" + (f" --write {args.write}" if args.write else ""), "```", "",
+             f"--reps {args.reps}" + (f" --sides {','.join(sides)}" if sides != ["off", "live", "dead"] else "")
+             + (f" --write {args.write}" if args.write else "")
+             + (f" --block '{args.block}'" if args.block != BLOCK else ""), "```", "",
              f"The master's own tracking calls (`Tracking.results` and its idle calls, in-process, 20,000 "
              f"results): {calls_us:.1f} µs per result. The writer's start (the interpreter and the sinks' "
              f"imports, once per job, at nice 19 beside the ranks): {start_cpu:.1f} s of CPU.", "",
              "| tracking | members/s (median) | on/off members/s: median (min-max) "
              "| master CPU µs/result (median) | on/off CPU per result: median (min-max) |",
              "|---|---|---|---|---|"]
-    names = {"off": "off", "live": "TensorBoard + MLflow, live local server",
-             "dead": "TensorBoard + MLflow, dead URI"}
+    names = SIDES
     for side in configs:
         rate = [r[side][0] for r in rows]
         cpu = [r[side][1] for r in rows]
@@ -214,7 +228,7 @@ def tracking_sides(args, tmp: Path) -> None:
     table = "\n".join(lines)
     print(table)
     if args.write:
-        write_block(Path(args.write), "bench_dispatch tracking", table)
+        write_block(Path(args.write), args.block, table)
 
 
 def main() -> None:
@@ -228,9 +242,13 @@ def main() -> None:
                    help="instead: [tracking] off, on (TensorBoard and MLflow to a local mlflow server this script "
                         "starts) and on with a dead MLflow URI, interleaved --reps times at the first --ranks; "
                         "each on side's ratio to the off run of its repetition")
-    p.add_argument("--reps", type=int, default=5, help="repetitions of --tracking's three sides")
+    p.add_argument("--reps", type=int, default=5, help="repetitions of --tracking's sides")
+    p.add_argument("--sides", type=lambda text: text.split(","), default=["off", "live", "dead"],
+                   help=f"with --tracking: which of {', '.join(SIDES)} to run, comma separated (off always first "
+                        "in the table; 'live' starts a local mlflow server, which needs MLflow's full package)")
     p.add_argument("--write", metavar="PAGE", help="with --tracking: write the table into PAGE (docs/tracking.md) "
-                   "between its <!-- bench_dispatch tracking --> marks")
+                   "between its <!-- BLOCK --> marks")
+    p.add_argument("--block", default=BLOCK, help=f"with --write: the marks' name (default {BLOCK!r})")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_dispatch_"))
     if args.tracking:
