@@ -8,11 +8,12 @@ layer. Sequences also get the fully convolutional network that is the standard b
 time-series classification (FCN, Wang, Yan and Oates 2017: three conv blocks of kernel 7, 5
 and 3 with batch norm at full resolution, then a global pooling; narrower here), ending in
 global max pooling (the strongest response anywhere: a pattern at an unknown place; global
-average pooling for a regression). Images also get a detector: one convolution of kernel 7
-at full resolution, 32 wide, without batch norm, then global max pooling (a small pattern
-anywhere in the picture; fewer multiply-adds than the small CNN's second stage), and three
-stages (kernel 5, 5, 3) with max pooling for a wider field of view; volumes the same. Flat
-tables get two MLPs (a funnel with dropout, and two residual blocks with more dropout).
+average pooling for a regression). A classifier of sequences or images also gets a detector:
+one convolution of kernel 7 at full resolution, 32 wide, without batch norm, then global max
+pooling (a small pattern anywhere in the input; fewer multiply-adds than the small CNN's
+second stage); images also three stages (kernel 5, 5, 3) with max pooling for a wider field
+of view; volumes the same as images. Flat tables get two MLPs (a funnel with dropout, and two
+residual blocks with more dropout).
 
 Chosen on the suite (``python scripts/search_problems.py templates --seeds 4``: each trained
 alone, built as a searched network is, 4 splits, 20 epochs, patience 4; validation medians,
@@ -31,10 +32,14 @@ accuracy, R^2 for peaks, seconds for the 4 splits; 2026-11-25, 589 s):
 The FCN with global max pooling is a good start for classifying sequences and a poor, unstable
 one for peaks' regression (without its dropout worse still, 0.082), so a regression's FCN ends
 in global average pooling (``templates_for(shape, "regression")``): 0.520 there, beside the
-small CNN's 0.555; so does a regression's detector (0.066 on peaks with max pooling). The
-detector is the best start on stripes by far and on signals too (0.848, ahead of the FCN,
-at less of its time); it is an image template only because sequences were not measured on
-the whole suite with it.
+small CNN's 0.555. The detector is the weakest start there with either pooling (0.066 with
+max pooling, 0.490 with average pooling: ``python scripts/search_problems.py templates
+--seeds 4 --problem peaks``, 2026-11-25 evening), so a regression leaves it out. It is the
+best start on stripes by far and on signals too (0.848, ahead of the FCN, at less of its
+time); sequences start from it too since DeepHyper, given a global max pooling choice,
+matched the search on signals without it (docs/search-benchmark.md). They are handed out
+best first for the task (``BEST_FIRST``): on 2 workers the first population's first two
+train at once, so those two are the first results a search sees.
 
 A small residual CNN (three stages of two blocks, strided) was a template until the suite
 showed it dominated (validation 0.60-0.76 on signals and R^2 0.46-0.51 on peaks against
@@ -54,19 +59,20 @@ from evolve.structured import AnyGenome, Stage, StructuredGenome
 _CNN = StructuredGenome(stages=(Stage(1, 32, 3), Stage(1, 64, 3, "maxpool", 2)), dense=(64,),
                         activation="relu", norm=True, residual=False, dropout=0.1,
                         reduction="global_average", optimizer="adam", learning_rate=1e-3, batch_size=32)
+_DETECTOR = StructuredGenome(stages=(Stage(1, 32, 7),), dense=(), activation="relu", norm=False, residual=False,
+                             dropout=0.1, reduction="global_max", optimizer="adam", learning_rate=1e-3, batch_size=32)
 #: for sequences (samples of one spatial axis), by name
 SEQUENCE_TEMPLATES: dict[str, StructuredGenome] = {
     "cnn": _CNN,
     "fcn": StructuredGenome(stages=(Stage(1, 32, 7), Stage(1, 64, 5), Stage(1, 64, 3)), dense=(),
                             activation="relu", norm=True, residual=False, dropout=0.1,
                             reduction="global_max", optimizer="adam", learning_rate=1e-3, batch_size=32),
+    "detector": _DETECTOR,
 }
 #: for images and volumes, by name
 IMAGE_TEMPLATES: dict[str, StructuredGenome] = {
     "cnn": _CNN,
-    "detector": StructuredGenome(stages=(Stage(1, 32, 7),), dense=(), activation="relu", norm=False, residual=False,
-                                 dropout=0.1, reduction="global_max", optimizer="adam", learning_rate=1e-3,
-                                 batch_size=32),
+    "detector": _DETECTOR,
     "deep": StructuredGenome(stages=(Stage(1, 16, 5), Stage(1, 32, 5, "maxpool", 2), Stage(1, 64, 3, "maxpool", 2)),
                              dense=(32,), activation="relu", norm=True, residual=False, dropout=0.1,
                              reduction="global_average", optimizer="adam", learning_rate=1e-3, batch_size=32),
@@ -80,18 +86,30 @@ TABLE_TEMPLATES: dict[str, StructuredGenome] = {
 }
 
 
+#: the templates a search starts from, per task, in the order it hands them out: best first, as each
+#: scored alone on the suite (the table above: signals and stripes for a classifier, peaks for a
+#: regression), so the first results a search gets back, while few workers hold the first
+#: population, are its best starts. A regression leaves the detector out: it was the weakest
+#: start for `peaks` (0.490 R^2 with average pooling, 0.066 with max pooling)
+BEST_FIRST: dict[str, tuple[str, ...]] = {
+    "classification": ("detector", "fcn", "cnn", "deep", "mlp", "resmlp"),
+    "regression": ("cnn", "fcn", "deep", "mlp", "resmlp"),
+}
+
+
 def templates_for(input_shape: tuple[int, ...], task: str = "classification") -> dict[str, StructuredGenome]:
     """The templates of this input's kind and `task` ("classification" or "regression"), by
-    name: one sample's shape, channels last. A regression's templates end in global average
-    pooling where a classifier's take the maximum (measured above: max pooling is the best
-    start for classifying sequences and the worst for `peaks`' R^2, the FCN's and the
-    detector's alike)."""
+    name, best first (``BEST_FIRST``, which also leaves a regression's detector out): one
+    sample's shape, channels last. A regression's FCN ends in global average pooling where a
+    classifier's takes the maximum (measured above: max pooling is the best start for
+    classifying sequences and the worst for `peaks`' R^2)."""
     rank = len(input_shape)
     kind = TABLE_TEMPLATES if rank == 1 else SEQUENCE_TEMPLATES if rank == 2 else IMAGE_TEMPLATES
-    if task != "regression":
-        return kind
-    return {name: g.replace(reduction="global_average") if g.reduction == "global_max" else g
-            for name, g in kind.items()}
+    regression = task == "regression"
+    order = BEST_FIRST["regression" if regression else "classification"]
+    chosen = {name: kind[name] for name in order if name in kind}
+    return {name: g.replace(reduction="global_average") if regression and g.reduction == "global_max" else g
+            for name, g in chosen.items()}
 
 
 def templates(space: SearchSpace, input_shape: tuple[int, ...], n_outputs: int,

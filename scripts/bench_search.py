@@ -392,7 +392,8 @@ def table(path: Path) -> str:
         budget = next(iter(runs.values()))["budget"]
         rel = {suffix: ratios(runs, budget, base) for base, suffix in BASELINES if base in runs}
         for side, r in runs.items():
-            acc = per.setdefault((problem, side), {k: [] for k in ("val", "test", "ens", "eps", "half", "final",
+            label = side + (" (+ global max pooling)" if r.get("dh_space") == "reductions" else "")
+            acc = per.setdefault((problem, label), {k: [] for k in ("val", "test", "ens", "eps", "half", "final",
                                                                    "proper", "half_cbo", "final_cbo")})
             acc["val"].append(r["best_val"])
             acc["test"].append(r["best_test"])
@@ -415,7 +416,7 @@ def table(path: Path) -> str:
             return "-"
         return f"{_fmt(_median(xs))} ({_fmt(min(xs))}-{_fmt(max(xs))})" if len(xs) > 1 else _fmt(xs[0])
     order = {s: i for i, s in enumerate(("project", "surrogate", "asha", "dh_re", "dh_cbo"))}
-    for (problem, side), acc in sorted(per.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9))):
+    for (problem, side), acc in sorted(per.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1].split()[0], 9))):
         proper = f"{sum(acc['proper'])} of {len(acc['proper'])}" if acc["proper"] else "-"
         out.append(f"| {problem} | {side} | {len(acc['val'])} | {cell(acc['val'])} | {cell(acc['test'])} | "
                    f"{cell(acc['ens'])} | {proper} | "

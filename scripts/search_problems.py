@@ -201,6 +201,7 @@ def template_variants() -> dict:
             "FCN, global average pooling (sequence regression)": fcn.replace(reduction="global_average"),
             "FCN, global max pooling (sequence classification)": fcn,
             "detector (images)": detector, "detector with batch norm": detector.replace(norm=True),
+            "detector, global average pooling (regression)": detector.replace(reduction="global_average"),
             "three pooled stages (images, volumes)": deep}
 
 

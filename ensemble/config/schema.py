@@ -899,10 +899,10 @@ EVOLVE_KEYS = {
                        "every layer whose shape is unchanged (when the parent's model file is kept); the "
                        "journal says which layers"),
     "templates": Key((bool,), True,
-                     doc="the first population holds small known-good networks for the input's kind (a small "
-                         "CNN and a fully convolutional network for sequences; a small CNN, a one-convolution "
-                         "detector with global max pooling and a deeper pooled CNN for images and volumes; two "
-                         "MLPs for tables) next to the random ones"),
+                     doc="the first population holds small known-good networks for the input's kind, best first (for "
+                         "sequences a one-convolution detector with global max pooling, a fully convolutional network "
+                         "and a small CNN; for images and volumes the detector, a small CNN and a deeper pooled CNN; a "
+                         "regression leaves the detector out; two MLPs for tables) next to the random ones"),
     "start_from": Key((str,), "",
                       doc="\"\": none; or an earlier mode \"evolve\" run directory (relative to the config) on "
                           "samples of the same shape: its best candidates (up to half the first population) "

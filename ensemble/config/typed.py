@@ -281,9 +281,10 @@ class EvolveConfig(Section):
     #: weight inheritance: a child bred by mutation starts from its parent's trained weights in every layer
     #: whose shape is unchanged (when the parent's model file is kept); the journal says which layers
     inherit: bool
-    #: the first population holds small known-good networks for the input's kind (a small CNN and a fully
-    #: convolutional network for sequences; a small CNN, a one-convolution detector with global max pooling
-    #: and a deeper pooled CNN for images and volumes; two MLPs for tables) next to the random ones
+    #: the first population holds small known-good networks for the input's kind, best first (for sequences a
+    #: one-convolution detector with global max pooling, a fully convolutional network and a small CNN; for
+    #: images and volumes the detector, a small CNN and a deeper pooled CNN; a regression leaves the detector
+    #: out; two MLPs for tables) next to the random ones
     templates: bool
     #: "": none; or an earlier mode "evolve" run directory (relative to the config) on samples of the same
     #: shape: its best candidates (up to half the first population) are trained again as the first ones

@@ -212,7 +212,8 @@ def test_every_spatial_input_starts_from_a_full_resolution_detector_and_a_pooled
     def full_resolution(g: StructuredGenome) -> bool:
         return all(st.down == "none" for st in g.stages)
     seq = templates(space(2), KINDS["sequence"][1], 3)
-    assert any(full_resolution(g) and g.reduction == "global_max" for g in seq)      # the FCN
+    # the FCN (three stages) and the detector (one), both at full resolution with max pooling
+    assert sorted(len(g.stages) for g in seq if full_resolution(g) and g.reduction == "global_max") == [1, 3]
     assert any(not full_resolution(g) and g.reduction == "global_average" for g in seq)
     for kind in ("image", "volume"):
         rank, shape = KINDS[kind]
@@ -220,13 +221,28 @@ def test_every_spatial_input_starts_from_a_full_resolution_detector_and_a_pooled
         # one stage at full resolution only (deeper full-resolution networks cost 5x on 16x16 images)
         assert [len(g.stages) for g in found if full_resolution(g) and g.reduction == "global_max"] == [1]
         assert sum(not full_resolution(g) for g in found) == 2
-    # a regression's FCN and detector average (max pooling was the worst start for a sequence's R^2)
+    # a regression leaves the detector out and its FCN averages (max pooling was the worst start for a
+    # sequence's R^2, the detector the weakest start with either pooling)
     for kind in ("sequence", "image", "volume"):
         rank, shape = KINDS[kind]
         reg = templates(space(rank), shape, 1, "regression")
-        assert len(reg) == len(templates(space(rank), shape, 3))
-        assert any(full_resolution(g) and g.reduction == "global_average" for g in reg)
-        assert not any(g.reduction == "global_max" for g in reg)
+        assert len(reg) == len(templates(space(rank), shape, 3)) - 1
+        assert not any(g.reduction == "global_max" or len(g.stages) == 1 for g in reg)
+    seq = templates(space(2), KINDS["sequence"][1], 1, "regression")
+    assert [len(g.stages) for g in seq if full_resolution(g) and g.reduction == "global_average"] == [3]
+
+
+def test_templates_come_best_first_for_their_task():
+    """With few workers the first population's head trains first: a classifier of sequences or
+    images starts from the detector (the best start alone on signals and stripes), a regression
+    from the small CNN with batch norm and a dense layer (the best on peaks)."""
+    for kind in ("sequence", "image", "volume"):
+        rank, shape = KINDS[kind]
+        first = templates(space(rank), shape, 3)[0]
+        assert len(first.stages) == 1 and first.reduction == "global_max" and not first.dense
+        first = templates(space(rank), shape, 1, "regression")[0]
+        assert len(first.stages) == 2 and first.norm and first.dense and first.reduction == "global_average"
+    assert [g.residual for g in templates(space(1), KINDS["table"][1], 3)] == [False, True]
 
 
 @pytest.mark.parametrize("name", ["regularized", "mu_plus_lambda", "nsga2", "random"])
