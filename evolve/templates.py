@@ -36,10 +36,11 @@ small CNN's 0.555. The detector is the weakest start there with either pooling (
 max pooling, 0.490 with average pooling: ``python scripts/search_problems.py templates
 --seeds 4 --problem peaks``, 2026-11-25 evening), so a regression leaves it out. It is the
 best start on stripes by far and on signals too (0.848, ahead of the FCN, at less of its
-time); sequences start from it too since DeepHyper, given a global max pooling choice,
-matched the search on signals without it (docs/search-benchmark.md). They are handed out
-best first for the task (``BEST_FIRST``): on 2 workers the first population's first two
-train at once, so those two are the first results a search sees.
+time), so a classifier of sequences starts from it too. They are handed out best first for
+the task (``BEST_FIRST``): on 2 workers the first population's first two train at once, so
+those two are the first results a search sees (on signals, 2026-11-27: the first result
+0.783-0.858 over 5 seeds, against 0.752-0.805 over 3 with the CNN and the FCN first;
+docs/search-benchmark.md).
 
 A small residual CNN (three stages of two blocks, strided) was a template until the suite
 showed it dominated (validation 0.60-0.76 on signals and R^2 0.46-0.51 on peaks against
