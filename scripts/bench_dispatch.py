@@ -119,6 +119,18 @@ BLOCK = "bench_dispatch tracking"
 #: --sides: what each is called in the table
 SIDES = {"off": "off", "tensorboard": "TensorBoard only", "live": "TensorBoard + MLflow, live local server",
          "dead": "TensorBoard + MLflow, dead URI"}
+#: --sides unless given
+DEFAULT_SIDES = ["off", "live", "dead"]
+
+
+def sides_arg(text: str) -> list[str]:
+    """--sides: comma-separated names of ``SIDES``."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SIDES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown side(s) {', '.join(unknown) or '(none given)'}; "
+                                         f"choose from {', '.join(SIDES)}")
+    return names
 
 
 def master_calls_us(tmp: Path, n: int = 20000) -> float:
@@ -204,7 +216,7 @@ def tracking_sides(args, tmp: Path) -> None:
              f"{load1:.1f} after), rehearsal members of 0 s, -n {ranks}, {args.members} members a run, "
              f"{args.reps} repetitions of the {len(sides)} sides in rotating order:", "",
              "```bash", f"python scripts/bench_dispatch.py --tracking --ranks {ranks} --members {args.members} "
-             f"--reps {args.reps}" + (f" --sides {','.join(sides)}" if sides != ["off", "live", "dead"] else "")
+             f"--reps {args.reps}" + (f" --sides {','.join(sides)}" if sides != DEFAULT_SIDES else "")
              + (f" --write {args.write}" if args.write else "")
              + (f" --block '{args.block}'" if args.block != BLOCK else ""), "```", "",
              f"The master's own tracking calls (`Tracking.results` and its idle calls, in-process, 20,000 "
@@ -243,7 +255,7 @@ def main() -> None:
                         "starts) and on with a dead MLflow URI, interleaved --reps times at the first --ranks; "
                         "each on side's ratio to the off run of its repetition")
     p.add_argument("--reps", type=int, default=5, help="repetitions of --tracking's sides")
-    p.add_argument("--sides", type=lambda text: text.split(","), default=["off", "live", "dead"],
+    p.add_argument("--sides", type=sides_arg, default=DEFAULT_SIDES,
                    help=f"with --tracking: which of {', '.join(SIDES)} to run, comma separated (off always first "
                         "in the table; 'live' starts a local mlflow server, which needs MLflow's full package)")
     p.add_argument("--write", metavar="PAGE", help="with --tracking: write the table into PAGE (docs/tracking.md) "
