@@ -225,16 +225,15 @@ def tracking_sides(args, tmp: Path) -> None:
              "| tracking | members/s (median) | on/off members/s: median (min-max) "
              "| master CPU µs/result (median) | on/off CPU per result: median (min-max) |",
              "|---|---|---|---|---|"]
-    names = SIDES
     for side in configs:
         rate = [r[side][0] for r in rows]
         cpu = [r[side][1] for r in rows]
         if side == "off":
-            lines.append(f"| {names[side]} | {statistics.median(rate):.0f} | 1 | {statistics.median(cpu):.0f} | 1 |")
+            lines.append(f"| {SIDES[side]} | {statistics.median(rate):.0f} | 1 | {statistics.median(cpu):.0f} | 1 |")
             continue
         rr = [r[side][0] / r["off"][0] for r in rows]
         cr = [r[side][1] / r["off"][1] for r in rows]
-        lines.append(f"| {names[side]} | {statistics.median(rate):.0f} | {statistics.median(rr):.2f} "
+        lines.append(f"| {SIDES[side]} | {statistics.median(rate):.0f} | {statistics.median(rr):.2f} "
                      f"({min(rr):.2f}-{max(rr):.2f}) | {statistics.median(cpu):.0f} | {statistics.median(cr):.2f} "
                      f"({min(cr):.2f}-{max(cr):.2f}) |")
     table = "\n".join(lines)
