@@ -10,12 +10,36 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import sys
 import time
 import traceback
 from collections.abc import Callable
 
-from mpi4py import MPI
+
+def _pipes() -> dict[int, int]:
+    """This process's open pipe descriptors: {fd: inode}."""
+    found = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:                     # no /proc (macOS): nothing to let go of but stdout and stderr
+        names = [str(fd) for fd in (1, 2)]
+    for name in names:
+        try:
+            st = os.fstat(int(name))
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISFIFO(st.st_mode):
+            found[int(name)] = st.st_ino
+    return found
+
+
+#: the pipes this rank inherited from the launcher, taken before MPI starts: MPICH's hydra proxy
+#: forks every rank with copies of the ranks' stdout and stderr pipes created before it, so a
+#: rank's output stays open until every rank holding a copy has gone (see ``_let_go_of_the_launcher``)
+_INHERITED_PIPES = {} if "mpi4py.MPI" in sys.modules else _pipes()
+
+from mpi4py import MPI  # noqa: E402 - after the launcher's pipes are taken
 
 ANY_SOURCE = MPI.ANY_SOURCE
 ANY_TAG = MPI.ANY_TAG
@@ -88,13 +112,14 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
                 except Exception:       # noqa: BLE001 - never a traceback on the way out
                     line = "interrupted"
                 sys.stderr.write(line + "\n")
+            sys.stdout.flush()
+            sys.stderr.flush()
             if world.Get_size() > 1:
                 # the launcher stops every rank once one has left: the workers leave after
                 # INTERRUPT_GRACE, by when rank 0 has closed its journal and status.json (it
                 # takes milliseconds), and rank 0 after them, so the job's status is theirs, 130
+                _let_go_of_the_launcher()
                 time.sleep(INTERRUPT_GRACE * (2 if world.Get_rank() == 0 else 1))
-            sys.stdout.flush()
-            sys.stderr.flush()
             os._exit(EXIT_TERMINATED if issubclass(kind, Terminated) else EXIT_INTERRUPTED)
         text = "".join(traceback.format_exception(kind, value, tb))
         sys.stderr.write(f"[{where()}] fatal error, aborting the job:\n{text}")
@@ -104,6 +129,26 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
             world.Abort(1)
         os._exit(1)
     sys.excepthook = hook
+
+
+def _let_go_of_the_launcher() -> None:
+    """Close this rank's end of the launcher's output pipes (stdout, stderr, their copies and
+    the copies of other ranks' pipes inherited at start), pointing them at /dev/null.
+
+    Why: hydra's proxy reaps ranks while any rank's output is open, and then records a rank
+    it stopped itself (SIGKILL, once the first rank has left) as killed, which makes the job's
+    status 9 instead of 130/143. Once every rank's output has closed, it records those ranks
+    as it should (0), so the status is the leavers' own. Only on the way out; never raises."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        now = _pipes()
+        ours = {now.get(1), now.get(2)} - {None}
+        for fd, inode in now.items():
+            if fd in (1, 2) or inode in ours or (fd != 0 and _INHERITED_PIPES.get(fd) == inode):
+                os.dup2(null, fd)
+        os.close(null)
+    except OSError:
+        pass
 
 
 def try_recv(comm, source: int = ANY_SOURCE, tag: int = ANY_TAG):

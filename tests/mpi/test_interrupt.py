@@ -97,3 +97,35 @@ def test_ctrl_c_or_sigterm_prints_one_line_and_resume_continues(tmp_path, sig, c
     records = [r for r in map(json.loads, journal.read_text().splitlines()) if r.get("status") == "ok"]
     assert len(records) == 16 and len({r["id"] for r in records}) == 16          # none trained twice
     assert f"resuming with {len(done)} finished" in again.stdout
+
+
+def test_ranks_leaving_at_different_times_still_end_the_job_with_143(tmp_path):
+    """The launcher stops the ranks still running once the first has left; hydra then records a
+    rank it stopped as killed (status 9) unless every rank has let go of its output first. Here
+    the workers leave 0.3 s apart, as a loaded machine makes them (the flake this once was)."""
+    script = tmp_path / "ranks.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        import ensemble.runtime.mpi as m
+        rank = m.world.Get_rank()
+        m.abort_on_exception(lambda: "interrupted")
+        if rank:
+            m.INTERRUPT_GRACE = 0.5 + 0.3 * rank
+        m.world.Barrier()
+        if rank == 0:
+            print("ready", flush=True)
+        while True:
+            time.sleep(0.05)
+    """))
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([mpiexec(), "-n", "4", sys.executable, str(script)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, (out, err)
+    assert err.splitlines().count("interrupted") == 1, err
