@@ -18,11 +18,16 @@ def mpiexec() -> str:
     return str(exe) if exe.exists() else "mpiexec"
 
 
+def importable(**extra: str) -> dict:
+    """This process's environment with this checkout first on PYTHONPATH (a subprocess imports
+    the project under test, not an installed copy), then ``extra``."""
+    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra}
+
+
 def run_mpi(n: int, args: list[str], timeout: float = 300, cwd: Path | None = None,
             env: dict | None = None) -> subprocess.CompletedProcess:
     """Start ``mpiexec -n n python ARGS`` with a timeout: a deadlock fails the test, never hangs CI."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "ENSEMBLE_VERIFY_BROADCAST": "1",
-                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    full_env = importable(OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", ENSEMBLE_VERIFY_BROADCAST="1", **(env or {}))
     cmd = [mpiexec(), "-n", str(n), sys.executable, *args]
     try:
         return subprocess.run(cmd, cwd=cwd or ROOT, env=full_env, capture_output=True, text=True,

@@ -144,7 +144,7 @@ def _let_go_of_the_launcher() -> None:
         now = _pipes()
         ours = {now.get(1), now.get(2)} - {None}
         for fd, inode in now.items():
-            if fd in (1, 2) or inode in ours or (fd != 0 and _INHERITED_PIPES.get(fd) == inode):
+            if inode in ours or (fd != 0 and _INHERITED_PIPES.get(fd) == inode):
                 os.dup2(null, fd)
         os.close(null)
     except OSError:

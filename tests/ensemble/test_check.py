@@ -17,6 +17,7 @@ import pytest
 from ensemble.config import ConfigError, Problems, resolve_config
 from ensemble.config.vocabulary import OPTIMIZER_SLOTS, OPTIMIZERS
 from ensemble.orchestrate.check import EXIT_PROBLEMS, PREDICT_BATCH, check_main, member_memory
+from tests.conftest import importable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,7 +122,7 @@ def test_build_and_data_problems_are_gathered_too(tmp_path, capsys):
 def test_the_command_line_checks_without_mpi(tmp_path):
     """``python -m ensemble.run CFG --check``, run as ``-m`` does, saying at exit whether MPI was loaded."""
     cfg = write(tmp_path, THREE_MISTAKES)
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = importable()
     as_dash_m = ("import atexit, runpy, sys; "
                  "atexit.register(lambda: print('mpi4py loaded:', 'mpi4py' in sys.modules)); "
                  f"sys.argv = ['ensemble.run', {str(cfg)!r}, '--check']; runpy.run_module('ensemble.run', "

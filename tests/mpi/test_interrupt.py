@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, mpiexec, run_mpi
+from tests.conftest import ROOT, importable, mpiexec, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -54,8 +54,7 @@ def test_ctrl_c_or_sigterm_prints_one_line_and_resume_continues(tmp_path, sig, c
     """))
     run_dir = tmp_path / "run"
     journal = run_dir / "journal.jsonl"
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = importable(OMP_NUM_THREADS="1")
     proc = subprocess.Popen([mpiexec(), "-n", "3", sys.executable, "-m", "ensemble.run", str(cfg),
                              "--run-dir", str(run_dir)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -117,7 +116,7 @@ def test_ranks_leaving_at_different_times_still_end_the_job_with_143(tmp_path):
         while True:
             time.sleep(0.05)
     """))
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = importable()
     proc = subprocess.Popen([mpiexec(), "-n", "4", sys.executable, str(script)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

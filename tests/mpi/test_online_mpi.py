@@ -7,7 +7,6 @@ directory that ``--resume`` continues (beside a new simulation)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ensemble.results.rundir import RunDirectory
-from tests.conftest import ROOT, mpiexec
+from tests.conftest import ROOT, importable, mpiexec
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 SIM = str(ROOT / "tests" / "mpi" / "online_sim.py")
@@ -45,8 +44,7 @@ threads = 1
 def mpmd(base: Path, sim_args: list[str], run_args: list[str], env: dict | None = None,
          timeout: float = 400) -> subprocess.CompletedProcess:
     """``mpiexec -n 2 python online_sim.py ... : -n 3 python -m ensemble.run ...``, with a timeout."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    full_env = importable(OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     cmd = [mpiexec(), "-n", "2", sys.executable, SIM, str(base / "sim"), *sim_args,
            ":", "-n", "3", sys.executable, "-m", "ensemble.run", str(base / "online.toml"), *run_args]
     try:
