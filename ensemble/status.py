@@ -35,21 +35,36 @@ STALE_BEATS = 3                # a running job silent for 3 heartbeats looks dea
 
 class JournalTail:
     """The journal's whole lines, typed and read incrementally: a refresh reads only what was
-    appended since the last one, and a line still being written is left for the next.
-    ``issued`` holds the ids a search handed out (its ``issued`` events)."""
+    appended since the last one, and a line still being written is left for the next; a
+    master hierarchy's sub-master journals (``RunDirectory.sub_journals``) are tailed beside
+    it, and read again from the start once absorbed. ``issued`` holds the ids a search
+    handed out (its ``issued`` events)."""
 
     def __init__(self, path: Path):
-        self.path, self.offset = path, 0
+        self.path = path
+        self.offsets: dict[Path, int] = {}
         self.records: list[MemberRecord] = []
         self.events: list[Event] = []
         self.issued: set[str] = set()
 
+    def _start_over(self) -> None:
+        self.offsets, self.records, self.events, self.issued = {}, [], [], set()
+
     def read(self) -> None:
+        subs = RunDirectory(self.path.parent).sub_journals()
+        if any(p != self.path and p not in subs for p in self.offsets):   # absorbed into the journal
+            self._start_over()
+        for path in [self.path, *subs]:
+            self._read(path)
+
+    def _read(self, path: Path) -> None:
+        offset = self.offsets.get(path, 0)
         try:
-            with open(self.path, "rb") as fh:
-                if fh.seek(0, 2) < self.offset:         # a new journal (the run started over): all of it
-                    self.offset, self.records, self.events, self.issued = 0, [], [], set()
-                fh.seek(self.offset)
+            with open(path, "rb") as fh:
+                if fh.seek(0, 2) < offset:              # a new journal (the run started over): all of it
+                    self._start_over()
+                    offset = 0
+                fh.seek(offset)
                 chunk = fh.read()
         except FileNotFoundError:
             return
@@ -69,7 +84,7 @@ class JournalTail:
                         self.issued.add(str(event.data["id"]))
             elif "id" in item:
                 self.records.append(MemberRecord.from_json(item))
-        self.offset += end
+        self.offsets[path] = offset + end
 
 
 def _read_json(path: Path) -> dict | None:

@@ -79,8 +79,8 @@ class Ensemble:
         """One row per member record of the journal (flattened: ``val.accuracy`` ...)."""
         import pandas as pd
 
-        from ensemble.results.journal import read_journal
-        return pd.json_normalize(read_journal(self.path / "journal.jsonl"))
+        from ensemble.results.rundir import RunDirectory
+        return pd.json_normalize(RunDirectory(self.path).read_journal())
 
     # -- using it ------------------------------------------------------------------------
     def predict_details(self, x) -> dict[str, np.ndarray]:

@@ -119,6 +119,13 @@ class Mode:
         mode says None only where its master decides nothing while members train."""
         return f"mode \"{self.name}\" needs its master while members train"
 
+    def sub_master_books(self, cfg: RunConfig) -> bool:
+        """Whether a master hierarchy's sub-masters may keep their members' books (journal
+        and retention, ``orchestrate.submasters.SubBooks``): only where the journalled record
+        is the worker's result as it is, i.e. the mode's source and decider add nothing to
+        it (a search's source adds its ``search`` entry, so its results go up whole)."""
+        return False
+
     def preflight(self, cfg: RunConfig, meta: dict | None, groups: int | None, found: Problems) -> None:
         """Problems only this mode has, noted in ``found``: those that need the data's
         ``meta`` (None when it could not be read) or the number of worker ``groups``

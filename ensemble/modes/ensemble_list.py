@@ -43,6 +43,9 @@ class EnsembleMode(Mode):
     def hierarchy_problem(self, cfg: RunConfig) -> str | None:
         return None                                   # GoOn: nothing is decided while members train
 
+    def sub_master_books(self, cfg: RunConfig) -> bool:
+        return True                                   # the member list's source and GoOn change no record
+
     def packs(self, cfg: RunConfig) -> bool:
         """Members pack (``runtime.members_per_rank`` > 1) in float32. A search does not: it
         would breed two packs' worth of candidates per worker before their parents are

@@ -70,17 +70,20 @@ class MasterSession:
     """Rank 0 of a run (real or simulated). ``executor`` trains; ``clock`` is the master's;
     ``budget`` must use the same clock; ``heartbeat``: keep ``status.json`` (a real job);
     ``predictions``: members return predictions, so an ensemble is selected; ``report``:
-    write report.html at the end."""
+    write report.html at the end; ``sub_books``: a master hierarchy's sub-masters keep their
+    members' books (``orchestrate.submasters.SubBooks``): results arrive as briefs, and the
+    whole records are read from the sub-masters' journals, absorbed into this one, at the end."""
 
     def __init__(self, cfg: RunConfig, meta: dict, data: Any, run_dir: RunDirectory, executor: Executor,
                  budget: RunBudget, *, resume: bool = False, clock: Callable[[], float] = time.time,
                  heartbeat: bool = True, predictions: bool = True, report: bool = True,
                  open_fields: dict | None = None,
-                 job_started: float | None = None, serial: bool = False, master_trains: bool = False):
+                 job_started: float | None = None, serial: bool = False, master_trains: bool = False,
+                 sub_books: bool = False):
         self.cfg, self.meta, self.data, self.run_dir = cfg, meta, data, run_dir
         self.executor, self.budget, self.clock = executor, budget, clock
         self.resume, self.keep_beat, self.predictions, self.serial = resume, heartbeat, predictions, serial
-        self.master_trains, self.report = master_trains, report
+        self.master_trains, self.report, self.sub_books = master_trains, report, sub_books
         self.mode = mode_of(cfg)
         self.job_started = clock() if job_started is None else job_started
         self.open_fields = open_fields or {}
@@ -96,6 +99,8 @@ class MasterSession:
         cfg, rt = self.cfg, self.cfg.runtime
         t0 = time.monotonic()
         t_resume = time.perf_counter()
+        if self.resume:
+            self.run_dir.absorb()                     # a killed hierarchical job's sub-master journals
         journal_path = self.run_dir.path / self.run_dir.JOURNAL
         known_upto = journal_path.stat().st_size if self.resume and journal_path.exists() else None
         lines = self.run_dir.read_lines() if self.resume else []
@@ -151,6 +156,14 @@ class MasterSession:
                 if beat is not None:
                     beat.beat()
 
+            def on_briefs(records: list[MemberRecord]) -> None:     # the sub-masters journalled them
+                self.records.extend(records)
+                for record in records:
+                    self.budget.observe(record.status.evaluated, record.train_seconds)
+                progress.add(records)
+                if beat is not None:
+                    beat.beat(late=True)
+
             def on_results(records: list[MemberRecord]) -> None:
                 self.tracking.results(records)                # queued; written by its own thread
                 out = [r.to_json() for r in records]
@@ -168,9 +181,10 @@ class MasterSession:
             alive = beat.kept_alive("running") if beat is not None and self.serial else nullcontext()
             with alive:      # a serial master trains the members itself, with no idle moments: a thread beats
                 self.account = dispatch(
-                    self.executor, source, on_results, decider=decider, should_stop=self.budget.should_stop,
-                    adjust=lambda spec: progress.hand_out(artifacts.stamp(self.budget.cap(spec))), idle=idle,
-                    clock=self.clock)
+                    self.executor, source, on_briefs if self.sub_books else on_results, decider=decider,
+                    should_stop=self.budget.should_stop, idle=idle, clock=self.clock,
+                    adjust=(lambda spec: progress.hand_out(self.budget.cap(spec))) if self.sub_books else
+                    (lambda spec: progress.hand_out(artifacts.stamp(self.budget.cap(spec)))))
             account = dict(self.account)
             if account["master_busy_seconds"] is None:          # the serial master trains: no master share
                 account["master_wall_seconds"] = None
@@ -179,10 +193,27 @@ class MasterSession:
             journal.event(closed)
             self.journal_bytes = journal.bytes
         self.events += [opened, closed]
+        if self.sub_books:
+            artifacts = self._absorb(previous, artifacts)
         with beat.kept_alive("finishing") if beat is not None else nullcontext():
             code = self._finish(source, progress, artifacts, beat, t0)
         self.tracking.close(ok=code == 0)                    # bounded by tracking.finish_seconds
         return code
+
+    def _absorb(self, previous: list[MemberRecord], artifacts: Artifacts) -> Artifacts:
+        """A hierarchy whose sub-masters kept the books: their journals into this one, the
+        whole records in place of the briefs, and the kept candidates of every writer of the
+        store (read again: the sub-masters wrote to it) as the run's retention."""
+        lines = self.run_dir.absorb()
+        mine = [x for x in typed_history(lines) if isinstance(x, MemberRecord)]
+        self.records = previous + mine
+        self.tracking.results(mine)
+        artifacts.close()
+        ens = self.cfg.ensemble
+        metric = get_task(self.meta["task"]).default_metric(ens.metric)
+        merged = Artifacts(self.run_dir, metric, ens.candidates, ens.keep_models, self.mode.pareto(self.cfg, self.meta))
+        merged.restore(self.run_dir.read_lines())
+        return merged
 
     def _pool(self, artifacts: Artifacts) -> list[str] | None:
         """The candidates selection chooses from: all kept, or those ``Hooks.publish`` named."""
@@ -250,13 +281,13 @@ class MasterSession:
 def run_master_side(comm, cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, resume: bool,
                     leaders: list[int], job_started: float | None = None, command: list[str] | None = None,
                     master_trains: bool = False, executor: Executor | None = None,
-                    fields: dict | None = None) -> int:
+                    fields: dict | None = None, sub_books: bool = False) -> int:
     """Rank 0 of a real job: the MPI executor over the worker groups (or, alone, the serial
     one), the wall clock, the job's budget; then the master session. ``command``: the job's
     arguments, for the journal (default ``sys.argv[1:]``); ``master_trains``: rank 0 also
     trains, in a thread (``runtime.executor.LocalWorker``); ``executor``: another executor
     over the job's ranks (a master hierarchy's, ``orchestrate.submasters``), with ``fields``
-    for the journal's ``open`` line."""
+    for the journal's ``open`` line and ``sub_books`` (its sub-masters keep the books)."""
     from ensemble.runtime.env import environment
     from ensemble.runtime.mpi import library_version
     rt = cfg.runtime
@@ -279,7 +310,7 @@ def run_master_side(comm, cfg: RunConfig, meta: dict, data, run_dir: RunDirector
               **(fields or {})}
     session = MasterSession(cfg, meta, data, run_dir, chosen, budget, resume=resume, predictions=predictions,
                             open_fields=fields, job_started=job_started, serial=isinstance(chosen, SerialExecutor),
-                            master_trains=master_trains)
+                            master_trains=master_trains, sub_books=sub_books)
     return session.run()
 
 

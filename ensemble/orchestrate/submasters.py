@@ -8,7 +8,8 @@ starts, so "auto" reads the member time of what the run has measured so far: a r
 run's finished members, or a rehearsal's own median seconds; a fresh run of trained
 members has measured nothing yet and starts flat. ``runtime.hierarchy`` holds the
 executor, the sub-master's loop and the layout; this module chooses the shape on rank 0,
-tells every rank, and starts each rank's role.
+tells every rank, and starts each rank's role, and holds ``SubBooks``, a sub-master's
+own books where the mode allows them (``Mode.sub_master_books``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from collections.abc import Callable
 
 from ensemble.config import Problems, RunConfig
 from ensemble.modes import make_trainer, mode_of
 from ensemble.orchestrate.fastsim import hierarchy_shape
 from ensemble.orchestrate.session import in_hand, run_master_side
 from ensemble.orchestrate.simulate import master_cost
+from ensemble.results.artifacts import Artifacts
+from ensemble.results.journal import Journal
+from ensemble.results.records import MemberRecord
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import serve
 from ensemble.runtime.hierarchy import HierarchyExecutor, Layout, serve_sub_master, share_leaders, split
@@ -43,6 +48,64 @@ def unsuited(cfg: RunConfig) -> str | None:
     if cfg.runtime.master_trains is True:
         return "`runtime.master_trains = true` trains on rank 0, which only deals specs in a hierarchy"
     return None
+
+
+class SubBooks:
+    """Sub-master ``k``'s own books: it journals its members' records in its own journal
+    (``RunDirectory.sub_journal``, the same group commit as the master's) and keeps the
+    candidates among them in its own files of the store (``Artifacts`` as writer ``k + 1``,
+    with its own retention bars in the specs it hands out), and sends up only each result's
+    brief (``MemberRecord.brief``). The master reads the whole records when it absorbs the
+    journal (``RunDirectory.absorb``) and selects among every writer's kept candidates.
+    Opened at the first spec, so a resume's absorb of a killed job's journals (before any
+    spec is dealt) is over before a sub-master writes."""
+
+    def __init__(self, cfg: RunConfig, meta: dict, run_dir: RunDirectory, k: int, offset: int = 0,
+                 clock: Callable[[], float] = time.time):
+        """``offset``: the share's first worker among all the job's (records name the job's worker)."""
+        from ensemble.task import get_task
+        self.cfg, self.meta, self.run_dir, self.k, self.clock = cfg, meta, run_dir, k, clock
+        self.offset = offset
+        self.metric = get_task(meta["task"]).default_metric(cfg.ensemble.metric)
+        self.artifacts: Artifacts | None = None
+        self.journal: Journal | None = None
+        self.sent: dict[str, float] = {}
+
+    def _open(self) -> Artifacts:
+        if self.artifacts is None:
+            ens = self.cfg.ensemble
+            self.artifacts = Artifacts(self.run_dir, self.metric, ens.candidates, ens.keep_models,
+                                       mode_of(self.cfg).pareto(self.cfg, self.meta), writer=self.k + 1)
+            self.journal = Journal(self.run_dir.sub_journal(self.k), self.cfg.runtime.journal_sync_seconds,
+                                   clock=self.clock, before_sync=self.artifacts.store.sync)
+        return self.artifacts
+
+    def hand_out(self, spec: dict) -> dict:
+        artifacts = self._open()
+        self.sent[str(spec["id"])] = round(self.clock(), 4)
+        return artifacts.stamp(spec)
+
+    def take(self, results: list[dict]) -> list[dict]:
+        artifacts = self._open()
+        now = round(self.clock(), 4)
+        for r in results:
+            r["worker"] += self.offset
+        out = [MemberRecord.from_json(r).replace(dispatched=self.sent.pop(str(r["id"]), None), received=now).to_json()
+               for r in results]
+        released = artifacts.accept(out)              # candidates' arrays to the store; payloads dropped
+        self.journal.extend(out + released)
+        artifacts.remove_released()                   # after the line that says so
+        return [MemberRecord.brief(line, self.metric) for line in out]
+
+    def idle(self) -> None:
+        if self.journal is not None:
+            self.journal.sync_if_due()
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()                      # the store first (before_sync), then the journal
+        if self.artifacts is not None:
+            self.artifacts.close()
 
 
 def check_hierarchy(cfg: RunConfig, workers: int, found: Problems) -> int:
@@ -117,13 +180,16 @@ def run_hierarchy(comm, cfg: RunConfig, meta: dict, data, run_dir: RunDirectory,
     share, group = split(comm, layout)                   # collective
     role, k = layout.role(comm.Get_rank())
     hand = in_hand(cfg, mode_of(cfg))
+    books = mode_of(cfg).sub_master_books(cfg)
     if role == "top":
-        executor = HierarchyExecutor(comm, layout.sub_ranks, layout.shares(), hand, rt.poll_max_sleep)
+        executor = HierarchyExecutor(comm, layout.sub_ranks, layout.shares(), hand, rt.poll_max_sleep, books=books)
         return run_master_side(comm, cfg, meta, data, run_dir, resume, [], job_started, command, executor=executor,
-                               fields={"sub_masters": subs, "shares": layout.shares()})
+                               fields={"sub_masters": subs, "shares": layout.shares(), "sub_master_books": books},
+                               sub_books=books)
     if role == "sub":
         serve_sub_master(comm, share, share_leaders(layout, k), hand, rt.poll_max_sleep,
-                         helpers=mode_of(cfg).tail_helpers(cfg, layout.groups))
+                         helpers=mode_of(cfg).tail_helpers(cfg, layout.groups),
+                         books=SubBooks(cfg, meta, run_dir, k, sum(layout.shares()[:k])) if books else None)
         return 0
     trainer = make_trainer(cfg, meta, data, run_dir, comm.Get_rank(), group, comm)
     serve(share, trainer, rt.poll_max_sleep, group, startup={**(stamps or {}), "trainer": round(time.time(), 3)})

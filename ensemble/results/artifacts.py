@@ -40,12 +40,14 @@ log = logging.getLogger(__name__)
 
 class Artifacts:
     def __init__(self, run_dir: RunDirectory, metric: str, candidates: int, keep_models: int,
-                 objectives: Callable[[MemberRecord], tuple | None] | None = None):
+                 objectives: Callable[[MemberRecord], tuple | None] | None = None, writer: int = 0):
+        """``writer``: whose files of the store this one appends to (``PackStore``): 0 the
+        master's (it reads every writer's), k + 1 sub-master k's (``orchestrate.submasters``)."""
         self.run_dir = run_dir
         self.metric = metric
         self.objectives = objectives
         self.retention = Retention(metric, candidates, keep_models, pareto=objectives is not None)
-        self.store = run_dir.store()
+        self.store = run_dir.store(writer=writer)
         self.has_model: dict[str, bool] = {}       # kept member -> whether it has a model file
         self._to_remove: list[str] = []
 

@@ -9,6 +9,7 @@ candidates' predictions are packed.
     runs/<name>/
       config.toml  data.json  normalization.npz  splits.npz  journal.jsonl
       store/predictions-000.pack   candidates' {val,test}_{pred,var} and history (a new file per GiB)
+      journals/sub-<k>.jsonl       a master hierarchy's sub-master k's members, while its job runs
       models/<id>.keras            kept members only
       leaderboard.csv  ensemble.json  ensemble_test_predictions.npz  [search.csv]
       report.html  report/*.png    the run report (``results.report``), remade by ``ensemble.report``
@@ -32,7 +33,7 @@ import numpy as np
 
 from ensemble.config.vocabulary import path_component_problem
 from ensemble.results.events import Event
-from ensemble.results.journal import Entry, Journal, read_history, read_journal, read_lines, split_history
+from ensemble.results.journal import Entry, Journal, read_lines, split_history, typed_history
 from ensemble.results.records import MemberRecord
 from ensemble.results.store import PackStore
 
@@ -57,6 +58,20 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a folder's renames and removals durable (where the file system lets a folder be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def file_digest(path: str | Path) -> dict[str, Any]:
@@ -98,6 +113,8 @@ class RunDirectory:
     NORMALIZATION = "normalization.npz"
     SPLITS = "splits.npz"
     JOURNAL = "journal.jsonl"
+    SUB_JOURNALS = "journals"       # a master hierarchy's sub-masters' own journals (``absorb``)
+    ABSORBING = "absorbing.json"    # in SUB_JOURNALS: an absorb under way (the journal's size before it)
     STATUS = "status.json"
     LEADERBOARD = "leaderboard.csv"
     ENSEMBLE = "ensemble.json"
@@ -156,7 +173,7 @@ class RunDirectory:
     def history(self) -> list[Entry]:
         """The journal, typed and in order: ``MemberRecord``s and ``Event``s (what a resume
         replays)."""
-        return read_history(self.path / self.JOURNAL)
+        return typed_history(self.read_lines())
 
     def records(self) -> tuple[list[MemberRecord], list[Event]]:
         """The journal's member records and its events, typed, each in order: the one reader
@@ -166,18 +183,89 @@ class RunDirectory:
     def read_journal(self, events: bool = False):
         """The member records (and, with ``events``, the run's event lines) as raw dicts;
         readers use ``records()``."""
-        return read_journal(self.path / self.JOURNAL, events)
+        records: list[dict] = []
+        marks: list[dict] = []
+        for item in self.read_lines():
+            (marks if "event" in item else records).append(item)
+        return (records, marks) if events else records
 
     def read_lines(self, upto: int | None = None) -> list[dict]:
         """Every whole journal line, records and events, in order, as raw dicts (``history()``
-        gives them typed); ``upto``: within the journal's first ``upto`` bytes only."""
-        return read_lines(self.path / self.JOURNAL, upto)
+        gives them typed): the journal's, then those of sub-master journals not absorbed yet
+        (a hierarchical job that is running or was killed); ``upto``: within the journal's
+        first ``upto`` bytes only (what it held when a job began; no sub-master journal)."""
+        absorbing = self._absorbing()
+        if absorbing is not None:                    # an absorb cut short: its copy is not whole
+            upto = absorbing if upto is None else min(upto, absorbing)
+        elif upto is not None:
+            return read_lines(self.path / self.JOURNAL, upto)
+        lines = read_lines(self.path / self.JOURNAL, upto)
+        for path in self.sub_journals():
+            lines += read_lines(path)
+        return lines
+
+    # -- a master hierarchy's sub-master journals ---------------------------------------
+    def sub_journal(self, k: int) -> Path:
+        """Sub-master ``k``'s own journal (its members' records and ``released`` lines)."""
+        return self.path / self.SUB_JOURNALS / f"sub-{k}.jsonl"
+
+    def sub_journals(self) -> list[Path]:
+        folder = self.path / self.SUB_JOURNALS
+        if not folder.is_dir():
+            return []
+        return sorted(folder.glob("sub-*.jsonl"), key=lambda p: int(p.stem.rsplit("-", 1)[1])
+                      if p.stem.rsplit("-", 1)[1].isdigit() else -1)
+
+    def _absorbing(self) -> int | None:
+        """The journal's size before an absorb that did not finish (None: none under way)."""
+        try:
+            return int(json.loads((self.path / self.SUB_JOURNALS / self.ABSORBING).read_text())["journal_bytes"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def absorb(self) -> list[dict]:
+        """Append the sub-master journals' lines to the journal (in sub-master order; each
+        file's own order kept), fsync, then remove them; returns the lines absorbed. Only the
+        master calls it, when no sub-master writes: at the end of a hierarchical job (its
+        sub-masters closed their books) and before a resume (those of a killed job). Crash
+        safe: the journal's size is written first (``ABSORBING``), so an absorb cut short is
+        undone (the journal cut back to that size) and done again by the next one, and a
+        reader in between reads the journal only up to that size, then the sub journals."""
+        folder = self.path / self.SUB_JOURNALS
+        subs = self.sub_journals()
+        journal = self.path / self.JOURNAL
+        before = self._absorbing()
+        if before is not None:                        # the last absorb was cut short: undo its copy
+            with open(journal, "r+b") as fh:
+                fh.truncate(before)
+                fh.flush()
+                os.fsync(fh.fileno())
+        if not subs:
+            (folder / self.ABSORBING).unlink(missing_ok=True)
+            return []
+        size = journal.stat().st_size if journal.exists() else 0
+        if before is None:
+            write_text_atomic(folder / self.ABSORBING, json.dumps({"journal_bytes": size}))
+            _fsync_dir(folder)
+        lines = [line for path in subs for line in read_lines(path)]
+        with self.journal() as out:                   # its torn tail repaired; fsynced on close
+            out.extend(lines)
+        for path in subs:
+            path.unlink()
+        (folder / self.ABSORBING).unlink()
+        _fsync_dir(folder)
+        try:
+            folder.rmdir()                            # a finished run's directory is a flat run's
+        except OSError:
+            pass
+        return lines
 
     # -- members ----------------------------------------------------------------------
-    def store(self, read_only: bool = False) -> PackStore:
+    def store(self, read_only: bool = False, writer: int = 0) -> PackStore:
         """The packed store of the candidates' predictions (opened: its torn tail cut, unless
-        ``read_only``: another process may be appending)."""
-        return PackStore(self.path / self.STORE, read_only=read_only)
+        ``read_only``: another process may be appending); ``writer``: a sub-master's number
+        (``PackStore``: its own files, the master reads them all)."""
+        return PackStore(self.path / self.STORE, read_only=read_only, writer=writer)
 
     def model_ref(self, member_id: str) -> str:
         """How the journal and ensemble.json name a member's model (relative to the run directory)."""

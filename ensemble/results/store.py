@@ -21,6 +21,12 @@ entry, never by cutting the valid ones after it. The index (member id -> file, o
 lives in memory and is rebuilt on open, so the journal never has to name offsets, and
 ``compact`` can rewrite the live entries into a fresh file (written and fsynced before
 the old ones are removed: a crash in between leaves duplicates, and the later copy wins).
+
+Several writers share one folder without locks (a master hierarchy's sub-masters, each
+keeping its own members' books): writer ``w`` numbers its files from ``w * WRITER_FILES``
+on, so no two processes append to one file. Writer 0 (the master) reads every writer's
+files, and so sees the union; writer ``w > 0`` indexes only its own, and never cuts the
+tail of a file another process may be appending to.
 """
 
 from __future__ import annotations
@@ -40,19 +46,24 @@ log = logging.getLogger(__name__)
 MAGIC = b"EPK1"
 PREFIX = struct.Struct("<4sIQI")          # magic, header length, payload length, crc32
 ROLL_BYTES = 1 << 30                       # a new pack file after 1 GiB
+WRITER_FILES = 1_000_000                   # file numbers each writer has: writer w's start at w * WRITER_FILES
 _NAME = "predictions-{:03d}.pack"
 
 
 class PackStore:
     """Member id -> (arrays, meta) in append-only pack files under ``folder``."""
 
-    def __init__(self, folder: str | Path, roll_bytes: int = ROLL_BYTES, read_only: bool = False):
+    def __init__(self, folder: str | Path, roll_bytes: int = ROLL_BYTES, read_only: bool = False,
+                 writer: int = 0):
         """``read_only``: another process may be appending (the master, while its tracking
         writer reads the histories of earlier members): a torn tail is left alone, not cut,
-        and ``put`` refuses."""
+        and ``put`` refuses. ``writer``: which writer's files this one appends to (0, the
+        master, reads every writer's; another reads only its own)."""
         self.folder = Path(folder)
         self.roll_bytes = roll_bytes
         self.read_only = read_only
+        self.writer = writer
+        self._own = range(writer * WRITER_FILES, (writer + 1) * WRITER_FILES)
         self.index: dict[str, tuple[int, int, int]] = {}     # id -> (file number, offset, length)
         self.lost_bytes = 0                                    # torn tails cut, bad entries skipped
         self._sizes: dict[int, int] = {}
@@ -65,7 +76,8 @@ class PackStore:
                     number = int(path.stem.rsplit("-", 1)[1])
                 except ValueError:
                     continue
-                self._scan(number, path)
+                if writer == 0 or number in self._own:
+                    self._scan(number, path)
 
     # -- paths ----------------------------------------------------------------------
     def path(self, number: int) -> Path:
@@ -151,7 +163,7 @@ class PackStore:
         """The file to append ``length`` bytes to: the last one, or a new one past ``roll_bytes``."""
         if self._fh is None:
             self.folder.mkdir(parents=True, exist_ok=True)
-            self._current = max(self._sizes, default=0)
+            self._current = self._last_own()
             self._sizes.setdefault(self._current, 0)
             self._fh = open(self.path(self._current), "ab")
         if self._sizes[self._current] and self._sizes[self._current] + length > self.roll_bytes:
@@ -160,6 +172,10 @@ class PackStore:
             self._current += 1
             self._sizes[self._current] = 0
             self._fh = open(self.path(self._current), "ab")
+
+    def _last_own(self) -> int:
+        """The number of this writer's last file (its first when it has none)."""
+        return max((n for n in self._sizes if n in self._own), default=self._own.start)
 
     def put(self, member_id: str, arrays: dict[str, np.ndarray], meta: dict | None = None) -> None:
         """Append ``member_id``'s arrays in one write (flushed, not yet fsynced)."""
@@ -192,7 +208,7 @@ class PackStore:
         keep = sorted(i for i in live if i in self.index)
         old = sorted(self._sizes)
         self.close()
-        number = max(old, default=-1) + 1
+        number = self._last_own() + (self._last_own() in self._sizes)
         path = self.path(number)
         index, offset = {}, 0
         if keep:

@@ -16,10 +16,16 @@ sub-master over a communicator of the share, in which the sub-master is rank 0, 
 the unchanged ``serve``. In-training reports are answered by the sub-master (continue): a
 hierarchy is for runs whose decider changes nothing while members train.
 
-Journal guarantees come from the top master's one journal, as in a flat run: results are
-forwarded, not journalled on the way. A result lost with a killed sub-master was never
-journalled, so ``--resume`` trains that member again, once; a journalled member is never
-handed out again. No per-sub-master journal, block ledger or merge on resume is needed.
+Books: where the mode lets a sub-master keep them (``Mode.sub_master_books``: its source
+and decider do not change a record), each sub-master journals its own members' records in
+its own journal and keeps their predictions in its own files of the store (``books``,
+``orchestrate.submasters.SubBooks``), and only a brief of each result goes up
+(``MemberRecord.brief``): the per-result bookkeeping is spread over the sub-masters. The
+top master absorbs their journals into its own at the end (and before a resume, those of
+a killed job), so a finished run's directory is the one a flat run writes. Otherwise the
+results are forwarded whole and the top master journals them, as in a flat run. Either
+way a result lost with a killed sub-master was never journalled, so ``--resume`` trains
+that member again, once, and a journalled member is never handed out again.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from ensemble.runtime.executor import MAX_IN_HAND, Decide, MpiExecutor, gather, go_on, result_seconds, sleep_cap
 
@@ -85,6 +92,22 @@ class Layout:
         return None
 
 
+class Books(Protocol):
+    """A sub-master's own books (``orchestrate.submasters.SubBooks``)."""
+
+    def hand_out(self, spec: dict) -> dict:
+        """The spec as it goes to a worker of the share (stamped with the books' own bars)."""
+
+    def take(self, results: list[dict]) -> list[dict]:
+        """Journal a batch of results; returns what goes up to the top master (their briefs)."""
+
+    def idle(self) -> None:
+        """Nothing to do for a moment: an fsync that is due."""
+
+    def close(self) -> None:
+        """Everything journalled is on disk; no more results come."""
+
+
 def split(comm, layout: Layout):
     """Collective on ``comm``: (this rank's share communicator, its member group), each None
     where the rank has none. A share is sub-master k (its rank 0) and the ranks of its
@@ -115,12 +138,14 @@ def room_of(executor: MpiExecutor) -> int:
 
 
 def serve_sub_master(comm, share, leaders: list[int], in_hand: int | None, max_sleep: float = 0.05,
-                     helpers: int = 0) -> int:
+                     helpers: int = 0, books: Books | None = None) -> int:
     """A sub-master: train the blocks of specs the top master (rank 0 of ``comm``) deals on
-    the share's workers (``leaders``, ranks of ``share``), forward every batch of results,
-    until the top says stop; returns how many results went up. Once the top says no more
-    specs come (``{"dry": True}``) and its queue is empty, idle workers of the share help its
-    members still training (up to ``helpers`` each, ``runtime.tail``)."""
+    the share's workers (``leaders``, ranks of ``share``), send every batch of results up
+    (whole, or with ``books`` journalled here and their briefs up), until the top says stop;
+    returns how many results went up. Once the top says no more specs come (``{"dry":
+    True}``) and its queue is empty, idle workers of the share help its members still
+    training (up to ``helpers`` each, ``runtime.tail``). With ``books``, after the stop it
+    closes them and tells the top (``{"closed": n}``), which then absorbs its journal."""
     from ensemble.runtime.mpi import ANY_TAG, TAG_RESULT, TAG_STOP, poll_recv, try_recv
     executor = MpiExecutor(share, leaders, max_sleep, in_hand, helpers=helpers)
     queue: deque[dict] = deque()
@@ -141,15 +166,22 @@ def serve_sub_master(comm, share, leaders: list[int], in_hand: int | None, max_s
         while (got := try_recv(comm, 0, ANY_TAG)) is not None:
             take(got)
 
+    def idle() -> None:
+        drain()
+        if books is not None:
+            books.idle()
+
     count = 0
     while True:
         drain()
         while queue and executor.free():
-            executor.submit(queue.popleft())
+            spec = queue.popleft()
+            executor.submit(spec if books is None else books.hand_out(spec))
         executor.tail(dry and not queue)
         if executor.busy():
-            results = executor.wait(go_on, drain)
-            sends.append(comm.isend({"results": results, "room": room_of(executor)}, dest=0, tag=TAG_RESULT))
+            results = executor.wait(go_on, idle)
+            up = results if books is None else books.take(results)
+            sends.append(comm.isend({"results": up, "room": room_of(executor)}, dest=0, tag=TAG_RESULT))
             count += len(results)
             while sends and sends[0].Test():
                 sends.popleft()
@@ -160,7 +192,10 @@ def serve_sub_master(comm, share, leaders: list[int], in_hand: int | None, max_s
     while sends:
         sends.popleft().wait()
     executor.shutdown()
-    log.debug("sub-master: %d results forwarded", count)
+    if books is not None:
+        books.close()
+        comm.send({"closed": count}, dest=0, tag=TAG_RESULT)
+    log.debug("sub-master: %d results sent up", count)
     return count
 
 
@@ -168,10 +203,12 @@ class HierarchyExecutor:
     """The top master's executor over sub-masters: deals specs in blocks to the sub-master
     with the most room, and returns the results of every batch that came up. ``shares``:
     the member groups each sub-master serves (their sum is ``workers``); ``in_hand``: the
-    run's specs in hand (None: auto), which sizes each sub-master's first room."""
+    run's specs in hand (None: auto), which sizes each sub-master's first room; ``books``:
+    the sub-masters keep their members' books (``serve_sub_master``), so results come up as
+    briefs, and ``shutdown`` returns once every sub-master has closed them."""
 
     def __init__(self, comm, sub_masters: list[int], shares: list[int], in_hand: int | None = None,
-                 max_sleep: float = 0.05, batch: int = 256):
+                 max_sleep: float = 0.05, batch: int = 256, books: bool = False):
         from ensemble.runtime import mpi
         self.mpi = mpi
         self.comm, self.max_sleep, self.batch = comm, max_sleep, batch
@@ -188,6 +225,7 @@ class HierarchyExecutor:
         self.mean_seconds: float | None = None
         self.blocks = 0                              # spec messages sent (for the benchmark)
         self._dry = False                            # the sub-masters were told that no more specs come
+        self.books = books
 
     def free(self) -> int:
         return sum(max(0, r - o) for r, o in zip(self.room, self.out))
@@ -214,7 +252,8 @@ class HierarchyExecutor:
         k = self.index[source]
         results = message["results"]
         for result in results:
-            result["worker"] += self.offset[k]
+            if not self.books:                      # a sub-master with books names the job's worker itself
+                result["worker"] += self.offset[k]
             seconds = result_seconds(result)
             if seconds is not None:
                 mean = self.mean_seconds
@@ -241,6 +280,11 @@ class HierarchyExecutor:
         self._sends.clear()
         for rank in self.subs:
             self.comm.send(None, dest=rank, tag=self.mpi.TAG_STOP)
+        open_books = set(self.subs) if self.books else set()
+        while open_books:                           # each closes its books after its last result went up
+            message, source, _ = self.mpi.poll_recv(self.comm, self.mpi.ANY_SOURCE, self.mpi.TAG_RESULT, self.max_sleep)
+            if isinstance(message, dict) and "closed" in message:
+                open_books.discard(source)
 
     def answer(self, spec_id: str, decision: dict) -> None:
         raise RuntimeError("a master hierarchy holds no reports (its sub-masters answer them); "

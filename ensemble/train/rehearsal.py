@@ -48,13 +48,14 @@ def replay_durations(path: str | Path) -> dict[str, float]:
     """member id -> seconds on its worker (``ended - started``; ``train_seconds`` in journals
     without timestamps) from a journal (or a run directory holding one)."""
     path = Path(path)
-    if path.is_dir():
+    run_dir = RunDirectory(path) if path.is_dir() else None
+    if run_dir is not None:
         path = path / RunDirectory.JOURNAL
     if not path.is_file():
         raise ValueError(f"`rehearsal.replay`: {str(path)!r} is not a journal.jsonl or a run directory "
                          "holding one")
     out = {}
-    for record in read_journal(path):
+    for record in (run_dir.read_journal() if run_dir is not None else read_journal(path)):
         if "id" not in record:
             continue
         if "ended" in record and "started" in record:

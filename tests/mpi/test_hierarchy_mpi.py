@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ensemble.results.journal import read_journal
+from ensemble.results.rundir import RunDirectory
 from tests.conftest import ROOT, kill_when, mpiexec, run_mpi
 from tests.mpi.test_resilience import find_rank_pid
 
@@ -59,7 +59,7 @@ def run(tmp_path: Path, name: str, subs: int, resume: bool = False, **kw) -> Pat
 
 
 def journal(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    return read_journal(run_dir / "journal.jsonl", events=True)
+    return RunDirectory(run_dir).read_journal(events=True)
 
 
 def by_id(records: list[dict]) -> dict[str, tuple]:
@@ -82,7 +82,7 @@ def test_two_sub_masters_at_n9_train_the_flat_runs_members_once_each_on_the_work
 
 
 def ok_ids(run_dir: Path) -> list[str]:
-    return [r["id"] for r in read_journal(run_dir / "journal.jsonl") if r["status"] == "ok"]
+    return [r["id"] for r in RunDirectory(run_dir).read_journal() if r["status"] == "ok"]
 
 
 def start_killed(tmp_path: Path, cfg: Path, run_dir: Path, at: int, sub_master: bool) -> None:

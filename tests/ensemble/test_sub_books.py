@@ -1,0 +1,141 @@
+"""A master hierarchy's sub-masters keeping their own books, without MPI: the store's writers
+(each appends to its own files, the master reads them all), the run directory's readers
+(the journal and the sub-master journals not absorbed yet), the absorb (crash safe), and
+``SubBooks`` journalling results and keeping their candidates where the master finds them.
+tests/mpi/test_hierarchy_mpi.py runs it under mpiexec, killed and resumed."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ensemble.config import resolve_config
+from ensemble.orchestrate.submasters import SubBooks
+from ensemble.results.artifacts import Artifacts
+from ensemble.results.journal import Journal
+from ensemble.results.records import MemberRecord
+from ensemble.results.rundir import RunDirectory
+from ensemble.results.store import WRITER_FILES, PackStore
+
+
+def arrays(value: float) -> dict:
+    return {"val_pred": np.full((4, 2), value, dtype=np.float32)}
+
+
+def test_each_writer_appends_to_its_own_files_and_the_master_reads_them_all(tmp_path):
+    master = PackStore(tmp_path)
+    one, two = PackStore(tmp_path, writer=1), PackStore(tmp_path, writer=2)
+    one.put("a", arrays(1.0))
+    two.put("b", arrays(2.0))
+    master.put("c", arrays(3.0))
+    for store in (one, two, master):
+        store.close()
+    names = sorted(p.name for p in tmp_path.glob("*.pack"))
+    assert names == ["predictions-000.pack", f"predictions-{WRITER_FILES}.pack", f"predictions-{2 * WRITER_FILES}.pack"]
+    union = PackStore(tmp_path)
+    assert {i: float(union.get(i)[0]["val_pred"][0, 0]) for i in "abc"} == {"a": 1.0, "b": 2.0, "c": 3.0}
+    assert set(PackStore(tmp_path, writer=1).index) == {"a"}       # a sub-master indexes only its own files
+
+
+def test_a_sub_master_never_cuts_the_tail_of_another_writers_file(tmp_path):
+    PackStore(tmp_path, writer=2).put("b", arrays(2.0))
+    path = tmp_path / f"predictions-{2 * WRITER_FILES}.pack"
+    with open(path, "ab") as fh:
+        fh.write(b"EPK1\x00\x00")                                   # another process mid-append
+    size = path.stat().st_size
+    PackStore(tmp_path, writer=1).put("a", arrays(1.0))
+    assert path.stat().st_size == size
+
+
+def test_compaction_keeps_the_live_entries_of_every_writer_in_the_masters_files(tmp_path):
+    for writer, member in ((1, "a"), (2, "b"), (2, "x")):
+        store = PackStore(tmp_path, writer=writer)
+        store.put(member, arrays(float(writer)))
+        store.close()
+    master = PackStore(tmp_path)
+    master.compact({"a", "b"})
+    assert sorted(p.name for p in tmp_path.glob("*.pack")) == ["predictions-000.pack"]
+    assert set(PackStore(tmp_path).index) == {"a", "b"}
+
+
+def line(member_id: str, value: float = 0.9, **extra) -> dict:
+    return {"id": member_id, "status": "ok", "arch": "a", "seed": 1, "val": {"accuracy": value, "log_loss": 0.3},
+            "test": {"accuracy": value}, "train_seconds": 1.0, "started": 10.0, "ended": 11.0, "worker": 0,
+            "rank": 3, **extra}
+
+
+def write_sub(run_dir: RunDirectory, k: int, lines: list[dict]) -> None:
+    with Journal(run_dir.sub_journal(k)) as journal:
+        journal.extend(lines)
+
+
+def test_readers_see_the_journal_then_the_sub_master_journals_and_absorb_makes_it_one(tmp_path):
+    run_dir = RunDirectory(tmp_path)
+    with run_dir.journal() as journal:
+        journal.extend([{"event": "open", "workers": 4}, line("a")])
+    write_sub(run_dir, 1, [line("c")])
+    write_sub(run_dir, 0, [line("b")])
+    with open(run_dir.sub_journal(0), "a") as fh:
+        fh.write('{"id": "torn", "sta')                           # killed mid-write: not read, not absorbed
+    upto = (tmp_path / run_dir.JOURNAL).stat().st_size
+    assert [r.id for r in run_dir.records()[0]] == ["a", "b", "c"]
+    assert [x["id"] for x in run_dir.read_lines(upto) if "id" in x] == ["a"]     # what the journal held
+    absorbed = run_dir.absorb()
+    assert [x["id"] for x in absorbed] == ["b", "c"]
+    assert not (tmp_path / run_dir.SUB_JOURNALS).exists()
+    assert [r.id for r in run_dir.records()[0]] == ["a", "b", "c"]
+    assert run_dir.absorb() == []
+
+
+def test_an_absorb_cut_short_is_undone_and_done_again_and_never_read_twice(tmp_path):
+    run_dir = RunDirectory(tmp_path)
+    with run_dir.journal() as journal:
+        journal.extend([line("a")])
+    write_sub(run_dir, 0, [line("b"), line("c")])
+    size = (tmp_path / run_dir.JOURNAL).stat().st_size
+    # the absorb wrote its mark and part of the copy, then the job died
+    (tmp_path / run_dir.SUB_JOURNALS / run_dir.ABSORBING).write_text(json.dumps({"journal_bytes": size}))
+    with open(tmp_path / run_dir.JOURNAL, "a") as fh:
+        fh.write(json.dumps(line("b")) + "\n")
+    assert [r.id for r in run_dir.records()[0]] == ["a", "b", "c"]   # the partial copy is not read
+    run_dir.absorb()
+    assert [r.id for r in run_dir.records()[0]] == ["a", "b", "c"]
+    assert not (tmp_path / run_dir.SUB_JOURNALS).exists()
+
+
+def test_a_brief_keeps_what_the_master_needs_and_only_the_ranking_metric():
+    full = line("m", payload={"arrays": {}}, stored=True, model=True, genome={"x": 1}, costs={"flops": 3.0})
+    brief = MemberRecord.brief(full, "accuracy")
+    assert brief["val"] == {"accuracy": 0.9} and "test" not in brief
+    assert not {"payload", "stored", "model", "genome", "costs"} & set(brief)
+    record = MemberRecord.from_json(brief)
+    assert (record.id, record.ok, record.train_seconds, record.started, record.ended) == ("m", True, 1.0, 10.0, 11.0)
+
+
+@pytest.fixture
+def cfg():
+    return resolve_config({"architectures": [{"name": "a", "members": 8, "layers": [{"type": "Dense", "units": 4}]}],
+                           "ensemble": {"candidates": 2, "keep_models": 2}})
+
+
+def test_sub_books_journal_their_results_and_keep_the_best_candidates_where_the_master_finds_them(tmp_path, cfg):
+    run_dir = RunDirectory(tmp_path)
+    meta = {"task": "classification"}
+    books = SubBooks(cfg, meta, run_dir, 1, offset=3)
+    for n in range(4):
+        spec = books.hand_out({"id": f"m{n}"})
+        assert spec["retain"]["metric"] == "accuracy"                  # its own bars
+    results = [{**line(f"m{n}", 0.5 + 0.1 * n), "payload": {"arrays": arrays(n)}} for n in range(4)]
+    up = books.take(results)
+    assert [b["worker"] for b in up] == [3] * 4                         # the job's worker, not the share's
+    assert all("payload" not in b and "test" not in b for b in up)
+    books.close()
+    journalled = [x for x in run_dir.read_lines() if "id" in x]
+    assert [x["id"] for x in journalled] == ["m0", "m1", "m2", "m3"]
+    assert all(x["dispatched"] is not None and x["test"] for x in journalled)
+    merged = Artifacts(run_dir, "accuracy", 2, 2)
+    merged.restore(run_dir.read_lines())
+    assert merged.pool() == ["m3", "m2"]                               # the sub-master's store, read by the master
+    assert float(merged.load("m3")["val_pred"][0, 0]) == 3.0
