@@ -10,6 +10,7 @@ nothing else in the code branches on the mode's name (a test keeps it so).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -46,7 +47,9 @@ class RunContext:
     """What a mode's source and decider are made from: the config, the data's meta, the run
     directory, the journal so far (``history``: records and events in order; empty for a
     new run), members to train again (``lost``: finished, but their kept files are gone),
-    the slots members train in (``workers``) and the ranking metric."""
+    the slots members train in (``workers``) and the ranking metric; ``mine``: which member
+    ids this source hands out (a sub-master's share of the list, ``Mode.sub_master_books``;
+    None: every one)."""
 
     cfg: RunConfig
     meta: dict
@@ -55,6 +58,7 @@ class RunContext:
     lost: frozenset[str]
     workers: int
     metric: str
+    mine: Callable[[str], bool] | None = None
 
 
 class Mode:
@@ -120,10 +124,12 @@ class Mode:
         return f"mode \"{self.name}\" needs its master while members train"
 
     def sub_master_books(self, cfg: RunConfig) -> bool:
-        """Whether a master hierarchy's sub-masters may keep their members' books (journal
-        and retention, ``orchestrate.submasters.SubBooks``): only where the journalled record
-        is the worker's result as it is, i.e. the mode's source and decider add nothing to
-        it (a search's source adds its ``search`` entry, so its results go up whole)."""
+        """Whether a master hierarchy's sub-masters may each run a share of the run on their
+        own (``orchestrate.submasters.serve_share``: their share of the members, their own
+        journal, retention and budget): only where the members are known in advance and none
+        depends on another's result, i.e. the source honours ``RunContext.mine``. Otherwise
+        (a search breeds from every result) the top master deals every spec and the results
+        are forwarded to it."""
         return False
 
     def preflight(self, cfg: RunConfig, meta: dict | None, groups: int | None, found: Problems) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from ensemble.config import RunConfig
@@ -11,7 +12,7 @@ from ensemble.results.records import MemberRecord, latest
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import Trainer
 from ensemble.sources.base import Decider, GoOn, Source
-from ensemble.sources.members import CostOrdered, SpecList, member_count, member_specs
+from ensemble.sources.members import CostOrdered, Others, SpecList, member_count, member_specs
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +21,10 @@ class EnsembleMode(Mode):
     name = "ensemble"
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
-        done = {i for i, r in latest(x for x in ctx.history if isinstance(x, MemberRecord)).items() if r.ok}
-        done -= set(ctx.lost)
+        done: Collection[str] = {i for i, r in latest(x for x in ctx.history if isinstance(x, MemberRecord)).items()
+                                 if r.ok} - set(ctx.lost)
+        if ctx.mine is not None:                      # a sub-master's share: the others' count as done here
+            done = Others(done, ctx.mine)
         if ctx.cfg.runtime.order == "cost":
             return CostOrdered(ctx.cfg, done, total=member_count(ctx.cfg)), GoOn()
         return SpecList(member_specs(ctx.cfg, done), done, total=member_count(ctx.cfg)), GoOn()
@@ -44,7 +47,7 @@ class EnsembleMode(Mode):
         return None                                   # GoOn: nothing is decided while members train
 
     def sub_master_books(self, cfg: RunConfig) -> bool:
-        return True                                   # the member list's source and GoOn change no record
+        return True                                   # a fixed list: any share of it runs on its own
 
     def packs(self, cfg: RunConfig) -> bool:
         """Members pack (``runtime.members_per_rank`` > 1) in float32. A search does not: it

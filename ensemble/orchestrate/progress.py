@@ -47,6 +47,7 @@ class Progress:
                  every: float = 10.0, clock: Callable[[], float] = time.time):
         self.total, self.metric, self.workers = total, metric, max(1, workers)
         self.done, self.failed, self.discarded, self.new = done, 0, 0, 0
+        self.done_before = done                          # finished by earlier jobs
         self.handed = 0                                  # specs this job handed out
         self.best: dict | None = None                    # {"id", "value"} on the validation metric
         self.higher = higher_is_better(metric)
@@ -92,6 +93,28 @@ class Progress:
                 line = result_line(r, self.done, self.total, self.metric, now - self.t0)
                 log.log(logging.INFO if self.per_result else logging.DEBUG, line)
         if not self.per_result and now - self.last >= self.every:
+            self.last = now
+            log.info(self.summary(now))
+
+    def tally(self) -> dict:
+        """This job's counts (a sub-master's share; ``take_tallies`` adds them up)."""
+        return {"new": self.new, "failed": self.failed, "discarded": self.discarded, "handed": self.handed,
+                "best": self.best, "first_start": self.first_start, "trained": self.trained}
+
+    def take_tallies(self, tallies: list[dict]) -> None:
+        """The job's counts from the latest ``tally`` of each sub-master that runs a share of
+        it (a master hierarchy); logs the summary line when one is due."""
+        self.new = sum(t["new"] for t in tallies)
+        self.done = self.done_before + self.new
+        for key in ("failed", "discarded", "handed", "trained"):
+            setattr(self, key, sum(t[key] for t in tallies))
+        starts = [t["first_start"] for t in tallies if t["first_start"] is not None]
+        self.first_start = min(starts) if starts else None
+        best = [t["best"] for t in tallies if t["best"] is not None]
+        if best:
+            self.best = (max if self.higher else min)(best, key=lambda b: b["value"])
+        now = self.clock()
+        if now - self.last >= self.every:
             self.last = now
             log.info(self.summary(now))
 

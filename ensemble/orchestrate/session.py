@@ -70,20 +70,21 @@ class MasterSession:
     """Rank 0 of a run (real or simulated). ``executor`` trains; ``clock`` is the master's;
     ``budget`` must use the same clock; ``heartbeat``: keep ``status.json`` (a real job);
     ``predictions``: members return predictions, so an ensemble is selected; ``report``:
-    write report.html at the end; ``sub_books``: a master hierarchy's sub-masters keep their
-    members' books (``orchestrate.submasters.SubBooks``): results arrive as briefs, and the
-    whole records are read from the sub-masters' journals, absorbed into this one, at the end."""
+    write report.html at the end; ``shares``: a master hierarchy whose sub-masters each run
+    their own share (``runtime.hierarchy.ShareCoordinator``, also the ``executor``): no
+    dispatch here, their tallies for the console and status.json, and at the end their
+    journals absorbed into this one and the whole records read from them."""
 
     def __init__(self, cfg: RunConfig, meta: dict, data: Any, run_dir: RunDirectory, executor: Executor,
                  budget: RunBudget, *, resume: bool = False, clock: Callable[[], float] = time.time,
                  heartbeat: bool = True, predictions: bool = True, report: bool = True,
                  open_fields: dict | None = None,
                  job_started: float | None = None, serial: bool = False, master_trains: bool = False,
-                 sub_books: bool = False):
+                 shares: Any = None):
         self.cfg, self.meta, self.data, self.run_dir = cfg, meta, data, run_dir
         self.executor, self.budget, self.clock = executor, budget, clock
         self.resume, self.keep_beat, self.predictions, self.serial = resume, heartbeat, predictions, serial
-        self.master_trains, self.report, self.sub_books = master_trains, report, sub_books
+        self.master_trains, self.report, self.shares = master_trains, report, shares
         self.mode = mode_of(cfg)
         self.job_started = clock() if job_started is None else job_started
         self.open_fields = open_fields or {}
@@ -156,14 +157,6 @@ class MasterSession:
                 if beat is not None:
                     beat.beat()
 
-            def on_briefs(records: list[MemberRecord]) -> None:     # the sub-masters journalled them
-                self.records.extend(records)
-                for record in records:
-                    self.budget.observe(record.status.evaluated, record.train_seconds)
-                progress.add(records)
-                if beat is not None:
-                    beat.beat(late=True)
-
             def on_results(records: list[MemberRecord]) -> None:
                 self.tracking.results(records)                # queued; written by its own thread
                 out = [r.to_json() for r in records]
@@ -180,11 +173,13 @@ class MasterSession:
 
             alive = beat.kept_alive("running") if beat is not None and self.serial else nullcontext()
             with alive:      # a serial master trains the members itself, with no idle moments: a thread beats
-                self.account = dispatch(
-                    self.executor, source, on_briefs if self.sub_books else on_results, decider=decider,
-                    should_stop=self.budget.should_stop, idle=idle, clock=self.clock,
-                    adjust=(lambda spec: progress.hand_out(self.budget.cap(spec))) if self.sub_books else
-                    (lambda spec: progress.hand_out(artifacts.stamp(self.budget.cap(spec)))))
+                if self.shares is not None:
+                    self.account = self._coordinate(lost, progress, idle, beat)
+                else:
+                    self.account = dispatch(
+                        self.executor, source, on_results, decider=decider, should_stop=self.budget.should_stop,
+                        adjust=lambda spec: progress.hand_out(artifacts.stamp(self.budget.cap(spec))), idle=idle,
+                        clock=self.clock)
             account = dict(self.account)
             if account["master_busy_seconds"] is None:          # the serial master trains: no master share
                 account["master_wall_seconds"] = None
@@ -193,17 +188,33 @@ class MasterSession:
             journal.event(closed)
             self.journal_bytes = journal.bytes
         self.events += [opened, closed]
-        if self.sub_books:
+        if self.shares is not None:
             artifacts = self._absorb(previous, artifacts)
         with beat.kept_alive("finishing") if beat is not None else nullcontext():
             code = self._finish(source, progress, artifacts, beat, t0)
         self.tracking.close(ok=code == 0)                    # bounded by tracking.finish_seconds
         return code
 
+    def _coordinate(self, lost: set[str], progress: Progress, idle: Callable[[], None],
+                    beat: Heartbeat | None) -> dict:
+        """A hierarchy whose sub-masters run their own shares: start them, follow their
+        tallies; the budget's outcome is theirs (the first reason any gave, their counts)."""
+        def on_tallies(tallies: list[dict]) -> None:
+            progress.take_tallies(tallies)
+            if beat is not None:
+                beat.beat(late=True)
+        account = self.shares.run({"lost": sorted(lost), "deadline": self.budget.deadline}, on_tallies, idle,
+                                  self.clock)
+        shares = account["shares"]
+        self.budget.n_ok = sum(s["ok"] for s in shares)
+        self.budget.n_failed = sum(s["failed"] for s in shares)
+        self.budget.reason = next((s["reason"] for s in shares if s["reason"]), None)
+        return account
+
     def _absorb(self, previous: list[MemberRecord], artifacts: Artifacts) -> Artifacts:
-        """A hierarchy whose sub-masters kept the books: their journals into this one, the
-        whole records in place of the briefs, and the kept candidates of every writer of the
-        store (read again: the sub-masters wrote to it) as the run's retention."""
+        """A hierarchy whose sub-masters kept the books: their journals into this one, their
+        whole records, and the kept candidates of every writer of the store (read again: the
+        sub-masters wrote to it) as the run's retention."""
         lines = self.run_dir.absorb()
         mine = [x for x in typed_history(lines) if isinstance(x, MemberRecord)]
         self.records = previous + mine
@@ -281,19 +292,22 @@ class MasterSession:
 def run_master_side(comm, cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, resume: bool,
                     leaders: list[int], job_started: float | None = None, command: list[str] | None = None,
                     master_trains: bool = False, executor: Executor | None = None,
-                    fields: dict | None = None, sub_books: bool = False) -> int:
+                    fields: dict | None = None, shares: Any = None) -> int:
     """Rank 0 of a real job: the MPI executor over the worker groups (or, alone, the serial
     one), the wall clock, the job's budget; then the master session. ``command``: the job's
     arguments, for the journal (default ``sys.argv[1:]``); ``master_trains``: rank 0 also
     trains, in a thread (``runtime.executor.LocalWorker``); ``executor``: another executor
     over the job's ranks (a master hierarchy's, ``orchestrate.submasters``), with ``fields``
-    for the journal's ``open`` line and ``sub_books`` (its sub-masters keep the books)."""
+    for the journal's ``open`` line; ``shares``: a hierarchy's coordinator whose sub-masters
+    run their own shares (``runtime.hierarchy.ShareCoordinator``)."""
     from ensemble.runtime.env import environment
     from ensemble.runtime.mpi import library_version
     rt = cfg.runtime
     mode = mode_of(cfg)
     chosen: Executor
-    if executor is not None:
+    if shares is not None:
+        chosen = shares
+    elif executor is not None:
         chosen = executor
     elif leaders:
         local = (lambda: make_trainer(cfg, meta, data, run_dir, 0)) if master_trains else None
@@ -310,7 +324,7 @@ def run_master_side(comm, cfg: RunConfig, meta: dict, data, run_dir: RunDirector
               **(fields or {})}
     session = MasterSession(cfg, meta, data, run_dir, chosen, budget, resume=resume, predictions=predictions,
                             open_fields=fields, job_started=job_started, serial=isinstance(chosen, SerialExecutor),
-                            master_trains=master_trains, sub_books=sub_books)
+                            master_trains=master_trains, shares=shares)
     return session.run()
 
 

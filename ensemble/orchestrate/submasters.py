@@ -8,28 +8,43 @@ starts, so "auto" reads the member time of what the run has measured so far: a r
 run's finished members, or a rehearsal's own median seconds; a fresh run of trained
 members has measured nothing yet and starts flat. ``runtime.hierarchy`` holds the
 executor, the sub-master's loop and the layout; this module chooses the shape on rank 0,
-tells every rank, and starts each rank's role, and holds ``SubBooks``, a sub-master's
-own books where the mode allows them (``Mode.sub_master_books``).
+tells every rank, and starts each rank's role; where the mode allows it
+(``Mode.sub_master_books``) each sub-master runs its own share (``serve_share``, with its
+own books, ``SubBooks``) and the top master only coordinates (``ShareCoordinator``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable
 
 from ensemble.config import Problems, RunConfig
-from ensemble.modes import make_trainer, mode_of
+from ensemble.modes import RunContext, make_trainer, mode_of
+from ensemble.orchestrate.dispatch import dispatch
 from ensemble.orchestrate.fastsim import hierarchy_shape
+from ensemble.orchestrate.progress import Progress
 from ensemble.orchestrate.session import in_hand, run_master_side
 from ensemble.orchestrate.simulate import master_cost
 from ensemble.results.artifacts import Artifacts
-from ensemble.results.journal import Journal
+from ensemble.results.journal import Journal, typed_history
 from ensemble.results.records import MemberRecord
 from ensemble.results.rundir import RunDirectory
-from ensemble.runtime.executor import serve
-from ensemble.runtime.hierarchy import HierarchyExecutor, Layout, serve_sub_master, share_leaders, split
+from ensemble.runtime.budget import RunBudget
+from ensemble.runtime.executor import MpiExecutor, serve
+from ensemble.runtime.hierarchy import (
+    TALLY_SECONDS,
+    HierarchyExecutor,
+    Layout,
+    ShareCoordinator,
+    owner,
+    serve_sub_master,
+    share_leaders,
+    split,
+)
+from ensemble.sources.base import Hooks
 
 log = logging.getLogger(__name__)
 
@@ -51,61 +66,101 @@ def unsuited(cfg: RunConfig) -> str | None:
 
 
 class SubBooks:
-    """Sub-master ``k``'s own books: it journals its members' records in its own journal
-    (``RunDirectory.sub_journal``, the same group commit as the master's) and keeps the
+    """Sub-master ``k``'s own books while it runs its share: its members' records in its own
+    journal (``RunDirectory.sub_journal``, the same group commit as the master's), the
     candidates among them in its own files of the store (``Artifacts`` as writer ``k + 1``,
-    with its own retention bars in the specs it hands out), and sends up only each result's
-    brief (``MemberRecord.brief``). The master reads the whole records when it absorbs the
-    journal (``RunDirectory.absorb``) and selects among every writer's kept candidates.
-    Opened at the first spec, so a resume's absorb of a killed job's journals (before any
-    spec is dealt) is over before a sub-master writes."""
+    its own retention bars in the specs it hands out), its budget and its counts, of which
+    the top master gets a ``tally`` every ``TALLY_SECONDS``. The top reads the whole records
+    when it absorbs the journal (``RunDirectory.absorb``) and selects among every writer's
+    kept candidates. ``offset``: the share's first worker among the job's (records name the
+    job's worker)."""
 
-    def __init__(self, cfg: RunConfig, meta: dict, run_dir: RunDirectory, k: int, offset: int = 0,
+    def __init__(self, cfg: RunConfig, meta: dict, run_dir: RunDirectory, k: int, budget: RunBudget,
+                 progress: Progress, offset: int = 0, send: Callable[[dict], None] | None = None,
                  clock: Callable[[], float] = time.time):
-        """``offset``: the share's first worker among all the job's (records name the job's worker)."""
         from ensemble.task import get_task
-        self.cfg, self.meta, self.run_dir, self.k, self.clock = cfg, meta, run_dir, k, clock
-        self.offset = offset
-        self.metric = get_task(meta["task"]).default_metric(cfg.ensemble.metric)
-        self.artifacts: Artifacts | None = None
-        self.journal: Journal | None = None
-        self.sent: dict[str, float] = {}
+        self.run_dir, self.budget, self.progress, self.offset = run_dir, budget, progress, offset
+        self.send, self.clock = send, clock
+        ens = cfg.ensemble
+        metric = get_task(meta["task"]).default_metric(ens.metric)
+        self.artifacts = Artifacts(run_dir, metric, ens.candidates, ens.keep_models,
+                                   mode_of(cfg).pareto(cfg, meta), writer=k + 1)
+        self.journal = Journal(run_dir.sub_journal(k), cfg.runtime.journal_sync_seconds, clock=clock,
+                               before_sync=self.artifacts.store.sync)
+        self.last_tally = -float("inf")
 
-    def _open(self) -> Artifacts:
-        if self.artifacts is None:
-            ens = self.cfg.ensemble
-            self.artifacts = Artifacts(self.run_dir, self.metric, ens.candidates, ens.keep_models,
-                                       mode_of(self.cfg).pareto(self.cfg, self.meta), writer=self.k + 1)
-            self.journal = Journal(self.run_dir.sub_journal(self.k), self.cfg.runtime.journal_sync_seconds,
-                                   clock=self.clock, before_sync=self.artifacts.store.sync)
-        return self.artifacts
+    def stamp(self, spec: dict) -> dict:
+        return self.progress.hand_out(self.artifacts.stamp(spec))
 
-    def hand_out(self, spec: dict) -> dict:
-        artifacts = self._open()
-        self.sent[str(spec["id"])] = round(self.clock(), 4)
-        return artifacts.stamp(spec)
-
-    def take(self, results: list[dict]) -> list[dict]:
-        artifacts = self._open()
-        now = round(self.clock(), 4)
-        for r in results:
-            r["worker"] += self.offset
-        out = [MemberRecord.from_json(r).replace(dispatched=self.sent.pop(str(r["id"]), None), received=now).to_json()
-               for r in results]
-        released = artifacts.accept(out)              # candidates' arrays to the store; payloads dropped
+    def on_results(self, records: list[MemberRecord]) -> None:
+        out = [r.to_json() for r in records]
+        for line in out:
+            line["worker"] += self.offset
+        released = self.artifacts.accept(out)         # candidates' arrays to the store; payloads dropped
         self.journal.extend(out + released)
-        artifacts.remove_released()                   # after the line that says so
-        return [MemberRecord.brief(line, self.metric) for line in out]
+        self.artifacts.remove_released()              # after the line that says so
+        for record in records:
+            self.budget.observe(record.status.evaluated, record.train_seconds)
+        self.progress.add(records)
+        self.tally_if_due()
+
+    def tally_if_due(self) -> None:
+        if self.send is not None and self.clock() - self.last_tally >= TALLY_SECONDS:
+            self.last_tally = self.clock()
+            self.send({"tally": self.progress.tally()})
 
     def idle(self) -> None:
-        if self.journal is not None:
-            self.journal.sync_if_due()
+        self.journal.sync_if_due()
+        self.tally_if_due()
 
     def close(self) -> None:
-        if self.journal is not None:
-            self.journal.close()                      # the store first (before_sync), then the journal
-        if self.artifacts is not None:
-            self.artifacts.close()
+        self.journal.close()                          # the store first (before_sync), then the journal
+        self.artifacts.close()
+
+
+def serve_share(comm, share, layout: Layout, k: int, cfg: RunConfig, meta: dict, run_dir: RunDirectory) -> int:
+    """Sub-master ``k`` running its own share of the run on its workers (``share``, its
+    communicator, where it is rank 0): once the top says go (after its resume's absorb), the
+    members ``owner`` gives it, minus those the journal has finished, through the flat
+    master's dispatch loop, executor, budget and tail helpers, journalled and kept in its own
+    books; then it closes them and tells the top. Returns how many results it journalled."""
+    from ensemble.runtime.mpi import TAG_RESULT, TAG_SPEC, polite_wait, poll_recv
+    rt = cfg.runtime
+    mode = mode_of(cfg)
+    go, _, _ = poll_recv(comm, 0, TAG_SPEC, rt.poll_max_sleep)
+    from ensemble.task import get_task
+    metric = get_task(meta["task"]).default_metric(cfg.ensemble.metric)
+    shares = layout.shares()
+    leaders = share_leaders(layout, k)
+    history = typed_history(run_dir.read_lines())
+    source, decider = mode.make(RunContext(cfg, meta, run_dir, history, frozenset(go["lost"]), len(leaders), metric,
+                                           mine=lambda member_id: owner(member_id, shares) == k))
+    del history
+    executor = MpiExecutor(share, leaders, rt.poll_max_sleep, in_hand(cfg, mode),
+                           helpers=mode.tail_helpers(cfg, layout.groups))
+    budget = RunBudget(rt.time_limit, rt.finish_reserve, rt.max_failed_share, stop_quantile=rt.stop_quantile)
+    budget.deadline = go["deadline"]                  # the top's, so every share stops by the same time
+    sends: list = []
+
+    def send(message: dict) -> None:
+        sends.append(comm.isend(message, dest=0, tag=TAG_RESULT))
+        sends[:] = [r for r in sends if not r.Test()]
+
+    books = SubBooks(cfg, meta, run_dir, k, budget, Progress(None, metric, len(leaders), lines=0, every=math.inf),
+                     offset=sum(shares[:k]), send=send)
+    hooks = Hooks(event=books.journal.event, answer=executor.answer, deadline=lambda: budget.deadline, clock=time.time)
+    source.bind(hooks)
+    decider.bind(hooks)
+    try:
+        account = dispatch(executor, source, books.on_results, decider=decider, should_stop=budget.should_stop,
+                           adjust=lambda spec: books.stamp(budget.cap(spec)), idle=books.idle)
+    finally:
+        books.close()
+    polite_wait(sends, rt.poll_max_sleep)
+    comm.send({"tally": books.progress.tally(),
+               "closed": {**account, "reason": budget.reason, "ok": budget.n_ok, "failed": budget.n_failed}},
+              dest=0, tag=TAG_RESULT)
+    return account["results"]
 
 
 def check_hierarchy(cfg: RunConfig, workers: int, found: Problems) -> int:
@@ -180,16 +235,22 @@ def run_hierarchy(comm, cfg: RunConfig, meta: dict, data, run_dir: RunDirectory,
     share, group = split(comm, layout)                   # collective
     role, k = layout.role(comm.Get_rank())
     hand = in_hand(cfg, mode_of(cfg))
-    books = mode_of(cfg).sub_master_books(cfg)
+    own_shares = mode_of(cfg).sub_master_books(cfg)     # each sub-master runs its share on its own
     if role == "top":
-        executor = HierarchyExecutor(comm, layout.sub_ranks, layout.shares(), hand, rt.poll_max_sleep, books=books)
+        fields = {"sub_masters": subs, "shares": layout.shares(), "own_shares": own_shares}
+        if own_shares:
+            coordinator = ShareCoordinator(comm, layout.sub_ranks, layout.shares(), rt.poll_max_sleep)
+            return run_master_side(comm, cfg, meta, data, run_dir, resume, [], job_started, command,
+                                   fields=fields, shares=coordinator)
+        executor = HierarchyExecutor(comm, layout.sub_ranks, layout.shares(), hand, rt.poll_max_sleep)
         return run_master_side(comm, cfg, meta, data, run_dir, resume, [], job_started, command, executor=executor,
-                               fields={"sub_masters": subs, "shares": layout.shares(), "sub_master_books": books},
-                               sub_books=books)
+                               fields=fields)
     if role == "sub":
-        serve_sub_master(comm, share, share_leaders(layout, k), hand, rt.poll_max_sleep,
-                         helpers=mode_of(cfg).tail_helpers(cfg, layout.groups),
-                         books=SubBooks(cfg, meta, run_dir, k, sum(layout.shares()[:k])) if books else None)
+        if own_shares:
+            serve_share(comm, share, layout, k, cfg, meta, run_dir)
+        else:
+            serve_sub_master(comm, share, share_leaders(layout, k), hand, rt.poll_max_sleep,
+                             helpers=mode_of(cfg).tail_helpers(cfg, layout.groups))
         return 0
     trainer = make_trainer(cfg, meta, data, run_dir, comm.Get_rank(), group, comm)
     serve(share, trainer, rt.poll_max_sleep, group, startup={**(stamps or {}), "trainer": round(time.time(), 3)})

@@ -189,28 +189,10 @@ class MemberRecord:
         digest = self.extra.get("model_file")
         return dict(digest) if isinstance(digest, Mapping) else None
 
-    @staticmethod
-    def brief(line: Mapping[str, Any], metric: str) -> dict[str, Any]:
-        """What a sub-master that keeps its members' books (a master hierarchy) sends its
-        master of a result it journalled: ``line`` (its journal line) cut to what the
-        master's dispatch, budget, progress and status need: identity, status, timings, the
-        error, and of the metrics only the validation ``metric``. The master reads the whole
-        record from the sub-master's journal at the end."""
-        out = {k: line[k] for k in _BRIEF if k in line}
-        value = (line.get("val") or {}).get(metric)
-        if value is not None:
-            out["val"] = {metric: value}
-        return out
-
     def with_extra(self, drop: Iterable[str] = (), **values: Any) -> MemberRecord:
         """A copy whose ``extra`` has ``values`` set and the keys ``drop`` removed."""
         gone = set(drop)
         return self.replace(extra={**{k: v for k, v in self.extra.items() if k not in gone}, **values})
-
-
-#: the keys of a journal line ``MemberRecord.brief`` keeps (``worker``: the executor's slot)
-_BRIEF = ("id", "status", "arch", "seed", "epochs", "params", "train_seconds", "rank", "started", "ended", "error",
-          "discarded", "worker", HELPERS, HELPER_SECONDS)
 
 
 def as_record(item: MemberRecord | Mapping[str, Any]) -> MemberRecord:

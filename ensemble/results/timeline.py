@@ -94,6 +94,7 @@ def run_stats(records: Iterable[MemberRecord | Mapping[str, Any]], events: Itera
     n = failed = 0
     training = available = working = startup = 0.0
     master_busy = master_cpu = master_wall = 0.0
+    sub_busy: list[float] = []                    # each sub-master's busy share (its own share's dispatch)
     workers, syncs, segments = 0, 0, 0
     for seg, close, mine in _segments(records, events):
         if not mine:
@@ -115,6 +116,8 @@ def run_stats(records: Iterable[MemberRecord | Mapping[str, Any]], events: Itera
             master_cpu += shut["master_cpu_seconds"]
             master_wall += shut["master_wall_seconds"]
             syncs += shut.get("journal_syncs", 0)
+        sub_busy += [s["master_busy_seconds"] / s["master_wall_seconds"] for s in shut.get("shares", ())
+                     if s.get("master_wall_seconds") and s.get("master_busy_seconds") is not None]
     if not n:
         return {}
     out = {"members": n, "failed": failed, "workers": workers, "segments": segments,
@@ -132,6 +135,8 @@ def run_stats(records: Iterable[MemberRecord | Mapping[str, Any]], events: Itera
         out.update(master_busy_share=round(master_busy / master_wall, 4),
                    master_cpu_share=round(master_cpu / master_wall, 4),
                    master_cpu_us_per_result=round(1e6 * master_cpu / n, 1), journal_syncs=syncs)
+    if sub_busy:                                  # a hierarchy whose sub-masters ran their own shares
+        out["sub_master_busy_share"] = round(max(sub_busy), 4)
     return out
 
 
@@ -167,6 +172,8 @@ def format_stats(stats: dict) -> str:
     if "master_busy_share" in stats:
         text += (f", master busy {100 * stats['master_busy_share']:.1f}% "
                  f"(CPU {100 * stats['master_cpu_share']:.1f}%, {stats['master_cpu_us_per_result']:.0f} us/result)")
+    if "sub_master_busy_share" in stats:
+        text += f", busiest sub-master {100 * stats['sub_master_busy_share']:.1f}% busy"
     phases = stats.get("startup_phases")
     if phases:
         text += "\nstart-up, slowest worker: " + ", ".join(

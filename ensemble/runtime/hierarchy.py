@@ -16,25 +16,29 @@ sub-master over a communicator of the share, in which the sub-master is rank 0, 
 the unchanged ``serve``. In-training reports are answered by the sub-master (continue): a
 hierarchy is for runs whose decider changes nothing while members train.
 
-Books: where the mode lets a sub-master keep them (``Mode.sub_master_books``: its source
-and decider do not change a record), each sub-master journals its own members' records in
-its own journal and keeps their predictions in its own files of the store (``books``,
-``orchestrate.submasters.SubBooks``), and only a brief of each result goes up
-(``MemberRecord.brief``): the per-result bookkeeping is spread over the sub-masters. The
-top master absorbs their journals into its own at the end (and before a resume, those of
-a killed job), so a finished run's directory is the one a flat run writes. Otherwise the
-results are forwarded whole and the top master journals them, as in a flat run. Either
-way a result lost with a killed sub-master was never journalled, so ``--resume`` trains
-that member again, once, and a journalled member is never handed out again.
+Shares: where the mode allows it (``Mode.sub_master_books``: a fixed member list), the top
+master deals no specs at all. Each sub-master runs its own share of the run
+(``orchestrate.submasters.serve_share``: the members ``owner`` gives it, its own journal,
+retention and budget, the same dispatch loop as a flat master) and sends the top only its
+counts (``tally``) about once a second; the top (``ShareCoordinator``) keeps status.json and
+the console, then absorbs the sub-masters' journals (``RunDirectory.absorb``) and selects.
+Its cost no longer grows with the members per second.
+
+Otherwise (a search breeds from every result) the top master deals every spec in blocks and
+the results are forwarded to it, and it journals them as in a flat run.
+
+Either way a result lost with a killed sub-master was never journalled, so ``--resume``
+trains that member again, once, and a journalled member is never handed out again.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from ensemble.runtime.executor import MAX_IN_HAND, Decide, MpiExecutor, gather, go_on, result_seconds, sleep_cap
 
@@ -92,20 +96,17 @@ class Layout:
         return None
 
 
-class Books(Protocol):
-    """A sub-master's own books (``orchestrate.submasters.SubBooks``)."""
-
-    def hand_out(self, spec: dict) -> dict:
-        """The spec as it goes to a worker of the share (stamped with the books' own bars)."""
-
-    def take(self, results: list[dict]) -> list[dict]:
-        """Journal a batch of results; returns what goes up to the top master (their briefs)."""
-
-    def idle(self) -> None:
-        """Nothing to do for a moment: an fsync that is due."""
-
-    def close(self) -> None:
-        """Everything journalled is on disk; no more results come."""
+def owner(member_id: str, shares: list[int]) -> int:
+    """Which sub-master's share a member belongs to: a hash of its id, weighted by the
+    groups each serves, so shares stay in proportion to their workers, the same on every
+    rank and in every job (a resume with another shape deals the members left anew)."""
+    point = zlib.crc32(member_id.encode()) / 2**32 * sum(shares)
+    edge = 0
+    for k, n in enumerate(shares):
+        edge += n
+        if point < edge:
+            return k
+    return len(shares) - 1
 
 
 def split(comm, layout: Layout):
@@ -138,14 +139,12 @@ def room_of(executor: MpiExecutor) -> int:
 
 
 def serve_sub_master(comm, share, leaders: list[int], in_hand: int | None, max_sleep: float = 0.05,
-                     helpers: int = 0, books: Books | None = None) -> int:
+                     helpers: int = 0) -> int:
     """A sub-master: train the blocks of specs the top master (rank 0 of ``comm``) deals on
-    the share's workers (``leaders``, ranks of ``share``), send every batch of results up
-    (whole, or with ``books`` journalled here and their briefs up), until the top says stop;
-    returns how many results went up. Once the top says no more specs come (``{"dry":
-    True}``) and its queue is empty, idle workers of the share help its members still
-    training (up to ``helpers`` each, ``runtime.tail``). With ``books``, after the stop it
-    closes them and tells the top (``{"closed": n}``), which then absorbs its journal."""
+    the share's workers (``leaders``, ranks of ``share``), forward every batch of results,
+    until the top says stop; returns how many results went up. Once the top says no more
+    specs come (``{"dry": True}``) and its queue is empty, idle workers of the share help its
+    members still training (up to ``helpers`` each, ``runtime.tail``)."""
     from ensemble.runtime.mpi import ANY_TAG, TAG_RESULT, TAG_STOP, poll_recv, try_recv
     executor = MpiExecutor(share, leaders, max_sleep, in_hand, helpers=helpers)
     queue: deque[dict] = deque()
@@ -166,22 +165,15 @@ def serve_sub_master(comm, share, leaders: list[int], in_hand: int | None, max_s
         while (got := try_recv(comm, 0, ANY_TAG)) is not None:
             take(got)
 
-    def idle() -> None:
-        drain()
-        if books is not None:
-            books.idle()
-
     count = 0
     while True:
         drain()
         while queue and executor.free():
-            spec = queue.popleft()
-            executor.submit(spec if books is None else books.hand_out(spec))
+            executor.submit(queue.popleft())
         executor.tail(dry and not queue)
         if executor.busy():
-            results = executor.wait(go_on, idle)
-            up = results if books is None else books.take(results)
-            sends.append(comm.isend({"results": up, "room": room_of(executor)}, dest=0, tag=TAG_RESULT))
+            results = executor.wait(go_on, drain)
+            sends.append(comm.isend({"results": results, "room": room_of(executor)}, dest=0, tag=TAG_RESULT))
             count += len(results)
             while sends and sends[0].Test():
                 sends.popleft()
@@ -192,10 +184,7 @@ def serve_sub_master(comm, share, leaders: list[int], in_hand: int | None, max_s
     while sends:
         sends.popleft().wait()
     executor.shutdown()
-    if books is not None:
-        books.close()
-        comm.send({"closed": count}, dest=0, tag=TAG_RESULT)
-    log.debug("sub-master: %d results sent up", count)
+    log.debug("sub-master: %d results forwarded", count)
     return count
 
 
@@ -203,12 +192,10 @@ class HierarchyExecutor:
     """The top master's executor over sub-masters: deals specs in blocks to the sub-master
     with the most room, and returns the results of every batch that came up. ``shares``:
     the member groups each sub-master serves (their sum is ``workers``); ``in_hand``: the
-    run's specs in hand (None: auto), which sizes each sub-master's first room; ``books``:
-    the sub-masters keep their members' books (``serve_sub_master``), so results come up as
-    briefs, and ``shutdown`` returns once every sub-master has closed them."""
+    run's specs in hand (None: auto), which sizes each sub-master's first room."""
 
     def __init__(self, comm, sub_masters: list[int], shares: list[int], in_hand: int | None = None,
-                 max_sleep: float = 0.05, batch: int = 256, books: bool = False):
+                 max_sleep: float = 0.05, batch: int = 256):
         from ensemble.runtime import mpi
         self.mpi = mpi
         self.comm, self.max_sleep, self.batch = comm, max_sleep, batch
@@ -225,7 +212,6 @@ class HierarchyExecutor:
         self.mean_seconds: float | None = None
         self.blocks = 0                              # spec messages sent (for the benchmark)
         self._dry = False                            # the sub-masters were told that no more specs come
-        self.books = books
 
     def free(self) -> int:
         return sum(max(0, r - o) for r, o in zip(self.room, self.out))
@@ -252,8 +238,7 @@ class HierarchyExecutor:
         k = self.index[source]
         results = message["results"]
         for result in results:
-            if not self.books:                      # a sub-master with books names the job's worker itself
-                result["worker"] += self.offset[k]
+            result["worker"] += self.offset[k]
             seconds = result_seconds(result)
             if seconds is not None:
                 mean = self.mean_seconds
@@ -280,11 +265,6 @@ class HierarchyExecutor:
         self._sends.clear()
         for rank in self.subs:
             self.comm.send(None, dest=rank, tag=self.mpi.TAG_STOP)
-        open_books = set(self.subs) if self.books else set()
-        while open_books:                           # each closes its books after its last result went up
-            message, source, _ = self.mpi.poll_recv(self.comm, self.mpi.ANY_SOURCE, self.mpi.TAG_RESULT, self.max_sleep)
-            if isinstance(message, dict) and "closed" in message:
-                open_books.discard(source)
 
     def answer(self, spec_id: str, decision: dict) -> None:
         raise RuntimeError("a master hierarchy holds no reports (its sub-masters answer them); "
@@ -300,3 +280,54 @@ class HierarchyExecutor:
         self._flush()
         for rank in self.subs:
             self._sends.append(self.comm.isend({"dry": True}, dest=rank, tag=self.mpi.TAG_SPEC))
+
+
+#: how often (seconds) a sub-master that runs its own share sends the top master its tally
+TALLY_SECONDS = 1.0
+
+
+class ShareCoordinator:
+    """The top master of a hierarchy whose sub-masters each run their own share
+    (``orchestrate.submasters.serve_share``). It deals no specs and takes no results: ``run``
+    tells every sub-master to start (``go``: what the top read on resume), then takes their
+    tallies until each has closed its books. It stands where the master session's executor
+    stands for what the session asks of one (``workers``, ``report_bytes``, ``answer``)."""
+
+    def __init__(self, comm, sub_masters: list[int], shares: list[int], max_sleep: float = 0.05):
+        from ensemble.runtime import mpi
+        self.mpi, self.comm, self.max_sleep = mpi, comm, max_sleep
+        self.subs = list(sub_masters)
+        self.workers = sum(shares)
+        self.report_bytes = 0
+        self.tallies: dict[int, dict] = {}
+        self.closed: dict[int, dict] = {}
+
+    def answer(self, spec_id: str, decision: dict) -> None:
+        raise RuntimeError("sub-masters that run their own shares hold no reports")
+
+    def run(self, go: dict, on_tallies: Callable[[list[dict]], None], idle: Callable[[], None],
+            clock: Callable[[], float] = time.time) -> dict:
+        """Start every share, take tallies until all are closed; returns the top's account
+        (as ``dispatch``'s, with each sub-master's own under ``shares``)."""
+        mpi = self.mpi
+        for rank in self.subs:
+            self.comm.send(go, dest=rank, tag=mpi.TAG_SPEC)
+        wall0, cpu0 = clock(), time.thread_time()
+        sleep = 1e-3
+        while len(self.closed) < len(self.subs):
+            got = mpi.try_recv(self.comm, mpi.ANY_SOURCE, mpi.TAG_RESULT)
+            if got is None:
+                idle()
+                time.sleep(sleep)
+                sleep = min(2 * sleep, self.max_sleep)
+                continue
+            sleep = 1e-3
+            message, source, _ = got
+            self.tallies[source] = message["tally"]
+            if "closed" in message:
+                self.closed[source] = message["closed"]
+            on_tallies(list(self.tallies.values()))
+        cpu = time.thread_time() - cpu0
+        shares = [self.closed[rank] for rank in self.subs]
+        return {"results": sum(s["results"] for s in shares), "master_wall_seconds": round(clock() - wall0, 4),
+                "master_cpu_seconds": round(cpu, 4), "master_busy_seconds": round(cpu, 4), "shares": shares}

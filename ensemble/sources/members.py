@@ -3,7 +3,7 @@ spec source of an ensemble run: the fixed member list."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 from ensemble.config import RunConfig, member_train_settings
@@ -65,6 +65,23 @@ def derive_seed(*parts: int) -> int:
             pool[dst] = r ^ (r >> 16)
     value = ((pool[0] ^ 0x8B51F9DD) * ((0x8B51F9DD * 0x58F38DED) & _M32)) & _M32
     return (value ^ (value >> 16)) & 0x7FFFFFFF
+
+
+class Others(Collection[str]):
+    """The member ids a source skips: those ``done`` and those not ``mine`` (another
+    sub-master's share of the list, ``RunContext.mine``); iterating gives the done ones."""
+
+    def __init__(self, done: Collection[str], mine: Callable[[str], bool]):
+        self.done, self.mine = done, mine
+
+    def __contains__(self, member_id: object) -> bool:
+        return member_id in self.done or not self.mine(str(member_id))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.done)
+
+    def __len__(self) -> int:
+        return len(self.done)
 
 
 def member_count(cfg: RunConfig) -> int:

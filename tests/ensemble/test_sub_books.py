@@ -1,7 +1,8 @@
 """A master hierarchy's sub-masters keeping their own books, without MPI: the store's writers
 (each appends to its own files, the master reads them all), the run directory's readers
-(the journal and the sub-master journals not absorbed yet), the absorb (crash safe), and
-``SubBooks`` journalling results and keeping their candidates where the master finds them.
+(the journal and the sub-master journals not absorbed yet), the absorb (crash safe), the
+shares (every member in one, skipped by the others), and ``SubBooks`` journalling results
+and keeping their candidates where the master finds them.
 tests/mpi/test_hierarchy_mpi.py runs it under mpiexec, killed and resumed."""
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import numpy as np
 import pytest
 
 from ensemble.config import resolve_config
+from ensemble.orchestrate.progress import Progress
 from ensemble.orchestrate.submasters import SubBooks
 from ensemble.results.artifacts import Artifacts
 from ensemble.results.journal import Journal
 from ensemble.results.records import MemberRecord
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.store import WRITER_FILES, PackStore
+from ensemble.runtime.budget import RunBudget
+from ensemble.runtime.hierarchy import owner
 
 
 def arrays(value: float) -> dict:
@@ -105,13 +109,31 @@ def test_an_absorb_cut_short_is_undone_and_done_again_and_never_read_twice(tmp_p
     assert not (tmp_path / run_dir.SUB_JOURNALS).exists()
 
 
-def test_a_brief_keeps_what_the_master_needs_and_only_the_ranking_metric():
-    full = line("m", payload={"arrays": {}}, stored=True, model=True, genome={"x": 1}, costs={"flops": 3.0})
-    brief = MemberRecord.brief(full, "accuracy")
-    assert brief["val"] == {"accuracy": 0.9} and "test" not in brief
-    assert not {"payload", "stored", "model", "genome", "costs"} & set(brief)
-    record = MemberRecord.from_json(brief)
-    assert (record.id, record.ok, record.train_seconds, record.started, record.ended) == ("m", True, 1.0, 10.0, 11.0)
+def test_shares_follow_the_workers_and_every_member_has_one_owner():
+    ids = [f"a-{j:05d}" for j in range(20000)]
+    counts = [0, 0, 0]
+    for i in ids:
+        counts[owner(i, [1, 2, 1])] += 1
+    assert abs(counts[1] / len(ids) - 0.5) < 0.02 and abs(counts[0] / len(ids) - 0.25) < 0.02
+    assert [owner(i, [1, 2, 1]) for i in ids[:50]] == [owner(i, [1, 2, 1]) for i in ids[:50]]
+
+
+def test_a_share_hands_out_only_its_own_members_and_not_the_finished_ones(cfg, tmp_path):
+    from ensemble.modes import RunContext, mode_of
+    done = MemberRecord.from_json(line("a-000"))
+    for order in ("list", "cost"):
+        c = resolve_config({**cfg.to_dict(), "runtime": {"order": order}})
+        got = []
+        for k in range(2):
+            ctx = RunContext(c, {"task": "classification"}, RunDirectory(tmp_path), [done], frozenset(), 2, "accuracy",
+                             mine=lambda i, k=k: owner(i, [1, 1]) == k)
+            source, _ = mode_of(c).make(ctx)
+            mine = []
+            while (spec := source.next_spec()) is not None:
+                mine.append(spec["id"])
+            assert all(owner(i, [1, 1]) == k for i in mine)
+            got += mine
+        assert sorted(got) == [f"a-{j:03d}" for j in range(1, 8)]        # each once, a-000 is done
 
 
 @pytest.fixture
@@ -122,19 +144,22 @@ def cfg():
 
 def test_sub_books_journal_their_results_and_keep_the_best_candidates_where_the_master_finds_them(tmp_path, cfg):
     run_dir = RunDirectory(tmp_path)
-    meta = {"task": "classification"}
-    books = SubBooks(cfg, meta, run_dir, 1, offset=3)
+    sent = []
+    budget = RunBudget(None, 0.0, 0.5)
+    books = SubBooks(cfg, {"task": "classification"}, run_dir, 1, budget, Progress(None, "accuracy", 2, lines=0),
+                     offset=3, send=sent.append)
     for n in range(4):
-        spec = books.hand_out({"id": f"m{n}"})
+        spec = books.stamp({"id": f"m{n}"})
         assert spec["retain"]["metric"] == "accuracy"                  # its own bars
-    results = [{**line(f"m{n}", 0.5 + 0.1 * n), "payload": {"arrays": arrays(n)}} for n in range(4)]
-    up = books.take(results)
-    assert [b["worker"] for b in up] == [3] * 4                         # the job's worker, not the share's
-    assert all("payload" not in b and "test" not in b for b in up)
+    results = [MemberRecord.from_json({**line(f"m{n}", 0.5 + 0.1 * n), "payload": {"arrays": arrays(n)}})
+               for n in range(4)]
+    books.on_results(results)
     books.close()
+    assert sent and sent[-1]["tally"]["new"] == 4 and budget.n_ok == 4
     journalled = [x for x in run_dir.read_lines() if "id" in x]
     assert [x["id"] for x in journalled] == ["m0", "m1", "m2", "m3"]
-    assert all(x["dispatched"] is not None and x["test"] for x in journalled)
+    assert {x["worker"] for x in journalled} == {3}                     # the job's worker, not the share's
+    assert all("payload" not in x and x["test"] for x in journalled)
     merged = Artifacts(run_dir, "accuracy", 2, 2)
     merged.restore(run_dir.read_lines())
     assert merged.pool() == ["m3", "m2"]                               # the sub-master's store, read by the master
