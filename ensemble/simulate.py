@@ -67,9 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "from 32 workers)")
     p.add_argument("--seed", type=int, default=0, help="--engine fast: the seed of the members' durations")
     p.add_argument("--sub-masters", default="1",
-                   help="--engine fast: a model of a master hierarchy whose sub-masters each carry their members' "
-                        "bookkeeping (static shares; the runtime's `runtime.sub_masters` forwards results to the "
-                        'one journal instead, docs/scale.md): "auto" (the runtime\'s own choice: as many as keep '
+                   help="--engine fast: a master hierarchy whose sub-masters each run their own static share of "
+                        "the members with its bookkeeping, as the runtime's `runtime.sub_masters` does in mode "
+                        'ensemble (docs/scale.md): "auto" (the runtime\'s own choice: as many as keep '
                         'each under 50%% busy, 0 below 64 workers each) or a number; 0 or 1: one master')
     p.add_argument("--specs-in-hand", help='override runtime.specs_in_hand ("auto" or a number)')
     p.add_argument("--run-dir", help="keep the simulated journal here (default: a temporary directory)")

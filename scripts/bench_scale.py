@@ -210,6 +210,7 @@ def journal_figures(run_dir: Path) -> dict:
     busy = sum(max(0.0, min(r["ended"], end) - max(r["started"], start)) for r in records)
     return {"workers": stats["workers"], "members": stats["members"], "utilisation": stats["utilisation"],
             "steady": busy / (len(firsts) * (end - start)), "span": end - start,
+            "span_all": end - min(firsts.values()),
             "tail_idle": sum(end - t for t in lasts.values()) / len(lasts)}
 
 
@@ -381,6 +382,71 @@ def validate_tail(args) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def validate_hierarchy(args) -> None:
+    """A master hierarchy whose sub-masters run their own shares (``runtime.sub_masters``,
+    mode ensemble): real oversubscribed rehearsal runs against the fast engine's hierarchy
+    (``fastsim.run`` per share: the share's workers, its members' real durations in the order
+    its sub-master handed them out, the recorded cost model), combined as
+    ``fastsim.run_hierarchy`` combines its shares."""
+    import datetime
+
+    import numpy as np
+    from benchkit import write_block
+
+    from ensemble.orchestrate.fastsim import Scenario, run
+    from ensemble.orchestrate.simulate import master_cost
+    from ensemble.results.rundir import RunDirectory
+    tmp = Path(tempfile.mkdtemp(prefix="validate_hierarchy_"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    results: dict[int, list[tuple[dict, dict]]] = {}
+    load0 = os.getloadavg()[0]
+    for seed in args.seeds:
+        for ranks in args.ranks:
+            members = (ranks - 1 - args.subs) * args.per_worker
+            cfg = tmp / f"n{ranks}_s{seed}.toml"
+            cfg.write_text(VALIDATE.format(seed=seed, short=members // 2, long=members - members // 2, order="cost")
+                           .replace('order = "cost"', f'order = "cost"\nsub_masters = {args.subs}'))
+            real = tmp / f"real_n{ranks}_s{seed}"
+            real_run(cfg, ranks, real, env)
+            r = journal_figures(real)
+            lines = RunDirectory(real).read_lines()
+            shares = next(x for x in lines if x.get("event") == "open")["shares"]
+            edges = np.cumsum(shares)
+            records = sorted((x for x in lines if "event" not in x and x.get("started") is not None),
+                             key=lambda x: x["dispatched"])
+            parts = []
+            for k, n in enumerate(shares):
+                mine = [x for x in records if int(np.searchsorted(edges, x["worker"], side="right")) == k]
+                parts.append(run(Scenario(workers=n, cost=master_cost("ensemble")),
+                                 np.array([x["ended"] - x["started"] for x in mine])))
+            span = max(q["simulated_seconds"] for q in parts)
+            sim = {"utilisation": sum(q["utilisation"] * q["workers"] * q["simulated_seconds"] for q in parts)
+                   / (sum(shares) * span), "span": span}
+            results.setdefault(ranks, []).append((r, sim))
+            print(f"seed {seed} -n {ranks}: real {r}, simulated {sim}", flush=True)
+    lines = [f"Measured {datetime.date.today().isoformat()} on {os.cpu_count()} cores (load {load0:.1f} before), "
+             f"every rank oversubscribed; {args.subs} sub-masters each running its own share; rehearsal members of "
+             f"two architectures (medians 0.5 s and 4 s, spread 0.5, `runtime.order = \"cost\"`), "
+             f"{args.per_worker} members per worker, seeds {', '.join(map(str, args.seeds))} (each cell: the medians "
+             "over the seeds, real / simulated, then the simulated-over-real ratio's median and range):",
+             "", "```bash", "python scripts/bench_scale.py validate-hierarchy "
+             f"--ranks {' '.join(map(str, args.ranks))} --subs {args.subs} --per-worker {args.per_worker} "
+             f"--seeds {' '.join(map(str, args.seeds))}"
+             + (f" --write {args.write}" if args.write else ""), "```", "",
+             "| ranks | sub-masters | workers | members | utilisation | span (first start to last result) |",
+             "|---|---|---|---|---|---|"]
+    for ranks, pairs in results.items():
+        real_, sim_ = [q[0] for q in pairs], [q[1] for q in pairs]
+        lines.append(f"| {ranks} | {args.subs} | {real_[0]['workers']} | {real_[0]['members']} | "
+                     + _ratio_cell([x["utilisation"] for x in real_], [x["utilisation"] for x in sim_], 100, "%")
+                     + " | " + _ratio_cell([x["span_all"] for x in real_], [x["span"] for x in sim_], 1, " s") + " |")
+    table = "\n".join(lines)
+    print(table)
+    if args.write:
+        write_block(Path(args.write), "bench_scale validate-hierarchy", table)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -399,6 +465,12 @@ def main() -> None:
     vt.add_argument("--helpers", type=int, default=7)
     vt.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     vt.add_argument("--write", metavar="PAGE", help="write the table into PAGE between its bench_scale markers")
+    vh = sub.add_parser("validate-hierarchy")
+    vh.add_argument("--ranks", type=int, nargs="+", default=[16, 32])
+    vh.add_argument("--subs", type=int, default=2)
+    vh.add_argument("--per-worker", type=int, default=16)
+    vh.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    vh.add_argument("--write", metavar="PAGE", help="write the table into PAGE between its bench_scale markers")
     v = sub.add_parser("validate")
     v.add_argument("--ranks", type=int, nargs="+", default=[16, 32])
     v.add_argument("--per-worker", type=int, default=16)
@@ -407,7 +479,7 @@ def main() -> None:
                    help="write the table into PAGE between its <!-- bench_scale validate --> marks")
     args = p.parse_args()
     {"table": table, "calibrate": calibrate, "journal": journal, "twice": twice,
-     "validate": validate, "validate-tail": validate_tail}[args.what](args)
+     "validate": validate, "validate-tail": validate_tail, "validate-hierarchy": validate_hierarchy}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -489,8 +489,10 @@ SCHEMA = Table({
             isinstance(v, int) and not isinstance(v, bool) and v >= 0) else
             'must be "auto" or a whole number of sub-masters (0: one master)',
             doc="a master hierarchy for short members at the largest scale: ranks 1..N are sub-masters, each "
-                "handing the specs the master deals it in blocks to its own share of the member groups and "
-                "forwarding their results in batches; 0: one master serves every group; \"auto\": as many as "
+                "serving its own share of the member groups (mode ensemble: each runs its own share of the "
+                "members with its own journal, and the master only coordinates; mode evolve: each hands out the "
+                "specs the master deals it and forwards the results); 0: one master serves every group; "
+                "\"auto\": as many as "
                 "keep each under half busy by the recorded master cost and the member time measured so far "
                 "(none before any is measured, and none below 64 groups a sub-master; docs/scale.md)"),
         "order": Key((str,), "cost", lambda v: None if v in ("cost", "list") else 'must be "cost" or "list"',

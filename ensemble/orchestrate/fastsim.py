@@ -297,11 +297,12 @@ def hierarchy_shape(workers: int, mean_seconds: float | None, cost: MasterCost, 
 
 
 def run_hierarchy(s: Scenario, durations: np.ndarray, sub_masters: int) -> dict:
-    """A design's model, not the runtime: ``sub_masters`` masters, each serving its own
-    share of the workers (dealt round-robin) with its own share of the list (its own
-    journal), run as ``run`` runs one; the top master only deals the shares (its cost is
-    left out: one message per block of specs). Static shares: a sub-master whose share ends
-    early does not help another's tail, so this is the hierarchy's lower bound."""
+    """The runtime's hierarchy in mode ensemble (``runtime.sub_masters``,
+    ``orchestrate.submasters.serve_share``): ``sub_masters`` masters, each serving its own
+    share of the workers with its own static share of the list (its own journal), run as
+    ``run`` runs one; the top master only coordinates (its cost is left out: a tally per
+    sub-master a second). Static shares: a sub-master whose share ends early does not help
+    another's tail (the runtime's do not either)."""
     if sub_masters <= 1:
         return {**run(s, durations), "sub_masters": 1}
     parts = [run(Scenario(**{**s.__dict__, "workers": len(range(i, s.workers, sub_masters))}),
