@@ -494,7 +494,8 @@ SCHEMA = Table({
                 "specs the master deals it and forwards the results); 0: one master serves every group; "
                 "\"auto\": as many as "
                 "keep each under half busy by the recorded master cost and the member time measured so far "
-                "(none before any is measured, and none below 64 groups a sub-master; docs/scale.md)"),
+                "(mode ensemble; none before any is measured, and none below 64 groups a sub-master; "
+                "docs/scale.md)"),
         "order": Key((str,), "cost", lambda v: None if v in ("cost", "list") else 'must be "cost" or "list"',
                      doc="mode \"ensemble\": the order members go out in; \"cost\": the longest predicted "
                          "first (each architecture's measured mean seconds; before any is measured, its epochs and "

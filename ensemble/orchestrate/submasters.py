@@ -196,11 +196,13 @@ def measured_seconds(cfg: RunConfig, run_dir: RunDirectory, resume: bool) -> flo
 
 def choose(cfg: RunConfig, size: int, mean_seconds: float | None) -> int:
     """Sub-masters for a job of ``size`` ranks: the setting, or for "auto" the shared shape
-    (``fastsim.hierarchy_shape``) fitted to the job (0 when it does not fit or suit)."""
+    (``fastsim.hierarchy_shape``) fitted to the job (0 when it does not fit or suit, and in a
+    mode whose shares cannot run on their own: there the top master keeps every result's
+    bookkeeping, which is what saturates it, so sub-masters would only cost ranks)."""
     setting = cfg.runtime.sub_masters
     if setting != AUTO:
         return int(setting)
-    if unsuited(cfg) is not None:
+    if unsuited(cfg) is not None or not mode_of(cfg).sub_master_books(cfg):
         return 0
     g = cfg.runtime.group_size
     subs = hierarchy_shape((size - 1) // g, mean_seconds, master_cost(cfg.mode))
