@@ -1,8 +1,9 @@
 """A master hierarchy (``runtime.sub_masters``) under real mpiexec with rehearsal members (no
-TensorFlow): at -n 9 with 2 sub-masters the run trains the flat run's members, each once,
-on the 6 worker ranks only; killed with kill -9 (a sub-master, or the whole job) and
-resumed, it finishes every member with none journalled twice and none of the finished
-handed out again. Whether sub-masters raise the top master's results per second is
+TensorFlow): at -n 9 with 2 sub-masters, each running its own share of the list with its
+own journal, the run trains the flat run's members, each once, on the 6 worker ranks only,
+and leaves one journal; killed with kill -9 (a sub-master, or the whole job) and resumed
+(the killed job's sub-master journals absorbed first), it finishes every member with none
+journalled twice and none of the finished handed out again. Whether sub-masters raise the top master's results per second is
 measured by scripts/bench_hierarchy.py, not asserted here."""
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ def test_two_sub_masters_at_n9_train_the_flat_runs_members_once_each_on_the_work
     assert {r["worker"] for r in records} == set(range(6))           # every worker of both shares had work
     closed = next(e for e in events if e["event"] == "close")
     assert closed["results"] == 80
+    assert [share["results"] for share in closed["shares"]] == [                  # each ran its own share
+        sum(1 for r in records if (r["worker"] < 3) == (k == 0)) for k in range(2)]
+    assert not (hier / "journals").exists()                           # absorbed: one journal, as a flat run's
 
 
 def ok_ids(run_dir: Path) -> list[str]:
