@@ -621,8 +621,8 @@ def ece_study(args: argparse.Namespace) -> None:
                 b = arrays[run["best"]]
                 best = rules["default (`auto`)"](yv, b["val_pred"], b["test_pred"])
                 be, bl = ece(yt, best), C._log_loss(yt, best, 1.0)
-                pooled = {"": (pv, pt), "log-space pooling, ": tuple(geometric(w, arrays, split) for split in ("val_pred",
-                                                                                                     "test_pred"))}
+                pooled = {"": (pv, pt),
+                          "log-space pooling, ": tuple(geometric(w, arrays, x) for x in ("val_pred", "test_pred"))}
                 for name, rule in rules.items():
                     for pooling, (pv_, pt_) in pooled.items():
                         if pooling and name not in ("default (`auto`)", "none (T = 1)"):

@@ -93,13 +93,19 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
     hint in the same milliseconds; the exit status is then 143 (128 + SIGTERM).
     """
     def on_term(signum, frame):
-        raise Terminated(f"signal {signum}")
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # one is enough: a second (the scheduler signals
+        raise Terminated(f"signal {signum}")            # every process, mpiexec forwards too) cuts no cleanup
     try:
         signal.signal(signal.SIGTERM, on_term)
     except ValueError:                  # not the main thread (an embedding host): keep its handler
         pass
 
     def hook(kind, value, tb):
+        for sig in (signal.SIGINT, signal.SIGTERM):     # leaving already: a second signal must not cut it
+            try:
+                signal.signal(sig, signal.SIG_IGN)
+            except ValueError:
+                pass
         try:                            # the node's shared data: not left behind in /dev/shm
             from ensemble.runtime.shm import remove_mapped_segments
             remove_mapped_segments()

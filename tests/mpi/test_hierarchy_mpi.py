@@ -3,8 +3,8 @@ TensorFlow): at -n 9 with 2 sub-masters, each running its own share of the list 
 own journal, the run trains the flat run's members, each once, on the 6 worker ranks only,
 and leaves one journal; killed with kill -9 (a sub-master, or the whole job) and resumed
 (the killed job's sub-master journals absorbed first), it finishes every member with none
-journalled twice and none of the finished handed out again. Whether sub-masters raise the top master's results per second is
-measured by scripts/bench_hierarchy.py, not asserted here."""
+journalled twice and none of the finished handed out again. Whether sub-masters raise the
+results per second is measured by scripts/bench_hierarchy.py, not asserted here."""
 
 from __future__ import annotations
 

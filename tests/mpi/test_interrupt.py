@@ -128,3 +128,52 @@ def test_ranks_leaving_at_different_times_still_end_the_job_with_143(tmp_path):
             proc.kill()
     assert proc.returncode == 143, (out, err)
     assert err.splitlines().count("interrupted") == 1, err
+
+
+def test_a_second_sigterm_while_leaving_cuts_nothing_and_the_job_ends_with_143(tmp_path):
+    """A scheduler signals every process of the job, and mpiexec forwards its own SIGTERM too,
+    so a rank may get a second SIGTERM while it closes its files or waits out its grace: it
+    must not raise again there (a traceback from the exit hook, status 1, then 9)."""
+    script = tmp_path / "twice.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        import ensemble.runtime.mpi as m
+        m.abort_on_exception(lambda: "interrupted")
+        m.INTERRUPT_GRACE = 1.0
+        m.world.Barrier()
+        if m.world.Get_rank() == 0:
+            print("ready", flush=True)
+        try:
+            while True:
+                time.sleep(0.05)
+        finally:
+            time.sleep(0.5)                 # closing the journal: the second signal lands here or in the grace
+    """))
+    proc = subprocess.Popen([mpiexec(), "-n", "3", sys.executable, str(script)], cwd=ROOT, env=importable(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.communicate()
+        ranks = [int(e) for e in os.listdir("/proc") if e.isdigit() and _cmdline_has(int(e), str(script))
+                 and int(e) != proc.pid]
+        proc.send_signal(signal.SIGTERM)                 # mpiexec forwards it to every rank
+        for delay in (0.2, 0.6):                         # then the scheduler's own, in the cleanup and the grace
+            time.sleep(delay)
+            for pid in ranks:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "Error in sys.excepthook" not in err and "Traceback" not in err, err
+    assert proc.returncode == 143, (out, err)
+
+
+def _cmdline_has(pid: int, text: str) -> bool:
+    try:
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    except OSError:
+        return False
+    return text.encode() in cmd and b"mpiexec" not in cmd[0] and not cmd[0].endswith(b"hydra_pmi_proxy")
