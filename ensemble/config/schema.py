@@ -485,7 +485,7 @@ SCHEMA = Table({
             isinstance(v, int) and v > 0) else 'must be "auto" or a positive integer',
             doc="member specs a worker holds ahead, so it starts the next one without a round trip to the "
                 "master; \"auto\": by how long members take"),
-        "sub_masters": Key((str, int), 0, lambda v: None if v == "auto" or (
+        "sub_masters": Key((str, int), "auto", lambda v: None if v == "auto" or (
             isinstance(v, int) and not isinstance(v, bool) and v >= 0) else
             'must be "auto" or a whole number of sub-masters (0: one master)',
             doc="a master hierarchy for short members at the largest scale: ranks 1..N are sub-masters, each "

@@ -372,11 +372,12 @@ class RuntimeConfig(Section):
     #: member specs a worker holds ahead, so it starts the next one without a round trip to the master;
     #: "auto": by how long members take
     specs_in_hand: str | int
-    #: a master hierarchy for short members at the largest scale: ranks 1..N are sub-masters, each handing
-    #: the specs the master deals it in blocks to its own share of the member groups and forwarding their
-    #: results in batches; 0: one master serves every group; "auto": as many as keep each under half busy by
-    #: the recorded master cost and the member time measured so far (none before any is measured, and none
-    #: below 64 groups a sub-master; docs/scale.md)
+    #: a master hierarchy for short members at the largest scale: ranks 1..N are sub-masters, each serving
+    #: its own share of the member groups (mode ensemble: each runs its own share of the members with its own
+    #: journal, and the master only coordinates; mode evolve: each hands out the specs the master deals it
+    #: and forwards the results); 0: one master serves every group; "auto": as many as keep each under half
+    #: busy by the recorded master cost and the member time measured so far (mode ensemble; none before any
+    #: is measured, and none below 64 groups a sub-master; docs/scale.md)
     sub_masters: str | int
     #: mode "ensemble": the order members go out in; "cost": the longest predicted first (each architecture's
     #: measured mean seconds; before any is measured, its epochs and layer widths), so short members fill the

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from ensemble.config import Problems, RunConfig
 from ensemble.modes import RunContext, make_trainer, mode_of
 from ensemble.orchestrate.dispatch import dispatch
-from ensemble.orchestrate.fastsim import hierarchy_shape
+from ensemble.orchestrate.fastsim import MIN_SHARE, hierarchy_shape
 from ensemble.orchestrate.progress import Progress
 from ensemble.orchestrate.session import in_hand, run_master_side
 from ensemble.orchestrate.simulate import master_cost
@@ -219,8 +219,10 @@ def shape_on_every_rank(comm, cfg: RunConfig, run_dir: RunDirectory | None, resu
     from ensemble.runtime.mpi import polite_bcast
     subs = None
     if comm.Get_rank() == 0:
-        mean = measured_seconds(cfg, run_dir, resume) if run_dir is not None else None
-        subs = choose(cfg, comm.Get_size(), mean)
+        size = comm.Get_size()
+        could = (size - 1) // cfg.runtime.group_size >= 2 * MIN_SHARE     # else flat, with nothing read
+        mean = measured_seconds(cfg, run_dir, resume) if could and run_dir is not None else None
+        subs = choose(cfg, size, mean)
         if subs:
             log.info(f"runtime.sub_masters = \"auto\": {subs} sub-masters for members of {mean:.3g} s "
                      f"on {comm.Get_size() - 1 - subs} workers")

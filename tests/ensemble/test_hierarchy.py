@@ -63,7 +63,7 @@ def test_the_shape_is_one_function_for_the_simulator_and_the_runtime(capsys):
 def test_auto_is_flat_at_the_scales_this_machine_runs(seconds):
     for size in (3, 9, 17, 33, 65, 2 * MIN_SHARE):
         assert choose(cfg_with(sub_masters="auto"), size, seconds) == 0
-    assert choose(cfg_with(), 10_000, 1e-3) == 0                  # the default is one master
+    assert choose(cfg_with(), 10_000, 1e-3) >= 2                  # the default, "auto", fits a large job
 
 
 def test_auto_fits_the_shape_to_the_groups():

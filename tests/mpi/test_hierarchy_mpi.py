@@ -115,7 +115,7 @@ def start_killed(tmp_path: Path, cfg: Path, run_dir: Path, at: int, sub_master: 
     assert proc.returncode != 0
 
 
-@pytest.mark.long          # make test-long: the hierarchy is off by default; the -n 9 run above stays in make test
+@pytest.mark.long          # make test-long: the -n 9 run above stays in make test
 @pytest.mark.parametrize("sub_master", [True, False],
                          ids=["sub-master", "whole-job"])
 def test_kill_9_mid_run_then_resume_trains_every_member_exactly_once(tmp_path, sub_master):
