@@ -14,7 +14,9 @@ the kept models (the bars ``Retention.wire`` put in its spec). The master:
 - ``restore`` (``--resume``): replays the journal's records and ``released`` lines in
   order, checks that every member still kept has its entry in the store and its model
   file, and returns those that lost them (the store's torn tail after a node crash):
-  the run trains exactly those again;
+  the run trains exactly those again; members the journal keeps beyond what the one
+  retention keeps (several writers' kept sets: a master hierarchy's sub-masters each kept
+  its own best) are journalled as released (``"reason": "merged"``) before their files go;
 - ``pool``: the members selection may choose (their predictions are stored, and their
   model kept when they wrote one); ``prune``: after selection, removes the models and
   predictions no longer needed and compacts the store.
@@ -139,6 +141,15 @@ class Artifacts:
             if i in self.retention:
                 self.has_model[i] = r.has_model
         models = self.retention.models()
+        # Kept by the journal but not by the one retention: several writers' kept sets (a master
+        # hierarchy's sub-masters each kept its own best) are more than it keeps. Journalled as
+        # released before any file goes, so no later resume takes them for lost.
+        over_p = sorted(set(kept_p) - lost - set(self.retention.predictions()))
+        over_m = sorted(set(kept_m) - lost - set(models))
+        if tidy and (over_p or over_m):
+            with self.run_dir.journal() as journal:
+                journal.event(Event(EventKind.RELEASED, {"predictions": over_p, "models": over_m,
+                                                         "reason": "merged"}).to_json())
         for path in self.run_dir.model_files() if tidy else ():   # stray files: released, or never kept
             member_id = path.name[: -len(RunDirectory.MODEL_SUFFIX)]
             if member_id not in models or not self.has_model.get(member_id, False):

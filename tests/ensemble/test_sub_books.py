@@ -164,3 +164,26 @@ def test_sub_books_journal_their_results_and_keep_the_best_candidates_where_the_
     merged.restore(run_dir.read_lines())
     assert merged.pool() == ["m3", "m2"]                               # the sub-master's store, read by the master
     assert float(merged.load("m3")["val_pred"][0, 0]) == 3.0
+
+
+def test_the_merged_retention_releases_in_the_journal_what_it_no_longer_keeps(tmp_path, cfg):
+    """Each sub-master kept its own best 2; the run keeps the best 2 of all: the others are
+    journalled as released before their files go, so a later resume takes none for lost."""
+    run_dir = RunDirectory(tmp_path)
+    for k in range(2):
+        books = SubBooks(cfg, {"task": "classification"}, run_dir, k, RunBudget(None, 0.0, 0.5),
+                         Progress(None, "accuracy", 1, lines=0))
+        for n in range(3):
+            books.stamp({"id": f"s{k}-{n}"})
+        books.on_results([MemberRecord.from_json({**line(f"s{k}-{n}", 0.5 + 0.1 * n + 0.01 * k),
+                                                  "payload": {"arrays": arrays(n)}}) for n in range(3)])
+        books.close()
+    run_dir.absorb()
+    merged = Artifacts(run_dir, "accuracy", 2, 2)
+    assert merged.restore(run_dir.read_lines()) == set()
+    assert merged.pool() == ["s1-2", "s0-2"]
+    released = [e for e in run_dir.records()[1] if e.data.get("reason") == "merged"]
+    assert released and set(released[-1].data["predictions"]) == {"s0-1", "s1-1"}
+    merged.compact()                                                   # the final prune's: only the kept stay
+    merged.close()
+    assert Artifacts(run_dir, "accuracy", 2, 2).restore(run_dir.read_lines()) == set()
