@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -228,14 +229,18 @@ class RunDirectory:
         file's own order kept), fsync, then remove them; returns the lines absorbed. Only the
         master calls it, when no sub-master writes: at the end of a hierarchical job (its
         sub-masters closed their books) and before a resume (those of a killed job). Crash
-        safe: the journal's size is written first (``ABSORBING``), so an absorb cut short is
-        undone (the journal cut back to that size) and done again by the next one, and a
-        reader in between reads the journal only up to that size, then the sub journals."""
+        safe: the journal's size is written first (``ABSORBING``, beside the sub journals),
+        so an absorb cut short is undone (the journal cut back to that size) and done again by
+        the next one, and a reader in between reads the journal only up to that size, then the
+        sub journals; once the copy is on disk the folder with the sub journals and the mark
+        is renamed away in one step, so no state has the lines in both places unmarked."""
         folder = self.path / self.SUB_JOURNALS
+        gone = folder.with_name(folder.name + ".absorbed")
+        shutil.rmtree(gone, ignore_errors=True)       # an earlier absorb's, renamed away whole
         subs = self.sub_journals()
         journal = self.path / self.JOURNAL
         before = self._absorbing()
-        if before is not None:                        # the last absorb was cut short: undo its copy
+        if before is not None and journal.exists():  # the last absorb was cut short: undo its copy
             with open(journal, "r+b") as fh:
                 fh.truncate(before)
                 fh.flush()
@@ -243,21 +248,15 @@ class RunDirectory:
         if not subs:
             (folder / self.ABSORBING).unlink(missing_ok=True)
             return []
-        size = journal.stat().st_size if journal.exists() else 0
-        if before is None:
-            write_text_atomic(folder / self.ABSORBING, json.dumps({"journal_bytes": size}))
-            _fsync_dir(folder)
         lines = [line for path in subs for line in read_lines(path)]
-        with self.journal() as out:                   # its torn tail repaired; fsynced on close
+        with self.journal() as out:                   # its torn tail repaired first; fsynced on close
+            if before is None:
+                write_text_atomic(folder / self.ABSORBING, json.dumps({"journal_bytes": out.bytes}))
+                _fsync_dir(folder)
             out.extend(lines)
-        for path in subs:
-            path.unlink()
-        (folder / self.ABSORBING).unlink()
-        _fsync_dir(folder)
-        try:
-            folder.rmdir()                            # a finished run's directory is a flat run's
-        except OSError:
-            pass
+        os.replace(folder, gone)                      # the sub journals and the mark go in one step
+        _fsync_dir(self.path)
+        shutil.rmtree(gone, ignore_errors=True)
         return lines
 
     # -- members ----------------------------------------------------------------------

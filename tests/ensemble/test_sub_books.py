@@ -187,3 +187,20 @@ def test_the_merged_retention_releases_in_the_journal_what_it_no_longer_keeps(tm
     merged.compact()                                                   # the final prune's: only the kept stay
     merged.close()
     assert Artifacts(run_dir, "accuracy", 2, 2).restore(run_dir.read_lines()) == set()
+
+
+def test_an_absorb_cut_after_its_copy_leaves_one_copy_to_read(tmp_path):
+    """The copy is on disk and the folder with the sub journals and the mark was renamed away,
+    then the job died before removing it: readers read the journal alone, and the next absorb
+    only clears the leftover."""
+    run_dir = RunDirectory(tmp_path)
+    with run_dir.journal() as journal:
+        journal.extend([line("a")])
+    write_sub(run_dir, 0, [line("b")])
+    run_dir.absorb()
+    leftover = tmp_path / (run_dir.SUB_JOURNALS + ".absorbed")
+    leftover.mkdir()
+    (leftover / "sub-0.jsonl").write_text(json.dumps(line("b")) + "\n")
+    assert [r.id for r in run_dir.records()[0]] == ["a", "b"]
+    assert run_dir.absorb() == [] and not leftover.exists()
+    assert [r.id for r in run_dir.records()[0]] == ["a", "b"]
