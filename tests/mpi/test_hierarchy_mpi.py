@@ -135,3 +135,38 @@ def test_kill_9_mid_run_then_resume_trains_every_member_exactly_once(tmp_path, s
     assert not set(resumed) & set(before)                             # no finished member handed out again
     records, events = journal(run_dir)
     assert [e.get("sub_masters") for e in events if e["event"] == "open"] == [2, 2]
+
+
+EVOLVE = """
+name = "ev"
+mode = "evolve"
+seed = 3
+[evolve]
+strategy = "regularized"
+evaluations = 30
+population_size = 8
+sample_size = 3
+discard = "off"
+[runtime]
+trainer = "rehearsal"
+sub_masters = 2
+[rehearsal]
+seconds = 0.02
+spread = 0.3
+"""
+
+
+def test_a_search_with_two_sub_masters_forwards_its_results_and_evaluates_each_candidate_once(tmp_path):
+    """A search breeds from every result, so its shares cannot run on their own: the top master
+    deals every candidate and journals the results its sub-masters forward."""
+    cfg = tmp_path / "ev.toml"
+    cfg.write_text(textwrap.dedent(EVOLVE))
+    run_dir = tmp_path / "ev"
+    proc = run_mpi(9, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records, events = journal(run_dir)
+    opened = next(e for e in events if e["event"] == "open")
+    assert (opened["sub_masters"], opened["own_shares"]) == (2, False)
+    assert Counter(Counter(r["id"] for r in records).values()) == {1: 30}
+    assert {r["rank"] for r in records} <= set(range(3, 9))
+    assert all("search" in r for r in records)                       # the top's source saw every result
