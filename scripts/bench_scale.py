@@ -6,6 +6,7 @@ model, the journal's cost per line, and the reproducible mode.
     python scripts/bench_scale.py journal [--lines 20000]
     python scripts/bench_scale.py twice
     python scripts/bench_scale.py validate [--ranks 16 32] [--per-worker 16] [--seeds 1 2 3] [--write docs/scale.md]
+    python scripts/bench_scale.py validate-hierarchy [--ranks 16 32] [--subs 2] [--per-worker 16] [--seeds 1 2 3]
 
 ``table``: ``python -m ensemble.simulate --engine fast`` rows (the master's recorded cost
 model, ``orchestrate.simulate.MASTER_COST_US``); "acceptance" = the issue's rows (60 s
@@ -31,6 +32,9 @@ its first member; the simulator does not model start-up, and 32 ranks on 2 cores
 importing seconds apart), the time from that moment to the last result, and the workers'
 idle time after their last member. Prints sim/real ratios (median and range over ``--seeds``:
 each seed draws other member times).
+``validate-hierarchy``: the same for a master hierarchy of mode ensemble (``--subs``
+sub-masters, each running its own share) against the fast engine run per share on the real
+members' durations (``validate_hierarchy``).
 """
 
 from __future__ import annotations
