@@ -151,6 +151,7 @@ def test_a_second_sigterm_while_leaving_cuts_nothing_and_the_job_ends_with_143(t
     """))
     proc = subprocess.Popen([mpiexec(), "-n", "3", sys.executable, str(script)], cwd=ROOT, env=importable(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ranks: list[int] = []
     try:
         assert proc.stdout.readline().strip() == "ready", proc.communicate()
         ranks = [int(e) for e in os.listdir("/proc") if e.isdigit() and _cmdline_has(int(e), str(script))
@@ -167,6 +168,11 @@ def test_a_second_sigterm_while_leaving_cuts_nothing_and_the_job_ends_with_143(t
     finally:
         if proc.poll() is None:
             proc.kill()
+        for pid in ranks:                                # a failed run leaves no rank behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     assert "Error in sys.excepthook" not in err and "Traceback" not in err, err
     assert proc.returncode == 143, (out, err)
 
