@@ -66,6 +66,14 @@ def baseline_section(meta: dict, data: Any, seed: int) -> dict:
         return {"model": NAMES.get(meta["task"], "linear model"), "skipped": f"{type(exc).__name__}: {exc}"}
 
 
+def run_artifacts(cfg: RunConfig, meta: dict, run_dir: RunDirectory, writer: int = 0) -> Artifacts:
+    """The run's retention and packed store (``results.artifacts``) on its ranking metric;
+    ``writer``: whose files of the store it appends to (a hierarchy's sub-master k: k + 1)."""
+    ens = cfg.ensemble
+    return Artifacts(run_dir, get_task(meta["task"]).default_metric(ens.metric), ens.candidates, ens.keep_models,
+                     mode_of(cfg).pareto(cfg, meta), writer=writer)
+
+
 class MasterSession:
     """Rank 0 of a run (real or simulated). ``executor`` trains; ``clock`` is the master's;
     ``budget`` must use the same clock; ``heartbeat``: keep ``status.json`` (a real job);
@@ -105,10 +113,8 @@ class MasterSession:
         journal_path = self.run_dir.path / self.run_dir.JOURNAL
         known_upto = journal_path.stat().st_size if self.resume and journal_path.exists() else None
         lines = self.run_dir.read_lines() if self.resume else []
-        metric = get_task(self.meta["task"]).default_metric(cfg.ensemble.metric)
-        ens = cfg.ensemble
-        artifacts = Artifacts(self.run_dir, metric, ens.candidates, ens.keep_models,
-                              self.mode.pareto(cfg, self.meta))
+        artifacts = run_artifacts(cfg, self.meta, self.run_dir)
+        metric = artifacts.metric
         lost = artifacts.restore(lines) if self.resume else set()
         history = typed_history(lines)
         del lines
@@ -220,9 +226,7 @@ class MasterSession:
         self.records = previous + mine
         self.tracking.results(mine)
         artifacts.close()
-        ens = self.cfg.ensemble
-        metric = get_task(self.meta["task"]).default_metric(ens.metric)
-        merged = Artifacts(self.run_dir, metric, ens.candidates, ens.keep_models, self.mode.pareto(self.cfg, self.meta))
+        merged = run_artifacts(self.cfg, self.meta, self.run_dir)
         merged.restore(self.run_dir.read_lines())
         return merged
 

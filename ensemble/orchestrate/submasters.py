@@ -26,9 +26,8 @@ from ensemble.modes import RunContext, make_trainer, mode_of
 from ensemble.orchestrate.dispatch import dispatch
 from ensemble.orchestrate.fastsim import MIN_SHARE, hierarchy_shape
 from ensemble.orchestrate.progress import Progress
-from ensemble.orchestrate.session import in_hand, run_master_side
+from ensemble.orchestrate.session import in_hand, run_artifacts, run_master_side
 from ensemble.orchestrate.simulate import master_cost
-from ensemble.results.artifacts import Artifacts
 from ensemble.results.journal import Journal, typed_history
 from ensemble.results.records import MemberRecord
 from ensemble.results.rundir import RunDirectory
@@ -78,13 +77,9 @@ class SubBooks:
     def __init__(self, cfg: RunConfig, meta: dict, run_dir: RunDirectory, k: int, budget: RunBudget,
                  progress: Progress, offset: int = 0, send: Callable[[dict], None] | None = None,
                  clock: Callable[[], float] = time.time):
-        from ensemble.task import get_task
         self.run_dir, self.budget, self.progress, self.offset = run_dir, budget, progress, offset
         self.send, self.clock = send, clock
-        ens = cfg.ensemble
-        metric = get_task(meta["task"]).default_metric(ens.metric)
-        self.artifacts = Artifacts(run_dir, metric, ens.candidates, ens.keep_models,
-                                   mode_of(cfg).pareto(cfg, meta), writer=k + 1)
+        self.artifacts = run_artifacts(cfg, meta, run_dir, writer=k + 1)
         self.journal = Journal(run_dir.sub_journal(k), cfg.runtime.journal_sync_seconds, clock=clock,
                                before_sync=self.artifacts.store.sync)
         self.last_tally = -float("inf")

@@ -162,9 +162,15 @@ def read_lines(path: str | Path, upto: int | None = None) -> list[dict]:
 def read_journal(path: str | Path, events: bool = False) -> list[dict] | tuple[list[dict], list[dict]]:
     """All whole member records in order (a torn or corrupt line is skipped, not fatal);
     with ``events``, (records, event lines)."""
+    return split_lines(read_lines(path), events)
+
+
+def split_lines(lines: Iterable[dict], events: bool = False) -> list[dict] | tuple[list[dict], list[dict]]:
+    """Journal lines as raw dicts: the member records in order; with ``events``, (records,
+    event lines)."""
     records: list[dict] = []
     marks: list[dict] = []
-    for item in read_lines(path):
+    for item in lines:
         (marks if "event" in item else records).append(item)
     return (records, marks) if events else records
 

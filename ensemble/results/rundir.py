@@ -34,7 +34,7 @@ import numpy as np
 
 from ensemble.config.vocabulary import path_component_problem
 from ensemble.results.events import Event
-from ensemble.results.journal import Entry, Journal, read_lines, split_history, typed_history
+from ensemble.results.journal import Entry, Journal, read_lines, split_history, split_lines, typed_history
 from ensemble.results.records import MemberRecord
 from ensemble.results.store import PackStore
 
@@ -184,11 +184,7 @@ class RunDirectory:
     def read_journal(self, events: bool = False):
         """The member records (and, with ``events``, the run's event lines) as raw dicts;
         readers use ``records()``."""
-        records: list[dict] = []
-        marks: list[dict] = []
-        for item in self.read_lines():
-            (marks if "event" in item else records).append(item)
-        return (records, marks) if events else records
+        return split_lines(self.read_lines(), events)
 
     def read_lines(self, upto: int | None = None) -> list[dict]:
         """Every whole journal line, records and events, in order, as raw dicts (``history()``
