@@ -30,15 +30,17 @@ evolve-demo: $(STAMP)
 pbt-demo: $(STAMP)
 	$(BIN)/mpirun -n 5 $(BIN)/python -m ensemble.run configs/digits_pbt.toml
 
+# two pytest processes (pytest-xdist: a test waiting on its ranks leaves a core idle the other takes):
+# 11:39 on 2 cores (docs/tests.md; 22:21 in one process before some scenarios moved to test-long)
 test: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not long" --durations=15
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not long" --durations=15
 
-# the long real-MPI scenarios `make test` leaves out (about 6-10 minutes on 2 cores)
+# the long real-MPI scenarios `make test` leaves out (about 12-16 minutes on 2 cores)
 test-long: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m long
 
 # inner loop: everything that starts no mpiexec (under a minute, about 55 s on 2 cores); `make test`
-# (about 11 minutes) runs all but the `long` scenarios
+# (under 12 minutes) runs all but the `long` scenarios
 test-fast: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not mpi and not slow"
 

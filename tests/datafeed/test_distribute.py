@@ -110,6 +110,7 @@ def test_object_array_is_rejected_on_every_rank() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long          # make test-long: the chunked transfer's smaller tests above cover the path
 def test_transfer_over_2_gib_with_verify() -> None:
     """2.2 GiB of uint8 in one array crosses two pretend nodes in 256 MiB messages."""
     proc, results = run_mpi(2, "big", "--gib", "2.2", "--pretend", "2", "--verify", timeout=300)

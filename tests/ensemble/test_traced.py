@@ -31,8 +31,9 @@ CHANGES = [spec(1), spec(2, learning_rate=0.003, batch_size=16)]
 
 
 @pytest.mark.slow                  # TensorFlow training: make test, not make test-fast
-@pytest.mark.parametrize("task,precision", [("classification", "float32"), ("regression", "float32"),
-                                            ("classification", "mixed_float16")])
+@pytest.mark.parametrize("task,precision", [("classification", "float32"),     # the others: make test-long
+                                            pytest.param("regression", "float32", marks=pytest.mark.long),
+                                            pytest.param("classification", "mixed_float16", marks=pytest.mark.long)])
 def test_a_member_on_a_kept_model_ends_as_on_a_new_one(tmp_path, task, precision):
     import keras
 

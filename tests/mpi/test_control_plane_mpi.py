@@ -132,6 +132,7 @@ def test_kill_master_with_group_commit_then_resume_loses_and_retrains_nothing(tm
     assert run_stats(records, events)["segments"] == 2
 
 
+@pytest.mark.long          # make test-long: bench_scale.py validate-* compares simulator and real runs
 def test_simulator_replays_the_real_runs_members_on_its_workers(tmp_path):
     """Each simulated member takes the time its namesake took in the journal, on as many
     workers: the simulated dispatch can be no shorter than the longest member nor than the

@@ -133,6 +133,7 @@ def test_a_rehearsal_with_failures_counts_alike_everywhere(tmp_path):
     assert c["ok"] + c["failed"] == 14 and c["failed"] > 0 and c["ok"] > 0     # failure_rate 0.3 drew some
 
 
+@pytest.mark.long          # make test-long: the rehearsal with failures above counts alike
 def test_a_search_with_discarding_counts_alike_everywhere(tmp_path):
     rd = run(tmp_path, SEARCH)
     found = outputs(rd)

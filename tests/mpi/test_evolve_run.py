@@ -71,6 +71,7 @@ def test_evolve_run_three_ranks(tmp_path):
     assert "search: best evolved" in proc.stdout
 
 
+@pytest.mark.long          # make test-long: tracing ahead: tests/ensemble/test_traced.py covers it in one process
 def test_tracing_the_next_candidate_ahead_changes_no_result(tmp_path):
     """`runtime.pretrace = true` at -n 2 (one worker, holding the next candidate while it trains
     one: `specs_in_hand = 2`): candidates' steps are traced in the background and the search is

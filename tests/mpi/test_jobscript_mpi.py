@@ -178,6 +178,7 @@ def test_slurm_script_runs_the_ensemble_with_slurms_end_time(tmp_path, monkeypat
                            "SLURM_JOB_ID": "7", "PBS_JOBID": None}
 
 
+@pytest.mark.long          # make test-long: Slurm's script above takes the same path
 def test_pbs_script_runs_the_ensemble_with_the_walltime_pbs_holds(tmp_path, monkeypatch):
     config(tmp_path, members=8, seconds=0.3)
     stand_ins(tmp_path)

@@ -43,8 +43,8 @@ def test_auto_trains_on_the_master_only_with_a_gpu_of_its_own():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("gpus, master_trains", [("0,1,2", True),
-                                                  pytest.param(None, False, marks=pytest.mark.long)])
+@pytest.mark.long           # make test-long: trains_on_master's unit tests above decide; this runs it
+@pytest.mark.parametrize("gpus, master_trains", [("0,1,2", True), (None, False)])
 def test_three_ranks_the_master_trains_when_the_node_has_gpus(tmp_path, gpus, master_trains):
     cfg = tmp_path / "c.toml"
     cfg.write_text(textwrap.dedent(CONFIG))

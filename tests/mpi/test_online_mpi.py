@@ -114,6 +114,7 @@ def test_failing_member_never_stops_the_simulation_and_early_end_resumes(tmp_pat
     assert any(s["loaded"] for s in sim_stats(tmp_path))
 
 
+@pytest.mark.long          # make test-long: the clean MPMD job above stays in make test
 def test_a_publish_that_fails_never_stops_the_simulation(tmp_path):
     """A publication that fails for real (the simulation's rank 0 puts a directory where
     ``ensemble.json`` goes once it has loaded generation 1): the ensemble side says so and

@@ -219,6 +219,7 @@ def test_member_failures_are_journaled_and_the_run_goes_on(tmp_path):
     assert {m["id"] for m in ens["members"]} == {"mlp-000", "mlp-003"} and ens["n_failed"] == 3
 
 
+@pytest.mark.long          # make test-long: an ensemble's failed members above take the same path
 def test_evolve_run_survives_failed_candidates(tmp_path):
     cfg = write_config(tmp_path, with_faults("""
         mode = "evolve"

@@ -75,6 +75,7 @@ def test_rehearsal_members_take_helpers_and_each_is_recorded_once(tmp_path):
     assert all(1 <= r[HELPERS] <= 3 and r[HELPER_SECONDS] > 0 for r in helped)
 
 
+@pytest.mark.long          # make test-long: the rehearsal tail tests above cover the helpers' protocol
 def test_a_keras_member_takes_a_helper_and_ends_as_a_valid_member(tmp_path):
     cfg = tmp_path / "k.toml"
     cfg.write_text(textwrap.dedent(KERAS))
@@ -90,6 +91,7 @@ def test_a_keras_member_takes_a_helper_and_ends_as_a_valid_member(tmp_path):
     assert (run_dir / "ensemble.json").exists()
 
 
+@pytest.mark.long          # make test-long: the rehearsal tail test above covers the helpers' protocol
 def test_a_hierarchy_lets_each_share_help_its_own_members(tmp_path):
     """-n 9, two sub-masters of three workers: once the top has nothing more, each sub-master's
     idle workers help its members; every member is still recorded once."""

@@ -162,6 +162,7 @@ def test_the_server_holds_parent_members_metrics_and_artifacts(server, tmp_path)
     assert c.get_run(parent_id).info.status == "FINISHED"
 
 
+@pytest.mark.long          # make test-long: the server test above covers sending a run
 def test_a_resume_sends_the_members_earlier_jobs_did_not(server, tmp_path):
     """Tracking turned on at ``--resume`` of a run that had none: the earlier job's members
     reach the server, each once; a member whose nested run was lost, or left unfinished by a
@@ -207,6 +208,7 @@ def test_a_resume_sends_the_members_earlier_jobs_did_not(server, tmp_path):
     assert runs[torn][0].data.metrics["val_accuracy"] == pytest.approx(journal[torn]["val"]["accuracy"])
 
 
+@pytest.mark.long          # make test-long: the server test above covers sending a run
 def test_a_server_stopped_halfway_costs_nothing_but_one_warning(server, tmp_path):
     """Kept last: it kills the module's server."""
     members, after = 12, 4                                     # members 4.. wait until the server is killed
