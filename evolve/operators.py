@@ -103,10 +103,11 @@ def random_lr(rng: np.random.Generator, space: SearchSpace) -> float:
 
 
 def random_genome(rng: np.random.Generator, space: SearchSpace, input_shape: tuple[int, ...],
-                  n_outputs: int) -> AnyGenome:
-    """A valid random genome; ValueError if the space admits none (e.g. max_params too small)."""
+                  n_outputs: int, compact: bool = False) -> AnyGenome:
+    """A valid random genome; ValueError if the space admits none (e.g. max_params too small).
+    ``compact``: a structured genome is drawn small (``random_structured``); a free one as always."""
     if space.structured:
-        return random_structured(rng, space, input_shape, n_outputs)
+        return random_structured(rng, space, input_shape, n_outputs, compact)
     reason = None
     for _ in range(MAX_TRIES):
         depth = int(rng.integers(space.min_depth, space.max_depth + 1))

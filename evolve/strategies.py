@@ -17,7 +17,8 @@ exactly as the original would have with the same results in the same order.
 
 Starting points: ``initial`` genomes (templates, an earlier run's best) are the first asks
 of the first population, each once; the rest of the first population alternates one-step
-mutants of them and random genomes. Which of them is next is read from what was asked, so
+mutants of them and random genomes (``compact_start``: drawn small, the fewest stages or one
+more with one block each, to grow by mutation). Which of them is next is read from what was asked, so
 ``replay`` skips those already handed out.
 """
 
@@ -78,9 +79,10 @@ class Strategy:
                  rng_seed: int = 0, budget_evaluations: int | None = None,
                  budget_seconds: float | None = None,
                  clock: Callable[[], float] = time.monotonic, initial: Sequence[AnyGenome] = (),
-                 surrogate: Surrogate | None = None, **params: Any):
+                 surrogate: Surrogate | None = None, compact_start: bool = False, **params: Any):
         self.space, self.input_shape, self.n_outputs = space, tuple(input_shape), int(n_outputs)
         self.initial = tuple(initial)
+        self.compact_start = compact_start
         self.surrogate = surrogate
         self.seed = int(rng_seed) % 2 ** 63
         self.budget_evaluations, self.budget_seconds = budget_evaluations, budget_seconds
@@ -226,7 +228,7 @@ class Strategy:
             start = self.initial[(self.asked // 2) % len(self.initial)]
             # not ``_mutate``: a starting point may still be training, so no parent is noted to inherit from
             return mutate(start, self.rng, self.space, self.input_shape, self.n_outputs)
-        return self._random()
+        return random_genome(self.rng, self.space, self.input_shape, self.n_outputs, compact=self.compact_start)
 
     def _mutate(self, g: AnyGenome) -> AnyGenome:
         child = mutate(g, self.rng, self.space, self.input_shape, self.n_outputs)

@@ -186,21 +186,27 @@ def _widths(rng: np.random.Generator, grid: Sequence[int], n: int) -> list[int]:
     return out
 
 
-def _draw(rng: np.random.Generator, space: SearchSpace) -> StructuredGenome:
+def _low(rng: np.random.Generator, bounds: tuple[int, int], compact: bool) -> int:
+    """A count within ``bounds``: any (uniform); ``compact``, the least or one more."""
+    lo, hi = bounds
+    return int(rng.integers(lo, (min(hi, lo + 1) if compact else hi) + 1))
+
+
+def _draw(rng: np.random.Generator, space: SearchSpace, compact: bool = False) -> StructuredGenome:
     stages: list[Stage] = []
     if space.spatial:
         grid = space.filter_choices
         i = int(rng.integers(max(1, (len(grid) + 1) // 2)))          # start in the narrower half
         downs = [d for d in downsamples(space) if d[0] != "none"] or [("none", 1)]
-        for s in range(int(rng.integers(space.stages[0], space.stages[1] + 1))):
+        for s in range(_low(rng, space.stages, compact)):
             if s:
                 i = min(i + int(rng.random() < 0.7), len(grid) - 1)  # widen, mostly
-            stages.append(Stage(int(rng.integers(space.blocks[0], space.blocks[1] + 1)), grid[i],
+            stages.append(Stage(space.blocks[0] if compact else _low(rng, space.blocks, False), grid[i],
                                 _pick(rng, _kernels(space)), *(_pick(rng, downs) if s else ("none", 1))))
     lo, hi = _dense_bounds(space)
     lr_lo, lr_hi = space.learning_rate
     return StructuredGenome(
-        stages=tuple(stages), dense=tuple(_widths(rng, space.unit_choices, int(rng.integers(lo, hi + 1)))),
+        stages=tuple(stages), dense=tuple(_widths(rng, space.unit_choices, _low(rng, (lo, hi), compact))),
         activation=_pick(rng, space.activations),
         norm="batchnorm" in space.layer_types and bool(rng.random() < 0.5),
         residual=space.skip_connections and bool(rng.random() < 0.5),
@@ -213,11 +219,13 @@ def _draw(rng: np.random.Generator, space: SearchSpace) -> StructuredGenome:
 
 
 def random_structured(rng: np.random.Generator, space: SearchSpace, input_shape: tuple[int, ...],
-                      n_outputs: int) -> StructuredGenome:
-    """A valid random structured genome; ValueError if the space admits none."""
+                      n_outputs: int, compact: bool = False) -> StructuredGenome:
+    """A valid random structured genome; ValueError if the space admits none. ``compact``: the
+    fewest stages or one more, the fewest blocks in each, the fewest dense layers or one more
+    (the other genes drawn as always)."""
     reason = None
     for _ in range(MAX_TRIES):
-        g = _draw(rng, space)
+        g = _draw(rng, space, compact)
         fixed = repair_structured(g, input_shape, n_outputs, space)
         if fixed is not None:
             return fixed

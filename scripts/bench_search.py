@@ -16,7 +16,8 @@ the table of medians over seeds and time-to-target ratios:
     python scripts/bench_search.py --table bench_out/search_suite.jsonl
 
 Sides: ``project`` (``mode = "evolve"``, regularized evolution, ``search.space = "structured"``,
-templates on), ``surrogate`` (the same with ``evolve.surrogate = "forest"``), ``dh_re``
+templates on), ``surrogate`` (the same with ``evolve.surrogate = "forest"``), ``compact`` (the same
+with ``evolve.compact_start = true``), ``asha`` (with ``evolve.discard = "asha"``), ``dh_re``
 (DeepHyper's regularized evolution) and ``dh_cbo`` (DeepHyper's Bayesian optimisation, CBO) over
 a fixed-shape space a practitioner would write (0-3 conv blocks with doubling filters and
 optional pooling, 0-2 dense layers, dropout, activation, optimizer, learning rate, batch size).
@@ -112,7 +113,8 @@ PROPER_SCORES = (proper_score("classification"), proper_score("regression"), pro
 #: the baselines a side's times are compared with: (side, its column-name suffix in ``table``)
 BASELINES = (("dh_re", ""), ("dh_cbo", "_cbo"))
 DEEPHYPER: list[str] = []          # --deephyper-path, appended to sys.path (the venv's numpy and TensorFlow first)
-PROJECT_SIDES = {"project": "", "surrogate": '\nsurrogate = "forest"', "asha": '\ndiscard = "asha"'}
+PROJECT_SIDES = {"project": "", "surrogate": '\nsurrogate = "forest"', "asha": '\ndiscard = "asha"',
+                 "compact": "\ncompact_start = true"}
 DH_SIDES = ("dh_re", "dh_cbo")
 
 
@@ -415,7 +417,7 @@ def table(path: Path) -> str:
         if not xs:
             return "-"
         return f"{_fmt(_median(xs))} ({_fmt(min(xs))}-{_fmt(max(xs))})" if len(xs) > 1 else _fmt(xs[0])
-    order = {s: i for i, s in enumerate(("project", "surrogate", "asha", "dh_re", "dh_cbo"))}
+    order = {s: i for i, s in enumerate(("project", "compact", "surrogate", "asha", "dh_re", "dh_cbo"))}
     for (problem, side), acc in sorted(per.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1].split()[0], 9))):
         proper = f"{sum(acc['proper'])} of {len(acc['proper'])}" if acc["proper"] else "-"
         out.append(f"| {problem} | {side} | {len(acc['val'])} | {cell(acc['val'])} | {cell(acc['test'])} | "

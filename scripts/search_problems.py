@@ -5,6 +5,7 @@ matters on each: the gap between a linear model, an MLP and a small CNN.
     python scripts/search_problems.py write DIR               # DIR/<problem>.npz for configs
     python scripts/search_problems.py spaces --problem signals --budget 150 [--seeds 2]
     python scripts/search_problems.py templates [--seeds 4] [--problem stripes]   # evolve/templates.py's table
+    python scripts/search_problems.py draws [--count 12] [--problem signals]   # random draws: whole or compact
 
 Problems (each an .npz of x, y; the project splits it as any data file):
 - ``signals``: 1-D signals of 64 steps, 4 classes; a class is a motif of 8 steps placed at a
@@ -22,6 +23,9 @@ Problems (each an .npz of x, y; the project splits it as any data file):
 against alone on each problem (1,500 samples, 20 epochs, patience 4, as the suite's
 candidates), built by the project's own path (``evolve.decode`` then
 ``ensemble.train.architecture.build_layers``), and prints validation medians.
+``draws`` trains random structured genomes drawn from the whole space and from its compact
+part (the fewest stages or one more, one block each: how a first population's random genomes
+are drawn) the same way, one split, and prints what a draw scores and costs.
 ``gap`` trains, on one split per seed, a linear model (logistic or ridge regression), an
 MLP (two dense layers of 64) and a small CNN (two convolution blocks with pooling, global
 average pooling, a dense layer), each with early stopping, and prints test accuracy (R^2
@@ -236,6 +240,47 @@ def compare_templates(seeds: int, only: str | None = None) -> str:
     return "\n".join(rows)
 
 
+def compare_draws(count: int, only: str | None = None) -> str:
+    """Random genomes of the structured space drawn as a search's first population draws them,
+    from the whole space and ``compact`` (the fewest stages or one more, one block each), each
+    trained alone on one split: what a random draw is worth, and what it costs."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+
+    from ensemble.runtime.env import configure_tensorflow
+    from ensemble.train.architecture import build_layers, make_optimizer
+    from evolve import SearchSpace, decode
+    from evolve.structured_operators import random_structured
+    configure_tensorflow(1)
+    problems = {only: PROBLEMS[only]} if only else PROBLEMS
+    rows = ["| problem | draw | genomes | median validation | best | upper quartile | median seconds | "
+            "validation per second of training (median) |", "|---|---|---|---|---|---|---|---|"]
+    for problem, (make, task) in problems.items():
+        x, y = make(n=1500)
+        shape, outputs = x.shape[1:], int(y.max()) + 1 if task == "classification" else 1
+        space = SearchSpace.from_config({"space": "structured", "max_params": 100000}, input_rank=len(shape))
+        tr, va, _ = _split(len(x), 0)
+        for compact in (False, True):
+            rng = np.random.default_rng(7)
+            scores, seconds = [], []
+            for i in range(count):
+                genome = random_structured(rng, space, shape, outputs, compact=compact)
+                keras.utils.set_random_seed(i)
+                started = time.perf_counter()
+                model = build_layers(decode(genome, shape, space, outputs), shape, outputs, task)
+                score = _fit_and_score(model, make_optimizer(genome.optimizer, genome.learning_rate), x, y,
+                                       (tr, va, va), task, epochs=20, patience=4, batch_size=genome.batch_size)
+                scores.append(score if np.isfinite(score) else -1.0)
+                seconds.append(time.perf_counter() - started)
+                print(problem, "compact" if compact else "whole", i, f"{scores[-1]:.3f}", f"{seconds[-1]:.1f} s",
+                      genome.summary(shape), flush=True)
+            rate = np.array(scores) / np.array(seconds)
+            rows.append(f"| {problem} | {'compact' if compact else 'whole space'} | {count} | "
+                        f"{np.median(scores):.3f} | {max(scores):.3f} | {np.quantile(scores, 0.75):.3f} | "
+                        f"{np.median(seconds):.1f} | {np.median(rate):.3f} |")
+    return "\n".join(rows)
+
+
 # -------------------------------------------------------------------------- spaces
 SPACES_CONFIG = """
 name = "{name}"
@@ -292,12 +337,13 @@ def spaces(problem: str, budget: float, seeds: int, folder: Path) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=("gap", "write", "spaces", "templates"))
+    p.add_argument("command", choices=("gap", "write", "spaces", "templates", "draws"))
     p.add_argument("folder", nargs="?", default=str(ROOT / "bench_out" / "search_problems"))
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--problem", choices=sorted(PROBLEMS), help="spaces: the problem (signals); templates: only "
                                                                 "this one (all)")
     p.add_argument("--budget", type=float, default=150.0)
+    p.add_argument("--count", type=int, default=12, help="draws: genomes drawn of each kind per problem")
     args = p.parse_args()
     t = time.perf_counter()
     if args.command == "write":
@@ -306,6 +352,8 @@ def main() -> None:
         print(gap(args.seeds))
     elif args.command == "templates":
         print(compare_templates(args.seeds, args.problem))
+    elif args.command == "draws":
+        print(compare_draws(args.count, args.problem))
     else:
         print(spaces(args.problem or "signals", args.budget, args.seeds, Path(args.folder)))
     print(f"({time.perf_counter() - t:.0f} s, {time.strftime('%Y-%m-%d')})")

@@ -286,6 +286,11 @@ class EvolveConfig(Section):
     #: images and volumes the detector, a small CNN and a deeper pooled CNN; a regression leaves the detector
     #: out; two MLPs for tables) next to the random ones
     templates: bool
+    #: true: the first population's random genomes of a structured space are drawn small (the fewest stages
+    #: or one more, one block each, the fewest dense layers or one more; the other genes from the whole
+    #: space), to be grown by mutation; false: drawn from the whole space (on `signals` the two searched
+    #: alike: docs/search-benchmark.md)
+    compact_start: bool
     #: "": none; or an earlier mode "evolve" run directory (relative to the config) on samples of the same
     #: shape: its best candidates (up to half the first population) are trained again as the first ones
     start_from: str

@@ -155,7 +155,7 @@ class SearchSource:
         self.strategy = make_strategy(ev.strategy, self.space, self.input_shape, meta["n_outputs"],
                                       rng_seed=cfg.seed, budget_evaluations=ev.evaluations,
                                       budget_seconds=ev.time_limit, initial=self.initial,
-                                      surrogate=self._surrogate(), **params)
+                                      surrogate=self._surrogate(), compact_start=ev.compact_start, **params)
         self.total = ev.evaluations
         self.population_size = cls.initial_size(self.strategy.params)
         self.hooks: Hooks | None = None

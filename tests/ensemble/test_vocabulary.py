@@ -42,7 +42,8 @@ def test_suggestions_prefer_the_fewest_slips():
 
 #: the search's own settings beside the strategy's: early discarding and weight inheritance, off
 SEARCH_DEFAULTS = {"discard": "off", "discard_epochs": 2, "discard_factor": 3, "discard_grace": 5, "inherit": False,
-                   "templates": True, "start_from": "", "surrogate": "off", "surrogate_candidates": 12,
+                   "templates": True, "compact_start": False, "start_from": "", "surrogate": "off",
+                   "surrogate_candidates": 12,
                    "surrogate_min_results": 16}
 
 

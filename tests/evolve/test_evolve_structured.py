@@ -288,3 +288,34 @@ def test_after_the_templates_the_first_population_alternates_their_mutants_and_r
     far = np.mean([min(_fields_apart(g, t) for t in starts) for g in randoms])
     near = np.mean([min(_fields_apart(g, t) for t in starts) for g in mutants])
     assert far > near
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_compact_draw_is_small_valid_and_varied(kind):
+    rank, shape = KINDS[kind]
+    sp = space(rank)
+    rng = np.random.default_rng(0)
+    drawn = [random_genome(rng, sp, shape, 3, compact=True) for _ in range(40)]
+    assert len({g.key() for g in drawn}) > 30                     # the other genes still spread
+    for g in drawn:
+        assert check(g, shape, 3, sp) is None, check(g, shape, 3, sp)
+        if rank == 1:                                             # a table's blocks are its dense widths
+            assert 1 <= len(g.dense) <= 2
+        else:
+            assert 1 <= len(g.stages) <= 2 and all(st.blocks == 1 for st in g.stages) and len(g.dense) <= 1
+    if rank > 1:                                                  # both counts it allows are drawn
+        assert {len(g.stages) for g in drawn} == {1, 2}
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_the_first_populations_random_genomes_are_compact_when_asked(compact):
+    rank, shape = KINDS["sequence"]
+    sp = space(rank)
+    st = make_strategy("regularized", sp, shape, 4, rng_seed=3, population_size=16, sample_size=3,
+                       compact_start=compact)
+    asked = [st.ask() for _ in range(16)]                        # no templates: every one random
+    blocks = [sum(s.blocks for s in g.stages) for g in asked]
+    if compact:
+        assert max(blocks) <= 2 and max(len(g.stages) for g in asked) <= 2
+    else:
+        assert max(blocks) > 2

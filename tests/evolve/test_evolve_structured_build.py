@@ -1,6 +1,6 @@
 """Every genome of the structured space builds with Keras and trains: a property test over
-seeds for each kind of input (a 1-D sequence, a 2-D image, a flat table). Drawn genomes,
-their mutants and the templates go through the members' own path (``decode`` ->
+seeds for each kind of input (a 1-D sequence, a 2-D image, a flat table). Drawn genomes
+(from the whole space and compact), their mutants and the templates go through the members' own path (``decode`` ->
 ``ensemble.train.architecture.build_layers``), train one batch, and have exactly the
 parameters ``evolve.decode`` counted, so ``search.max_params`` holds for the real model.
 Tiny inputs and eager steps keep it to a few seconds after TensorFlow's import."""
@@ -52,10 +52,10 @@ def test_every_drawn_and_mutated_structured_genome_builds_and_trains_a_batch(kin
     for seed in range(SEEDS):
         rng = np.random.default_rng(seed)
         g = random_genome(rng, space, shape, CLASSES)
-        genomes += [g, mutate(g, rng, space, shape, CLASSES)]
+        genomes += [g, mutate(g, rng, space, shape, CLASSES), random_genome(rng, space, shape, CLASSES, compact=True)]
     start = templates(space, shape, CLASSES)
     genomes += start
-    assert len({g.key() for g in genomes}) == len(genomes) == 2 * SEEDS + len(start)
+    assert len({g.key() for g in genomes}) == len(genomes) == 3 * SEEDS + len(start)
     for g in genomes:
         assert math.isfinite(keras_step(g, shape, space)), g.summary(shape)
 
