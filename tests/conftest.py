@@ -62,10 +62,7 @@ def kill_when(n: int, args: list[str], ready, timeout: float = 180, what: str = 
 
 def pytest_collection_modifyitems(config, items):
     """Everything under tests/mpi starts mpiexec: mark it, so `make test-fast` (-m "not mpi")
-    can never pick up a test that launches ranks even if its file forgets the mark. They run
-    first (each file's order kept): `make test`'s two processes then end on short tests, not
-    one on a long MPI scenario while the other waits."""
+    can never pick up a test that launches ranks even if its file forgets the mark."""
     for item in items:
         if "tests/mpi/" in str(item.path).replace("\\", "/"):
             item.add_marker(pytest.mark.mpi)
-    items.sort(key=lambda item: item.get_closest_marker("mpi") is None)
