@@ -31,7 +31,7 @@ pbt-demo: $(STAMP)
 	$(BIN)/mpirun -n 5 $(BIN)/python -m ensemble.run configs/digits_pbt.toml
 
 # two pytest processes (pytest-xdist: a test waiting on its ranks leaves a core idle the other takes):
-# 11:39 on 2 cores (docs/tests.md; 22:21 in one process before some scenarios moved to test-long)
+# 11:36 on 2 cores (docs/tests.md; 22:21 in one process before some scenarios moved to test-long)
 test: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not long" --durations=15
 

@@ -62,6 +62,9 @@ def write_config(base: Path, extra: str = "") -> None:
     (base / "online.toml").write_text(CONFIG.format(base=base, extra=extra))
 
 
+# make test-long: kept out of make test's 12 minutes; tests/ensemble/test_online.py runs the buffer,
+# its policies and the simulation's stream in one process
+@pytest.mark.long
 def test_streams_trains_publishes_twice_and_ends_cleanly(tmp_path):
     write_config(tmp_path)
     out = mpmd(tmp_path, ["--generations", "2"], [])
@@ -88,7 +91,7 @@ def test_streams_trains_publishes_twice_and_ends_cleanly(tmp_path):
     assert mean.shape == (3,) and np.isfinite(std).all()
 
 
-@pytest.mark.long          # make test-long: about 60 s; the clean MPMD job above stays in make test
+@pytest.mark.long          # make test-long: about 60 s
 def test_failing_member_never_stops_the_simulation_and_early_end_resumes(tmp_path):
     # the fault-injecting trainer fails the first member; the simulation stops after a few steps
     write_config(tmp_path, 'trainer = "tests.mpi.faults:trainer"')
@@ -114,7 +117,7 @@ def test_failing_member_never_stops_the_simulation_and_early_end_resumes(tmp_pat
     assert any(s["loaded"] for s in sim_stats(tmp_path))
 
 
-@pytest.mark.long          # make test-long: the clean MPMD job above stays in make test
+@pytest.mark.long          # make test-long: beside the clean MPMD job above
 def test_a_publish_that_fails_never_stops_the_simulation(tmp_path):
     """A publication that fails for real (the simulation's rank 0 puts a directory where
     ``ensemble.json`` goes once it has loaded generation 1): the ensemble side says so and
