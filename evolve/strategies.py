@@ -213,8 +213,8 @@ class Strategy:
         self._pending[key] = g
         self._on_ask(g)
 
-    def _random(self) -> AnyGenome:
-        return random_genome(self.rng, self.space, self.input_shape, self.n_outputs)
+    def _random(self, compact: bool = False) -> AnyGenome:
+        return random_genome(self.rng, self.space, self.input_shape, self.n_outputs, compact)
 
     def _initial_genome(self) -> AnyGenome:
         """A genome of the first population: the next starting point not yet asked; after them,
@@ -228,7 +228,7 @@ class Strategy:
             start = self.initial[(self.asked // 2) % len(self.initial)]
             # not ``_mutate``: a starting point may still be training, so no parent is noted to inherit from
             return mutate(start, self.rng, self.space, self.input_shape, self.n_outputs)
-        return random_genome(self.rng, self.space, self.input_shape, self.n_outputs, compact=self.compact_start)
+        return self._random(self.compact_start)
 
     def _mutate(self, g: AnyGenome) -> AnyGenome:
         child = mutate(g, self.rng, self.space, self.input_shape, self.n_outputs)
