@@ -154,7 +154,7 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
     """
     import keras
 
-    from ensemble.train.architecture import build_model, make_optimizer
+    from ensemble.train.architecture import build_model, build_training_state, make_optimizer
 
     t0 = time.monotonic()
     task = get_task(meta["task"])
@@ -184,6 +184,8 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         reused = False
     parallel = make_data_parallel(model, group) if group is not None else []
     train_ds, val_ds = member_datasets(spec, data, meta, y_tf, group)
+    if not reused:
+        build_training_state(model, train_ds)              # its training step traced once, not twice
     build_seconds = time.monotonic() - t0                 # model, optimizer and both datasets
     limit, clock = _time_limit_callback(spec["member_time_limit"]), _phase_clock()
     early = _early_stopping(spec)

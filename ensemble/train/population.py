@@ -34,6 +34,7 @@ from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.env import TENSORFLOW
 from ensemble.runtime.executor import Report
 from ensemble.task import get_task
+from ensemble.train.architecture import build_training_state
 from ensemble.train.member import MemberFailed, member_record
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,7 @@ def train_population_member(spec: dict, data: Mapping[str, np.ndarray], meta: di
         E = pbt["round_epochs"]
         train_ds = make_dataset(data["x_train"], model_y, idx, int(member.hparams["batch_size"]),
                                 (spec["seed"] + 7919 * round_) % 2**31, y_transform=y_tf, shard=shard)
+        build_training_state(member.model, train_ds)       # a new model's step traced once (no-op after)
         hist = member.model.fit(train_ds, epochs=round_ * E, initial_epoch=(round_ - 1) * E, verbose=0,
                                 shuffle=False, callbacks=member.parallel[:1] + [keras.callbacks.TerminateOnNaN()]
                                 + member.parallel[1:]).history

@@ -179,7 +179,7 @@ class Pretracer:
 
             from ensemble.config.vocabulary import gaussian_head
             from ensemble.task import get_task
-            from ensemble.train.architecture import build_model, make_optimizer
+            from ensemble.train.architecture import build_model, build_training_state, make_optimizer
             from ensemble.train.member import member_datasets
             keras.mixed_precision.set_global_policy(tensorflow["precision"])   # Keras' settings are per thread
             task = get_task(meta["task"])
@@ -191,6 +191,7 @@ class Pretracer:
                           metrics=metrics, jit_compile=tensorflow["jit_compile"])
             y_tf = task.target_transform(*task.target_scaling(data["y_train"]))
             train_ds, val_ds = member_datasets(spec, data, dict(meta), y_tf)
+            build_training_state(model, train_ds)
             model.fit(train_ds.take(1), validation_data=val_ds.take(1), epochs=1, verbose=0)
             TRACED.keep(key, model)
             self.traced += 1

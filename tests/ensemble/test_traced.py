@@ -70,11 +70,69 @@ def test_a_member_on_a_kept_model_ends_as_on_a_new_one(tmp_path, task, precision
 
 
 def tracings(function) -> int:
-    """How often the tf.function(s) behind Keras's ``train_function`` were traced."""
-    cells = [cell.cell_contents for cell in function.__closure__ or ()]
-    counted = [c.experimental_get_tracing_count() for c in cells if hasattr(c, "experimental_get_tracing_count")]
-    assert counted, "no tf.function found behind the model's train_function"
-    return sum(counted)
+    """How often the most traced of the tf.functions behind Keras's ``train_function`` (the
+    loop over the iterator, the step inside it) was traced."""
+    counted, seen, todo = [], set(), [function]
+    while todo:
+        f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if hasattr(f, "experimental_get_tracing_count"):
+            counted.append(f.experimental_get_tracing_count())
+            f = getattr(f, "_python_function", f)
+        for cell in getattr(f, "__closure__", None) or ():
+            try:
+                todo.extend([cell.cell_contents] if callable(cell.cell_contents) else [])
+            except ValueError:              # an empty cell
+                pass
+    assert len(counted) >= 2, "the loop and the step tf.functions were not found behind the train_function"
+    return max(counted)
+
+
+@pytest.mark.slow
+def test_a_new_models_training_step_is_traced_once_and_trains_as_before(tmp_path):
+    """Keras 3 builds the optimizer's and the metrics' variables inside the first trace of the
+    training step, and a tf.function that creates variables is traced again:
+    ``build_training_state`` creates them first, with the values the trace would give."""
+    import keras
+
+    from datafeed.pipeline import make_dataset
+    from ensemble.runtime.env import configure_tensorflow
+    from ensemble.task import get_task
+    from ensemble.train.architecture import build_model, build_training_state, make_optimizer
+    configure_tensorflow(1)
+    data, meta = make_data("regression")
+    task = get_task("regression")
+    trained = []
+    for early in (False, True):
+        keras.utils.set_random_seed(5)
+        model = build_model(spec(0), tuple(meta["input_shape"]), meta["n_outputs"], task.name)
+        loss, metrics = task.loss(True)                         # the Gaussian head: two outputs, own loss
+        model.compile(optimizer=make_optimizer("adamw", 0.01), loss=loss, metrics=metrics)
+        ds = make_dataset(data["x_train"], data["y_train"], np.arange(len(data["y_train"])), 16, 3)
+        if early:
+            build_training_state(model, ds)
+            assert model.optimizer.built
+        model.fit(ds, epochs=2, verbose=0)
+        assert tracings(model.train_function) == (1 if early else 2)     # 2: what Keras alone does
+        trained.append(model)
+    for w, v in zip(trained[0].get_weights(), trained[1].get_weights(), strict=True):
+        np.testing.assert_array_equal(w, v)
+    for w, v in zip(trained[0].optimizer.variables, trained[1].optimizer.variables, strict=True):
+        np.testing.assert_array_equal(np.asarray(w), np.asarray(v))
+    # a member run builds it so
+    from ensemble.runtime.env import TENSORFLOW
+    from ensemble.train.member import run_member
+    from ensemble.train.traced import TRACED, trace_key
+    TRACED.clear()
+    configure_tensorflow(1, traced_models=1)
+    try:
+        assert run_member(spec(0), data, meta, RunDirectory(tmp_path), 0)["status"] == Status.OK.value
+        assert tracings(TRACED.take(trace_key(spec(0), meta, TENSORFLOW)).train_function) == 1
+    finally:
+        TRACED.clear()
+        configure_tensorflow(1)
 
 
 @pytest.mark.slow
