@@ -502,7 +502,7 @@ def help_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, leader: 
     when the member ended before it was taken in."""
     import keras
 
-    from ensemble.train.architecture import build_model, make_optimizer
+    from ensemble.train.architecture import build_model, build_training_state, make_optimizer
     task = get_task(meta["task"])
     gaussian = gaussian_head(spec.get("loss"), task.name, bool(spec.get("model")))
     with BUILD_LOCK:
@@ -511,7 +511,6 @@ def help_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, leader: 
     loss, metrics = task.loss(gaussian)
     model.compile(optimizer=make_optimizer(spec["optimizer"], spec["learning_rate"]), loss=loss, metrics=metrics,
                   jit_compile=TENSORFLOW["jit_compile"])
-    model.optimizer.build(model.trainable_variables)
     y_shift, y_scale = task.target_scaling(data["y_train"])
     y_tf = task.target_transform(y_shift, y_scale)
     ranks = tail.answer(leader)
@@ -519,13 +518,15 @@ def help_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, leader: 
         return
     crew = Crew(tail, [], leader=False)
     crew.grow(ranks)
+    datasets = member_datasets(spec, data, meta, y_tf, crew.group)
+    build_training_state(model, datasets[0])            # the leader's optimizer state is loaded into it
     limit, early = _time_limit_callback(spec["member_time_limit"]), _early_stopping(spec)
     epoch = _share(model, crew, None, early, limit)
     crew.data_parallel(model)
     callbacks = [keras.callbacks.TerminateOnNaN(), limit, early]
     if spec.get("report_every"):
         callbacks.append(_report_callback(crew.report(None), int(spec["report_every"])))
-    grow_and_fit(model, crew, spec, data, meta, y_tf, member_datasets(spec, data, meta, y_tf, crew.group),
+    grow_and_fit(model, crew, spec, data, meta, y_tf, datasets,
                  callbacks, early, limit, epoch)
 
 
