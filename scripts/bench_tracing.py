@@ -1,6 +1,6 @@
 """A new network's training step traced once, not twice: what it saves per candidate.
 
-    python scripts/bench_tracing.py [--count 8] [--problem signals]
+    python scripts/bench_tracing.py [--count 6] [--problem signals] [--write docs/scale.md]
 
 Keras 3 on TensorFlow builds the optimizer's and the metrics' variables inside the first trace
 of a model's training step, and TensorFlow traces a function that created variables a second
@@ -97,19 +97,23 @@ def table(results: dict[str, dict[str, list[tuple]]]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--problem", help="one problem of the suite (default: signals, stripes and peaks)")
-    p.add_argument("--count", type=int, default=8, help="genomes per problem")
+    p.add_argument("--count", type=int, default=6, help="genomes per problem")
     p.add_argument("--samples", type=int, default=1500)
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--patience", type=int, default=4)
+    p.add_argument("--write", help="a docs page to write the table into (between <!-- bench_tracing --> marks)")
     args = p.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from ensemble.runtime.env import configure_tensorflow
     configure_tensorflow(1, traced_models=0)
     problems = [args.problem] if args.problem else ["signals", "stripes", "peaks"]
     results = {pr: measure(pr, args.count, args.samples, args.epochs, args.patience) for pr in problems}
-    print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"`python scripts/bench_tracing.py --count {args.count}`:\n")
-    print(table(results))
+    text = (f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `python scripts/bench_tracing.py "
+            f"--count {args.count}`\n\n{table(results)}")
+    print("\n" + text)
+    if args.write:
+        from benchkit import write_block
+        write_block(Path(args.write), "bench_tracing", text)
 
 
 if __name__ == "__main__":
