@@ -267,8 +267,8 @@ def build_training_state(model, dataset) -> None:
     long as 6-10 of its epochs). Built here, the step is traced once. Nothing is drawn from a
     random generator and every created value is the one the trace would create (zeros, the
     learning rate), so the member trains as it would have. Where Keras lacks the symbolic
-    build this uses (a private method, ``Trainer._symbolic_build``, in Keras 3.0-3.15), only
-    the optimizer is built."""
+    build this uses (``Trainer._symbolic_build``, a private method of Keras 3: 3.15 here), or it
+    fails, only the optimizer is built and the first trace builds the rest, as before."""
     symbolic = getattr(model, "_symbolic_build", None)
     if symbolic is not None:
         try:
