@@ -48,11 +48,14 @@ def measure(problem: str, count: int, samples: int, epochs: int, patience: int) 
     """Per side ("once", "twice"): (CPU seconds of the member, of its first epoch, of the rest)
     for each of ``count`` genomes."""
     import ensemble.train.architecture as architecture
+    from ensemble.config import resolve_config
     from ensemble.results.rundir import RunDirectory
     from ensemble.train.member import run_member
     from evolve import SearchSpace, decode
     from evolve.structured_operators import random_structured
     data, meta = _data(problem, samples)
+    train = resolve_config({"mode": "evolve", "data": {"source": f"{problem}.npz", "task": meta["task"]},
+                            "train": {"epochs": epochs, "patience": patience}}).train.to_dict()
     shape, outputs = tuple(meta["input_shape"]), meta["n_outputs"]
     space = SearchSpace.from_config({"space": "structured", "max_params": 100000}, input_rank=len(shape))
     rng = np.random.default_rng(7)
@@ -61,10 +64,11 @@ def measure(problem: str, count: int, samples: int, epochs: int, patience: int) 
     with tempfile.TemporaryDirectory(prefix="bench_tracing_") as folder:
         for i in range(-1, count):                 # -1: a warm-up (the process's first fit), not counted
             genome = random_structured(rng, space, shape, outputs)
+            # a candidate's spec as ``SearchSource._spec`` makes it: the [train] settings, the genome's three
             spec = {"id": f"g{i + 1}", "arch": "evolved", "layers": decode(genome, shape, space, outputs),
-                    "model": None, "params": {}, "seed": 1000 + i, "epochs": epochs, "batch_size": genome.batch_size,
-                    "optimizer": genome.optimizer, "learning_rate": genome.learning_rate, "patience": patience,
-                    "member_time_limit": 600.0, "bootstrap": False, "loss": "auto"}
+                    "model": None, "params": {}, "seed": 1000 + i, **train,
+                    "optimizer": genome.optimizer, "learning_rate": genome.learning_rate,
+                    "batch_size": genome.batch_size}
             for side in (("once", "twice") if i % 2 == 0 else ("twice", "once")):
                 architecture.build_training_state = early if side == "once" else (lambda model, dataset: None)
                 try:
