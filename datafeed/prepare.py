@@ -61,17 +61,40 @@ def check_arrays(x: np.ndarray, y: np.ndarray) -> None:
                         f"{rows[:5].tolist()}); clean or impute them before training")
 
 
+def split_off(idx: np.ndarray, strata: np.ndarray | None, fraction: float,
+              seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded (rest, held) of ``idx``: ``ceil(fraction * len(idx))`` rows held out (at least
+    one, and one left), in every stratum (``strata``, aligned with ``idx``; None: a plain
+    shuffle) in proportion to its size, the remainders going to the largest fractional
+    shares (ties at random). Numpy only: rank 0 draws the split before the workers can
+    start, and importing scikit-learn for it cost seconds of CPU on that path."""
+    idx = np.asarray(idx)
+    n = len(idx)
+    held_n = int(min(max(np.ceil(fraction * n), 1), n - 1)) if n > 1 else 0
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n)
+    if strata is None:
+        return idx[order[held_n:]], idx[order[:held_n]]
+    _, codes = np.unique(np.asarray(strata), return_inverse=True)
+    counts = np.bincount(codes)
+    share = counts * (held_n / n)
+    take = np.floor(share).astype(np.int64)
+    short = held_n - int(take.sum())
+    if short > 0:                                   # largest remainders first, ties at random
+        ranked = np.lexsort((rng.random(len(counts)), -(share - take)))
+        take[ranked[:short]] += 1
+    grouped = order[np.argsort(codes[order], kind="stable")]     # shuffled within each stratum
+    rank = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)
+    held = rank < take[codes[grouped]]
+    return idx[grouped[~held]], idx[grouped[held]]
+
+
 def split_indices(y: np.ndarray, task: str, val: float, test: float, seed: int) -> dict[str, np.ndarray]:
     """Seeded train/val/test index arrays, stratified by class for classification."""
-    from sklearn.model_selection import train_test_split
     idx = np.arange(len(y))
-    strat = y if task == "classification" else None
-    if strat is not None and np.bincount(y).min() < 3:
-        strat = None                      # a class too small to stratify: plain shuffle
-    rest, test_idx = train_test_split(idx, test_size=test, random_state=seed, stratify=strat)
-    strat_rest = strat[rest] if strat is not None else None
-    train_idx, val_idx = train_test_split(rest, test_size=val / (1.0 - test), random_state=seed + 1,
-                                          stratify=strat_rest)
+    stratify = task == "classification" and np.bincount(y).min() >= 3   # else a class too small: shuffle
+    rest, test_idx = split_off(idx, y if stratify else None, test, seed)
+    train_idx, val_idx = split_off(rest, y[rest] if stratify else None, val / (1.0 - test), seed + 1)
     return {"train": np.sort(train_idx), "val": np.sort(val_idx), "test": np.sort(test_idx)}
 
 
@@ -80,16 +103,15 @@ def draw_validation(y: np.ndarray, train: np.ndarray, task: str, fraction: float
     """A given split without validation rows: ``fraction`` of its training rows drawn as
     validation (seeded, stratified for classification as ``split_indices`` is); returns
     (train, val), each sorted."""
-    from sklearn.model_selection import train_test_split
     if len(train) < 2:
         raise DataError(f"the given split has {len(train)} training row(s), too few to draw validation rows "
                         "from (`data.val_fraction`); give validation rows or more training rows")
-    strat = y[train] if task == "classification" else None
-    if strat is not None:
-        counts = np.unique(strat, return_counts=True)[1]
+    strata = y[train] if task == "classification" else None
+    if strata is not None:
+        counts = np.unique(strata, return_counts=True)[1]
         if counts.min() < 3 or np.ceil(fraction * len(train)) < len(counts):
-            strat = None                  # a class too small to stratify: plain shuffle
-    rest, val = train_test_split(train, test_size=fraction, random_state=seed + 1, stratify=strat)
+            strata = None                 # a class too small to stratify: plain shuffle
+    rest, val = split_off(train, strata, fraction, seed + 1)
     return np.sort(rest), np.sort(val)
 
 

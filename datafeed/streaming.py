@@ -198,11 +198,12 @@ def memory_plan(data: DataSettings) -> dict | None:
             "streams": will_stream(data, ss.nbytes), "rank_bytes": rank_bytes(ss, data)}
 
 
-def prepare_stream(ss: ShardSet, data: DataSettings, seed: int,
-                   normalise: bool = True) -> tuple[dict, dict, dict[str, np.ndarray]]:
+def prepare_stream(ss: ShardSet, data: DataSettings, seed: int, normalise: bool = True,
+                   given: dict[str, np.ndarray] | None = None) -> tuple[dict, dict, dict[str, np.ndarray]]:
     """Rank 0 of a streaming run: what ``prepare.prepare_with_rows`` returns, without ever
     holding the features: (small arrays to broadcast, metadata, the split's row indices).
-    ``normalise=False`` (``--check``) skips the pass over the training rows (shift 0, scale 1)."""
+    ``normalise=False`` (``--check``) skips the pass over the training rows (shift 0, scale 1);
+    ``given``: the split to use (a resumed run's own), instead of the data's or a drawn one."""
     large_blocks_to_the_os()
     y = read_targets(ss)
     if y is None:
@@ -211,7 +212,8 @@ def prepare_stream(ss: ShardSet, data: DataSettings, seed: int,
         raise DataError(f"the dataset has only {len(y)} samples; at least 10 are needed to split into train/val/test")
     info = {"feature_names": list(ss.features) if ss.fmt == "parquet" else []}
     y, meta = prepare_targets(y, info, data)
-    way, rows = split_from(data), None
+    rows = given                            # a resumed run's own split, else the data's (or drawn)
+    way = split_from(data) if given is None else None
     if way == "sources":
         rows = source_rows(ss)
     elif way == "indices":
@@ -252,7 +254,7 @@ def _input_shape(sample: tuple[int, ...], reshape) -> tuple[int, ...]:
 def fit_streaming(ss: ShardSet, train: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
     """Per-feature (shift, scale) over the training rows in one pass, a chunk at a time
     (float64 sums merged as Chan et al.; the population std, as ``prepare.fit_normalizer``);
-    a non-finite value is a ``DataError`` naming its file."""
+    a non-finite value in a chunk read (any split's rows) is a ``DataError`` naming its file."""
     table = chunk_table(ss)
     lo, hi = split_spans(table, train)
     width = int(np.prod(ss.sample_shape, dtype=np.int64))
@@ -262,10 +264,11 @@ def fit_streaming(ss: ShardSet, train: np.ndarray, method: str) -> tuple[np.ndar
         if b <= a:
             continue
         x, _ = read_rows(ss, int(i), int(start), int(stop), want_y=False)
-        x = np.asarray(x).reshape(len(x), -1)[train[a:b] - g - start].astype(np.float64)
-        if not np.isfinite(x).all():
+        x = np.asarray(x).reshape(len(x), -1)
+        if not np.isfinite(x).all():        # the whole chunk read: its validation and test rows too
             raise DataError(f"file {ss.shards[int(i)].path!r} of `data.source` holds NaN/inf features; clean or "
                             "impute them before training")
+        x = x[train[a:b] - g - start].astype(np.float64)
         k, m = len(x), x.mean(axis=0)
         delta = m - mean
         mean = mean + delta * k / (n + k)

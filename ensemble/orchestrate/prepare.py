@@ -4,6 +4,7 @@ space against it, and choose and create the run directory (or check the one resu
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -20,7 +21,45 @@ log = logging.getLogger(__name__)
 
 def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock]:
     """Rank 0: read, check and prepare the data, check architectures, create the run
-    directory and lock it (the caller releases the lock when the job ends)."""
+    directory and lock it (the caller releases the lock when the job ends). A resumed run
+    keeps the split it was made with (its ``splits.npz``), whatever draws a split now."""
+    lock = None
+    try:
+        given = None
+        if args.resume:                         # locked first: the run's own split is read from it
+            path, lock = choose_run_dir(cfg, args)
+            check_same_run(cfg, RunDirectory(path))
+            given = saved_split(RunDirectory(path))
+        arrays, meta, rows = prepare_checked(cfg, given)
+        if lock is None:                        # after every check: --overwrite deletes the old run
+            path, lock = choose_run_dir(cfg, args)
+        run_dir = RunDirectory(path)
+        run_dir.write_text(run_dir.CONFIG, dump_toml(cfg))
+        run_dir.write_json(run_dir.DATA, meta)
+        run_dir.save_normalization(arrays["x_mean"], arrays["x_scale"])
+        run_dir.write_npz(run_dir.SPLITS, **rows,    # row indices, so a baseline can use the same rows
+                          split_from=np.array(meta["split_from"]))
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return arrays, meta, run_dir, lock
+
+
+def saved_split(run_dir: RunDirectory) -> tuple[dict[str, np.ndarray], bool] | None:
+    """A run's own split (its ``splits.npz``) and whether its validation rows were drawn;
+    None for a run written before splits were saved (it draws its split again)."""
+    if not (run_dir.path / run_dir.SPLITS).is_file():
+        return None
+    drawn = True
+    if (run_dir.path / run_dir.DATA).is_file():
+        drawn = bool(json.loads((run_dir.path / run_dir.DATA).read_text()).get("val_drawn", True))
+    return run_dir.load_splits(), drawn
+
+
+def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | None) -> tuple[dict, dict, dict]:
+    """The data read, split (``given``: a resumed run's own, from ``saved_split``) and
+    prepared, and every check that needs it: (arrays, meta, the split's rows)."""
     from datafeed.prepare import prepare_with_rows
     from datafeed.splits import read_data
     from datafeed.streaming import prepare_stream, stream_plan
@@ -30,14 +69,17 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
     plan = stream_plan(cfg.data)                # the files, when members stream them (issue 33)
     if plan is not None:
         check_streaming(cfg)
-        arrays, meta, rows = prepare_stream(plan, cfg.data, cfg.seed)
+        arrays, meta, rows = prepare_stream(plan, cfg.data, cfg.seed, given=given[0] if given else None)
     else:
         got = read_data(cfg.data)               # the split too, where the data gives it
-        arrays, meta, rows = prepare_with_rows(got.x, got.y, got.info, cfg.data, cfg.seed, got.rows)
+        arrays, meta, rows = prepare_with_rows(got.x, got.y, got.info, cfg.data, cfg.seed,
+                                               given[0] if given else got.rows)
         del got
         share = holdout_share(cfg.data.calibration_holdout, meta["task"])
         if share:                               # members stop early on the rest (calibration.holdout_rows)
             meta["calibration_holdout"] = share
+    if given is not None:
+        meta["val_drawn"] = given[1]
     if cfg.data.task == "auto":                 # the task is known now: settings that depend on it
         check_task_settings(cfg, meta["task"], "the labels make this task")
     mode = mode_of(cfg)
@@ -62,20 +104,7 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
     found = Problems()
     mode.preflight(cfg, meta, None, found)
     found.raise_any()
-    path, lock = choose_run_dir(cfg, args)
-    run_dir = RunDirectory(path)
-    try:
-        if args.resume:
-            check_same_run(cfg, run_dir)
-        run_dir.write_text(run_dir.CONFIG, dump_toml(cfg))
-        run_dir.write_json(run_dir.DATA, meta)
-        run_dir.save_normalization(arrays["x_mean"], arrays["x_scale"])
-        run_dir.write_npz(run_dir.SPLITS, **rows,    # row indices, so a baseline can use the same rows
-                          split_from=np.array(meta["split_from"]))
-    except BaseException:
-        lock.release()
-        raise
-    return arrays, meta, run_dir, lock
+    return arrays, meta, rows
 
 
 BUILD_CHECK_BATCH = 64          # samples the check runs each architecture on (at most one batch)

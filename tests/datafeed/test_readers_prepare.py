@@ -1,10 +1,14 @@
 """Readers on small files written here; checks, splits and normalisation."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from datafeed.prepare import check_arrays, fit_normalizer, prepare, split_indices
+from datafeed.prepare import check_arrays, draw_validation, fit_normalizer, prepare, split_indices, split_off
 from datafeed.readers import DataError, read_dataset
 from ensemble.config import resolve_config
 
@@ -97,6 +101,38 @@ def test_split_is_seeded_disjoint_and_stratified():
         np.testing.assert_array_equal(np.bincount(y[a[k]]), np.full(4, len(a[k]) // 4))
     c = split_indices(y, "classification", 0.2, 0.2, seed=4)
     assert not np.array_equal(a["test"], c["test"])
+
+
+@pytest.mark.parametrize("counts,fraction", [((50, 30, 20), 0.1), ((7, 7, 7), 0.5), ((900, 60, 3, 37), 0.15),
+                                             ((1,), 0.3)])
+def test_split_off_holds_ceil_of_the_fraction_in_proportion_to_every_stratum(counts, fraction):
+    strata = np.repeat(np.arange(len(counts)), counts)
+    idx = np.arange(len(strata)) * 3 + 1                              # any row ids, aligned with strata
+    n = len(idx)
+    for seed in range(20):
+        rest, held = split_off(idx, strata, fraction, seed)
+        assert len(held) == min(max(int(np.ceil(fraction * n)), 1), n - 1) if n > 1 else len(held) == 0
+        assert sorted([*rest, *held]) == idx.tolist()
+        got = np.bincount(strata[(held - 1) // 3], minlength=len(counts))
+        assert np.all(np.abs(got - np.array(counts) * len(held) / n) < 1)    # each stratum's share, rounded
+    a, b = split_off(idx, None, fraction, 5), split_off(idx, None, fraction, 5)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_drawing_a_split_imports_no_scikit_learn():
+    """Rank 0 draws the split while every worker waits for the data: importing scikit-learn
+    for it cost seconds of CPU there (scipy and pandas with it)."""
+    code = ("import sys, numpy as np\n"
+            "from datafeed.prepare import draw_validation, split_indices\n"
+            "y = np.arange(90) % 3\n"
+            "split_indices(y, 'classification', 0.2, 0.2, 1)\n"
+            "draw_validation(y, np.arange(60), 'classification', 0.2, 1)\n"
+            "print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    rest, val = draw_validation(np.arange(90) % 3, np.arange(60), "classification", 0.2, 1)
+    assert len(val) == 12 and np.bincount(np.arange(90)[val] % 3).tolist() == [4, 4, 4]
 
 
 def test_normalisation_fits_on_train_only():

@@ -92,6 +92,37 @@ def test_the_run_records_the_given_rows_and_every_later_reader_reads_them(tmp_pa
     assert np.array_equal(arrays["y_test"], np.unique(frame["label"], return_inverse=True)[1][given["test"]])
 
 
+@pytest.mark.parametrize("way", ["drawn", "indices"])
+def test_a_resumed_run_keeps_the_split_it_was_made_with(tmp_path, table, way):
+    """A resume reads the run's own splits.npz, not a split drawn again: a run made by a
+    version that drew its splits another way (here: rows moved between its splits) resumes
+    on its own rows, and the data a changed file no longer fits is refused, not re-split."""
+    files = ways(tmp_path, table)
+    data = {"source": "all.csv"} if way == "drawn" else files[way][0]
+    cfg = config(tmp_path, data)
+    args = argparse.Namespace(run_dir=str(tmp_path / "run"), resume=False, overwrite=False)
+    _, meta, rd, lock = prepare_run(cfg, args)
+    lock.release()
+    (rd.path / rd.JOURNAL).touch()                                # members were trained: a journal
+    made = rd.load_splits()
+    swap_out, swap_in = made["train"][:2], made["test"][:2]      # another draw of the same sizes
+    other = {"train": np.sort([*made["train"][2:], *swap_in]), "val": made["val"],
+             "test": np.sort([*made["test"][2:], *swap_out])}
+    rd.write_npz(rd.SPLITS, **other, split_from=np.array(meta["split_from"]))
+    arrays, again, rd, lock = prepare_run(cfg, argparse.Namespace(run_dir=str(rd.path), resume=True,
+                                                                   overwrite=False))
+    lock.release()
+    assert {k: v.tolist() for k, v in rd.load_splits().items()} == {k: v.tolist() for k, v in other.items()}
+    codes = np.unique(table["label"], return_inverse=True)[1]
+    assert arrays["y_test"].tolist() == codes[other["test"]].tolist()
+    assert again["val_drawn"] == meta["val_drawn"] and again["sizes"] == meta["sizes"]
+    table.iloc[:N // 2].to_csv(tmp_path / "all.csv", index=False)       # not the data the run was made on
+    with pytest.raises(ValueError, match="has 30 rows"):
+        prepare_run(cfg, argparse.Namespace(run_dir=str(rd.path), resume=True, overwrite=False))
+    table.to_csv(tmp_path / "all.csv", index=False)                 # the refused resume left no lock behind
+    prepare_run(cfg, argparse.Namespace(run_dir=str(rd.path), resume=False, overwrite=True))[3].release()
+
+
 def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "c.toml"
     path.write_text(textwrap.dedent(text))
