@@ -6,6 +6,7 @@ matters on each: the gap between a linear model, an MLP and a small CNN.
     python scripts/search_problems.py spaces --problem signals --budget 150 [--seeds 2]
     python scripts/search_problems.py templates [--seeds 4] [--problem stripes]   # evolve/templates.py's table
     python scripts/search_problems.py draws [--count 12] [--problem signals]   # random draws: whole or compact
+    python scripts/search_problems.py ceiling [--samples 1500]   # the Bayes accuracy of each classification problem
 
 Problems (each an .npz of x, y; the project splits it as any data file):
 - ``signals``: 1-D signals of 64 steps, 4 classes; a class is a motif of 8 steps placed at a
@@ -51,17 +52,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
 
-def signals(n: int = 3000, length: int = 64, classes: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+MOTIF = 8                               # a signal's motif: steps
+SIGNAL_AMPLITUDE = (1.0, 2.0)           # its amplitude, uniform between these
+PATCH = 7                               # a stripes patch: pixels a side
+
+
+def _signals(n: int, length: int, classes: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``signals`` and the class motifs it placed (for ``ceiling``)."""
     rng = np.random.default_rng(seed)
-    motifs = rng.normal(size=(classes, 8))
-    motifs /= np.linalg.norm(motifs, axis=1, keepdims=True) / np.sqrt(8)
+    motifs = rng.normal(size=(classes, MOTIF))
+    motifs /= np.linalg.norm(motifs, axis=1, keepdims=True) / np.sqrt(MOTIF)
     y = rng.integers(0, classes, n)
     x = rng.normal(0.0, 1.0, (n, length))
-    where = rng.integers(0, length - 8, n)
-    amplitude = rng.uniform(1.0, 2.0, n)
+    where = rng.integers(0, length - MOTIF, n)
+    amplitude = rng.uniform(*SIGNAL_AMPLITUDE, n)
     for i in range(n):
-        x[i, where[i]:where[i] + 8] += amplitude[i] * motifs[y[i]]
-    return x[..., None].astype(np.float32), y
+        x[i, where[i]:where[i] + MOTIF] += amplitude[i] * motifs[y[i]]
+    return x[..., None].astype(np.float32), y, motifs
+
+
+def signals(n: int = 3000, length: int = 64, classes: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    x, y, _ = _signals(n, length, classes, seed)
+    return x, y
+
+
+def _stripe_kernels(classes: int) -> np.ndarray:
+    """The patches of stripes, one per class: horizontal, vertical, diagonal, anti-diagonal."""
+    i, j = np.mgrid[0:PATCH, 0:PATCH]
+    return np.stack([np.sin(i * np.pi / 2), np.sin(j * np.pi / 2), np.sin((i + j) * np.pi / 2),
+                     np.sin((i - j) * np.pi / 2)][:classes])
 
 
 def _oriented_patches(n: int, size: int, seed: int, classes: int, noise: float) -> tuple[np.ndarray, np.ndarray]:
@@ -71,12 +90,10 @@ def _oriented_patches(n: int, size: int, seed: int, classes: int, noise: float) 
     rng = np.random.default_rng(seed)
     y = rng.integers(0, classes, n)
     x = rng.normal(0.0, noise, (n, size, size))
-    i, j = np.mgrid[0:7, 0:7]
-    kernels = [np.sin(i * np.pi / 2), np.sin(j * np.pi / 2), np.sin((i + j) * np.pi / 2),
-               np.sin((i - j) * np.pi / 2)][:classes]
-    top, left = rng.integers(0, size - 7, n), rng.integers(0, size - 7, n)
+    kernels = _stripe_kernels(classes)
+    top, left = rng.integers(0, size - PATCH, n), rng.integers(0, size - PATCH, n)
     for k in range(n):
-        x[k, top[k]:top[k] + 7, left[k]:left[k] + 7] += kernels[y[k]]
+        x[k, top[k]:top[k] + PATCH, left[k]:left[k] + PATCH] += kernels[y[k]]
     return x[..., None].astype(np.float32), y
 
 
@@ -192,6 +209,58 @@ def gap(seeds: int) -> str:
         metric = "accuracy" if task == "classification" else "R^2"
         rows.append(f"| {name} | {task} ({metric}) | {len(x):,} | {m['linear']:.3f} | {m['mlp']:.3f} | "
                     f"{m['cnn']:.3f} | {m['cnn'] - m['mlp']:+.3f} |")
+    return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------- ceiling
+def _log_evidence(scores: np.ndarray, energy: np.ndarray, amplitudes: np.ndarray, noise: float) -> np.ndarray:
+    """log p(x | class) up to a constant shared by the classes, for a template at an unknown
+    position (uniform) with an unknown amplitude (uniform over ``amplitudes``) under white
+    Gaussian noise: ``scores`` (n, classes, positions) are <x window, template>, ``energy``
+    (classes,) the templates' squared norms."""
+    terms = (amplitudes[None, None, None] * scores[..., None]
+             - 0.5 * amplitudes[None, None, None] ** 2 * energy[None, :, None, None]) / noise ** 2
+    flat = terms.reshape(len(terms), terms.shape[1], -1)
+    top = flat.max(axis=2, keepdims=True)
+    return (top + np.log(np.exp(flat - top).sum(axis=2, keepdims=True)))[..., 0]
+
+
+def bayes_accuracy(problem: str, n: int) -> float:
+    """The accuracy of the Bayes classifier, which knows how ``problem``'s samples are made
+    (the class templates, their positions and amplitudes uniform, the noise), on ``n`` samples
+    made as the benchmark makes them (the same templates): no network trained on such data
+    can do better, in expectation."""
+    from numpy.lib.stride_tricks import sliding_window_view
+    if problem == "signals":
+        x, y, motifs = _signals(n, 64, 4, 0)
+        windows = sliding_window_view(x[..., 0], MOTIF, axis=1)[:, :64 - MOTIF]    # every place it may be
+        scores = np.einsum("ntk,ck->nct", windows, motifs)
+        amplitudes, noise, energy = np.linspace(*SIGNAL_AMPLITUDE, 41), 1.0, (motifs ** 2).sum(axis=1)
+    elif problem in ("stripes", "textures"):
+        classes, noise = (4, 1.0) if problem == "stripes" else (3, 0.6)
+        x, y = _oriented_patches(n, 16, 0, classes, noise)
+        kernels = _stripe_kernels(classes)
+        places = 16 - PATCH
+        windows = sliding_window_view(x[..., 0], (PATCH, PATCH), axis=(1, 2))[:, :places, :places]
+        scores = np.einsum("nijkl,ckl->ncij", windows, kernels).reshape(n, classes, -1)
+        amplitudes, energy = np.ones(1), (kernels ** 2).sum(axis=(1, 2))
+    else:
+        raise SystemExit(f"ceiling: {problem!r} is a regression; only the classification problems have one here")
+    return float(np.mean(_log_evidence(scores, energy, amplitudes, noise).argmax(axis=1) == y))
+
+
+def ceiling(samples: int) -> str:
+    """The Bayes accuracy of each classification problem, and how noisy a validation score is
+    at the default split of ``samples`` (the benchmark's)."""
+    rows = ["| problem | Bayes accuracy | over samples | binomial SE of a validation accuracy near it "
+            f"(the default split of {samples:,} samples) |", "|---|---|---|---|"]
+    from datafeed.prepare import split_indices
+    from ensemble.config import resolve_config
+    data = resolve_config({"mode": "evolve", "data": {"source": "given.npz"}}).data      # the default split
+    val = len(split_indices(np.zeros(samples), "regression", data.val_fraction, data.test_fraction, 0)["val"])
+    for name in ("signals", "stripes", "textures"):
+        acc = bayes_accuracy(name, 20000)
+        rows.append(f"| {name} | {acc:.3f} | 20,000 | {np.sqrt(acc * (1 - acc) / val):.3f} ({val} rows) |")
     return "\n".join(rows)
 
 
@@ -337,13 +406,14 @@ def spaces(problem: str, budget: float, seeds: int, folder: Path) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=("gap", "write", "spaces", "templates", "draws"))
+    p.add_argument("command", choices=("gap", "write", "spaces", "templates", "draws", "ceiling"))
     p.add_argument("folder", nargs="?", default=str(ROOT / "bench_out" / "search_problems"))
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--problem", choices=sorted(PROBLEMS), help="spaces: the problem (signals); templates: only "
                                                                 "this one (all)")
     p.add_argument("--budget", type=float, default=150.0)
     p.add_argument("--count", type=int, default=12, help="draws: genomes drawn of each kind per problem")
+    p.add_argument("--samples", type=int, default=1500, help="ceiling: the benchmark's samples (its split's size)")
     args = p.parse_args()
     t = time.perf_counter()
     if args.command == "write":
@@ -354,6 +424,8 @@ def main() -> None:
         print(compare_templates(args.seeds, args.problem))
     elif args.command == "draws":
         print(compare_draws(args.count, args.problem))
+    elif args.command == "ceiling":
+        print(ceiling(args.samples))
     else:
         print(spaces(args.problem or "signals", args.budget, args.seeds, Path(args.folder)))
     print(f"({time.perf_counter() - t:.0f} s, {time.strftime('%Y-%m-%d')})")
