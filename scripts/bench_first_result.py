@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import mpiexec, write_block  # noqa: E402
+from benchkit import mpiexec, write_block
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = """name = "first_result"
@@ -70,8 +70,8 @@ def main() -> int:
     ap.add_argument("--problem", default="signals")
     ap.add_argument("--write", help="a docs page with <!-- bench_first_result --> marks")
     args = ap.parse_args()
-    from search_problems import PROBLEMS
     import numpy as np
+    from search_problems import PROBLEMS
     make, task = PROBLEMS[args.problem]
     with tempfile.TemporaryDirectory(prefix="bench_first_") as tmp:
         folder = Path(tmp)
