@@ -6,7 +6,8 @@ git ref, in one sitting (the runs alternate, so a noisy machine weighs on both a
 
 Each run is a real job, ``mpiexec -n R python -m ensemble.run`` (the base's sources from a
 ``git worktree`` of ``--base``, with this checkout's venv) on a search-suite problem
-(``scripts/search_problems.py``, 1,500 samples) in mode evolve with a 20 s budget: the time that
+(``scripts/search_problems.py``, 1,500 samples, the config ``scripts/bench_search.py`` gives the
+project's side) with a 20 s budget: the time that
 counts is from launch to the first result the master receives (``received`` of the journal's
 first record), and the workers' start-up phases the run records. Prints per run, then the
 median ratio (this checkout over the base) with its range; ``--write`` puts the table between
@@ -27,22 +28,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_search import Problem
 from benchkit import mpiexec, write_block
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = """name = "first_result"
-mode = "evolve"
-seed = {seed}
-[data]
-source = "{source}"
-task = "{task}"
-[train]
-epochs = 20
-patience = 4
-[evolve]
-time_limit = 20
-population_size = 8
-"""
+BUDGET = 20.0                   # seconds of search per run: the first result is what counts
 
 
 def one_run(tree: Path, cfg: Path, ranks: int, run_dir: Path) -> dict:
@@ -70,13 +60,9 @@ def main() -> int:
     ap.add_argument("--problem", default="signals")
     ap.add_argument("--write", help="a docs page with <!-- bench_first_result --> marks")
     args = ap.parse_args()
-    import numpy as np
-    from search_problems import PROBLEMS
-    make, task = PROBLEMS[args.problem]
     with tempfile.TemporaryDirectory(prefix="bench_first_") as tmp:
         folder = Path(tmp)
-        x, y = make(n=1500)
-        np.savez(folder / "data.npz", x=x, y=y)
+        problem = Problem(args.problem, folder, 1500, epochs=20, patience=4, population=8)   # the suite's
         base = folder / "base"
         subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True,
                        capture_output=True)
@@ -84,7 +70,7 @@ def main() -> int:
             rows = []
             for i in range(args.count):
                 cfg = folder / "config.toml"
-                cfg.write_text(CONFIG.format(seed=i + 1, source=folder / "data.npz", task=task))
+                cfg.write_text(problem.config(i + 1, BUDGET))
                 got = {side: one_run(tree, cfg, args.ranks, folder / f"run_{side}")
                        for side, tree in (("base", base), ("head", ROOT))}
                 rows.append(got)
