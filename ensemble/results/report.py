@@ -357,7 +357,9 @@ def plot_search(view: RunView):
         ax.set(xlabel=label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"validation {metric}")
-    axes[0].legend(fontsize=7)
+    labelled = [ax for ax in axes if ax.get_legend_handles_labels()[0]]
+    if labelled:                     # none when every panel is one architecture's column
+        labelled[0].legend(fontsize=7)
     strategy = view.config.evolve.strategy if view.config is not None else ""
     fig.suptitle(f"Search ({strategy}): {len(evaluated)} evaluations"
                  + (f", best validation {metric} {hi if higher else lo:.4f}" if ok.any() else "")
@@ -460,7 +462,9 @@ def plot_costs(view: RunView):
         ax.set(xlabel=label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"validation {metric}")
-    axes[0].legend(fontsize=7)
+    labelled = [ax for ax in axes if ax.get_legend_handles_labels()[0]]
+    if labelled:                     # none when every panel is one architecture's column
+        labelled[0].legend(fontsize=7)
     fig.suptitle("Cost against the metric" + (" (the search's two objectives: left and right)"
                                                if second else ""), fontsize=10)
     return fig
@@ -582,7 +586,8 @@ def _notes(view: RunView) -> str:
         items.append(f"Calibration: {cal.get('method', 'none')}"
                      + (f", temperature {cal['temperature']:.3f}" if "temperature" in cal else "")
                      + (f", fitted on {rows} validation rows that members' early stopping did not see"
-                        if rows is not None and n_val is not None and rows < n_val else ""))
+                        if rows is not None and n_val is not None and rows < n_val else "")
+                     + (f" ({html.escape(cal['why'])})" if cal.get("why") else ""))
     base = s.get("baseline") or {}
     metric = view.metric
     if "test" in base and metric in base["test"] and metric in s.get("ensemble", {}).get("test", {}):

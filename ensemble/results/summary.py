@@ -293,8 +293,8 @@ def format_comparison(summary: dict) -> str:
                      + "  ".join(f"{k[8:]}% {ens[k]:.2f}" for k in levels)
                      + (f"   (uncalibrated: {raw})" if raw and cal.get("method") != "none" else ""))
     if cal.get("method") == "temperature" and cal["temperature"] == 1.0:
-        lines.append("temperature scaling: kept T = 1 (a fitted temperature did not lower the log loss of "
-                     "held-out validation rows)")
+        lines.append("temperature scaling: kept T = 1 (" + (cal.get("why") or "a fitted temperature did not lower "
+                                                           "the log loss of held-out validation rows") + ")")
     elif cal.get("method") == "temperature" and "ece" in before:
         lines.append(f"temperature {cal['temperature']:.3f}: test ECE {before['ece']:.4f} -> {ens['ece']:.4f}, "
                      f"log loss {before['log_loss']:.4f} -> {ens['log_loss']:.4f}")

@@ -300,11 +300,18 @@ def apply_temperature(stats: dict, calibration: dict | None) -> dict:
 
 # ------------------------------------------------------------------------ either
 def fit(task: str, y: np.ndarray, stats: dict, setting: str, seed: int = 0) -> dict | None:
-    """The calibration ``setting`` gives on ``task`` from validation ``stats``; None for none."""
+    """The calibration ``setting`` gives on ``task`` from validation ``stats``; None for none.
+    "auto" keeps T = 1 on fewer than ``MIN_ROWS`` classification rows (saying why in "why"):
+    a temperature is kept only when held-out folds confirm it."""
     method = resolve(setting, task)
     if method == "none":
         return None
     if task == "classification":
+        if setting == "auto" and len(y) < MIN_ROWS:
+            # no held-out folds to check a temperature on: 2 rows would fit T = 20 (uniform)
+            return {"method": "temperature", "temperature": 1.0, "held_out_log_loss": None,
+                    "why": f"{len(y)} validation rows are too few to check a temperature on held-out "
+                           f"folds (at least {MIN_ROWS})"}
         return fit_temperature(y, stats["proba"], seed)
     return fit_regression(y, stats["mean"], stats["std"], method, seed)
 

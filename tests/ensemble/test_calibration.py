@@ -119,6 +119,22 @@ def test_temperature_never_sharpens_on_a_validation_split_with_too_few_errors():
     assert C.fit_temperature(wrong, proba)["temperature"] < 1.0     # with enough errors it may sharpen
 
 
+def test_auto_keeps_t_1_on_too_few_validation_rows_to_check_a_temperature():
+    """Two rows, one of them wrong at 90%: the log loss alone would soften to T = 20
+    (uniform); with no held-out folds to confirm it, "auto" keeps T = 1 and says why, while
+    the explicit setting still fits."""
+    y = np.array([0, 1])
+    proba = np.array([[0.9, 0.1], [0.9, 0.1]])
+    stats = get_task("classification").combine(proba[None], None, np.ones(1))
+    assert C.fit("classification", y, stats, "temperature")["temperature"] > 5
+    cal = C.fit("classification", y, stats, "auto")
+    assert cal["temperature"] == 1.0 and "2 validation rows" in cal["why"]
+    rows = C.MIN_ROWS
+    y = np.tile([0, 1], rows // 2)
+    stats = get_task("classification").combine(np.tile(proba, (rows // 2, 1))[None], None, np.ones(1))
+    assert "why" not in C.fit("classification", y, stats, "auto")      # enough rows: fitted and checked
+
+
 def test_conformal_intervals_cover_at_least_nominal_on_average_over_many_splits():
     """Split conformal's finite-sample guarantee, through the project's own fit and apply:
     on exchangeable data (heavy-tailed errors whose spread the ensemble gets wrong by a
