@@ -17,9 +17,12 @@ SPLITS = ("train", "val", "test")
 
 
 def infer_task(y: np.ndarray, setting: str) -> str:
-    """``data.task`` if set, else classification for integer/string/bool labels."""
+    """``data.task`` if set, else classification for integer/string/bool labels; numbers in
+    several columns (``data.label`` a list, or an (n, k) ``data.y``) are regression targets."""
     if setting != "auto":
         return setting
+    if y.ndim == 2 and y.shape[1] > 1 and y.dtype.kind in "iuf":
+        return "regression"
     if y.dtype.kind in "iubUSO":
         return "classification"
     if y.ndim == 1 and np.all(np.mod(y, 1) == 0) and len(np.unique(y)) <= max(20, len(y) // 50):

@@ -9,6 +9,7 @@ learnt on the way (feature names, class names). Only rank 0 reads.
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -34,7 +35,7 @@ class DataSettings(Protocol):
     @property
     def y(self) -> str: ...
     @property
-    def label(self) -> str: ...
+    def label(self) -> str | tuple[Any, ...]: ...
     @property
     def features(self) -> tuple[Any, ...]: ...
     @property
@@ -204,16 +205,24 @@ def read_hdf5(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, n
     return out[0], (out[1] if len(out) > 1 else None), {}
 
 
+def label_columns(label: str | Iterable[str]) -> list[str]:
+    """``data.label`` as a list of column names: one target column, or several (a regression
+    with one output per column)."""
+    return [label] if isinstance(label, str) else [str(c) for c in label]
+
+
 def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
-    label, split = data.label, data.split_column
-    has_label = label in frame.columns
+    labels, split = label_columns(data.label), data.split_column
+    absent = [c for c in labels if c not in frame.columns]
+    has_label = not absent
     if require_y and not has_label:
-        raise DataError(f"`data.label` names column {label!r}, but the file has columns "
+        raise DataError(f"`data.label` names column{'s' if len(absent) > 1 else ''} {', '.join(map(repr, absent))}, "
+                        f"but the file has columns "
                         f"{', '.join(map(str, frame.columns))}")
     if require_y and split and split not in frame.columns:
         raise DataError(f"`data.split_column` names column {split!r}, but {data.source!r} has columns "
                         f"{one_line(', '.join(map(str, frame.columns)))}; name the column that says train/val/test")
-    features = list(data.features) or [c for c in frame.columns if c not in (label, split)]
+    features = list(data.features) or [c for c in frame.columns if c not in (*labels, split)]
     missing = [c for c in features if c not in frame.columns]
     if missing:
         raise DataError(f"`data.features` names columns {missing} that the file does not have; "
@@ -222,7 +231,7 @@ def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.n
     bad = [c for c in features if not (isinstance(x[c].dtype, np.dtype) and np.issubdtype(x[c].dtype, np.number))]
     if bad:
         raise DataError(f"feature columns {bad} are not numeric; drop them with `data.features`")
-    y = frame[label].to_numpy() if has_label else None
+    y = (frame[labels[0]] if len(labels) == 1 else frame[labels]).to_numpy() if has_label else None
     info: dict = {"feature_names": list(map(str, features))}
     if split and split in frame.columns:
         info["split_values"] = frame[split].to_numpy()      # each row's split, read by datafeed.splits

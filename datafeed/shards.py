@@ -137,6 +137,10 @@ def list_files(data: DataSettings) -> tuple[list[Path], str]:
 def scan(data: DataSettings, require_y: bool = True) -> ShardSet:
     """The shards of ``data.source``, their metadata read and checked against each other."""
     paths, fmt = list_files(data)
+    if fmt == "parquet" and not isinstance(data.label, str):
+        raise DataError(f"`data.label` lists {len(data.label)} target columns, but files read in parts (a folder, "
+                        "a glob or streamed Parquet) take one; give one column, or the targets as an (n, k) "
+                        "array `data.y` in .npz/.h5 files")
     setting = getattr(data, "sample_per_file", "auto")
     shards = []
     for p in paths:

@@ -91,7 +91,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="format of --data when its suffix does not say")
     p.add_argument("--x", help="features array (npz) or dataset (HDF5); default: the run's data.x")
     p.add_argument("--y", help="targets array/dataset/.npy file, if any; default: the run's data.y")
-    p.add_argument("--label", help="targets column of a table, if any; default: the run's data.label")
+    p.add_argument("--label", help="targets column of a table, if any (several: t1,t2); default: the run's "
+                                    "data.label")
     p.add_argument("--keep", action="append", metavar="COL",
                    help="input column to carry to the output (IDs, any type), first in the output, in the "
                         "input's row order; repeatable or comma-separated: --keep id,site")

@@ -116,6 +116,15 @@ def _positive(v):
     return None if v > 0 else "must be > 0"
 
 
+def _labels(v):
+    """`data.label`: a column name, or a list of them (several regression targets)."""
+    if isinstance(v, str):
+        return None
+    if not v or not all(isinstance(c, str) and c for c in v) or len(set(v)) != len(v):
+        return "must be a column name, or a list of distinct column names (one per regression target)"
+    return None
+
+
 def _nonneg(v):
     return None if v >= 0 else "must be >= 0"
 
@@ -214,7 +223,9 @@ SCHEMA = Table({
         "y": Key((str,), "y",
                  doc="the targets: array name in an .npz, dataset path in an HDF5 file, or the targets .npy "
                      "file beside an .npy `source`"),
-        "label": Key((str,), "label", doc="CSV/Parquet: the target column"),
+        "label": Key((str, list), "label", _labels,
+                     doc="CSV/Parquet: the target column, or a list of columns (a regression with one output "
+                         "per column)"),
         "features": Key((list,), [], doc="CSV/Parquet: the feature columns; empty: every column but `label`"),
         "task": Key((str,), "auto", _one_of("auto", *TASKS),
                     doc="\"auto\": classification for integer, string or bool labels (or few distinct whole "
@@ -809,7 +820,7 @@ def check_given_split(data: dict, given: set[str], found: Problems) -> None:
                   "gives them; remove one of the two", "data.val_fraction")
     column = data["split_column"]
     if column and found.ok("data.label", "data.features"):
-        if column == data["label"]:
+        if column in ([data["label"]] if isinstance(data["label"], str) else data["label"]):
             found.add(f"`data.split_column` {column!r} is the target column `data.label`; name the column that "
                       "says train/val/test", "data.split_column")
         elif column in data["features"]:

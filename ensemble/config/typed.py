@@ -28,8 +28,8 @@ class DataConfig(Section):
     #: the targets: array name in an .npz, dataset path in an HDF5 file, or the targets .npy file beside an
     #: .npy `source`
     y: str
-    #: CSV/Parquet: the target column
-    label: str
+    #: CSV/Parquet: the target column, or a list of columns (a regression with one output per column)
+    label: str | tuple[Any, ...]
     #: CSV/Parquet: the feature columns; empty: every column but `label`
     features: tuple[Any, ...]
     #: "auto": classification for integer, string or bool labels (or few distinct whole numbers), else

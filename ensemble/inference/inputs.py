@@ -48,15 +48,15 @@ class PredictInput:
 
 @dataclass(frozen=True)
 class Columns:
-    """How an input's named columns are used: features (training order), the targets column
-    (None if the input has none), the kept columns and the ignored rest."""
+    """How an input's named columns are used: features (training order), the targets columns
+    (one, or one per output; empty if the input has none), the kept columns and the ignored rest."""
     features: list[str]
-    label: str | None
+    labels: list[str]
     keep: list[str]
     ignored: list[str]
 
     def wanted(self) -> list[str]:
-        return list(dict.fromkeys(self.features + ([self.label] if self.label else []) + self.keep))
+        return list(dict.fromkeys(self.features + self.labels + self.keep))
 
 
 def parse_keep(keep: str | Iterable[str] | None) -> list[str]:
@@ -71,39 +71,42 @@ def _some(names: list[str], n: int = 8) -> str:
     return ", ".join(repr(x) for x in names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
-def match_columns(run: EnsembleRun, columns: Iterable, source: str, label: str | None = None,
+def match_columns(run: EnsembleRun, columns: Iterable, source: str, label: str | Iterable[str] | None = None,
                   keep: Iterable[str] = ()) -> Columns:
-    """Match an input's column names to the training columns; errors name what is missing."""
+    """Match an input's column names to the training columns; errors name what is missing.
+    The targets (``label``: a column or a list of them) are read only when every one is there."""
+    from datafeed.readers import label_columns
     columns = [str(c) for c in columns]
     keep = parse_keep(keep)
     absent = [k for k in keep if k not in columns]
     if absent:
         raise PredictError(f"--keep names {_some(absent)}, but {source} has no such column; its columns "
                            f"are {_some(columns, 20)}")
-    label = label if label in columns else None
+    labels = label_columns(label) if label is not None else []
+    labels = labels if all(c in columns for c in labels) else []
     names = [str(n) for n in run.meta.get("feature_names") or []]
     if names:
         missing = [n for n in names if n not in columns]
         if missing:
-            extra = [c for c in columns if c not in names and c != label and c not in keep]
+            extra = [c for c in columns if c not in names and c not in labels and c not in keep]
             raise PredictError(
                 f"{source} lacks {len(missing)} of the {len(names)} columns the ensemble was trained on: "
                 f"{_some(missing)}" + (f"; it has other columns ({_some(extra)}), which are not used"
                                        if extra else "") + "; give the training columns by their names")
         features = names                         # picked by name, in training order
     else:
-        features = [c for c in columns if c != label and c not in keep]
+        features = [c for c in columns if c not in labels and c not in keep]
         log.info("%s: the ensemble was trained on arrays without column names, so the input's %d columns "
                  "other than the targets and --keep ones are its features, in file order", source, len(features))
-    used = set(features) | set(keep) | {label}
+    used = set(features) | set(keep) | set(labels)
     ignored = [c for c in columns if c not in used]
     if ignored:
         log.warning("%s: %d column(s) not used by the ensemble, ignored: %s", source, len(ignored),
                     _some(ignored))
-    return Columns(features, label, keep, ignored)
+    return Columns(features, labels, keep, ignored)
 
 
-def frame_input(run: EnsembleRun, frame, source: str = "the DataFrame", label: str | None = None,
+def frame_input(run: EnsembleRun, frame, source: str = "the DataFrame", label: str | Iterable[str] | None = None,
                 keep: Iterable[str] = (), y: np.ndarray | None = None,
                 columns: Columns | None = None) -> PredictInput:
     """A pandas DataFrame -> PredictInput, columns matched by name (``match_columns``).
@@ -124,8 +127,9 @@ def frame_input(run: EnsembleRun, frame, source: str = "the DataFrame", label: s
                                                  "column but the targets and --keep ones is a feature)"))
     x_raw = frame[[by_name[f] for f in cols.features]].to_numpy(dtype=np.float32, na_value=np.nan)
     x = prepare_features(run, x_raw, source)
-    if cols.label is not None:
-        y = frame[by_name[cols.label]].to_numpy()
+    if cols.labels:
+        y = (frame[by_name[cols.labels[0]]] if len(cols.labels) == 1
+             else frame[[by_name[c] for c in cols.labels]]).to_numpy()
     kept = {k: frame[by_name[k]].to_numpy() for k in cols.keep}
     return PredictInput(x, None if y is None else encode_targets(run, y, len(x), source), kept, cols.ignored)
 
@@ -170,6 +174,8 @@ def input_settings(run: EnsembleRun, source: str, fmt: str | None = None, x: str
     detectable = source in BUILTINS or Path(source).suffix.lower() in SUFFIXES
     changes = {"source": str(source), "format": fmt or ("auto" if detectable else data.format),
                "test_source": "", "val_source": "", "split_column": "", "split_file": ""}   # no split here
+    if label is not None and "," in label:                  # --label t1,t2: one column per output
+        label = tuple(c.strip() for c in label.split(",") if c.strip())
     changes.update({key: value for key, value in (("x", x), ("y", y), ("label", label)) if value is not None})
     return data.replace(**changes)
 
@@ -302,7 +308,7 @@ def _read_table(run: EnsembleRun, data: DataConfig, kind: str, keep: list[str], 
         header = pq.read_schema(path).names
     cols = match_columns(run, header, source, data.label, keep)
     if kind == "csv":
-        text = {k: str for k in cols.keep if k not in cols.features and k != cols.label}
+        text = {k: str for k in cols.keep if k not in cols.features and k not in cols.labels}
         frame = pd.read_csv(path, usecols=cols.wanted(), dtype=text)
     else:
         frame = pd.read_parquet(path, columns=cols.wanted())

@@ -34,6 +34,15 @@ def prediction_arrays(run: EnsembleRun, result: dict, y: np.ndarray | None = Non
     return out
 
 
+def output_suffixes(run: EnsembleRun) -> list[str]:
+    """A regression output's column suffix: its target column's name when the run was trained on
+    several named columns (``data.label = ["t1", "t2"]``: mean_t1, mean_t2), else its index."""
+    label = run.config.data.label
+    if not isinstance(label, str) and len(label) == run.n_outputs:
+        return [str(c) for c in label]
+    return [str(i) for i in range(run.n_outputs)]
+
+
 def prediction_columns(run: EnsembleRun, result: dict, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """What the .csv/.parquet holds: one column per class probability and per regression output."""
     columns = {}
@@ -43,7 +52,7 @@ def prediction_columns(run: EnsembleRun, result: dict, y: np.ndarray | None = No
         if name == "proba":
             columns.update({f"p_{c}": values[:, i] for i, c in enumerate(run.class_names)})
         elif values.ndim == 2:
-            columns.update({f"{name}_{i}": values[:, i] for i in range(values.shape[1])})
+            columns.update({f"{name}_{s}": values[:, i] for i, s in enumerate(output_suffixes(run))})
         else:
             columns[name] = values
     return columns
@@ -56,7 +65,7 @@ def output_names(run: EnsembleRun) -> set[str]:
                 *(f"p_{c}" for c in run.class_names)}
     base = ("mean", "std", "aleatoric_var", "epistemic_var", "target",
             *(f"{side}_{level_key(level)}" for side in ("lower", "upper") for level in COVERAGE_LEVELS))
-    return {*base, *(f"{b}_{i}" for b in base for i in range(run.n_outputs))}
+    return {*base, *(f"{b}_{s}" for b in base for s in output_suffixes(run))}
 
 
 def check_kept_names(run: EnsembleRun, keep: list[str], taken: set[str] | None = None) -> None:

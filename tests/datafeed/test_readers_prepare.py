@@ -11,6 +11,7 @@ import pytest
 from datafeed.prepare import check_arrays, draw_validation, fit_normalizer, prepare, split_indices, split_off
 from datafeed.readers import DataError, read_dataset
 from ensemble.config import resolve_config
+from ensemble.config.schema import ConfigError
 
 
 def data_cfg(**kw):
@@ -57,6 +58,33 @@ def test_tables(tmp_path, xy, fmt):
         read_dataset(data_cfg(source=str(path)))
     with pytest.raises(DataError, match=r"`data.features`.*\['nope'\]"):
         read_dataset(data_cfg(source=str(path), label="target", features=["nope"]))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_several_target_columns_are_one_regression_output_each(tmp_path, xy, fmt):
+    frame = pd.DataFrame(xy[0], columns=[f"f{i}" for i in range(5)])
+    frame["t1"], frame["t2"] = xy[1], xy[0][:, 0] * 2          # integers and floats: still regression
+    path = tmp_path / f"d.{fmt}"
+    frame.to_csv(path, index=False) if fmt == "csv" else frame.to_parquet(path)
+    data = data_cfg(source=str(path), label=["t1", "t2"])
+    x, y, info = read_dataset(data)
+    assert x.shape == (60, 5) and info["feature_names"] == [f"f{i}" for i in range(5)]
+    np.testing.assert_allclose(y, frame[["t1", "t2"]].to_numpy(), rtol=1e-6)
+    _, meta = prepare(x, y, info, data, seed=0)
+    assert meta["task"] == "regression" and meta["n_outputs"] == 2
+    with pytest.raises(DataError, match=r"`data.label` names column 't3'"):
+        read_dataset(data_cfg(source=str(path), label=["t1", "t3"]))
+
+
+@pytest.mark.parametrize("bad", [[], ["t1", "t1"], ["t1", 3]])
+def test_a_label_list_must_name_distinct_columns(bad):
+    with pytest.raises(ConfigError, match=r"data.label.*distinct column names"):
+        data_cfg(source="x.csv", label=bad)
+
+
+def test_a_split_column_among_the_targets_is_refused():
+    with pytest.raises(ConfigError, match=r"data.split_column.*target column"):
+        data_cfg(source="x.csv", label=["t1", "part"], split_column="part")
 
 
 def test_hdf5(tmp_path, xy):

@@ -103,6 +103,12 @@ def test_a_shard_with_another_dtype_kind_is_named(tmp_path):
         read_dataset(data_cfg(source=str(tmp_path)))
 
 
+def test_several_target_columns_over_parquet_shards_are_refused_naming_the_way(tmp_path):
+    write(tmp_path, "parquet", blocks())
+    with pytest.raises(DataError, match=r"`data.label` lists 2 target columns.*\(n, k\) array `data.y`"):
+        read_dataset(data_cfg(source=str(tmp_path), label=["label", "f0"]))
+
+
 def test_an_empty_glob_and_an_empty_folder_are_errors_naming_data_source(tmp_path):
     with pytest.raises(DataError, match=r"`data\.source` glob .*\*\.h5.* matches no files"):
         read_dataset(data_cfg(source=str(tmp_path / "*.h5")))

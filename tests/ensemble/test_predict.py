@@ -211,6 +211,44 @@ def test_csv_columns_are_matched_by_name_never_by_position(cls_run, tmp_path):
         P.predict_file(cls_run, str(tmp_path / "rows.csv"))
 
 
+def test_several_target_columns_train_one_output_each_and_predict_under_their_names(tmp_path_factory):
+    """`data.label = ["t1", "t2"]` on a CSV: a regression with two outputs; predicting on the CSV
+    reads both targets (scored as the run scored its test split) and names every output column
+    after its target."""
+    base = tmp_path_factory.mktemp("multi")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(240, 3))
+    frame = pd.DataFrame(x, columns=["a", "b", "c"])
+    frame["t1"], frame["t2"] = 2 * x[:, 0] + 0.1 * rng.normal(size=240), x[:, 1] - x[:, 2]
+    frame.to_csv(base / "multi.csv", index=False)
+    run_dir = train(tmp_path_factory, f"""
+        name = "multi"
+        seed = 1
+        [data]
+        source = "{base / 'multi.csv'}"
+        label = ["t1", "t2"]
+        [train]
+        epochs = 3
+        loss = "gaussian_nll"
+        [[architectures]]
+        members = 2
+        layers = [{{type = "Dense", units = 8, activation = "relu"}}]
+        """, "multi")
+    run = P.load_run(run_dir)
+    assert run.task == "regression" and run.n_outputs == 2
+    test = split_indices(frame["t1"].to_numpy(), "regression", run.config.data.val_fraction,
+                         run.config.data.test_fraction, run.config.seed)["test"]
+    frame.iloc[test].to_csv(base / "test.csv", index=False)
+    result, targets = P.predict_file(run_dir, str(base / "test.csv"))
+    np.testing.assert_allclose(targets, frame[["t1", "t2"]].to_numpy()[test], rtol=1e-6)
+    expected = json.loads((run_dir / "ensemble.json").read_text())["ensemble"]["test"]
+    assert P.score(run, result, targets)["mse"] == pytest.approx(expected["mse"], rel=1e-5)
+    proc = cli(run_dir, "--data", base / "test.csv", "--out", base / "p.csv")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    columns = list(pd.read_csv(base / "p.csv").columns)
+    assert columns[:4] == ["mean_t1", "mean_t2", "std_t1", "std_t2"] and "target_t2" in columns
+
+
 # --------------------------------------------------------------------------------- export
 @pytest.fixture(scope="module")
 def reg_export(reg_run, tmp_path_factory):
