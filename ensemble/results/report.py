@@ -322,6 +322,14 @@ def _t0(view: RunView) -> float:
     return min(opens + times) if opens or times else 0.0
 
 
+def _legend(axes) -> None:
+    """A legend on the first panel that has labelled points (none may: every panel can be one
+    architecture's column, and an empty legend() warns on the run's console)."""
+    labelled = [ax for ax in axes if ax.get_legend_handles_labels()[0]]
+    if labelled:
+        labelled[0].legend(fontsize=7)
+
+
 def plot_search(view: RunView):
     """Every finished evaluation's validation metric and the best so far, against evaluations
     and against wall time since the run began; candidates discarded early (a low-fidelity
@@ -357,9 +365,7 @@ def plot_search(view: RunView):
         ax.set(xlabel=label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"validation {metric}")
-    labelled = [ax for ax in axes if ax.get_legend_handles_labels()[0]]
-    if labelled:                     # none when every panel is one architecture's column
-        labelled[0].legend(fontsize=7)
+    _legend(axes)
     strategy = view.config.evolve.strategy if view.config is not None else ""
     fig.suptitle(f"Search ({strategy}): {len(evaluated)} evaluations"
                  + (f", best validation {metric} {hi if higher else lo:.4f}" if ok.any() else "")
@@ -462,9 +468,7 @@ def plot_costs(view: RunView):
         ax.set(xlabel=label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"validation {metric}")
-    labelled = [ax for ax in axes if ax.get_legend_handles_labels()[0]]
-    if labelled:                     # none when every panel is one architecture's column
-        labelled[0].legend(fontsize=7)
+    _legend(axes)
     fig.suptitle("Cost against the metric" + (" (the search's two objectives: left and right)"
                                                if second else ""), fontsize=10)
     return fig

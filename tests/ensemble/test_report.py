@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -110,6 +111,20 @@ def test_regression_report_has_intervals_and_spread_plots(tmp_path):
     assert {p.stem for p in (run / "report").glob("*.png")} == {"leaderboard", "regression", "costs", "timeline"}
     assert "could not be drawn" not in page
     assert "The ensemble beats the linear baseline" in page                 # mse 0.91 < 0.95
+
+
+def test_one_architectures_cost_plot_draws_no_empty_legend(tmp_path):
+    """Members of one architecture share every cost: each panel is one column with no labelled
+    points, and an empty legend() call warned on every such run's console."""
+    run = make_run(tmp_path / "run", "classification")
+    lines = (run / RunDirectory.JOURNAL).read_text().splitlines()
+    same = [json.dumps({**r, "params": 4242, "train_seconds": 2.0}) if "params" in r else json.dumps(r)
+            for r in map(json.loads, lines)]
+    (run / RunDirectory.JOURNAL).write_text("".join(x + "\n" for x in same))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="No artists with labels")
+        fig = R.plot_costs(R.read_view(run))
+    assert all(ax.get_legend() is None for ax in fig.axes)
 
 
 def test_a_running_run_gets_a_partial_report(tmp_path):
