@@ -211,6 +211,11 @@ def label_columns(label: str | Iterable[str]) -> list[str]:
     return [label] if isinstance(label, str) else [str(c) for c in label]
 
 
+def target_values(frame, columns: list) -> np.ndarray:
+    """The targets in ``columns`` of a DataFrame: (n,) for one column, (n, k) for several."""
+    return (frame[columns[0]] if len(columns) == 1 else frame[columns]).to_numpy()
+
+
 def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     labels, split = label_columns(data.label), data.split_column
     absent = [c for c in labels if c not in frame.columns]
@@ -231,7 +236,7 @@ def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.n
     bad = [c for c in features if not (isinstance(x[c].dtype, np.dtype) and np.issubdtype(x[c].dtype, np.number))]
     if bad:
         raise DataError(f"feature columns {bad} are not numeric; drop them with `data.features`")
-    y = (frame[labels[0]] if len(labels) == 1 else frame[labels]).to_numpy() if has_label else None
+    y = target_values(frame, labels) if has_label else None
     info: dict = {"feature_names": list(map(str, features))}
     if split and split in frame.columns:
         info["split_values"] = frame[split].to_numpy()      # each row's split, read by datafeed.splits

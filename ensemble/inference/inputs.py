@@ -115,6 +115,8 @@ def frame_input(run: EnsembleRun, frame, source: str = "the DataFrame", label: s
     beside the table, e.g. an HDF5 ``data.y`` dataset) is used if given.
     """
     import pandas as pd
+
+    from datafeed.readers import target_values
     label = run.config.data.label if label is None else label
     cols = columns or match_columns(run, frame.columns, source, label, keep)
     by_name = {str(c): c for c in frame.columns}
@@ -128,8 +130,7 @@ def frame_input(run: EnsembleRun, frame, source: str = "the DataFrame", label: s
     x_raw = frame[[by_name[f] for f in cols.features]].to_numpy(dtype=np.float32, na_value=np.nan)
     x = prepare_features(run, x_raw, source)
     if cols.labels:
-        y = (frame[by_name[cols.labels[0]]] if len(cols.labels) == 1
-             else frame[[by_name[c] for c in cols.labels]]).to_numpy()
+        y = target_values(frame, [by_name[c] for c in cols.labels])
     kept = {k: frame[by_name[k]].to_numpy() for k in cols.keep}
     return PredictInput(x, None if y is None else encode_targets(run, y, len(x), source), kept, cols.ignored)
 

@@ -37,10 +37,9 @@ def prediction_arrays(run: EnsembleRun, result: dict, y: np.ndarray | None = Non
 def output_suffixes(run: EnsembleRun) -> list[str]:
     """A regression output's column suffix: its target column's name when the run was trained on
     several named columns (``data.label = ["t1", "t2"]``: mean_t1, mean_t2), else its index."""
-    label = run.config.data.label
-    if not isinstance(label, str) and len(label) == run.n_outputs:
-        return [str(c) for c in label]
-    return [str(i) for i in range(run.n_outputs)]
+    from datafeed.readers import label_columns
+    names = label_columns(run.config.data.label)
+    return names if len(names) == run.n_outputs > 1 else [str(i) for i in range(run.n_outputs)]
 
 
 def prediction_columns(run: EnsembleRun, result: dict, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
