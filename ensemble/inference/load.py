@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ensemble.results.rundir import RunDirectory, file_matches
+from ensemble.task.tasks import read_scaling
 
 if TYPE_CHECKING:
     from ensemble.config import RunConfig
@@ -30,8 +31,8 @@ class Member:
     id: str
     weight: float
     model_path: str
-    y_shift: float = 0.0
-    y_scale: float = 1.0
+    y_shift: float | np.ndarray = 0.0           # an array (k,) for several regression outputs
+    y_scale: float | np.ndarray = 1.0
     gaussian: bool = False
 
 
@@ -131,7 +132,7 @@ def load_run(run_dir: str | Path) -> EnsembleRun:
                                f"{str(path / rd.ENSEMBLE)!r}, so its outputs cannot be put back into "
                                "the targets' units")
         members.append(Member(m["id"], float(m["weight"]) / total, str(model_path),
-                              float(scaling.get("y_shift", 0.0)), float(scaling.get("y_scale", 1.0)),
+                              read_scaling(scaling.get("y_shift", 0.0)), read_scaling(scaling.get("y_scale", 1.0)),
                               bool(scaling.get("gaussian", False))))
     return EnsembleRun(str(path), config, meta, tuple(members), shift, scale, summary)
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from ensemble.inference.load import EnsembleRun
 from ensemble.task import metrics as M
-from ensemble.task.tasks import VAR_FLOOR
+from ensemble.task.tasks import VAR_FLOOR, scaling_json
 
 #: the input's name in every format
 INPUT_NAME = "features"
@@ -105,12 +105,13 @@ def _head_layer():
             k = self.k
             means, variances = [], []
             for m, out in zip(self.members, outs):
+                scale, shift = np.asarray(m["y_scale"], np.float64), np.asarray(m["y_shift"], np.float64)
                 if m["gaussian"]:
-                    variances.append((softplus(out[:, k:2 * k]) + VAR_FLOOR) * m["y_scale"] ** 2)
+                    variances.append((softplus(out[:, k:2 * k]) + VAR_FLOOR) * scale ** 2)
                     out = out[:, :k]
                 else:
                     variances.append(None)
-                means.append(out * m["y_scale"] + m["y_shift"])
+                means.append(out * scale + shift)
             w = [m["weight"] for m in self.members]
             mean = sum(wi * x for wi, x in zip(w, means))
             aleatoric = sum((wi * v for wi, v in zip(w, variances) if v is not None), ops.zeros_like(mean))
@@ -151,8 +152,8 @@ def build_serving_model(run: EnsembleRun):
         model = keras.models.load_model(member.model_path, compile=False)
         model.name = f"member_{tag}"
         raw.append(model(z))
-        members.append({"weight": float(member.weight), "y_shift": float(member.y_shift),
-                        "y_scale": float(member.y_scale), "gaussian": bool(member.gaussian)})
+        members.append({"weight": float(member.weight), "y_shift": scaling_json(member.y_shift),
+                        "y_scale": scaling_json(member.y_scale), "gaussian": bool(member.gaussian)})
     head = _head_layer()(run.task, members, run.n_outputs, run.calibration, name="ensemble_head")
     outputs = head(raw)
     return keras.Model(inputs, {name: outputs[name] for name in output_names(run)}, name="ensemble")

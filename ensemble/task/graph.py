@@ -45,8 +45,8 @@ class MemberOutput:
     tensor: Any
     weight: float
     tag: str
-    y_shift: float = 0.0
-    y_scale: float = 1.0
+    y_shift: Any = 0.0          # a float, or an array (k,) of one per output
+    y_scale: Any = 1.0
     gaussian: bool = False
 
 

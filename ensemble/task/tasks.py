@@ -22,6 +22,18 @@ from ensemble.task import metrics as M
 VAR_FLOOR = 1e-6            # added to the softplus variance head, in the loss and at prediction
 
 
+def read_scaling(value) -> float | np.ndarray:
+    """A target shift or scale as stored: a float for one output, an array (k,) for several
+    (``RegressionTask.target_scaling``)."""
+    a = np.asarray(value, dtype=np.float64)
+    return float(a) if a.ndim == 0 else a
+
+
+def scaling_json(value) -> float | list[float]:
+    """A target shift or scale as JSON stores it (``read_scaling`` reads it back)."""
+    return np.asarray(value, dtype=np.float64).tolist() if np.ndim(value) else float(value)
+
+
 def gaussian_nll(y_true, y_pred):
     """Mean Gaussian negative log-likelihood of (mean, softplus variance) heads, up to a constant."""
     from keras import ops
@@ -54,8 +66,9 @@ class Task:
         """(Keras loss, Keras metrics) a member compiles with."""
         raise NotImplementedError
 
-    def target_scaling(self, y_train: np.ndarray) -> tuple[float, float]:
-        """(shift, scale): members train on (y - shift) / scale."""
+    def target_scaling(self, y_train: np.ndarray) -> tuple[float | np.ndarray, float | np.ndarray]:
+        """(shift, scale): members train on (y - shift) / scale (floats, or arrays (k,) of one
+        per output)."""
         return 0.0, 1.0
 
     def target_transform(self, shift: float, scale: float) -> Callable | None:
@@ -193,6 +206,9 @@ class Regression(Task):
 
     def target_scaling(self, y_train):
         y = np.asarray(y_train, dtype=np.float64)
+        if y.ndim == 2 and y.shape[1] > 1:          # several targets: each standardised on its own
+            std = y.std(axis=0)
+            return y.mean(axis=0), np.where(std > 0, std, 1.0)
         return float(y.mean()), float(y.std() or 1.0)
 
     def target_transform(self, shift, scale):

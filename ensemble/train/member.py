@@ -30,6 +30,7 @@ from ensemble.runtime.env import TENSORFLOW
 from ensemble.runtime.executor import Report
 from ensemble.runtime.tail import MIN_STEP_SECONDS, PAYS
 from ensemble.task import get_task
+from ensemble.task.tasks import scaling_json
 from ensemble.train.traced import BUILD_LOCK, PRETRACE, TRACED, adopt, trace_key
 
 log = logging.getLogger(__name__)
@@ -616,7 +617,7 @@ def member_record(spec: dict, model, data: Mapping[str, np.ndarray], run_dir: Ru
         "params": count_params(model), "epochs": epochs, "stopped": stopped,
         "train_seconds": round(time.monotonic() - t0, 3), "build_seconds": round(build_seconds, 3),
         "model": keep_model, "path": run_dir.model_ref(member) if keep_model else None, "model_file": model_file,
-        "scaling": {"y_shift": y_shift, "y_scale": y_scale, "gaussian": gaussian},
+        "scaling": {"y_shift": scaling_json(y_shift), "y_scale": scaling_json(y_scale), "gaussian": gaussian},
         "predict_seconds_per_sample": predict_seconds / max(1, len(preds["val"])),
         "costs": {"predict": round(predict_all, 4), "write": round(write_seconds, 4)},
     }

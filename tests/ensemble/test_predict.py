@@ -214,12 +214,15 @@ def test_csv_columns_are_matched_by_name_never_by_position(cls_run, tmp_path):
 def test_several_target_columns_train_one_output_each_and_predict_under_their_names(tmp_path_factory):
     """`data.label = ["t1", "t2"]` on a CSV: a regression with two outputs; predicting on the CSV
     reads both targets (scored as the run scored its test split) and names every output column
-    after its target."""
+    after its target. The targets' scales differ by a factor of 1,000: each is standardised on
+    its own (one shared scale squashed the small one to noise: R^2 of -500 on it), in the run, in
+    predict and in the exported model."""
     base = tmp_path_factory.mktemp("multi")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(240, 3))
     frame = pd.DataFrame(x, columns=["a", "b", "c"])
-    frame["t1"], frame["t2"] = 2 * x[:, 0] + 0.1 * rng.normal(size=240), x[:, 1] - x[:, 2]
+    frame["t1"] = 2 * x[:, 0] + 0.1 * rng.normal(size=240) - 50
+    frame["t2"] = 1000 * (x[:, 1] - x[:, 2]) + 5
     frame.to_csv(base / "multi.csv", index=False)
     run_dir = train(tmp_path_factory, f"""
         name = "multi"
@@ -228,7 +231,8 @@ def test_several_target_columns_train_one_output_each_and_predict_under_their_na
         source = "{base / 'multi.csv'}"
         label = ["t1", "t2"]
         [train]
-        epochs = 3
+        epochs = 20
+        learning_rate = 0.01
         loss = "gaussian_nll"
         [[architectures]]
         members = 2
@@ -236,6 +240,7 @@ def test_several_target_columns_train_one_output_each_and_predict_under_their_na
         """, "multi")
     run = P.load_run(run_dir)
     assert run.task == "regression" and run.n_outputs == 2
+    assert np.shape(run.members[0].y_scale) == (2,)
     test = split_indices(frame["t1"].to_numpy(), "regression", run.config.data.val_fraction,
                          run.config.data.test_fraction, run.config.seed)["test"]
     frame.iloc[test].to_csv(base / "test.csv", index=False)
@@ -243,6 +248,14 @@ def test_several_target_columns_train_one_output_each_and_predict_under_their_na
     np.testing.assert_allclose(targets, frame[["t1", "t2"]].to_numpy()[test], rtol=1e-6)
     expected = json.loads((run_dir / "ensemble.json").read_text())["ensemble"]["test"]
     assert P.score(run, result, targets)["mse"] == pytest.approx(expected["mse"], rel=1e-5)
+    for j in range(2):                   # both targets learnt, whatever their scale
+        residual = np.sum((targets[:, j] - result["mean"][:, j]) ** 2)
+        assert 1 - residual / np.sum((targets[:, j] - targets[:, j].mean()) ** 2) > 0.5, j
+    from ensemble.inference.export import export_ensemble
+    import keras
+    model = keras.models.load_model(export_ensemble(run_dir, base / "multi.keras"), compile=False)
+    mean = np.asarray(model(frame[["a", "b", "c"]].to_numpy(np.float32)[test])[0])
+    np.testing.assert_allclose(mean, result["mean"], rtol=1e-4, atol=1e-3)
     proc = cli(run_dir, "--data", base / "test.csv", "--out", base / "p.csv")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     columns = list(pd.read_csv(base / "p.csv").columns)
