@@ -30,18 +30,34 @@ def infer_task(y: np.ndarray, setting: str) -> str:
     return "regression"
 
 
+def missing_rows(y: np.ndarray) -> np.ndarray:
+    """Indices of the rows whose target is missing: NaN, or None / NaN / pandas' NA in a column of
+    objects (strings with gaps)."""
+    flat = y.reshape(len(y), -1)
+    if flat.dtype.kind == "f":
+        return np.nonzero(np.isnan(flat).any(axis=1))[0]
+    if flat.dtype.kind != "O":
+        return np.zeros(0, dtype=np.int64)
+    return np.nonzero([any(v is None or v != v for v in row) for row in flat])[0]
+
+
 def encode_labels(y: np.ndarray, class_names: list[str] | None) -> tuple[np.ndarray, list[str]]:
-    """Map labels to 0..C-1; integer labels must already be 0..C-1 if class names were given."""
+    """Map labels to 0..C-1; integer labels must already be 0..C-1 if class names were given.
+    Whole numbers read as floats (3.0: a column pandas read with gaps) are integers; labels that
+    count from 0 keep their values as codes (a class absent from these rows keeps its index),
+    any others are coded in sorted order."""
     if y.ndim != 1:
         raise DataError(f"classification labels must be one value per sample, but have shape {y.shape}; "
                         "set `data.task = \"regression\"` for vector targets")
+    if y.dtype.kind == "f" and len(y) and np.all(np.mod(y, 1) == 0):
+        y = y.astype(np.int64)
     values, codes = np.unique(y, return_inverse=True)
     if class_names and y.dtype.kind in "iu":
         if values.min() < 0 or values.max() >= len(class_names):
             raise DataError(f"labels must lie in 0..{len(class_names) - 1} for the "
                             f"{len(class_names)} classes, but range {values.min()}..{values.max()}")
         return y.astype(np.int64), class_names
-    if y.dtype.kind in "iu" and values.min() >= 0 and values.max() < 2 * len(values):
+    if y.dtype.kind in "iu" and values.min() == 0 and values.max() < 2 * len(values):
         return y.astype(np.int64), [str(v) for v in range(int(values.max()) + 1)]
     return codes.astype(np.int64), [str(v) for v in values]
 
@@ -179,6 +195,11 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
 def prepare_targets(y: np.ndarray, info: dict, data: DataSettings) -> tuple[np.ndarray, dict]:
     """The task, and the targets encoded for it (class codes, or float32 values), checked;
     returns (targets, metadata so far). Shared by the in-memory and the streaming path."""
+    missing = missing_rows(y) if len(y) else []
+    if len(missing):
+        raise DataError(f"the targets ({'`data.label`' if data.label else '`data.y`'}) are missing in "
+                        f"{len(missing)} of {len(y)} rows (first rows, counted from 0: {missing[:5].tolist()}); "
+                        "drop those rows or fill them in")
     task = str(info["task"]) if data.task == "auto" and info.get("task") else infer_task(y, data.task)
     meta: dict = {"task": task, "feature_names": info.get("feature_names", []), "split_from": split_from(data)}
     if task == "classification":

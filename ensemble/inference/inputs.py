@@ -132,7 +132,7 @@ def frame_input(run: EnsembleRun, frame, source: str = "the DataFrame", label: s
     if cols.labels:
         y = target_values(frame, [by_name[c] for c in cols.labels])
     kept = {k: frame[by_name[k]].to_numpy() for k in cols.keep}
-    return PredictInput(x, None if y is None else encode_targets(run, y, len(x), source), kept, cols.ignored)
+    return PredictInput(x, scorable_targets(run, y, len(x), source), kept, cols.ignored)
 
 
 def structured_frame(a: np.ndarray, source: str):
@@ -215,34 +215,70 @@ def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input")
     return np.ascontiguousarray(apply_normalizer(x, run.shift, run.scale))
 
 
+class UnusableTargets(PredictError):
+    """The input's targets cannot be scored (missing values, labels the ensemble does not know);
+    predicting needs none, so a file's predictions are written without metrics."""
+
+
+def _class_key(v) -> str:
+    """A target value as a class name: bytes decoded, integral floats (3.0, as pandas reads a
+    column with gaps) as integers."""
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, (float, np.floating)) and float(v).is_integer():
+        return str(int(v))
+    return str(v)
+
+
 def encode_targets(run: EnsembleRun, y: np.ndarray, n: int, source: str = "the input") -> np.ndarray:
-    """Targets as the metrics take them: class indices (names or indices in the file), or floats."""
+    """Targets as the metrics take them: class indices (names or indices in the file), or floats.
+    ``UnusableTargets`` for missing values or unknown labels."""
     y = np.asarray(y)
     if len(y) != n:
         raise PredictError(f"{source}: {len(y)} targets for {n} samples")
+    from datafeed.prepare import missing_rows
+    rows = missing_rows(y) if len(y) else []
+    if len(rows):
+        raise UnusableTargets(f"{source}: targets are missing in {len(rows)} of {n} rows (first rows: "
+                              f"{rows[:5].tolist()})")
     if run.task == "regression":
         if y.dtype.kind not in "iufb" or y.size != n * run.n_outputs:
             raise PredictError(f"{source}: targets must be {run.n_outputs} number(s) per sample, but "
                                f"have shape {list(y.shape)} and dtype {y.dtype}")
         y = y.astype(np.float64)
+        if not np.isfinite(y).all():
+            raise UnusableTargets(f"{source}: targets hold infinite values")
         return y.reshape(n) if run.n_outputs == 1 else y.reshape(n, run.n_outputs)
     y = y.reshape(n) if y.ndim == 2 and y.shape[1] == 1 else y
     names = run.class_names
     lookup = {name: i for i, name in enumerate(names)}
+    numbered = any(name.lstrip("-").isdigit() for name in names)     # then a number is a class name only
     values, inverse = np.unique(y, return_inverse=True)
     codes, unknown = [], []
     for v in values:
-        key = v.decode() if isinstance(v, bytes) else str(v)
+        key = _class_key(v)
         if key in lookup:
             codes.append(lookup[key])
-        elif y.dtype.kind in "iuf" and float(v).is_integer() and 0 <= v < len(names):
+        elif not numbered and y.dtype.kind in "iuf" and float(v).is_integer() and 0 <= v < len(names):
             codes.append(int(v))                                  # class indices, as training used them
         else:
             unknown.append(key)
     if unknown:
-        raise PredictError(f"{source}: targets hold labels {unknown[:5]} that are not classes of this "
-                           f"ensemble ({', '.join(names)})")
+        raise UnusableTargets(f"{source}: targets hold labels {unknown[:5]} that are not classes of this "
+                              f"ensemble ({', '.join(names)})")
     return np.asarray(codes, dtype=np.int64)[inverse.reshape(-1)]
+
+
+def scorable_targets(run: EnsembleRun, y: np.ndarray | None, n: int, source: str) -> np.ndarray | None:
+    """``encode_targets`` for an input read to predict on: targets that cannot be scored are
+    dropped with a warning (the predictions are still wanted); None without targets."""
+    if y is None:
+        return None
+    try:
+        return encode_targets(run, y, n, source)
+    except UnusableTargets as exc:
+        log.warning("%s: predicting without scoring them", exc)
+        return None
 
 
 def _cli_error(exc: Exception) -> PredictError:
@@ -287,7 +323,7 @@ def load_input(run: EnsembleRun, source: str, fmt: str | None = None, x: str | N
                            "names, so there is no column to keep; use a CSV/Parquet file or a compound "
                            "HDF5 dataset with the ID columns, or join the IDs by row order")
     x_norm = prepare_features(run, x_raw, name)
-    return PredictInput(x_norm, None if y_raw is None else encode_targets(run, y_raw, len(x_norm), name))
+    return PredictInput(x_norm, scorable_targets(run, y_raw, len(x_norm), name))
 
 
 def read_input(run: EnsembleRun, source: str, fmt: str | None = None, x: str | None = None,

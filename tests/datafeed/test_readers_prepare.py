@@ -196,6 +196,39 @@ def test_string_labels_are_encoded():
     assert set(np.unique(arrays["y_train"])) <= {0, 1, 2}
 
 
+@pytest.mark.parametrize("task", ["auto", "classification", "regression"])
+@pytest.mark.parametrize("kind", ["strings", "integers", "floats"])
+def test_missing_targets_are_refused_naming_the_rows(tmp_path, kind, task):
+    """An empty cell in the label column: pandas reads NaN (strings: object with NaN; integers:
+    floats). It was a traceback (strings), a class called "nan" (integers as classes) or a
+    complaint about regression targets (integers, task auto)."""
+    if task == "regression" and kind == "strings":
+        pytest.skip("strings are no regression targets")
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(rng.normal(size=(40, 2)), columns=["a", "b"])
+    frame["y"] = {"strings": np.array(["cat", "dog"] * 20, dtype=object), "integers": np.array([3, 7] * 20),
+                  "floats": rng.normal(size=40)}[kind]
+    frame.loc[[4, 9], "y"] = None
+    frame.to_csv(tmp_path / "d.csv", index=False)
+    data = data_cfg(source=str(tmp_path / "d.csv"), label="y", task=task)
+    x, y, info = read_dataset(data)
+    with pytest.raises(DataError, match=r"`data.label`\) are missing in 2 of 40 rows .*\[4, 9\]\); drop those rows"):
+        prepare(x, y, info, data, seed=0)
+
+
+def test_labels_keep_the_values_they_have():
+    """Classes are the labels found: 1, 2, 3 are three classes (not four with an empty class 0);
+    labels counting from 0 keep their values as codes; whole numbers read as floats (a column
+    pandas read with gaps) are named as integers."""
+    x = np.random.default_rng(0).normal(size=(60, 2))
+    for y, names in (([1, 2, 3] * 20, ["1", "2", "3"]), ([0, 1, 3] * 20, ["0", "1", "2", "3"]),
+                     ([3.0, 7.0, 9.0] * 20, ["3", "7", "9"])):
+        arrays, meta = prepare(x, np.array(y), {}, data_cfg(source="digits", task="classification"), seed=0)
+        assert meta["class_names"] == names and meta["n_outputs"] == len(names), y[:3]
+        codes = np.concatenate([arrays[f"y_{s}"] for s in ("train", "val", "test")])
+        assert set(codes) == {names.index(str(int(v))) for v in y[:3]}
+
+
 def test_prepare_with_rows_gives_the_split_as_row_indices():
     """The rows a run saves as splits.npz: disjoint, covering every row, and the very rows
     each split's arrays were made from (before normalisation)."""

@@ -100,6 +100,47 @@ def test_every_named_input_gives_the_training_order(base, rows, tmp_path, caplog
                                       for w in warnings)
 
 
+def test_targets_that_cannot_be_scored_leave_the_predictions_unscored(base, rows, tmp_path, caplog):
+    """New rows whose label column is empty, holds an unknown class or, for regression, gaps:
+    predicting needs no targets, so the rows are predicted and the metrics left out with a
+    warning saying why (it was an error, and for regression gaps metrics of NaN with R^2 1.0);
+    ``evaluate``, which asks for the metrics, still refuses."""
+    run, x = P.load_run(base / "cls"), rows[0]
+    frame = shuffled_table(rows)
+    for labels, why in ((None, "targets are missing in 12 of 12 rows"),
+                        (["pos"] * 11 + ["bird"], "targets hold labels ['bird'] that are not classes")):
+        frame["label"] = labels
+        frame.to_csv(tmp_path / "rows.csv", index=False)
+        caplog.clear()
+        for got in (P.load_input(run, str(tmp_path / "rows.csv")), P.data_input(run, frame)):
+            assert got.y is None
+            np.testing.assert_array_equal(got.x, P.prepare_features(run, x))
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert sum(why in w and "predicting without scoring them" in w for w in warnings) == 2, warnings
+        with pytest.raises(P.PredictError, match=why.replace("[", r"\[")):
+            P.encode_targets(run, frame["label"].to_numpy(), len(frame))
+    reg = P.load_run(base / "reg")
+    y = x[:, 0] * 2 + x[:, 3]
+    y[[2, 5]] = np.nan
+    np.savez(tmp_path / "gaps.npz", x=x, y=y)
+    assert P.load_input(reg, str(tmp_path / "gaps.npz")).y is None
+    assert "targets are missing in 2 of 12 rows (first rows: [2, 5])" in caplog.text
+
+
+def test_class_names_that_are_numbers_match_only_as_numbers(tmp_path):
+    """Classes 3, 7, 9: a label read as 7.0 (pandas, after a gap) is class 7; a label 1 is no class
+    (it was taken for the index of class 7)."""
+    x = np.random.default_rng(0).normal(size=(60, 2)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x, y=np.array([3, 7, 9] * 20))
+    make_run(tmp_path / "run", {"source": str(tmp_path / "d.npz"), "task": "classification"},
+             [{"id": "m-000", "weight": 1.0}])
+    run = P.load_run(tmp_path / "run")
+    assert run.class_names == ["3", "7", "9"]
+    assert P.encode_targets(run, np.array([7.0, 3.0, 9.0]), 3).tolist() == [1, 0, 2]
+    with pytest.raises(P.PredictError, match=r"labels \['1'\] that are not classes"):
+        P.encode_targets(run, np.array([1, 3]), 2)
+
+
 def test_a_missing_column_and_an_extra_one_fail_naming_the_missing(base, rows, tmp_path):
     """The acceptance case: the count is right, the names are not."""
     run = P.load_run(base / "cls")
