@@ -251,8 +251,9 @@ def test_several_target_columns_train_one_output_each_and_predict_under_their_na
     for j in range(2):                   # both targets learnt, whatever their scale
         residual = np.sum((targets[:, j] - result["mean"][:, j]) ** 2)
         assert 1 - residual / np.sum((targets[:, j] - targets[:, j].mean()) ** 2) > 0.5, j
-    from ensemble.inference.export import export_ensemble
     import keras
+
+    from ensemble.inference.export import export_ensemble
     model = keras.models.load_model(export_ensemble(run_dir, base / "multi.keras"), compile=False)
     mean = np.asarray(model(frame[["a", "b", "c"]].to_numpy(np.float32)[test])[0])
     np.testing.assert_allclose(mean, result["mean"], rtol=1e-4, atol=1e-3)
