@@ -147,6 +147,20 @@ def check_text(path: str) -> None:
                             "iconv -f latin1 -t utf-8)") from None
 
 
+def csv_options(path: str) -> dict:
+    """``pd.read_csv`` options for the file's dialect, from its first two lines: the separator
+    (a comma; else the semicolon, tab or bar the header holds) and, for semicolons whose
+    numbers carry a decimal comma (1,5;2,25: spreadsheets in many locales), ``decimal=","``."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        header, first = fh.readline(), fh.readline()
+    if "," in header:
+        return {}
+    sep = next((c for c in (";", "\t", "|") if c in header), None)
+    if sep is None:
+        return {}
+    return {"sep": sep, **({"decimal": ","} if sep == ";" and "," in first and "." not in first else {})}
+
+
 @reader("builtin")
 def read_builtin(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray, dict]:
     from sklearn import datasets
@@ -216,6 +230,30 @@ def target_values(frame, columns: list) -> np.ndarray:
     return (frame[columns[0]] if len(columns) == 1 else frame[columns]).to_numpy()
 
 
+def not_numeric(frame, columns: list) -> str:
+    """Why ``columns`` of ``frame`` cannot be features: a column of numbers with a few cells that
+    are not (a typo, a unit, a stray "n/a") is named with those cells' rows and values; columns of
+    text (categories) are to be dropped or encoded."""
+    import pandas as pd
+    parts, text = [], []
+    for c in columns:
+        values = frame[c]
+        odd = pd.to_numeric(values.astype(str).str.strip(), errors="coerce").isna() & values.notna()
+        if 0 < odd.sum() <= max(1, len(values) // 10):
+            rows = np.nonzero(odd.to_numpy())[0]
+            cells = ", ".join(f"row {r}: {values.iloc[r]!r}" for r in rows[:3])
+            parts.append(f"column {c!r} holds numbers but for {len(rows)} cell(s) that are not ({cells}"
+                         f"{', ...' if len(rows) > 3 else ''}; rows counted from 0 after the header): "
+                         "correct those cells")
+        else:
+            text.append(c)
+    if text:
+        example = next(iter(frame[text[0]].dropna()), None)
+        parts.append(f"feature columns {text} are not numeric (such as {example!r} in {text[0]!r}); drop them "
+                     "with `data.features`, or encode them as numbers")
+    return "; ".join(parts)
+
+
 def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     labels, split = label_columns(data.label), data.split_column
     absent = [c for c in labels if c not in frame.columns]
@@ -235,7 +273,7 @@ def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.n
     x = frame[features]
     bad = [c for c in features if not (isinstance(x[c].dtype, np.dtype) and np.issubdtype(x[c].dtype, np.number))]
     if bad:
-        raise DataError(f"feature columns {bad} are not numeric; drop them with `data.features`")
+        raise DataError(not_numeric(x, bad))
     y = target_values(frame, labels) if has_label else None
     info: dict = {"feature_names": list(map(str, features))}
     if split and split in frame.columns:
@@ -248,7 +286,7 @@ def read_csv(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np
     import pandas as pd
     check_text(data.source)
     try:
-        frame = pd.read_csv(data.source)
+        frame = pd.read_csv(data.source, **csv_options(data.source))
     except pd.errors.EmptyDataError:
         raise DataError(f"`data.source` {data.source!r} holds no columns (an empty CSV)") from None
     except pd.errors.ParserError as exc:

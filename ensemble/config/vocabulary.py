@@ -212,6 +212,31 @@ def check_layer(layer: Any, where: str) -> str | None:
     return None
 
 
+#: what the axes of a sample mean to a layer that needs that many
+AXES = {1: "a flat vector", 2: "steps, channels", 3: "height, width, channels", 4: "depth, height, width, channels"}
+
+
+def rank_hint(need: int, shape: list[int] | tuple[int, ...], at_input: bool) -> str:
+    """The fix for a layer that needs ``need`` axes per sample but gets ``shape``: at the
+    input, the `data.reshape` that gives them (a channel axis added, or a flat vector of a
+    square number of values as a square image); after other layers, a Reshape layer."""
+    if not at_input:
+        return "add a Reshape (or Flatten) layer before it"
+    n = 1
+    for d in shape:
+        n *= int(d)
+    target = None
+    if need == len(shape) + 1:
+        target = [*shape, 1]
+    elif need == 2:
+        target = [n, 1]
+    elif need == 3 and round(n ** 0.5) ** 2 == n:
+        target = [round(n ** 0.5)] * 2 + [1]
+    if target is not None:
+        return f"set `data.reshape = {target}` ({AXES[need]})"
+    return f"set `data.reshape` to {need} axes ({AXES.get(need, 'axes')}) whose product is {n}"
+
+
 def check_input_rank(layers: list[dict], input_shape: list[int], where: str) -> str | None:
     """Why the layer list cannot take samples of ``input_shape`` (axes per layer), or None.
 
@@ -223,10 +248,11 @@ def check_input_rank(layers: list[dict], input_shape: list[int], where: str) -> 
         kind = layer["type"]
         need = INPUT_RANK.get(kind)
         if need is not None and axes != need:
-            hint = ("set `data.reshape` (e.g. [8, 8, 1] for 64 pixels)" if axes == 1
-                    else "add a Flatten or Reshape layer before it")
-            return (f"`{where}[{i}]` ({kind}) needs {need} axes per sample (e.g. height, width, "
-                    f"channels), but the data gives shape {list(input_shape)}; {hint}")
+            at_input = axes == len(input_shape)
+            return (f"`{where}[{i}]` ({kind}) needs {need} axes per sample ({AXES.get(need, 'axes')}), but "
+                    + (f"the data gives shape {list(input_shape)}" if at_input
+                       else f"the layers before it give {axes}")
+                    + f"; {rank_hint(need, input_shape, at_input)}")
         if kind == "Flatten" or kind.startswith("Global") or kind == "Dense" and axes == 1:
             axes = 1
         elif kind == "Reshape":

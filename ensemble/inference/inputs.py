@@ -339,14 +339,16 @@ def _read_table(run: EnsembleRun, data: DataConfig, kind: str, keep: list[str], 
     import pandas as pd
     path = data.source
     if kind == "csv":
-        header = pd.read_csv(path, nrows=0).columns
+        from datafeed.readers import csv_options
+        dialect = csv_options(path)
+        header = pd.read_csv(path, nrows=0, **dialect).columns
     else:
         import pyarrow.parquet as pq
         header = pq.read_schema(path).names
     cols = match_columns(run, header, source, data.label, keep)
     if kind == "csv":
         text = {k: str for k in cols.keep if k not in cols.features and k not in cols.labels}
-        frame = pd.read_csv(path, usecols=cols.wanted(), dtype=text)
+        frame = pd.read_csv(path, usecols=cols.wanted(), dtype=text, **dialect)
     else:
         frame = pd.read_parquet(path, columns=cols.wanted())
     return frame_input(run, frame, source, data.label, columns=cols)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ensemble.config import ArchitectureConfig
-from ensemble.config.vocabulary import INPUT_RANK, OPTIMIZERS, gaussian_head
+from ensemble.config.vocabulary import AXES, INPUT_RANK, OPTIMIZERS, gaussian_head, rank_hint
 from ensemble.task import get_task
 from ensemble.task.metrics import PROBA_TOL
 
@@ -70,10 +70,10 @@ def build_layers(layers: list[dict], input_shape: tuple[int, ...], n_outputs: in
         kind = layer["type"]
         need = INPUT_RANK.get(kind)
         if need is not None and len(x.shape) - 1 != need:
+            at_input = tuple(x.shape[1:]) == tuple(input_shape)
             raise ArchitectureError(
-                f"layer {i} ({kind}) needs inputs with {need} axes per sample, but gets shape "
-                f"{tuple(x.shape[1:])}; set `data.reshape` (e.g. [8, 8, 1] for 64 pixels) or add "
-                "a Reshape/Flatten layer")
+                f"layer {i} ({kind}) needs inputs with {need} axes per sample ({AXES.get(need, 'axes')}), "
+                f"but gets shape {tuple(x.shape[1:])}; {rank_hint(need, tuple(x.shape[1:]), at_input)}")
         try:
             y = _make_layer(layer)(x)
         except (ValueError, TypeError) as exc:

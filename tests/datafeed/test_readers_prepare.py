@@ -246,3 +246,30 @@ def test_prepare_with_rows_gives_the_split_as_row_indices():
         np.testing.assert_array_equal(arrays[f"x_{split}"], apply_normalizer(x[r], arrays["x_mean"], arrays["x_scale"]))
     again, _ = prepare(x, y, {}, data_cfg(source="digits", val_fraction=0.2), seed=7)
     assert set(again) == set(arrays)                       # prepare: the same arrays, no rows to broadcast
+
+
+def test_a_stray_text_cell_is_named_not_its_column(tmp_path):
+    """One typo in a column of numbers names the cell (it said the column was not numeric and to
+    drop it); a column of categories is to be dropped or encoded."""
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(rng.normal(size=(40, 2)), columns=["a", "b"]).astype(object)
+    frame.loc[7, "b"] = "abc"
+    frame["colour"] = ["red", "blue"] * 20
+    frame["y"] = [0, 1] * 20
+    frame.to_csv(tmp_path / "d.csv", index=False)
+    with pytest.raises(DataError) as err:
+        read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="y"))
+    assert "column 'b' holds numbers but for 1 cell(s) that are not (row 7: 'abc'" in str(err.value)
+    assert "feature columns ['colour'] are not numeric (such as 'red' in 'colour'); drop them" in str(err.value)
+
+
+@pytest.mark.parametrize("sep, decimal", [(";", "."), (";", ","), ("\t", "."), ("|", ".")])
+def test_semicolon_tab_and_bar_separated_files_read_as_their_dialect(tmp_path, xy, sep, decimal):
+    """A spreadsheet's export with semicolons (and decimal commas), or tabs: the same table
+    (it was one column named 'f0;f1;...', refused as having no label column)."""
+    frame = pd.DataFrame(np.round(xy[0], 3), columns=[f"f{i}" for i in range(5)])
+    frame["target"] = xy[1]
+    frame.to_csv(tmp_path / "d.csv", index=False, sep=sep, decimal=decimal)
+    x, y, _ = read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="target"))
+    np.testing.assert_allclose(x, frame.iloc[:, :5].to_numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(y, xy[1])

@@ -7,7 +7,7 @@ import pytest
 
 from ensemble.config import ConfigError, dump_toml, resolve_config
 from ensemble.config.reference import README_END, README_START, strategy_table
-from ensemble.config.vocabulary import ACTIVATIONS, OPTIMIZERS, suggest
+from ensemble.config.vocabulary import ACTIVATIONS, OPTIMIZERS, check_input_rank, suggest
 from ensemble.results.rundir import RunDirectory
 from evolve import STRATEGIES, SearchSpace
 from tests.conftest import ROOT
@@ -95,3 +95,18 @@ def test_run_directories_written_before_the_registry_still_load():
                              "population_size": 4, "sample_size": 2, "crossover_prob": 0.0}
     with pytest.raises(ConfigError, match="`evolve.typo`"):
         resolve_config({"mode": "evolve", "evolve": {"typo": 1}}, saved=True)
+
+
+@pytest.mark.parametrize("layers, shape, fix", [
+    ([{"type": "Conv2D"}], [8, 8], "set `data.reshape = [8, 8, 1]` (height, width, channels)"),
+    ([{"type": "Conv1D"}], [32], "set `data.reshape = [32, 1]` (steps, channels)"),
+    ([{"type": "Conv2D"}], [64], "set `data.reshape = [8, 8, 1]`"),
+    ([{"type": "Conv2D"}], [10], "set `data.reshape` to 3 axes (height, width, channels) whose product is 10"),
+    ([{"type": "Conv1D"}], [8, 8, 1], "set `data.reshape = [64, 1]`"),
+    ([{"type": "Flatten"}, {"type": "Conv2D"}], [8, 8, 1], "the layers before it give 1; add a Reshape"),
+])
+def test_a_layer_of_the_wrong_rank_is_told_the_reshape_that_fits(layers, shape, fix):
+    """The fix names the `data.reshape` for these very samples (it said [8, 8, 1] whatever the data,
+    and "add a Flatten" for a Conv2D on 8 x 8 images)."""
+    why = check_input_rank(layers, shape, "architectures[0].layers")
+    assert why is not None and fix in why, why
