@@ -203,6 +203,10 @@ def prepare_targets(y: np.ndarray, info: dict, data: DataSettings) -> tuple[np.n
     task = str(info["task"]) if data.task == "auto" and info.get("task") else infer_task(y, data.task)
     meta: dict = {"task": task, "feature_names": info.get("feature_names", []), "split_from": split_from(data)}
     if task == "classification":
+        if y.dtype.kind == "f" and len(y) and not np.all(np.mod(y, 1) == 0) and len(np.unique(y)) > len(y) // 2:
+            raise DataError(f"`data.task` is \"classification\", but the labels are fractional numbers with "
+                            f"{len(np.unique(y))} distinct values in {len(y)} rows (a class per row or two); "
+                            "set `data.task = \"regression\"` (or \"auto\")")
         y, names = encode_labels(y, info.get("class_names"))
         meta["class_names"], meta["n_outputs"] = names, len(names)
         if len(names) < 2:

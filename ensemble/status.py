@@ -27,6 +27,7 @@ from ensemble.results.heartbeat import FINAL, read_heartbeat
 from ensemble.results.lock import pid_alive
 from ensemble.results.records import Counts, MemberRecord, Status, latest
 from ensemble.results.rundir import RunDirectory
+from ensemble.task.metrics import metric_text
 
 EXIT_USAGE = 2
 RECENT = 50                    # members/s over the last 50 results (and over the whole job)
@@ -326,11 +327,12 @@ def format_status(s: dict) -> str:
         lines += MODES[s["mode"]].status_lines(s[s["mode"]])
     if s["best"]:
         b = s["best"]
-        lines.append(f"best member so far: {b['id']}  val {s['metric']} {b['val']:.4f}"
-                     + (f", test {b['test']:.4f}" if b.get("test") is not None else ""))
+        lines.append(f"best member so far: {b['id']}  val {s['metric']} {metric_text(b['val'])}"
+                     + (f", test {metric_text(b['test'])}" if b.get("test") is not None else ""))
     if s.get("ensemble"):
         e = s["ensemble"]
-        lines.append(f"ensemble ({e['members']} members): test {s['metric']} {e['test']:.4f}")
+        lines.append(f"ensemble ({e['members']} member{'s' if e['members'] != 1 else ''}): test {s['metric']} "
+                     f"{metric_text(e['test'])}")
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ensemble.inference.load import EnsembleRun, PredictError
 from ensemble.results.rundir import atomic_write
-from ensemble.task.metrics import COVERAGE_LEVELS, level_key
+from ensemble.task.metrics import COVERAGE_LEVELS, level_key, metric_text
 
 OUT_SUFFIXES = (".csv", ".npz", ".parquet")
 
@@ -102,7 +102,8 @@ def write_predictions(path: str | Path, run: EnsembleRun, result: dict, y: np.nd
 
 
 def format_metrics(label: str, metrics: dict[str, float]) -> str:
-    return f"{label:<28}" + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+    head = f"{label:<28}" if len(label) < 28 else f"{label}  "
+    return head + "  ".join(f"{k} {metric_text(v)}" for k, v in metrics.items())
 
 
 class PredictionWriter:

@@ -87,10 +87,13 @@ class EvolveMode(Mode):
         else:
             form = f"structured: {space.blocks[0]}..{space.blocks[1]} dense blocks"
         heading = [f"Search space for samples of shape {list(shape)}: {form}; at most {space.max_params:,} parameters",
-                   f"  its largest genome, {space.max_params:,} parameters, needs "
+                   f"  a genome at that cap needs "
                    f"{VALUE_BYTES * (2 + slots) * space.max_params / 2 ** 20:.3g} MiB for weights, gradients and "
                    "optimizer state alone",
                    f"  a seeded sample of {SAMPLE_GENOMES} genomes (not the search's own first candidates) follows"]
+        if len(shape) == 2 and space.spatial:
+            heading.insert(1, f"  samples of shape {list(shape)} are read as {shape[0]} steps of {shape[1]} channels "
+                              f"(1-D convolutions); for images set `data.reshape = {[*shape, 1]}`")
         rng = np.random.default_rng(cfg.seed)
         samples = []
         for n in range(1, SAMPLE_GENOMES + 1):

@@ -133,6 +133,10 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
     print(f"  features {list(np.shape(x))} {np.asarray(x).dtype}, targets {list(np.shape(y))}: "
           f"{len(x)} samples; one sample as the networks see it: {meta['input_shape']}")
     task_from = "from `data.task`" if data.task != "auto" else "inferred from the labels"
+    if data.task == "auto" and meta["task"] == "classification" and np.asarray(y).dtype.kind in "iuf" \
+            and meta["n_outputs"] > 10:
+        task_from += (f": whole numbers with {meta['n_outputs']} values; if they are quantities (counts), "
+                      "set `data.task = \"regression\"`")
     if meta["task"] == "classification":
         counts = np.bincount(np.concatenate([arrays[f"y_{s}"] for s in ("train", "val", "test")]),
                              minlength=meta["n_outputs"])

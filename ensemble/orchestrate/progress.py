@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from ensemble.results.records import MemberRecord, Status
-from ensemble.task.metrics import higher_is_better
+from ensemble.task.metrics import higher_is_better, metric_text
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ def result_line(result: MemberRecord, done: int, total: int | None, metric: str,
     head = f"[{done:>4}/{total if total else '?'}] {result.id:<24}"
     if result.status.evaluated:
         val = result.val.get(metric, float("nan"))
-        body = (f"val {metric} {val:.4f}  {result.epochs or 0:>3} epochs  {result.params or 0:>8} params  "
+        body = (f"val {metric} {metric_text(val)}  {result.epochs or 0:>3} epochs  {result.params or 0:>8} params  "
                 f"{result.train_seconds or 0.0:6.1f} s")
         if result.discarded:
             body += f"  discarded ({result.discarded['rule']} at epoch {result.discarded['epoch']})"

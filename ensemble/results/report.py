@@ -39,7 +39,7 @@ from ensemble.results.rundir import RunDirectory
 from ensemble.results.selection import rank_members
 from ensemble.results.timeline import as_events, run_stats
 from ensemble.task import get_task
-from ensemble.task.metrics import higher_is_better, metric_task
+from ensemble.task.metrics import higher_is_better, metric_task, metric_text
 
 REPORT, FOLDER = "report.html", "report"
 MAX_BARS = 40            # leaderboard: the best 40 members by name; more would be unreadable
@@ -547,7 +547,7 @@ def _png(fig) -> bytes:
 def _table(header: list[str], rows: list[list]) -> str:
     def cell(v):
         if isinstance(v, float):
-            return f"{v:.4f}" if math.isfinite(v) else str(v)
+            return metric_text(v) if math.isfinite(v) else str(v)
         return html.escape("" if v is None else str(v))
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)

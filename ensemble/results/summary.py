@@ -26,7 +26,15 @@ from ensemble.task import get_task
 from ensemble.task.calibration import apply as apply_calibration
 from ensemble.task.calibration import coverage_curve, holdout_rows, rows_of
 from ensemble.task.calibration import fit as fit_calibration
-from ensemble.task.metrics import COVERAGE_LEVELS, CURVE_LEVELS, coverage_name, higher_is_better, level_key, metric_task
+from ensemble.task.metrics import (
+    COVERAGE_LEVELS,
+    CURVE_LEVELS,
+    coverage_name,
+    higher_is_better,
+    level_key,
+    metric_task,
+    metric_text,
+)
 
 Records = Iterable[MemberRecord | Mapping[str, Any]]
 
@@ -261,28 +269,30 @@ def format_comparison(summary: dict) -> str:
     keys = [k for k in ens if k in best]
     lines = [f"{'test split':<28}" + "".join(f"{k:>12}" for k in keys)]
     n = len(summary["members"])
-    lines.append(f"{f'ensemble ({n} members)':<28}" + "".join(f"{ens[k]:>12.4f}" for k in keys))
+    members = f"ensemble ({n} member{'s' if n != 1 else ''})"
+    lines.append(f"{members:<28}" + "".join(metric_text(ens[k], 12) for k in keys))
     lines.append(f"{'best member ' + str(summary['best_member']['id']):<28}"
-                 + "".join(f"{best[k]:>12.4f}" for k in keys))
+                 + "".join(metric_text(best[k], 12) for k in keys))
     base = (summary.get("baseline") or {}).get("test")
     if base:
         lines.append(f"{'baseline: ' + summary['baseline']['model']:<28}"
-                     + "".join(f"{base[k]:>12.4f}" if k in base else f"{'':>12}" for k in keys))
+                     + "".join(metric_text(base[k], 12) if k in base else f"{'':>12}" for k in keys))
     metric = summary["metric"]
     if metric in ens:
         better = ens[metric] >= best[metric] if higher_is_better(metric) else ens[metric] <= best[metric]
         diff = ens[metric] - best[metric]
-        lines.append(f"ensemble vs best member on test {metric}: {diff:+.4f} "
+        lines.append(f"ensemble vs best member on test {metric}: {'+' if diff >= 0 else ''}{metric_text(diff)} "
                      f"({'ensemble at least as good' if better else 'best member better'})")
         if base and metric in base and (base[metric] > ens[metric] if higher_is_better(metric)
                                         else base[metric] < ens[metric]):
             lines.append(f"warning: the linear baseline ({summary['baseline']['model']}, same training rows) "
-                         f"beats the ensemble on test {metric}: {base[metric]:.4f} vs {ens[metric]:.4f}")
+                         f"beats the ensemble on test {metric}: {metric_text(base[metric])} vs "
+                         f"{metric_text(ens[metric])}")
     sel = summary.get("selection")
     if sel:
         how = f"top {sel.get('k') or sel['picks']}, equal weights" if sel["method"] == "top_k" else sel["method"]
-        lines.append(f"selection: {how} on validation {sel['metric']} {sel['val_score']:.4f} "
-                     f"(best member {sel['best_member']['val_score']:.4f}); effective size "
+        lines.append(f"selection: {how} on validation {sel['metric']} {metric_text(sel['val_score'])} "
+                     f"(best member {metric_text(sel['best_member']['val_score'])}); effective size "
                      f"{sel['effective_size']:.2f} of {n} members" + (f" ({sel['why']})" if sel.get("why") else ""))
     cal = summary.get("calibration") or {}
     before = (cal.get("before") or {}).get("test", {})

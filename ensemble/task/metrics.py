@@ -22,6 +22,18 @@ import numpy as np
 from ensemble.config.vocabulary import METRICS as VOCABULARY
 from ensemble.config.vocabulary import task_metrics
 
+
+def metric_text(value: float, width: int = 0) -> str:
+    """A metric as a person reads it: 4 decimals in the usual range; 4 significant figures
+    where 4 decimals would say nothing or overflow a column (targets in micrometres or in
+    millions: an mse of 3e-13 or 2.5e+10)."""
+    v = float(value)
+    if not np.isfinite(v) or v == 0 or 1e-3 <= abs(v) < 1e5:
+        text = f"{v:.4f}"
+    else:
+        text = f"{v:.4g}"
+    return text.rjust(width)
+
 __all__ = [
     "CLASSIFICATION_METRICS",
     "METRICS",

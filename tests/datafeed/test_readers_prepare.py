@@ -273,3 +273,12 @@ def test_semicolon_tab_and_bar_separated_files_read_as_their_dialect(tmp_path, x
     x, y, _ = read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="target"))
     np.testing.assert_allclose(x, frame.iloc[:, :5].to_numpy(), rtol=1e-6)
     np.testing.assert_array_equal(y, xy[1])
+
+
+def test_classification_of_fractional_numbers_is_refused_naming_regression():
+    """`data.task = "classification"` on a continuous target made a class of every row, silently."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(50, 2)), rng.normal(size=50)
+    with pytest.raises(DataError, match=r"fractional numbers with 50 distinct values in 50 rows .*set "
+                                        r"`data.task = \"regression\"`"):
+        prepare(x, y, {}, data_cfg(source="digits", task="classification"), seed=0)

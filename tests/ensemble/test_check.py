@@ -77,6 +77,24 @@ def test_an_evolve_config_builds_a_sample_of_the_space(tmp_path, capsys):
     assert "a seeded sample of 5 genomes" in out and "  genome 5: in 8x8x1: " in out
     assert "  parameters: " in out
     assert "No problems found" in out
+    assert "are read as" not in out
+
+
+def test_an_evolve_config_on_two_axes_says_they_are_steps_and_channels(tmp_path, capsys):
+    """Samples of shape (8, 8) are searched with 1-D convolutions (8 steps, 8 channels): said, with
+    the reshape that makes them images."""
+    cfg = write(tmp_path, """
+        mode = "evolve"
+        [data]
+        reshape = [8, 8]
+        [evolve]
+        evaluations = 2
+    """)
+    assert check_main(str(cfg)) == 0
+    out = capsys.readouterr().out
+    assert ("samples of shape [8, 8] are read as 8 steps of 8 channels (1-D convolutions); for images set "
+            "`data.reshape = [8, 8, 1]`") in out
+    assert "a genome at that cap needs" in out
 
 
 def test_three_mistakes_are_all_listed(tmp_path, capsys):

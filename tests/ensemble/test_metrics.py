@@ -248,3 +248,13 @@ def test_import_is_light():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=60, check=True).stdout.split()
     assert out[1:] == ["False", "False"]                 # what they import, not how long it takes
+
+
+def test_metrics_too_small_or_too_large_for_4_decimals_show_4_significant_figures():
+    """Targets in micrometres or in millions: an mse of 3.2e-13 was shown as 0.0000 (and a baseline
+    "beat" the ensemble 0.0000 to 0.0000), one of 2.5e10 overflowed the console's columns."""
+    from ensemble.task.metrics import metric_text
+    assert metric_text(0.123456) == "0.1235" and metric_text(0.0) == "0.0000" and metric_text(-12.5) == "-12.5000"
+    assert metric_text(3.2e-13) == "3.2e-13" and metric_text(25134940491.9672) == "2.513e+10"
+    assert metric_text(0.00042) == "0.00042" and metric_text(float("nan")) == "nan"
+    assert metric_text(0.5, 12) == "      0.5000" and len(metric_text(2.5e10, 12)) == 12
