@@ -22,7 +22,7 @@ class EnsembleMode(Mode):
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         done: Collection[str] = {i for i, r in latest(x for x in ctx.history if isinstance(x, MemberRecord)).items()
-                                 if r.ok} - set(ctx.lost)
+                                 if r.ok or r.given_up} - set(ctx.lost)
         if ctx.mine is not None:                      # a sub-master's share: the others' count as done here
             done = Others(done, ctx.mine)
         if ctx.cfg.runtime.order == "cost":

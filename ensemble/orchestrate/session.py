@@ -27,6 +27,7 @@ from ensemble.modes import Mode, RunContext, make_trainer, mode_of
 from ensemble.orchestrate.dispatch import dispatch
 from ensemble.orchestrate.progress import Progress
 from ensemble.results.artifacts import Artifacts
+from ensemble.results.crashes import CrashBook, Quarantine, handed_event, read_crashes
 from ensemble.results.events import Event, close_event, open_event
 from ensemble.results.heartbeat import Heartbeat
 from ensemble.results.journal import Journal, typed_history
@@ -118,6 +119,9 @@ class MasterSession:
         lost = artifacts.restore(lines) if self.resume else set()
         history = typed_history(lines)
         del lines
+        crashes = read_crashes(history) if self.resume else CrashBook()
+        given_up = crashes.records()                  # journalled once the journal is open
+        history += given_up
         previous = [x for x in history if isinstance(x, MemberRecord)]
         self.events = [x.to_json() for x in history if isinstance(x, Event)]
         done_ids = {r.id for r in previous if r.ok} - lost
@@ -125,6 +129,11 @@ class MasterSession:
         source, decider = self.mode.make(RunContext(cfg, self.meta, self.run_dir, history, frozenset(lost),
                                                     workers, metric))
         del history
+        if crashes.suspects:                          # members in flight when an earlier job was lost
+            source = Quarantine(source, crashes.suspects)
+            names = ", ".join(sorted(crashes.suspects)[:5]) + (", ..." if len(crashes.suspects) > 5 else "")
+            log.warning(f"resume: {len(crashes.suspects)} member(s) were training when an earlier job was lost "
+                        f"({names}); they go out one at a time, and one lost with the job again is given up")
         total = source.total
         resume_seconds = round(time.perf_counter() - t_resume, 3)
         self._announce(total, len(done_ids), resume_seconds if self.resume else None)
@@ -145,6 +154,15 @@ class MasterSession:
                                 specs_in_hand=rt.specs_in_hand, job_started=self.job_started, now=self.clock(),
                                 **self.open_fields, **({"resume_seconds": resume_seconds} if self.resume else {}))
             journal.event(opened)
+            if given_up:
+                journal.extend([r.to_json() for r in given_up])
+                for r in given_up:
+                    log.warning(f"resume: {r.id} given up: {r.error_message}")
+
+            def handed(spec: dict) -> dict:
+                if self.keep_beat:                    # a real job: who is in flight if it is lost
+                    journal.event(handed_event(spec["id"], self.clock()))
+                return spec
             def publish(extra: dict, among: frozenset[str] | None = None) -> dict:   # mode "online": mid-run
                 self.select_among = among                     # the end selects among the same members
                 journal.sync()
@@ -184,8 +202,8 @@ class MasterSession:
                 else:
                     self.account = dispatch(
                         self.executor, source, on_results, decider=decider, should_stop=self.budget.should_stop,
-                        adjust=lambda spec: progress.hand_out(artifacts.stamp(self.budget.cap(spec))), idle=idle,
-                        clock=self.clock)
+                        adjust=lambda spec: handed(progress.hand_out(artifacts.stamp(self.budget.cap(spec)))),
+                        idle=idle, clock=self.clock)
             account = dict(self.account)
             if account["master_busy_seconds"] is None:          # the serial master trains: no master share
                 account["master_wall_seconds"] = None

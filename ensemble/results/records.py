@@ -51,6 +51,9 @@ _LABELS = {Status.OK: "ok", Status.FAILED: "failed", Status.DISCARDED: "discarde
 
 #: the error kind a worker gives a member stopped by its time limit (``train.member``)
 TIME_LIMIT_KIND = "time_limit"
+#: the error kind of a member given up after its worker process died with it twice
+#: (``results.crashes``): no ``--resume`` trains it again
+WORKER_DIED_KIND = "worker_died"
 #: the record key (true, else absent) of a member trained on a worker's kept model, whose
 #: steps were traced before it started (``train.traced``)
 REUSED_TRACE = "reused_trace"
@@ -143,6 +146,11 @@ class MemberRecord:
     @property
     def ok(self) -> bool:
         return self.status is Status.OK
+
+    @property
+    def given_up(self) -> bool:
+        """Failed for good: its worker process died with it twice (``results.crashes``)."""
+        return self.status is Status.FAILED and (self.error or {}).get("kind") == WORKER_DIED_KIND
 
     @property
     def reused_trace(self) -> bool:

@@ -1,0 +1,120 @@
+"""Members that kill their worker process (out of memory, a segfault, ``os._exit`` in a
+user's builder): found from the journal, handed out one at a time, given up after two crashes.
+
+A worker process that dies takes the MPI job with it (MPICH ends every rank) before any
+record of its member is written, so ``--resume`` would hand that member out again and lose
+the job again, for ever. So the master journals a ``handed`` line for every member as it
+hands it out (a real job; the simulator does not). A segment of the journal with an
+``open`` line and no ``close`` ended in a crash, and the members handed out in it with no
+record after were in flight then: each such member is a *suspect*. A resumed job hands its
+suspects out one at a time (``Quarantine``), beside members that are not suspects, so
+that when the job is lost again while one suspect trains, that suspect is the one most
+likely to blame: it is *given up*, journalled as failed with kind ``worker_died``, and no
+later ``--resume`` trains it again (``MemberRecord.given_up``). A suspect that finishes is
+cleared. Two crashes caused by something else (kill -9 twice, two node failures) while the
+same lone suspect trains give it up too; the record says so, and the rest of the run is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ensemble.results.events import Event, EventKind
+from ensemble.results.records import WORKER_DIED_KIND, MemberRecord, Status
+
+
+@dataclass
+class CrashBook:
+    """What the journal says of crashes: ``suspects`` (id -> crashed jobs it was in flight
+    in) and ``given_up`` (ids to journal as failed now: a second crash with each of them the
+    only suspect in flight)."""
+    suspects: dict[str, int] = field(default_factory=dict)
+    given_up: list[str] = field(default_factory=list)
+
+    def records(self) -> list[MemberRecord]:
+        """The failed records of the members given up now."""
+        return [MemberRecord(i, Status.FAILED, error={
+            "kind": WORKER_DIED_KIND,
+            "message": f"the job was lost twice while {i} trained (the second time the only member under "
+                       "suspicion in flight): its worker process died (out of memory, a segfault, os._exit?); "
+                       "not handed out again"}) for i in self.given_up]
+
+
+def read_crashes(history: Iterable[MemberRecord | Event]) -> CrashBook:
+    """The crash book of a journal (its records and events, in order)."""
+    counts: dict[str, int] = {}
+    given_up: dict[str, bool] = {}          # id -> already journalled
+    in_flight: set[str] | None = None
+    closed = True
+
+    def crashed() -> None:
+        suspects = [i for i in in_flight if counts.get(i, 0) >= 1 and i not in given_up]
+        if len(suspects) == 1:
+            given_up[suspects[0]] = False
+        for i in in_flight:
+            counts[i] = counts.get(i, 0) + 1
+
+    for item in history:
+        if isinstance(item, Event):
+            if item.kind is EventKind.OPEN:
+                if in_flight is not None and not closed:
+                    crashed()
+                in_flight, closed = set(), False
+            elif item.kind is EventKind.CLOSE:
+                closed = True
+            elif item.kind is EventKind.HANDED and in_flight is not None:
+                in_flight.add(str(item.data.get("id")))
+        elif isinstance(item, MemberRecord):
+            if in_flight is not None:
+                in_flight.discard(item.id)
+            if item.given_up:
+                given_up[item.id] = True
+            elif item.ok:
+                counts.pop(item.id, None)
+    if in_flight is not None and not closed:
+        crashed()
+    return CrashBook({i: c for i, c in counts.items() if i not in given_up},
+                     [i for i, journalled in given_up.items() if not journalled])
+
+
+def handed_event(member_id: str, now: float) -> dict[str, Any]:
+    """The journal line of a member handed out."""
+    return Event(EventKind.HANDED, {"id": member_id, "time": round(now, 4)}).to_json()
+
+
+class Quarantine:
+    """A source whose suspects go out one at a time: a suspect met while another is in
+    flight is held back and handed out when that one has ended; everything else passes."""
+
+    def __init__(self, source: Any, suspects: Iterable[str]):
+        self.source = source
+        self.suspects = set(suspects)
+        self.held: list[dict] = []
+        self.out: str | None = None
+
+    def __getattr__(self, name: str) -> Any:       # total, bind, finish, compare, ...: the source's
+        return getattr(self.source, name)
+
+    def next_spec(self) -> dict | None:
+        if self.held and self.out is None:
+            spec = self.held.pop(0)
+            self.out = spec["id"]
+            return spec
+        spec = self.source.next_spec()
+        while spec is not None and spec["id"] in self.suspects:
+            if self.out is None:
+                self.out = spec["id"]
+                return spec
+            self.held.append(spec)
+            spec = self.source.next_spec()
+        return spec
+
+    def dry(self) -> bool:
+        return not self.held and self.source.dry()
+
+    def tell(self, record: MemberRecord) -> MemberRecord:
+        if record.id == self.out:
+            self.out = None
+        return self.source.tell(record)
