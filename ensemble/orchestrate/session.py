@@ -233,6 +233,8 @@ class MasterSession:
         self.budget.n_ok = sum(s["ok"] for s in shares)
         self.budget.n_failed = sum(s["failed"] for s in shares)
         self.budget.reason = next((s["reason"] for s in shares if s["reason"]), None)
+        self.budget.failures_stopped = bool(self.budget.n_failed and self.budget.reason
+                                            and "max_failed_share" in self.budget.reason)
         return account
 
     def _absorb(self, previous: list[MemberRecord], artifacts: Artifacts) -> Artifacts:
@@ -271,12 +273,17 @@ class MasterSession:
         if not progress.per_result:
             log.info(progress.summary())
         code = 0
-        if budget.reason:
-            failed = [r for r in records if not r.status.evaluated]
-            kinds = sorted({r.error_kind for r in failed if r.error_kind})
-            log.warning(f"stopped early: {budget.reason}" + (f"\nfailures: {len(failed)} ({', '.join(kinds)})"
-                                                             if failed else ""))
-            code = 4 if budget.n_failed and "failed" in budget.reason else 0
+        failed = [r for r in records if not r.status.evaluated]
+        kinds = sorted({r.error_kind for r in failed if r.error_kind})
+        failures = f"\nfailures: {len(failed)} ({', '.join(kinds)})" if failed else ""
+        if budget.failures_stopped and source.total is not None and len({r.id for r in records}) >= source.total:
+            log.warning(f"{budget.reason.split(';')[0]}, but every member was tried (nothing was left to hand "
+                        f"out): the run is complete, its ensemble made of the others; `--resume` would train "
+                        f"the failed ones again" + failures)
+            budget.reason, code = None, 4
+        elif budget.reason:
+            log.warning(f"stopped early: {budget.reason}" + failures)
+            code = 4 if budget.failures_stopped else 0
         stats = run_stats(records, self.events)
         log.info(format_stats(stats))
         extra: dict = {"run": stats, **source.finish(records), "master_report_bytes": self.executor.report_bytes}

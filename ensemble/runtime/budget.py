@@ -72,6 +72,7 @@ class RunBudget:
         self.slowest = 0.0
         self.n_ok = self.n_failed = 0
         self.reason: str | None = None
+        self.failures_stopped = False               # the reason is `max_failed_share`
 
     def observe(self, evaluated: bool, seconds: float | None) -> None:
         """A member ended after ``seconds`` of training: ``evaluated`` (finished, or stopped by
@@ -84,6 +85,7 @@ class RunBudget:
             self.n_failed += 1
         total = self.n_ok + self.n_failed
         if self.n_failed >= MIN_FAILURES and self.n_failed / total > self.max_failed_share:
+            self.failures_stopped = True
             self.reason = (f"{self.n_failed} of {total} members failed, more than "
                            f"`runtime.max_failed_share` = {self.max_failed_share:g}; stopping instead of "
                            "burning the allocation (see the failures in journal.jsonl)")

@@ -282,6 +282,21 @@ def test_too_many_failures_stop_the_run_with_a_summary(tmp_path):
     assert len(read_journal(run_dir / "journal.jsonl")) < 6          # it stopped handing out work
 
 
+def test_too_many_failures_with_every_member_tried_end_the_run_as_done(tmp_path):
+    """3 of 4 members fail (more than the share) but none was left to hand out: the run is
+    complete (status done, the ensemble of the one that trained, exit 4 for the failures), not a
+    stop that asks for --resume (which only trained the same failures again, for ever)."""
+    cfg = write_config(tmp_path, with_faults(CONFIG.replace("max_failed_share = 0.9", "max_failed_share = 0.5")
+                                             .replace("members = 6", "members = 4").replace("k = 3", "k = 1")))
+    run_dir = tmp_path / "run"
+    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
+                   env=faults.env(**{f"mlp-{i:03d}": "raise" for i in range(1, 4)}))
+    assert proc.returncode == 4, proc.stderr
+    assert "every member was tried" in proc.stderr and "stopped early" not in proc.stderr
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "done"
+    assert [m["id"] for m in json.loads((run_dir / "ensemble.json").read_text())["members"]] == ["mlp-000"]
+
+
 def test_run_time_limit_stops_handing_out_work_and_still_writes_results(tmp_path):
     # 120 members of 1 s cannot all end in 10 s on 2 workers (fewer than 20 do): the limit, not the list,
     # ends the run (rehearsal members: the stop rule is the master's, the same for trained members)
