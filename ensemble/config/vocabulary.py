@@ -237,24 +237,57 @@ def rank_hint(need: int, shape: list[int] | tuple[int, ...], at_input: bool) -> 
     return f"set `data.reshape` to {need} axes ({AXES.get(need, 'axes')}) whose product is {n}"
 
 
-def check_input_rank(layers: list[dict], input_shape: list[int], where: str) -> str | None:
-    """Why the layer list cannot take samples of ``input_shape`` (axes per layer), or None.
+def _count(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
-    A cheap, TensorFlow-free walk over axis counts, so a Conv2D on flat vectors is caught
-    on rank 0 before any worker builds a model.
+
+#: layers that keep a sample's shape
+SHAPE_KEEPING = ("Dropout", "BatchNormalization", "Activation")
+
+
+def check_input_rank(layers: list[dict], input_shape: list[int], where: str) -> str | None:
+    """Why the layer list cannot take samples of ``input_shape`` (axes per layer, and the values
+    a Reshape gets where they are known), or None.
+
+    A cheap, TensorFlow-free walk over the sample's shape (its axes only, after a layer that
+    changes sizes: convolutions, pooling), so a Conv2D on flat vectors or a Reshape of 64
+    values into [7, 7, 1] is caught on rank 0 before any worker builds a model.
     """
-    axes = len(input_shape)
+    axes, shape = len(input_shape), list(input_shape)       # shape: None where not known
     for i, layer in enumerate(layers):
         kind = layer["type"]
         need = INPUT_RANK.get(kind)
+        at_input = shape == list(input_shape) and all(layer_["type"] in SHAPE_KEEPING for layer_ in layers[:i])
         if need is not None and axes != need:
-            at_input = axes == len(input_shape)
             return (f"`{where}[{i}]` ({kind}) needs {need} axes per sample ({AXES.get(need, 'axes')}), but "
                     + (f"the data gives shape {list(input_shape)}" if at_input
                        else f"the layers before it give {axes}")
                     + f"; {rank_hint(need, input_shape, at_input)}")
-        if kind == "Flatten" or kind.startswith("Global") or kind == "Dense" and axes == 1:
-            axes = 1
-        elif kind == "Reshape":
-            axes = len(layer["target_shape"])
+        if kind == "Reshape":
+            target = [int(d) for d in layer["target_shape"]]
+            if shape is not None:
+                n, known = _count(shape), _count(d for d in target if d != -1)
+                if (n % known if -1 in target else n != known) if known else False:
+                    return (f"`{where}[{i}]` (Reshape) target_shape {target} holds {known} values, but "
+                            + (f"each sample has {n} (shape {shape})" if at_input
+                               else f"the layers before it give {n} per sample (shape {shape})")
+                            + ("; set `data.reshape` instead" if at_input else "")
+                            + f"; the product of target_shape must be {n}")
+                shape = [n // known if d == -1 else d for d in target]
+            else:
+                shape = None
+            axes = len(target)
+        elif kind == "Flatten":
+            axes, shape = 1, None if shape is None else [_count(shape)]
+        elif kind == "Dense":
+            units = int(layer.get("units", 1))
+            axes = 1 if axes == 1 else axes
+            shape = None if shape is None else [*shape[:-1], units]
+        elif kind.startswith("Global"):
+            axes, shape = 1, None
+        elif kind not in SHAPE_KEEPING:
+            shape = None
     return None

@@ -110,3 +110,21 @@ def test_a_layer_of_the_wrong_rank_is_told_the_reshape_that_fits(layers, shape, 
     and "add a Flatten" for a Conv2D on 8 x 8 images)."""
     why = check_input_rank(layers, shape, "architectures[0].layers")
     assert why is not None and fix in why, why
+
+
+@pytest.mark.parametrize("layers, why", [
+    ([{"type": "Reshape", "target_shape": [7, 7, 1]}], "target_shape [7, 7, 1] holds 49 values, but each sample "
+                                                        "has 64 (shape [64]); set `data.reshape` instead"),
+    ([{"type": "Dense", "units": 10}, {"type": "Reshape", "target_shape": [3, 3]}],
+     "the layers before it give 10 per sample (shape [10]); the product of target_shape must be 10"),
+    ([{"type": "Reshape", "target_shape": [8, 8, 1]}, {"type": "Conv2D"}, {"type": "Flatten"}], None),
+    ([{"type": "Reshape", "target_shape": [-1, 1]}, {"type": "Conv1D"}], None),
+    ([{"type": "Dense", "units": 10}, {"type": "Dropout"}, {"type": "Reshape", "target_shape": [5, 2]}], None),
+    ([{"type": "Reshape", "target_shape": [8, 8, 1]}, {"type": "Conv2D"}, {"type": "Reshape", "target_shape": [5]}],
+     None),                                                   # after a convolution the size is not known here
+])
+def test_a_reshape_that_cannot_hold_the_values_it_gets_is_caught_before_training(layers, why):
+    """`ensemble check` caught it by building (raw Keras text); `ensemble run` did not, and every
+    member failed with it."""
+    got = check_input_rank(layers, [64], "architectures[0].layers")
+    assert (got is None) if why is None else (got is not None and why in got), got
