@@ -256,7 +256,8 @@ def check_input_rank(layers: list[dict], input_shape: list[int], where: str) -> 
     changes sizes: convolutions, pooling), so a Conv2D on flat vectors or a Reshape of 64
     values into [7, 7, 1] is caught on rank 0 before any worker builds a model.
     """
-    axes, shape = len(input_shape), list(input_shape)       # shape: None where not known
+    axes = len(input_shape)
+    shape: list[int] | None = list(input_shape)             # None where not known
     for i, layer in enumerate(layers):
         kind = layer["type"]
         need = INPUT_RANK.get(kind)
