@@ -183,3 +183,26 @@ def _cmdline_has(pid: int, text: str) -> bool:
     except OSError:
         return False
     return text.encode() in cmd and b"mpiexec" not in cmd[0] and not cmd[0].endswith(b"hydra_pmi_proxy")
+
+
+def test_a_full_disk_ends_the_job_with_one_line_naming_the_file_and_the_way_on(tmp_path):
+    """No space left on the device (a write fails, then the close after it: a chain of OSErrors):
+    one line naming the file and saying to free space and --resume, not five chained tracebacks."""
+    script = tmp_path / "full.py"
+    script.write_text(textwrap.dedent("""
+        import errno
+        import ensemble.runtime.mpi as m
+        m.abort_on_exception(lambda: "interrupted")
+        m.world.Barrier()
+        if m.world.Get_rank() == 0:
+            try:
+                raise OSError(errno.ENOSPC, "No space left on device", "run/journal.jsonl")
+            except OSError:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        m.world.Barrier()
+    """))
+    proc = run_mpi(2, [str(script)], timeout=60)
+    assert proc.returncode != 0
+    assert ("fatal error, aborting the job:\nno space left on the device writing 'run/journal.jsonl' (No space "
+            "left on device); free space") in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
