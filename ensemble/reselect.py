@@ -74,7 +74,7 @@ def _reselect(run_dir: str | Path, overrides: dict) -> dict:
     from ensemble.config import ConfigError, read_saved_config
     from ensemble.config.schema import check_task_settings
     from ensemble.results.artifacts import Artifacts
-    from ensemble.results.rundir import RunDirectory, atomic_write
+    from ensemble.results.rundir import DAMAGED_FIX, RunDirectory, atomic_write
     from ensemble.results.summary import build_ensemble, finished_records
 
     t0 = time.perf_counter()
@@ -89,7 +89,10 @@ def _reselect(run_dir: str | Path, overrides: dict) -> dict:
     except ConfigError as exc:
         raise ReselectError(str(exc)) from None
     meta = json.loads((rd.path / rd.DATA).read_text())
-    old = json.loads((rd.path / rd.ENSEMBLE).read_text())
+    try:
+        old = json.loads((rd.path / rd.ENSEMBLE).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReselectError(f"{str(rd.path / rd.ENSEMBLE)!r} cannot be read ({exc}): {DAMAGED_FIX}") from None
     ens = saved.ensemble.replace(**{k: v for k, v in overrides.items() if v is not None})
     if ens.k < 1:
         raise ReselectError(f"--k must be a positive integer, but got {ens.k}")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ensemble.results.rundir import RunDirectory, file_matches
+from ensemble.results.rundir import DAMAGED_FIX, RunDirectory, file_matches
 from ensemble.task.tasks import read_scaling
 
 if TYPE_CHECKING:
@@ -80,7 +80,8 @@ def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise PredictError(f"cannot read {str(path)!r}: {exc}") from None
+        fix = f"; {DAMAGED_FIX}" if path.name == RunDirectory.ENSEMBLE and path.is_file() else ""
+        raise PredictError(f"cannot read {str(path)!r}: {exc}{fix}") from None
 
 
 def load_run(run_dir: str | Path) -> EnsembleRun:

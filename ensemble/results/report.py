@@ -35,7 +35,7 @@ from ensemble.config import ConfigError, RunConfig, read_saved_config
 from ensemble.config.vocabulary import PROPER_SCORES
 from ensemble.results.events import Event, EventKind
 from ensemble.results.records import Counts, MemberRecord, Status, as_records, latest
-from ensemble.results.rundir import RunDirectory
+from ensemble.results.rundir import DAMAGED_FIX, RunDirectory
 from ensemble.results.selection import rank_members
 from ensemble.results.timeline import as_events, run_stats
 from ensemble.task import get_task
@@ -57,6 +57,7 @@ class RunView:
     config_text: str = ""
     meta: dict = field(default_factory=dict)
     summary: dict | None = None
+    damaged: str | None = None          # why ensemble.json could not be read, when it is there
     records: list[MemberRecord] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     test: dict | None = None                      # ensemble_test_predictions.npz
@@ -124,8 +125,9 @@ def read_view(run_dir: str | Path) -> RunView:
     for name, attr in ((rd.DATA, "meta"), (rd.ENSEMBLE, "summary")):
         try:
             setattr(view, attr, json.loads((rd.path / name).read_text()))
-        except (OSError, json.JSONDecodeError):
-            pass
+        except (OSError, json.JSONDecodeError) as exc:
+            if name == rd.ENSEMBLE and (rd.path / name).is_file():
+                view.damaged = f"{name} cannot be read ({exc}): {DAMAGED_FIX}"
     if view.summary is not None and (rd.path / rd.TEST_PREDICTIONS).is_file():
         with np.load(rd.path / rd.TEST_PREDICTIONS) as f:
             view.test = {k: f[k] for k in f.files}
@@ -557,6 +559,8 @@ def _table(header: list[str], rows: list[list]) -> str:
 def _answer(view: RunView) -> str:
     """Ensemble, best member and linear baseline side by side, on test and validation."""
     s = view.summary
+    if view.damaged:
+        return f"<p><b>{html.escape(view.damaged)}</b></p>"
     if not s or "ensemble" not in s:
         return "<p>No ensemble yet: the run has not finished (or saved no predictions).</p>"
     rows_in = [(f"ensemble ({len(s['members'])} members)", s["ensemble"]),

@@ -106,6 +106,11 @@ def member_file_name(member_id: str) -> str:
         raise ValueError(f"member id {member_id!r} is not a plain name: it {problem}")
     return member_id
 
+#: what to do about an ensemble.json that cannot be read (cut short, damaged)
+DAMAGED_FIX = ("`python -m ensemble.run CONFIG --run-dir RUN --resume` writes it again from the journal "
+               "and the stored predictions (nothing is trained again)")
+
+
 class RunDirectory:
     """A run's directory on disk; paths by role, never spelled out by callers."""
 

@@ -134,6 +134,19 @@ def test_a_running_run_gets_a_partial_report(tmp_path):
     assert {p.stem for p in (run / "report").glob("*.png")} == {"leaderboard", "costs", "timeline"}
 
 
+def test_a_damaged_ensemble_json_is_said_with_the_fix_in_the_report_and_reselect(tmp_path):
+    """ensemble.json cut short: the report said "no ensemble yet: the run has not finished", reselect
+    raised a JSONDecodeError, predict gave no fix."""
+    from ensemble.reselect import ReselectError, reselect
+    run = make_run(tmp_path / "run")
+    (run / "ensemble.json").write_text('{"metric": "accuracy", "memb')
+    page = R.write_report(run).read_text()
+    assert "ensemble.json cannot be read" in page and "--resume` writes it again" in page
+    assert "No ensemble yet" not in page
+    with pytest.raises(ReselectError, match=r"--resume` writes it again from the journal"):
+        reselect(run, {})
+
+
 def test_a_failing_plot_is_reported_on_the_page_not_raised(tmp_path, monkeypatch):
     run = make_run(tmp_path / "run")
 
