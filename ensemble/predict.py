@@ -37,6 +37,7 @@ if __name__ == "__main__":            # thread limits before numpy and TensorFlo
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -115,6 +116,8 @@ def _prepare_on_root(args: argparse.Namespace):
         raise PredictError(f"--out must end in {', '.join(OUT_SUFFIXES)}, but got {str(out)!r}")
     if out is not None and not out.parent.is_dir():
         raise PredictError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
+    if out is not None and not os.access(out.parent, os.W_OK):
+        raise PredictError(f"--out {str(out)!r}: folder {str(out.parent)!r} is not writable; choose another --out")
     if args.export:
         from ensemble.inference.export import export_ensemble
         export_ensemble(run, args.export)
@@ -216,7 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     if rank != 0:
         return 0
     y = got.y
-    write_predictions(out, run, result, y, got.kept)
+    try:
+        write_predictions(out, run, result, y, got.kept)
+    except OSError as exc:                         # a read-only or full file system, found only on writing
+        log.error(f"error: cannot write --out {str(out)!r}: {exc.strerror or exc}; choose another --out")
+        return EXIT_PREDICT
     log.info(f"wrote {out}: {len(x)} predictions from {len(run.members)} members on {size} rank(s)"
              + (f", with input column(s) {', '.join(got.kept)}" if got.kept else ""))
     if y is not None:

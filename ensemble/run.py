@@ -23,9 +23,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 description="Train an ensemble (or run an architecture search) under MPI.")
     p.add_argument("config", help="TOML config file")
     p.add_argument("--run-dir", help="run directory (default: <output_dir>/<name>, suffixed if it exists)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the run in its directory: finished members are not retrained")
-    p.add_argument("--overwrite", action="store_true", help="delete an existing run directory first")
+    which = p.add_mutually_exclusive_group()     # continue a run, or delete it: never both
+    which.add_argument("--resume", action="store_true",
+                       help="continue the run in its directory: finished members are not retrained")
+    which.add_argument("--overwrite", action="store_true", help="delete an existing run directory first")
     p.add_argument("--check", action="store_true",
                    help="check the config, the data and every architecture without training (no mpirun "
                         "needed): run it before submitting a job")

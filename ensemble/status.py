@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import socket
 import sys
 import time
@@ -368,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
                 print()
             time.sleep(args.watch)
     except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:             # `ensemble status RUN | head`: the reader has all it wants
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())      # no second error at exit
         return 0
 
 

@@ -79,3 +79,11 @@ def test_bash_completion_offers_the_subcommands(capsys):
         probe = script + '\nCOMP_WORDS=(ensemble re); COMP_CWORD=1; _ensemble; echo "${COMPREPLY[@]}"'
         out = subprocess.run([bash, "-c", probe], capture_output=True, text=True, timeout=30).stdout.split()
         assert sorted(out) == ["report", "reselect"]
+
+
+def test_resume_and_overwrite_together_are_refused():
+    """Both at once meant --resume, silently (or only the resume's error): they contradict."""
+    from ensemble.run import parse_args
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["x.toml", "--resume", "--overwrite"])
+    assert stop.value.code == 2

@@ -113,6 +113,14 @@ def cls_cli(cls_run, tmp_path_factory):
     return out, proc
 
 
+def test_an_out_that_cannot_be_written_is_one_line_not_a_traceback(cls_run):
+    """A read-only or full file system is found only on writing (root may write anywhere else):
+    a pandas OSError traceback, exit 1, before."""
+    proc = cli(cls_run, "--data", "test", "--out", "/proc/preds.csv")
+    assert proc.returncode == 4 and "Traceback" not in proc.stderr, proc.stderr
+    assert "error: cannot write --out '/proc/preds.csv'" in proc.stderr and "choose another --out" in proc.stderr
+
+
 def test_test_split_reproduces_ensemble_json_classification(cls_run, cls_cli):
     out, proc = cls_cli
     frame = pd.read_csv(out / "preds.csv")

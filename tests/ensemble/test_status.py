@@ -339,3 +339,14 @@ def test_expected_members_by_mode():
     pbt = {"mode": "pbt", "data": {"source": "digits"}, "architectures": arch}
     assert S.expected_members(resolve_config({**pbt, "pbt": {"population": 0}})) is None
     assert S.expected_members(resolve_config({**pbt, "pbt": {"population": 6}})) == 6
+
+
+def test_status_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
+    """`ensemble status RUN | head -1`: a BrokenPipeError traceback, exit 1, before."""
+    run = make(tmp_path, n_ok=40)
+    read, write = os.pipe()
+    os.close(read)                      # the reader has gone before the first line
+    proc = subprocess.run([sys.executable, "-m", "ensemble.status", str(run)], stdout=write,
+                          stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    os.close(write)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
