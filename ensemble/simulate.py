@@ -36,11 +36,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m ensemble.simulate", description=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="TOML config file (its mode, members or search, budget and [runtime])")
-    p.add_argument("--workers", type=int, nargs="+", required=True, help="simulated workers (member groups)")
-    p.add_argument("--members", type=int, help="members (ensemble) or evaluations (evolve) in all")
-    p.add_argument("--per-worker", type=float, help="members per worker (instead of --members)")
-    p.add_argument("--seconds", type=float, help="median member seconds (default: rehearsal.seconds)")
-    p.add_argument("--spread", type=float, help="log-normal sigma of member seconds (default: rehearsal.spread)")
+    p.add_argument("--workers", type=_positive(int), nargs="+", required=True,
+                   help="simulated workers (member groups)")
+    p.add_argument("--members", type=_positive(int), help="members (ensemble) or evaluations (evolve) in all")
+    p.add_argument("--per-worker", type=_positive(float), help="members per worker (instead of --members)")
+    p.add_argument("--seconds", type=_positive(float), help="median member seconds (default: rehearsal.seconds)")
+    p.add_argument("--spread", type=_positive(float, zero=True),
+                   help="log-normal sigma of member seconds (default: rehearsal.spread)")
     p.add_argument("--replay", help="journal.jsonl (or run directory) whose train_seconds to replay")
     p.add_argument("--latency", type=float, default=0.0005, help="one-way message latency, seconds")
     p.add_argument("--message-us", type=float, default=10.0,
@@ -75,6 +77,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--run-dir", help="keep the simulated journal here (default: a temporary directory)")
     p.add_argument("--json", action="store_true", help="print each row's full statistics as a JSON line")
     return p.parse_args(argv)
+
+
+def _positive(kind, zero: bool = False):
+    """An argparse type: a number of ``kind`` above 0 (or at least 0), else a usage error."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"must be {'at least 0' if zero else 'above 0'}, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def with_members(cfg, total: int):
@@ -168,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = cfg.replace(runtime=cfg.runtime.replace(stop_quantile=args.stop_quantile or None))
     if args.time_limit is not None:
         cfg = cfg.replace(runtime=cfg.runtime.replace(time_limit=args.time_limit))
+    if args.replay and not Path(args.replay).exists():
+        print(f"error: --replay {args.replay!r} does not exist; give a run's journal.jsonl or its directory",
+              file=sys.stderr)
+        return 2
     if args.engine == "fast":
         return fast_rows(cfg, args)
     from datafeed.prepare import prepare_with_rows

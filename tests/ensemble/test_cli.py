@@ -87,3 +87,14 @@ def test_resume_and_overwrite_together_are_refused():
     with pytest.raises(SystemExit) as stop:
         parse_args(["x.toml", "--resume", "--overwrite"])
     assert stop.value.code == 2
+
+
+@pytest.mark.parametrize("bad", [["--workers", "0"], ["--workers", "-3"], ["--workers", "4", "--members", "0"],
+                                 ["--workers", "4", "--members", "-5"], ["--workers", "4", "--seconds", "-1"]])
+def test_simulate_refuses_counts_and_seconds_that_are_not_positive(bad, capsys):
+    """--workers 0 was a KeyError traceback, -3 an IndexError, --members 0 or -5 simulated other
+    counts silently, --seconds -1 printed a utilisation of -226%."""
+    from ensemble.simulate import parse_args
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["configs/digits.toml", *bad])
+    assert stop.value.code == 2 and "must be above 0" in capsys.readouterr().err
