@@ -155,9 +155,13 @@ class Artifacts:
             if member_id not in models or not self.has_model.get(member_id, False):
                 path.unlink(missing_ok=True)
         if lost:
-            log.warning("resume: %d kept member(s) lost their stored predictions or model file "
-                        "(a crash before the disk had them); they are trained again: %s",
-                        len(lost), ", ".join(sorted(lost)[:10]) + (" ..." if len(lost) > 10 else ""))
+            names = ", ".join(sorted(lost)[:10]) + (" ..." if len(lost) > 10 else "")
+            if tidy:
+                log.warning("resume: %d kept member(s) lost their stored predictions or model file "
+                            "(a crash before the disk had them); they are trained again: %s", len(lost), names)
+            else:                       # a re-selection trains nothing
+                log.warning("%d kept member(s) lost their stored predictions or model file, so they are left out "
+                            "of this selection: %s; `--resume` of the run trains them again", len(lost), names)
         return lost
 
     # -- the end ----------------------------------------------------------------------------
