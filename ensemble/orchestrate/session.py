@@ -261,7 +261,8 @@ class MasterSession:
         from datafeed.splits import describe_split
         log.info(f"run {self.run_dir.path}: {self.meta['task']} on {self.meta['sizes']} samples (split "
                  f"{describe_split(self.meta, self.cfg.data, self.cfg.seed)}), {total or '?'} members, {workers} "
-                 f"{'groups of ' + str(rt.group_size) + ' ranks' if rt.group_size > 1 else 'workers'}"
+                 f"{'groups of ' + str(rt.group_size) + ' ranks' if rt.group_size > 1 else 'worker'}"
+                 f"{'s' if workers != 1 and rt.group_size == 1 else ''}"
                  f"{' (serial)' if self.serial else ''}{' and the master' if self.master_trains else ''}"
                  + (f", resuming with {done} finished (state read in {resume_seconds:.1f} s)"
                     if resume_seconds is not None else "")

@@ -80,6 +80,20 @@ def leaderboard(records: Records, metric: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: leaderboard columns of whole numbers (pandas writes them as floats, 2410.0, once a row lacks them)
+INTEGER_COLUMNS = ("rank", "params", "epochs", "seed", "mpi_rank", "discarded_at_epoch")
+
+
+def leaderboard_csv(board: pd.DataFrame) -> str:
+    """The leaderboard as leaderboard.csv holds it: whole numbers whole beside the empty cells
+    of the rows that have none."""
+    board = board.copy()
+    for column in INTEGER_COLUMNS:
+        if column in board:
+            board[column] = board[column].astype("Int64")
+    return board.to_csv(index=False)
+
+
 def selection_metric(settings: EnsembleConfig, task: str, gaussian: bool) -> str:
     """The score selection minimises: ``ensemble.selection_metric``, or with "auto" the
     task's proper scoring rule (log loss; Gaussian NLL when the candidates predict a
@@ -234,7 +248,7 @@ def finalize(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta: dict
     task = get_task(meta["task"])
     metric = task.default_metric(cfg.ensemble.metric)
     board = leaderboard(records, metric)
-    run_dir.write_text(run_dir.LEADERBOARD, board.to_csv(index=False))
+    run_dir.write_text(run_dir.LEADERBOARD, leaderboard_csv(board))
     t_select = time.perf_counter()
     if ensemble:
         summary = build_ensemble(run_dir, records, cfg, meta, y_val, y_test, artifacts, issued=issued, pool=pool)

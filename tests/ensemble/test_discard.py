@@ -124,3 +124,12 @@ def test_discarded_candidates_are_never_ranked_nor_selected():
 def test_unknown_rule_is_refused():
     with pytest.raises(ValueError, match="unknown discard rule"):
         EarlyDiscard("hyperband", 1, 3, 3, "accuracy")
+
+
+def test_leaderboard_csv_keeps_whole_numbers_whole_beside_failed_rows():
+    """A failed member's empty cells made pandas write params 2410.0 and seed 1501029259.0."""
+    from ensemble.results.summary import leaderboard_csv
+    records = [MemberRecord("a", Status.OK, val={"accuracy": 0.9}, params=2410, epochs=3, seed=1501029259, rank=1),
+               MemberRecord("b", Status.FAILED, error={"kind": "nan_loss", "message": "NaN"})]
+    text = leaderboard_csv(leaderboard(records, "accuracy"))
+    assert text.splitlines()[1].startswith("1,a,,ok,0.9,2410,3,") and "1501029259," in text and ".0," not in text
