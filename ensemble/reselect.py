@@ -74,6 +74,7 @@ def _reselect(run_dir: str | Path, overrides: dict) -> dict:
     from ensemble.config import ConfigError, read_saved_config
     from ensemble.config.schema import check_task_settings
     from ensemble.results.artifacts import Artifacts
+    from ensemble.results.records import as_records, journal_shortfall
     from ensemble.results.rundir import DAMAGED_FIX, RunDirectory, atomic_write
     from ensemble.results.summary import build_ensemble, finished_records
 
@@ -93,6 +94,12 @@ def _reselect(run_dir: str | Path, overrides: dict) -> dict:
         old = json.loads((rd.path / rd.ENSEMBLE).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ReselectError(f"{str(rd.path / rd.ENSEMBLE)!r} cannot be read ({exc}): {DAMAGED_FIX}") from None
+    lines = rd.read_lines()
+    records = [r for r in lines if "event" not in r]
+    short = journal_shortfall(old, as_records(records))
+    if short:
+        raise ReselectError(f"{short}; re-selecting from it would drop members: restore the journal, or continue "
+                            "the run with `--resume`, which trains the missing ones again")
     ens = saved.ensemble.replace(**{k: v for k, v in overrides.items() if v is not None})
     if ens.k < 1:
         raise ReselectError(f"--k must be a positive integer, but got {ens.k}")
@@ -108,8 +115,6 @@ def _reselect(run_dir: str | Path, overrides: dict) -> dict:
     except PredictError as exc:
         raise ReselectError(f"{exc}; re-selection needs the run's targets") from None
 
-    lines = rd.read_lines()
-    records = [r for r in lines if "event" not in r]
     artifacts = Artifacts(rd, old.get("metric") or saved.ensemble.metric, saved.ensemble.candidates,
                           saved.ensemble.keep_models)
     artifacts.restore(lines, tidy=False)

@@ -26,7 +26,7 @@ from ensemble.modes import MODES, mode_of
 from ensemble.results.events import Event, EventKind
 from ensemble.results.heartbeat import FINAL, read_heartbeat
 from ensemble.results.lock import pid_alive
-from ensemble.results.records import Counts, MemberRecord, Status, latest
+from ensemble.results.records import Counts, MemberRecord, Status, journal_shortfall, latest
 from ensemble.results.rundir import RunDirectory
 from ensemble.task.metrics import metric_text
 
@@ -191,11 +191,13 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
         running = min(running, max(0, total - ended_by_id))
     issued = len(tail.issued) if tail.issued else ended_by_id + (running or 0)
     counts = Counts.of_records(tail.records, issued=issued)
+    short = journal_shortfall(summary, tail.records)
     done = counts.ended
     out: dict = {"run_dir": str(run_dir), "metric": metric, "total": total, "counts": counts.as_dict(),
                  "done": done, "finished": counts.ok, **{k.value: counts.of(k) for k in Status if not k.ranked},
                  "issued": counts.issued, "running": running, "queued": None, "queued_up_to": None,
-                 "left": None if total is None else max(0, total - done), "workers": beat.get("workers")}
+                 "left": None if total is None else max(0, total - done), "workers": beat.get("workers"),
+                 **({"warning": short} if short else {})}
     opens = [e for e in tail.events if e.kind is EventKind.OPEN]
     started = opens[0].data.get("job_started", opens[0].time) if opens else beat.get("job_started")
     out["age_seconds"] = None if started is None else round(now - started, 1)
@@ -294,7 +296,7 @@ def format_status(s: dict) -> str:
             + f", {_duration(s['ended_seconds_ago'])} ago"
     elif s["age_seconds"] is not None:
         head += f", age {_duration(s['age_seconds'])}"
-    lines = [f"{name}: {head}"] + ([note] if note else [])
+    lines = [f"{name}: {head}"] + ([note] if note else []) + ([f"warning: {s['warning']}"] if s.get("warning") else [])
     c = s["counts"]
     parts = [Counts.from_dict(c).summary()]
     live = state in ("running", "finishing")

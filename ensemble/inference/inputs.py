@@ -120,6 +120,8 @@ def frame_input(run: EnsembleRun, frame, source: str = "the DataFrame", label: s
     label = run.config.data.label if label is None else label
     cols = columns or match_columns(run, frame.columns, source, label, keep)
     by_name = {str(c): c for c in frame.columns}
+    if len(frame) == 0:
+        raise PredictError(f"{source} has its columns but no rows: nothing to predict")
     bad = [f"{f!r} ({frame[by_name[f]].dtype})" for f in cols.features
            if not pd.api.types.is_numeric_dtype(frame[by_name[f]])]
     if bad:

@@ -295,3 +295,14 @@ def split_lines(lines: Iterable[Mapping[str, Any]]) -> tuple[list[MemberRecord],
         elif "id" in line:
             records.append(MemberRecord.from_json(line))
     return records, events
+
+
+def journal_shortfall(summary: Mapping[str, Any] | None, records: Iterable[MemberRecord]) -> str | None:
+    """Why the journal cannot be the whole run when it holds fewer finished members than the
+    run's ``ensemble.json`` counted (the journal cut short or replaced), else None."""
+    recorded = ((summary or {}).get("counts") or {}).get(Status.OK.value)
+    have = Counts.of_records(records).ok
+    if isinstance(recorded, int) and have < recorded:
+        return (f"journal.jsonl holds {have} finished member(s), but ensemble.json counted {recorded}: the journal "
+                "was cut short or replaced")
+    return None

@@ -127,6 +127,13 @@ def test_targets_that_cannot_be_scored_leave_the_predictions_unscored(base, rows
     assert "targets are missing in 2 of 12 rows (first rows: [2, 5])" in caplog.text
 
 
+def test_a_table_with_a_header_and_no_rows_says_so(base, rows, tmp_path):
+    """It said the empty columns (object dtype) were not numeric."""
+    shuffled_table(rows).iloc[:0].to_csv(tmp_path / "empty.csv", index=False)
+    with pytest.raises(P.PredictError, match="has its columns but no rows: nothing to predict"):
+        P.load_input(P.load_run(base / "cls"), str(tmp_path / "empty.csv"))
+
+
 def test_class_names_that_are_numbers_match_only_as_numbers(tmp_path):
     """Classes 3, 7, 9: a label read as 7.0 (pandas, after a gap) is class 7; a label 1 is no class
     (it was taken for the index of class 7)."""

@@ -350,3 +350,18 @@ def test_status_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
                           stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     os.close(write)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_journal_cut_short_is_said_by_status_and_refused_by_reselect(tmp_path):
+    """ensemble.json counted 8 finished members, the journal (truncated) holds 5: status said "done,
+    5 finished" without a word, and reselect silently re-selected from the 5, overwriting ensemble.json."""
+    from ensemble.reselect import ReselectError, reselect
+    run = make(tmp_path, n_ok=5, n_failed=0, beat={"state": "done", "time": time.time()})
+    (run / "ensemble.json").write_text(json.dumps({"metric": "accuracy", "counts": {"ok": 8}, "members": []}))
+    (run / "data.json").write_text(json.dumps({"task": "classification"}))
+    status = S.run_status(run, S.JournalTail(run / "journal.jsonl"))
+    assert status["warning"] == ("journal.jsonl holds 5 finished member(s), but ensemble.json counted 8: the "
+                                 "journal was cut short or replaced")
+    assert "warning: journal.jsonl holds 5" in S.format_status(status)
+    with pytest.raises(ReselectError, match="re-selecting from it would drop members"):
+        reselect(run, {})
