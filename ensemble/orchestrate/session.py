@@ -161,7 +161,7 @@ class MasterSession:
 
             def handed(spec: dict) -> dict:
                 if self.keep_beat:                    # a real job: who is in flight if it is lost
-                    journal.event(handed_event(spec["id"], self.clock()))
+                    journal.append(handed_event(spec["id"], self.clock()))     # flushed; fsynced with the next batch
                 return spec
             def publish(extra: dict, among: frozenset[str] | None = None) -> dict:   # mode "online": mid-run
                 self.select_among = among                     # the end selects among the same members

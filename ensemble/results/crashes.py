@@ -65,7 +65,7 @@ def read_crashes(history: Iterable[MemberRecord | Event]) -> CrashBook:
             elif item.kind is EventKind.CLOSE:
                 closed = True
             elif item.kind is EventKind.HANDED and in_flight is not None:
-                in_flight.add(str(item.data.get("id")))
+                in_flight.add(str(item.data.get("member")))
         elif isinstance(item, MemberRecord):
             if in_flight is not None:
                 in_flight.discard(item.id)
@@ -80,8 +80,9 @@ def read_crashes(history: Iterable[MemberRecord | Event]) -> CrashBook:
 
 
 def handed_event(member_id: str, now: float) -> dict[str, Any]:
-    """The journal line of a member handed out."""
-    return Event(EventKind.HANDED, {"id": member_id, "time": round(now, 4)}).to_json()
+    """The journal line of a member handed out; its key is ``member``, not ``id`` (the key of
+    a member's record, by which readers of the journal tell records from events)."""
+    return Event(EventKind.HANDED, {"member": member_id, "time": round(now, 4)}).to_json()
 
 
 class Quarantine:

@@ -341,8 +341,9 @@ def test_bad_inputs_give_clear_errors(cls_run, reg_run, tmp_path):
         P.read_input(run, str(tmp_path / "named.npz"))
     assert P.read_input(run, str(tmp_path / "named.npz"), x="feats")[0].shape == (5, 64)
     np.savez(tmp_path / "labels.npz", x=np.zeros((2, 64)), y=np.array(["3", "cat"]))
+    assert P.read_input(run, str(tmp_path / "labels.npz"))[1] is None        # predicted, not scored: warned
     with pytest.raises(P.PredictError, match=r"labels \['cat'\] that are not classes"):
-        P.read_input(run, str(tmp_path / "labels.npz"))
+        P.encode_targets(run, np.array(["3", "cat"]), 2)
     nan = np.zeros((3, 10), dtype=np.float32)
     nan[1, 2] = np.nan
     with pytest.raises(P.PredictError, match=r"NaN/inf values \(first rows: \[1\]\)"):
