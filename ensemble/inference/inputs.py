@@ -259,8 +259,8 @@ def encode_targets(run: EnsembleRun, y: np.ndarray, n: int, source: str = "the i
     codes, unknown = [], []
     for v in values:
         key = _class_key(v)
-        if key in lookup:
-            codes.append(lookup[key])
+        if key in lookup or str(v) in lookup:       # str(v): "3.0", as runs trained before named such classes
+            codes.append(lookup[key] if key in lookup else lookup[str(v)])
         elif not numbered and y.dtype.kind in "iuf" and float(v).is_integer() and 0 <= v < len(names):
             codes.append(int(v))                                  # class indices, as training used them
         else:
