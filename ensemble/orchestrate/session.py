@@ -28,7 +28,7 @@ from ensemble.orchestrate.dispatch import dispatch
 from ensemble.orchestrate.progress import Progress
 from ensemble.results.artifacts import Artifacts
 from ensemble.results.crashes import CrashBook, Quarantine, handed_event, read_crashes
-from ensemble.results.events import Event, close_event, open_event
+from ensemble.results.events import Event, EventKind, close_event, open_event
 from ensemble.results.heartbeat import Heartbeat
 from ensemble.results.journal import Journal, typed_history
 from ensemble.results.records import MemberRecord
@@ -196,14 +196,18 @@ class MasterSession:
                     beat.beat(late=True)      # a loop never idle (results always waiting) still beats, if less often
 
             alive = beat.kept_alive("running") if beat is not None and self.serial else nullcontext()
-            with alive:      # a serial master trains the members itself, with no idle moments: a thread beats
-                if self.shares is not None:
-                    self.account = self._coordinate(lost, progress, idle, beat)
-                else:
-                    self.account = dispatch(
-                        self.executor, source, on_results, decider=decider, should_stop=self.budget.should_stop,
-                        adjust=lambda spec: handed(progress.hand_out(artifacts.stamp(self.budget.cap(spec)))),
-                        idle=idle, clock=self.clock)
+            try:
+                with alive:  # a serial master trains the members itself, with no idle moments: a thread beats
+                    if self.shares is not None:
+                        self.account = self._coordinate(lost, progress, idle, beat)
+                    else:
+                        self.account = dispatch(
+                            self.executor, source, on_results, decider=decider, should_stop=self.budget.should_stop,
+                            adjust=lambda spec: handed(progress.hand_out(artifacts.stamp(self.budget.cap(spec)))),
+                            idle=idle, clock=self.clock)
+            except KeyboardInterrupt:                 # Ctrl-C, SIGTERM: a stop, not a crash (results.crashes)
+                journal.append(Event(EventKind.INTERRUPTED, {"time": round(self.clock(), 4)}).to_json())
+                raise
             account = dict(self.account)
             if account["master_busy_seconds"] is None:          # the serial master trains: no master share
                 account["master_wall_seconds"] = None

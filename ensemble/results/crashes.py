@@ -6,7 +6,8 @@ record of its member is written, so ``--resume`` would hand that member out agai
 the job again, for ever. So the master journals a ``handed`` line for every member as it
 hands it out (a real job; the simulator does not). A segment of the journal with an
 ``open`` line and no ``close`` ended in a crash, and the members handed out in it with no
-record after were in flight then: each such member is a *suspect*. A resumed job hands its
+record after were in flight then: each such member is a *suspect* (a job stopped by
+Ctrl-C or SIGTERM, a scheduler's time limit, journals ``interrupted``: no crash). A resumed job hands its
 suspects out one at a time (``Quarantine``), beside members that are not suspects, so
 that when the job is lost again while one suspect trains, that suspect is the one most
 likely to blame: it is *given up*, journalled as failed with kind ``worker_died``, and no
@@ -62,7 +63,7 @@ def read_crashes(history: Iterable[MemberRecord | Event]) -> CrashBook:
                 if in_flight is not None and not closed:
                     crashed()
                 in_flight, closed = set(), False
-            elif item.kind is EventKind.CLOSE:
+            elif item.kind in (EventKind.CLOSE, EventKind.INTERRUPTED):     # a stop is no crash
                 closed = True
             elif item.kind is EventKind.HANDED and in_flight is not None:
                 in_flight.add(str(item.data.get("member")))

@@ -21,6 +21,7 @@ class EventKind(str, Enum):
     CLOSE = "close"          #: dispatch ends: results, the master's wall, busy and CPU seconds, journal syncs
     ISSUED = "issued"        #: a search candidate handed out (resume re-issues those in flight)
     HANDED = "handed"        #: any member handed out, in a real job (``results.crashes``: who was in flight)
+    INTERRUPTED = "interrupted"  #: the job was stopped (Ctrl-C, SIGTERM): its segment ends, but not in a crash
     RELEASED = "released"    #: a member's kept files released by retention
     ASK = "ask"              #: a search strategy's ask (its random state, for an exact resume)
     PBT_ROUND = "pbt_round"  #: a population's round: who copied whom, with which hyperparameters

@@ -42,8 +42,12 @@ def test_two_suspects_in_flight_at_a_crash_give_up_neither():
     assert read_crashes(history).given_up == [] and read_crashes(history).suspects == {"a": 2, "b": 2}
 
 
-def test_a_closed_segment_is_no_crash_and_a_journal_without_handed_lines_has_no_suspects():
+def test_a_closed_or_interrupted_segment_is_no_crash_and_a_journal_without_handed_lines_has_no_suspects():
+    """A job stopped by Ctrl-C or SIGTERM (a scheduler's time limit, again and again in a chain of
+    jobs while one long member trains) writes `interrupted`: its members are no suspects."""
     assert read_crashes([opened(), *handed("a"), closed(), opened(), *handed("a"), closed()]).suspects == {}
+    stopped = Event(EventKind.INTERRUPTED, {"time": 1.0})
+    assert read_crashes([opened(), *handed("a"), stopped, opened(), *handed("a"), stopped, opened()]).suspects == {}
     assert read_crashes([opened(), ok("a"), opened()]).suspects == {}
 
 

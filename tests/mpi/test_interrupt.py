@@ -90,12 +90,15 @@ def test_ctrl_c_or_sigterm_prints_one_line_and_resume_continues(tmp_path, sig, c
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "stopped", status
     assert not (run_dir / "run.lock").exists()           # the job let go of the run directory
+    events = [r["event"] for r in map(json.loads, journal.read_text().splitlines()) if "event" in r]
+    assert "interrupted" in events and "handed" in events    # a stop, not a crash: no suspects on resume
 
     again = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=120)
     assert again.returncode == 0, again.stderr
     records = [r for r in map(json.loads, journal.read_text().splitlines()) if r.get("status") == "ok"]
     assert len(records) == 16 and len({r["id"] for r in records}) == 16          # none trained twice
     assert f"resuming with {len(done)} finished" in again.stdout
+    assert "one at a time" not in again.stdout + again.stderr
 
 
 def test_ranks_leaving_at_different_times_still_end_the_job_with_143(tmp_path):
