@@ -49,6 +49,20 @@ class MemberFailed(RuntimeError):
 _clock = time.monotonic
 
 
+def stop_on_nan():
+    """Keras' TerminateOnNaN without its line on the worker's stdout ("Batch 4: Invalid loss,
+    terminating training"): the member's record says it (kind ``nan_loss``)."""
+    import keras
+
+    class QuietTerminateOnNaN(keras.callbacks.TerminateOnNaN):
+        def on_batch_end(self, batch, logs=None):
+            loss = (logs or {}).get("loss")
+            if loss is not None and not np.isfinite(float(loss)):
+                self.model.stop_training = True
+
+    return QuietTerminateOnNaN()
+
+
 def _time_limit_callback(limit: float):
     import keras
 
@@ -196,14 +210,14 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         if report is not None and spec.get("report_every"):
             reporter = _report_callback(crew.report(report), int(spec["report_every"]))
         hist = grow_and_fit(model, crew, spec, data, meta, y_tf, (train_ds, val_ds),
-                            [clock, keras.callbacks.TerminateOnNaN(), limit, early]
+                            [clock, stop_on_nan(), limit, early]
                             + ([reporter] if reporter is not None else []), early, limit, 0)
         helped = crew.helped()
         if helped:
             key = None                                 # its steps are data-parallel now: not kept
     else:
         helped = {}
-        callbacks = parallel[:1] + [clock, keras.callbacks.TerminateOnNaN(), limit, early] + parallel[1:]
+        callbacks = parallel[:1] + [clock, stop_on_nan(), limit, early] + parallel[1:]
         if report is not None and spec.get("report_every"):
             reporter = _report_callback(report, int(spec["report_every"]))
             callbacks.append(reporter)
@@ -524,7 +538,7 @@ def help_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, leader: 
     limit, early = _time_limit_callback(spec["member_time_limit"]), _early_stopping(spec)
     epoch = _share(model, crew, None, early, limit)
     crew.data_parallel(model)
-    callbacks = [keras.callbacks.TerminateOnNaN(), limit, early]
+    callbacks = [stop_on_nan(), limit, early]
     if spec.get("report_every"):
         callbacks.append(_report_callback(crew.report(None), int(spec["report_every"])))
     grow_and_fit(model, crew, spec, data, meta, y_tf, datasets,

@@ -35,7 +35,7 @@ from ensemble.runtime.env import TENSORFLOW
 from ensemble.runtime.executor import Report
 from ensemble.task import get_task
 from ensemble.train.architecture import build_training_state
-from ensemble.train.member import MemberFailed, member_record
+from ensemble.train.member import MemberFailed, member_record, stop_on_nan
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ def train_population_member(spec: dict, data: Mapping[str, np.ndarray], meta: di
                                 (spec["seed"] + 7919 * round_) % 2**31, y_transform=y_tf, shard=shard)
         build_training_state(member.model, train_ds)       # a new model's step traced once (no-op after)
         hist = member.model.fit(train_ds, epochs=round_ * E, initial_epoch=(round_ - 1) * E, verbose=0,
-                                shuffle=False, callbacks=member.parallel[:1] + [keras.callbacks.TerminateOnNaN()]
+                                shuffle=False, callbacks=member.parallel[:1] + [stop_on_nan()]
                                 + member.parallel[1:]).history
         losses = np.asarray(hist.get("loss", []), dtype=np.float64)
         epochs = round_ * E
