@@ -74,6 +74,11 @@ class Mode:
     #: whether idle workers may help its last members at the end of the run (``runtime.tail``;
     #: a population trains in rounds, an online run on data that keeps coming: no last members)
     takes_helpers: ClassVar[bool] = True
+    #: whether ``--resume`` hands the members in flight when a job was lost out one at a time and
+    #: gives up one lost again (``results.crashes``): a fixed list only, whose members are
+    #: independent; a search re-issues its candidates in their order (a resumed search equals the
+    #: uninterrupted one) and a population trains in synchronous rounds (one at a time would hang)
+    gives_up_crashers: ClassVar[bool] = False
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         """The run's Source and Decider (the same object when the mode's rounds are both)."""

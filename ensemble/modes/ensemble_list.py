@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 class EnsembleMode(Mode):
     name = "ensemble"
+    gives_up_crashers = True
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         done: Collection[str] = {i for i, r in latest(x for x in ctx.history if isinstance(x, MemberRecord)).items()

@@ -119,7 +119,7 @@ class MasterSession:
         lost = artifacts.restore(lines) if self.resume else set()
         history = typed_history(lines)
         del lines
-        crashes = read_crashes(history) if self.resume else CrashBook()
+        crashes = read_crashes(history) if self.resume and self.mode.gives_up_crashers else CrashBook()
         given_up = crashes.records()                  # journalled once the journal is open
         history += given_up
         previous = [x for x in history if isinstance(x, MemberRecord)]

@@ -1,5 +1,6 @@
 """Members that kill their worker process (out of memory, a segfault, ``os._exit`` in a
-user's builder): found from the journal, handed out one at a time, given up after two crashes.
+user's builder): found from the journal, handed out one at a time, given up after two crashes
+(the modes whose ``Mode.gives_up_crashers`` says so: a fixed member list).
 
 A worker process that dies takes the MPI job with it (MPICH ends every rank) before any
 record of its member is written, so ``--resume`` would hand that member out again and lose

@@ -65,3 +65,11 @@ def test_quarantine_hands_suspects_out_one_at_a_time_and_every_spec_once():
     assert source.next_spec()["id"] == "d" and source.next_spec() is None
     source.tell(ok("d"))
     assert source.next_spec() is None and source.dry() and source.total is None
+
+
+def test_only_a_fixed_member_list_gives_up_crashers():
+    """A search re-issues its candidates in order (a resumed search equals the uninterrupted one;
+    holding one back let the strategy breed early) and a population trains in synchronous rounds
+    (one member at a time hung the round): neither quarantines."""
+    from ensemble.modes import MODES
+    assert {name for name, mode in MODES.items() if mode.gives_up_crashers} == {"ensemble"}

@@ -42,6 +42,7 @@ def kill_after(cfg, run_dir, finished: int) -> list[dict]:
     gone out, then kill -9 the whole job (every rank at once, as a scheduler does)."""
     def ready() -> bool:
         lines = read_lines(run_dir / "journal.jsonl") if (run_dir / "journal.jsonl").exists() else []
+        lines = [x for x in lines if x.get("event") != "handed"]        # each issued line is followed by one
         return sum("event" not in x for x in lines) >= finished and lines[-1].get("event") == "issued"
     kill_when(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], ready, 120, "the members")
     return read_lines(run_dir / "journal.jsonl")
