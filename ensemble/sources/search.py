@@ -316,7 +316,12 @@ class SearchSource:
         out = self.compare(rows)
         if self.strategy.surrogate is not None:          # its cost on the master, for the summary
             out = {**out, "surrogate": self.strategy.surrogate.state()}
-            log.info("search: surrogate %s", out["surrogate"])
+            st = out["surrogate"]
+            log.info("search: surrogate " + (
+                f"fitted {st['surrogate_fits']} time(s) ({st['surrogate_fit_seconds']:.2f} s), screened "
+                f"{st['surrogate_screens']} time(s) ({st['surrogate_screen_seconds']:.2f} s)"
+                if st["surrogate_fits"] else
+                f"never fitted: {st['surrogate_results']} result(s), fewer than `evolve.surrogate_min_results`"))
         return {"search": out}
 
     def compare(self, rows: list[MemberRecord]) -> dict:
