@@ -38,7 +38,14 @@ def missing_rows(y: np.ndarray) -> np.ndarray:
         return np.nonzero(np.isnan(flat).any(axis=1))[0]
     if flat.dtype.kind != "O":
         return np.zeros(0, dtype=np.int64)
-    return np.nonzero([any(v is None or v != v for v in row) for row in flat])[0]
+    return np.nonzero([any(_missing(v) for v in row) for row in flat])[0]
+
+
+def _missing(v) -> bool:
+    """None, a NaN, or pandas' NA / NaT (whose comparisons give NA, not a bool)."""
+    if v is None or type(v).__name__ in ("NAType", "NaTType"):
+        return True
+    return isinstance(v, (float, np.floating)) and v != v
 
 
 def encode_labels(y: np.ndarray, class_names: list[str] | None) -> tuple[np.ndarray, list[str]]:

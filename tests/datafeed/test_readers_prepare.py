@@ -216,6 +216,14 @@ def test_missing_targets_are_refused_naming_the_rows(tmp_path, kind, task):
         prepare(x, y, info, data, seed=0)
 
 
+def test_missing_targets_of_nullable_columns_are_found():
+    """Parquet's nullable integers reach numpy as objects holding pandas' NA, whose comparison is
+    no bool (`v != v` raised)."""
+    from datafeed.prepare import missing_rows
+    assert missing_rows(pd.array([1, None, 3], dtype="Int64").to_numpy()).tolist() == [1]
+    assert missing_rows(np.array(["a", np.nan, None, "b"], dtype=object)).tolist() == [1, 2]
+
+
 def test_labels_keep_the_values_they_have():
     """Classes are the labels found: 1, 2, 3 are three classes (not four with an empty class 0);
     labels counting from 0 keep their values as codes; whole numbers read as floats (a column
