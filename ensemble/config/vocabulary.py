@@ -216,15 +216,21 @@ def check_layer(layer: Any, where: str) -> str | None:
 AXES = {1: "a flat vector", 2: "steps, channels", 3: "height, width, channels", 4: "depth, height, width, channels"}
 
 
+def _count(shape) -> int:
+    """Values per sample of ``shape``."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
 def rank_hint(need: int, shape: list[int] | tuple[int, ...], at_input: bool) -> str:
     """The fix for a layer that needs ``need`` axes per sample but gets ``shape``: at the
     input, the `data.reshape` that gives them (a channel axis added, or a flat vector of a
     square number of values as a square image); after other layers, a Reshape layer."""
     if not at_input:
         return "add a Reshape (or Flatten) layer before it"
-    n = 1
-    for d in shape:
-        n *= int(d)
+    n = _count(shape)
     target = None
     if need == len(shape) + 1:
         target = [*shape, 1]
@@ -235,13 +241,6 @@ def rank_hint(need: int, shape: list[int] | tuple[int, ...], at_input: bool) -> 
     if target is not None:
         return f"set `data.reshape = {target}` ({AXES[need]})"
     return f"set `data.reshape` to {need} axes ({AXES.get(need, 'axes')}) whose product is {n}"
-
-
-def _count(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 #: layers that keep a sample's shape
@@ -284,9 +283,7 @@ def check_input_rank(layers: list[dict], input_shape: list[int], where: str) -> 
         elif kind == "Flatten":
             axes, shape = 1, None if shape is None else [_count(shape)]
         elif kind == "Dense":
-            units = int(layer.get("units", 1))
-            axes = 1 if axes == 1 else axes
-            shape = None if shape is None else [*shape[:-1], units]
+            shape = None if shape is None else [*shape[:-1], int(layer.get("units", 1))]   # on the last axis
         elif kind.startswith("Global"):
             axes, shape = 1, None
         elif kind not in SHAPE_KEEPING:
