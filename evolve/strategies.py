@@ -28,7 +28,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import numpy as np
 from deap import tools
@@ -38,6 +38,9 @@ from evolve.operators import Candidate, crossover, mutate, random_genome, tourna
 from evolve.space import SearchSpace
 from evolve.structured import AnyGenome, genome_from_dict
 from evolve.surrogate import Surrogate
+
+if TYPE_CHECKING:
+    from evolve.screening import Ahead
 
 MAX_TRIES = 50
 
@@ -84,6 +87,7 @@ class Strategy:
         self.initial = tuple(initial)
         self.compact_start = compact_start
         self.surrogate = surrogate
+        self.ahead: Ahead | None = None          # children screened ahead in a helper process (``attach``)
         self.seed = int(rng_seed) % 2 ** 63
         self.budget_evaluations, self.budget_seconds = budget_evaluations, budget_seconds
         self.params = self.validate_params(params)
@@ -159,6 +163,8 @@ class Strategy:
         self.results[key] = fitness
         if self.surrogate is not None:
             self.surrogate.observe(genome, fitness)
+        if self.ahead is not None:
+            self.ahead.note_tell(genome, fitness, objectives)
         if fitness is None:
             self.failed += 1
         elif self.best is None or fitness > self.best[1]:
@@ -198,9 +204,30 @@ class Strategy:
                "best": self.best[0].summary(self.input_shape) if self.best else None,
                "best_key": self.best[0].key() if self.best else None}
         out.update(self._extra_state())
-        if self.surrogate is not None:
-            out.update(self.surrogate.state())
+        screening = self.screening_state()
+        if screening is not None:
+            out.update(screening)
         return out
+
+    def screening_state(self) -> dict | None:
+        """The surrogate's counts (``Surrogate.state``; with ``attach``, the helper's and how
+        many asks it served), or None without a surrogate."""
+        if self.ahead is not None:
+            return self.ahead.state()
+        return self.surrogate.state() if self.surrogate is not None else None
+
+    def attach(self, ahead: Ahead) -> None:
+        """Screen bred children ahead, off the caller's loop (``evolve.screening``): from now
+        on every ask and tell is also sent to ``ahead``'s twin of this strategy, and a bred
+        child is the next one it screened (a plain bred child when none is ready). Attach
+        before ``replay``, so the twin sees the whole history. The search is then no longer
+        a function of its seed and results alone: which children are ready depends on time."""
+        self.ahead = ahead
+
+    def close(self) -> None:
+        """Stop the helper of ``attach`` (if any)."""
+        if self.ahead is not None:
+            self.ahead.close()
 
     # -- helpers and hooks --------------------------------------------------
     def _derive_rng(self) -> np.random.Generator:
@@ -212,6 +239,8 @@ class Strategy:
         self._seen.add(key)
         self._pending[key] = g
         self._on_ask(g)
+        if self.ahead is not None:
+            self.ahead.note_ask(g)
 
     def _random(self, compact: bool = False) -> AnyGenome:
         return random_genome(self.rng, self.space, self.input_shape, self.n_outputs, compact)
@@ -265,7 +294,16 @@ class Strategy:
     def _breed(self, propose: Callable[[], AnyGenome]) -> AnyGenome:
         """A bred child to train: ``_fresh(propose)``; with a surrogate that has seen enough
         results, the most promising (``Surrogate.choose``) of ``candidates`` children bred by
-        ``propose``, each new (never asked or trained), distinct."""
+        ``propose``, each new (never asked or trained), distinct; with ``attach``, the next
+        child the helper screened that is still new and of the current ``lineage``."""
+        if self.ahead is not None:
+            ready = self.ahead.take(self._seen, self.lineage())
+            if ready is not None:
+                child, parent = ready
+                if parent is not None:
+                    self._note_parent(child, parent)
+                return child
+            return self._fresh(propose)
         s = self.surrogate
         if s is None or s.candidates < 2 or not s.ready:
             return self._fresh(propose)
@@ -284,6 +322,17 @@ class Strategy:
 
     def _propose(self) -> AnyGenome | None:
         raise NotImplementedError
+
+    def breeder(self) -> Callable[[], AnyGenome] | None:
+        """What breeds this strategy's next child now (``_breed``'s ``propose``), or None while
+        its asks are not bred (a first population, random search): what a twin that screens
+        ahead (``evolve.screening``) breeds with."""
+        return None
+
+    def lineage(self) -> int:
+        """Changes when children bred before are no longer this strategy's to ask (a
+        generation's parents replaced); a child screened ahead under another is dropped."""
+        return 0
 
     def _on_ask(self, g: AnyGenome) -> None:
         pass
@@ -329,9 +378,11 @@ class RegularizedEvolution(Strategy):
         self.population: deque[tuple[AnyGenome, float, int]] = deque()  # (genome, fitness, born)
 
     def _propose(self) -> AnyGenome:
-        if len(self.population) < self.params["population_size"]:
-            return self._fresh(self._initial_genome)
-        return self._breed(self._child)
+        propose = self.breeder()
+        return self._fresh(self._initial_genome) if propose is None else self._breed(propose)
+
+    def breeder(self) -> Callable[[], AnyGenome] | None:
+        return self._child if len(self.population) >= self.params["population_size"] else None
 
     def _child(self) -> AnyGenome:
         genomes = [g for g, _, _ in self.population]
@@ -387,6 +438,12 @@ class Generational(Strategy):
         if self._issued >= self._gen_size:
             return None
         return self._breed(self._offspring_one) if self.parents else self._fresh(self._initial_genome)
+
+    def breeder(self) -> Callable[[], AnyGenome] | None:
+        return self._offspring_one if self.parents else None
+
+    def lineage(self) -> int:
+        return self.generation
 
     def _on_ask(self, g: AnyGenome) -> None:
         self._issued += 1

@@ -39,6 +39,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -473,6 +474,67 @@ def surrogate_cost(results: tuple[int, ...] = (1000, 10000), asks: int = 100, ca
     return "\n".join(lines)
 
 
+def ahead_cost(results: tuple[int, ...] = (1000, 10000), rates: tuple[int, ...] = (100, 300, 1000),
+               seconds: float = 5.0, candidates: int = 12, in_flight: int = 64) -> str:
+    """The master asked at a fixed rate, screening in the loop against screening ahead in a
+    helper process (``evolve.screening``): regularized evolution on the structured space
+    (64-step signals, a toy fitness), after ``results`` results; every ``1 / rate`` s the
+    master asks a child and tells the result of the oldest of ``in_flight`` out. Per setting:
+    the asks a second it reached, the master process's CPU per ask and its CPU share of
+    the wall time (``time.process_time``: its writer and reader threads included, the helper
+    not), and the share of bred asks that got a screened child."""
+    import numpy as np
+    import sklearn.ensemble  # noqa: F401  (imported before the clock starts)
+
+    from evolve import SearchSpace, make_strategy, random_genome
+    from evolve.screening import AHEAD_CHILDREN, Ahead
+    from evolve.surrogate import Surrogate
+    lines = ["| results | asked at (/s) | screened | reached (/s) | master CPU per ask (µs) | master CPU share | "
+             "bred asks screened |", "|---|---|---|---|---|---|---|"]
+    shape = (64, 1)
+    space = SearchSpace.from_config({"space": "structured", "max_params": 100000}, input_rank=2)
+    rng = np.random.default_rng(0)
+    pool = [random_genome(rng, space, shape, 4) for _ in range(max(results))]
+    pool = list({g.key(): g for g in pool}.values())
+    for n in results:
+        for ahead in (False, True):
+            sur = Surrogate(space, shape, 4, candidates=candidates, min_results=16, seed=0)
+            st = make_strategy("regularized", space, shape, 4, rng_seed=0, surrogate=None if ahead else sur,
+                               population_size=12, sample_size=4)
+            if ahead:
+                st.attach(Ahead(st, sur, AHEAD_CHILDREN))
+            st.replay([{"genome": g.to_dict(), "fitness": _toy_fitness(g, i)} for i, g in enumerate(pool[:n])])
+            if st.ahead is not None:                   # the helper caught up: its first batch is in
+                until = time.monotonic() + 120
+                while len(st.ahead.ready) < AHEAD_CHILDREN and time.monotonic() < until:
+                    time.sleep(0.05)
+            out: deque = deque()
+            for rate in rates:
+                before = dict(st.ahead.counts) if st.ahead is not None else None
+                asks, cpu0, t0 = 0, time.process_time(), time.perf_counter()
+                due = t0
+                while time.perf_counter() - t0 < seconds:
+                    g = st.ask()
+                    out.append(g)
+                    if len(out) > in_flight:
+                        x = out.popleft()
+                        st.tell(x, _toy_fitness(x, asks))
+                    asks += 1
+                    due += 1.0 / rate
+                    time.sleep(max(0.0, due - time.perf_counter()))
+                wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                if st.ahead is not None and before is not None:
+                    served = st.ahead.counts["served"] - before["served"]
+                    bred = served + st.ahead.counts["missed"] - before["missed"]
+                    share = f"{served / max(bred, 1):.0%}"
+                else:
+                    share = "100%"
+                lines.append(f"| {n:,} | {rate:,} | {'ahead' if ahead else 'in the loop'} | {asks / wall:,.0f} | "
+                             f"{cpu / asks * 1e6:,.0f} | {cpu / wall:.0%} | {share} |")
+            st.close()
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------ main
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -495,6 +557,8 @@ def main() -> int:
     p.add_argument("--write", help="--table: the docs page to write the table into")
     p.add_argument("--surrogate-cost", action="store_true", help="the surrogate's cost on the master, and stop")
     p.add_argument("--candidates", type=int, default=12, help="--surrogate-cost: children screened per ask")
+    p.add_argument("--ahead-cost", action="store_true",
+                   help="the master asked at fixed rates, screening in its loop against ahead (evolve.screening)")
     p.add_argument("--plot", help="write best-so-far validation against wall time here (PNG; one problem and seed)")
     p.add_argument("--keep", help="folder to keep the runs in")
     p.add_argument("--dh-reductions", action="store_true",
@@ -515,6 +579,9 @@ def main() -> int:
         return 0
     if args.surrogate_cost:
         print(surrogate_cost(candidates=args.candidates))
+        return 0
+    if args.ahead_cost:
+        print(ahead_cost(candidates=args.candidates))
         return 0
     if args.deephyper_path:
         sys.path.append(args.deephyper_path)              # after the venv: its numpy and TensorFlow win

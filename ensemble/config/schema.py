@@ -936,6 +936,12 @@ EVOLVE_KEYS = {
     "surrogate_min_results": Key((int,), 16, lambda v: None if v >= 2 else "must be >= 2",
                                  doc="results before the surrogate's first fit; children bred earlier are not "
                                      "screened"),
+    "surrogate_ahead": Key((str, int), "auto", lambda v: None if v == "auto" or (
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0) else 'must be "auto" or an integer >= 0',
+                           doc="children kept bred and screened ahead by a helper process beside the master, "
+                               "off its dispatch loop (`surrogate = \"forest\"`); 0: screened in the loop at each "
+                               "ask, and the search is reproducible from its seed; \"auto\": in the loop below a "
+                               "few hundred workers, ahead from there (evolve/screening.py)"),
 }
 
 

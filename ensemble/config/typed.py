@@ -302,6 +302,10 @@ class EvolveConfig(Section):
     surrogate_candidates: int
     #: results before the surrogate's first fit; children bred earlier are not screened
     surrogate_min_results: int
+    #: children kept bred and screened ahead by a helper process beside the master, off its dispatch loop
+    #: (`surrogate = "forest"`); 0: screened in the loop at each ask, and the search is reproducible from its
+    #: seed; "auto": in the loop below a few hundred workers, ahead from there (evolve/screening.py)
+    surrogate_ahead: str | int
     #: the chosen strategy's own settings (evolve.strategies), by name
     settings: Mapping[str, Any]
 

@@ -22,7 +22,7 @@ class EvolveMode(Mode):
         from ensemble.results.records import MemberRecord
         from ensemble.sources.discard import EarlyDiscard
         from ensemble.sources.search import SearchSource
-        source = SearchSource(ctx.cfg, ctx.meta, ctx.run_dir, ctx.history, set(ctx.lost))
+        source = SearchSource(ctx.cfg, ctx.meta, ctx.run_dir, ctx.history, set(ctx.lost), ctx.workers)
         discard = EarlyDiscard.from_config(ctx.cfg.evolve, ctx.metric)
         if discard is None:
             return source, GoOn()

@@ -134,7 +134,7 @@ class SearchSource:
     handed out (``Hooks.event``), so a resume re-issues it."""
 
     def __init__(self, cfg: RunConfig, meta: dict, run_dir: RunDirectory, history: list[MemberRecord | Event],
-                 lost: set[str] = frozenset()):
+                 lost: set[str] = frozenset(), workers: int = 1):
         from evolve import STRATEGIES, make_strategy
         ev = cfg.evolve
         self.cfg, self.meta, self.run_dir = cfg, meta, run_dir
@@ -152,10 +152,18 @@ class SearchSource:
                 raise
             log.warning(f"resume: {exc}; the search goes on without the starting points it had not handed out")
             self.initial = initial_genomes(cfg, meta, self.space, first, earlier=False)
+        from evolve.screening import Ahead, ahead_children
+        surrogate = self._surrogate()
+        ahead = ahead_children(ev.surrogate_ahead, workers) if surrogate is not None and surrogate.candidates > 1 else 0
         self.strategy = make_strategy(ev.strategy, self.space, self.input_shape, meta["n_outputs"],
                                       rng_seed=cfg.seed, budget_evaluations=ev.evaluations,
                                       budget_seconds=ev.time_limit, initial=self.initial,
-                                      surrogate=self._surrogate(), compact_start=ev.compact_start, **params)
+                                      surrogate=None if ahead else surrogate, compact_start=ev.compact_start,
+                                      **params)
+        if ahead:                                 # before the replay: the helper's twin sees the whole history
+            self.strategy.attach(Ahead(self.strategy, surrogate, ahead))
+            log.info(f"search: bred children screened ahead by a helper process ({ahead} kept ready, "
+                     f"`evolve.surrogate_ahead`)")
         self.total = ev.evaluations
         self.population_size = cls.initial_size(self.strategy.params)
         self.hooks: Hooks | None = None
@@ -314,14 +322,21 @@ class SearchSource:
         frame = pd.DataFrame(table)
         self.run_dir.write_text(self.run_dir.SEARCH_TABLE, frame.to_csv(index=False))
         out = self.compare(rows)
-        if self.strategy.surrogate is not None:          # its cost on the master, for the summary
-            out = {**out, "surrogate": self.strategy.surrogate.state()}
-            st = out["surrogate"]
+        self.strategy.close()                            # the screening helper, if any
+        st = self.strategy.screening_state()
+        if st is not None:                               # its cost, for the summary
+            out = {**out, "surrogate": st}
             log.info("search: surrogate " + (
                 f"fitted {st['surrogate_fits']} time(s) ({st['surrogate_fit_seconds']:.2f} s), screened "
                 f"{st['surrogate_screens']} time(s) ({st['surrogate_screen_seconds']:.2f} s)"
-                if st["surrogate_fits"] else
-                f"never fitted: {st['surrogate_results']} result(s), fewer than `evolve.surrogate_min_results`"))
+                if st.get("surrogate_fits") else
+                "never fitted: the helper sent no screened child before the search ended"
+                if "surrogate_results" not in st else
+                f"never fitted: {st['surrogate_results']} result(s), fewer than `evolve.surrogate_min_results`")
+                + ("" if "surrogate_ahead" not in st else
+                   f"; ahead of the loop: {st['surrogate_served']} bred child(ren) screened, "
+                   f"{st['surrogate_missed']} went out unscreened (none ready)"
+                   + (f" ({st['surrogate_failed']})" if st.get("surrogate_failed") else "")))
         return {"search": out}
 
     def compare(self, rows: list[MemberRecord]) -> dict:
