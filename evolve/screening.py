@@ -267,6 +267,8 @@ class Twin:
 def main() -> int:
     """The helper's loop: read the twin, then apply messages and breed while there is room.
     A failure is sent to the master (``("error", why)``) and ends the helper with status 1."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C reaches the whole group: the master ends it
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     first = _recv(stdin)
     if first is None:
