@@ -96,82 +96,29 @@ def _env() -> dict[str, str]:
     return env
 
 
-class Ahead:
-    """The master's side: the helper process, its children ready, and counts.
+class _Helper:
+    """One helper process, the thread that writes to it and the one that reads from it."""
 
-    ``strategy``: the master's (its class, settings, seed and starting points make the twin);
-    ``surrogate``: a fresh ``Surrogate`` (it moves to the helper); ``ahead``: children kept ready."""
-
-    def __init__(self, strategy: Any, surrogate: Any, ahead: int):
-        if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 1:
-            raise ValueError(f"`ahead` must be an integer >= 1, but got {ahead!r}")
-        self.ahead = ahead
-        self.ready: deque[tuple[int, AnyGenome, AnyGenome | None]] = deque()
-        self.counts = {"served": 0, "missed": 0, "dropped": 0}
-        self.helper: dict = {}                         # the helper's surrogate state, as it last sent it
+    def __init__(self, index: int, twin: dict, ahead: "Ahead"):
+        self.index, self.ahead = index, ahead
+        self.state: dict = {}                          # its surrogate's counts, as it last sent them
         self.failed: str | None = None
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        twin = {"strategy": strategy.name, "space": strategy.space, "input_shape": strategy.input_shape,
-                "n_outputs": strategy.n_outputs, "seed": strategy.seed, "params": strategy.params,
-                "initial": list(strategy.initial), "compact_start": strategy.compact_start,
-                "surrogate": surrogate, "ahead": ahead}
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.proc = subprocess.Popen([sys.executable, "-m", "evolve.screening"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=_env())
-        self._outbox.put(("init", twin))
-        self._writer = threading.Thread(target=self._write, name="screening-writer", daemon=True)
-        self._reader = threading.Thread(target=self._read, name="screening-reader", daemon=True)
-        self._writer.start()
-        self._reader.start()
+        self.outbox.put(pickle.dumps(("init", {**twin, "index": index}), protocol=pickle.HIGHEST_PROTOCOL))
+        self.writer = threading.Thread(target=self._write, name=f"screening-writer-{index}", daemon=True)
+        self.reader = threading.Thread(target=self._read, name=f"screening-reader-{index}", daemon=True)
+        self.writer.start()
+        self.reader.start()
 
-    # -- the master's calls (cheap: a queue put, a deque pop) --------------------------------
-    def note_ask(self, genome: AnyGenome) -> None:
-        self._outbox.put(("ask", genome))
-
-    def note_tell(self, genome: AnyGenome, fitness: float | None, objectives: tuple | None) -> None:
-        self._outbox.put(("tell", genome, fitness, objectives))
-
-    def take(self, seen: set[str], lineage: int) -> tuple[AnyGenome, AnyGenome | None] | None:
-        """The next ready child not in ``seen`` and bred under ``lineage`` (with its parent),
-        or None when none is ready; the places it frees are given back to the helper."""
-        freed, out = 0, None
-        while self.ready:
-            lin, child, parent = self.ready.popleft()
-            freed += 1
-            if lin == lineage and child.key() not in seen:
-                out = (child, parent)
-                break
-            self.counts["dropped"] += 1
-        if freed:
-            self._outbox.put(("credit", freed))
-        self.counts["served" if out is not None else "missed"] += 1
-        return out
-
-    def state(self) -> dict:
-        """The helper's surrogate counts (``Surrogate.state``) and the master's: bred asks
-        served a screened child, asks that found none ready, children dropped as stale."""
-        return {**self.helper, "surrogate_ahead": self.ahead,
-                "surrogate_served": self.counts["served"], "surrogate_missed": self.counts["missed"],
-                "surrogate_dropped": self.counts["dropped"], **({"surrogate_failed": self.failed}
-                                                               if self.failed else {})}
-
-    def close(self, timeout: float = 10.0) -> None:
-        """End the helper: close its input (it exits at end of file), wait, then kill."""
-        self._outbox.put(None)
-        self._writer.join(timeout)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(timeout)
-
-    # -- threads ------------------------------------------------------------------------------
     def _write(self) -> None:
         stdin = self.proc.stdin
         assert stdin is not None
         try:
-            while (msg := self._outbox.get()) is not None:
-                _send(stdin, msg)
+            while (data := self.outbox.get()) is not None:
+                stdin.write(_HEADER.pack(len(data)) + data)
+                stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             pass                                        # the helper is gone: the reader says so
         finally:
@@ -184,18 +131,108 @@ class Ahead:
         stdout = self.proc.stdout
         assert stdout is not None
         while (msg := _recv(stdout)) is not None:
-            kind = msg[0]
-            if kind == "children":
-                _, lineage, children, helper = msg
-                self.ready.extend((lineage, child, parent) for child, parent in children)
-                self.helper = helper
-            elif kind == "error":
+            if msg[0] == "children":
+                _, lineage, children, state = msg
+                self.ahead.ready.extend((lineage, child, parent, self.index) for child, parent in children)
+                self.state = state
+            elif msg[0] == "error":
                 self.failed = msg[1]
         code = self.proc.wait()
         if code != 0 and self.failed is None:
             self.failed = f"the screening helper ended with status {code}"
         if self.failed:
-            log.warning(f"search: {self.failed}; bred children go out unscreened from now on")
+            log.warning(f"search: {self.failed}; " + (
+                "bred children go out unscreened from now on" if all(h.failed for h in self.ahead.helpers)
+                else "the other helper(s) go on"))
+
+    def close(self, timeout: float) -> None:
+        self.outbox.put(None)
+        self.writer.join(timeout)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.reader.join(timeout)
+
+
+class Ahead:
+    """The master's side: the helper processes, the children they screened, and counts.
+
+    ``strategy``: the master's (its class, settings, seed and starting points make each twin);
+    ``surrogate``: a fresh ``Surrogate`` (each helper gets a copy); ``ahead``: children kept
+    ready, shared among ``helpers`` processes (each breeds its own: another random stream)."""
+
+    def __init__(self, strategy: Any, surrogate: Any, ahead: int, helpers: int = 1):
+        for name, value in (("ahead", ahead), ("helpers", helpers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be an integer >= 1, but got {value!r}")
+        self.ahead = ahead
+        self.ready: deque[tuple[int, AnyGenome, AnyGenome | None, int]] = deque()
+        self.counts = {"served": 0, "missed": 0, "dropped": 0}
+        twin = {"strategy": strategy.name, "space": strategy.space, "input_shape": strategy.input_shape,
+                "n_outputs": strategy.n_outputs, "seed": strategy.seed, "params": strategy.params,
+                "initial": list(strategy.initial), "compact_start": strategy.compact_start,
+                "surrogate": surrogate, "ahead": -(-ahead // helpers)}
+        self.helpers: list[_Helper] = []
+        for i in range(helpers):
+            self.helpers.append(_Helper(i, twin, self))
+
+    # -- the master's calls (cheap: a pickle, a queue put, a deque pop) ----------------------
+    def _post(self, msg: tuple) -> None:
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        for h in self.helpers:
+            h.outbox.put(data)
+
+    def note_ask(self, genome: AnyGenome) -> None:
+        self._post(("ask", genome))
+
+    def note_tell(self, genome: AnyGenome, fitness: float | None, objectives: tuple | None) -> None:
+        self._post(("tell", genome, fitness, objectives))
+
+    def take(self, seen: set[str], lineage: int) -> tuple[AnyGenome, AnyGenome | None] | None:
+        """The next ready child not in ``seen`` and bred under ``lineage`` (with its parent),
+        or None when none is ready; the places it frees are given back to their helpers."""
+        freed: dict[int, int] = {}
+        out = None
+        while self.ready:
+            lin, child, parent, index = self.ready.popleft()
+            freed[index] = freed.get(index, 0) + 1
+            if lin == lineage and child.key() not in seen:
+                out = (child, parent)
+                break
+            self.counts["dropped"] += 1
+        for index, n in freed.items():
+            self.helpers[index].outbox.put(pickle.dumps(("credit", n), protocol=pickle.HIGHEST_PROTOCOL))
+        self.counts["served" if out is not None else "missed"] += 1
+        return out
+
+    @property
+    def failed(self) -> str | None:
+        """Why the helpers stopped, when every one did (None while one works)."""
+        whys = [h.failed for h in self.helpers]
+        return whys[0] if all(whys) else None
+
+    def state(self) -> dict:
+        """The helpers' surrogate counts (``Surrogate.state``: the latest fit of any, the
+        screens and seconds of all) and the master's: bred asks served a screened child,
+        asks that found none ready, children dropped as stale."""
+        merged: dict = {}
+        for h in self.helpers:
+            for key, value in h.state.items():
+                summed = key.endswith("_seconds") or key == "surrogate_screens"
+                merged[key] = merged.get(key, 0) + value if summed else max(merged.get(key, value), value)
+        failed = self.failed
+        return {**merged, "surrogate_ahead": self.ahead, "surrogate_helpers": len(self.helpers),
+                "surrogate_served": self.counts["served"], "surrogate_missed": self.counts["missed"],
+                "surrogate_dropped": self.counts["dropped"], **({"surrogate_failed": failed} if failed else {})}
+
+    def close(self, timeout: float = 10.0) -> None:
+        """End the helpers: close their input (each exits at end of file), wait, then kill."""
+        for h in self.helpers:
+            h.outbox.put(None)
+        for h in self.helpers:
+            h.close(timeout)
 
 
 # ---------------------------------------------------------------------------- the helper
@@ -216,6 +253,7 @@ class Twin:
                                       compact_start=spec["compact_start"], surrogate=self.surrogate,
                                       **spec["params"])
         self.credit = int(spec["ahead"])
+        self.index = int(spec.get("index", 0))         # which helper: its own random stream
         self.offered: dict[str, None] = {}             # keys sent, oldest first (bounded)
         self.bred = 0
         self.stalled: tuple[int, int] | None = None    # (told, asked) when the space gave no new child
@@ -241,7 +279,7 @@ class Twin:
         n = min(self.credit, BATCH)
         propose = st.breeder()
         assert propose is not None
-        st.rng = np.random.default_rng([st.seed, st.told, st.asked, 1, self.bred])
+        st.rng = np.random.default_rng([st.seed, st.told, st.asked, 1 + self.index, self.bred])
         want = n * sur.candidates
         pool: dict[str, AnyGenome] = {}
         for _ in range(want * 3):                      # bounded: a crowded space yields fewer
@@ -303,7 +341,7 @@ def main() -> int:
                 children = twin.breed()
                 if children:
                     _send(stdout, ("children", twin.strategy.lineage(), children, twin.surrogate.state()))
-    except Exception as exc:  # noqa: BLE001 - said to the master, which goes on unscreened
+    except Exception as exc:
         _send(stdout, ("error", f"the screening helper failed ({type(exc).__name__}: {exc})"))
         raise
 
@@ -311,7 +349,7 @@ def main() -> int:
 if __name__ == "__main__":
     try:
         code = main()
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - printed, then the status says it
         import traceback
         traceback.print_exc()
         code = 1

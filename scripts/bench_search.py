@@ -475,7 +475,7 @@ def surrogate_cost(results: tuple[int, ...] = (1000, 10000), asks: int = 100, ca
 
 
 def ahead_cost(results: tuple[int, ...] = (1000, 10000), rates: tuple[int, ...] = (100, 300, 1000),
-               seconds: float = 5.0, candidates: int = 12, in_flight: int = 64) -> str:
+               seconds: float = 5.0, candidates: int = 12, in_flight: int = 64, helpers: tuple[int, ...] = (1,)) -> str:
     """The master asked at a fixed rate, screening in the loop against screening ahead in a
     helper process (``evolve.screening``): regularized evolution on the structured space
     (64-step signals, a toy fitness), after ``results`` results; every ``1 / rate`` s the
@@ -497,12 +497,12 @@ def ahead_cost(results: tuple[int, ...] = (1000, 10000), rates: tuple[int, ...] 
     pool = [random_genome(rng, space, shape, 4) for _ in range(max(results))]
     pool = list({g.key(): g for g in pool}.values())
     for n in results:
-        for ahead in (False, True):
+        for ahead in (0, *helpers):
             sur = Surrogate(space, shape, 4, candidates=candidates, min_results=16, seed=0)
             st = make_strategy("regularized", space, shape, 4, rng_seed=0, surrogate=None if ahead else sur,
                                population_size=12, sample_size=4)
             if ahead:
-                st.attach(Ahead(st, sur, AHEAD_CHILDREN))
+                st.attach(Ahead(st, sur, AHEAD_CHILDREN, ahead))
             st.replay([{"genome": g.to_dict(), "fitness": _toy_fitness(g, i)} for i, g in enumerate(pool[:n])])
             if st.ahead is not None:                   # the helper caught up: its first batch is in
                 until = time.monotonic() + 120
@@ -529,7 +529,8 @@ def ahead_cost(results: tuple[int, ...] = (1000, 10000), rates: tuple[int, ...] 
                     share = f"{served / max(bred, 1):.0%}"
                 else:
                     share = "100%"
-                lines.append(f"| {n:,} | {rate:,} | {'ahead' if ahead else 'in the loop'} | {asks / wall:,.0f} | "
+                how = f"ahead, {ahead} helper{'s' if ahead > 1 else ''}" if ahead else "in the loop"
+                lines.append(f"| {n:,} | {rate:,} | {how} | {asks / wall:,.0f} | "
                              f"{cpu / asks * 1e6:,.0f} | {cpu / wall:.0%} | {share} |")
             st.close()
     return "\n".join(lines)
@@ -559,6 +560,7 @@ def main() -> int:
     p.add_argument("--candidates", type=int, default=12, help="--surrogate-cost: children screened per ask")
     p.add_argument("--ahead-cost", action="store_true",
                    help="the master asked at fixed rates, screening in its loop against ahead (evolve.screening)")
+    p.add_argument("--helpers", default="1", help="--ahead-cost: comma list of helper counts to measure")
     p.add_argument("--plot", help="write best-so-far validation against wall time here (PNG; one problem and seed)")
     p.add_argument("--keep", help="folder to keep the runs in")
     p.add_argument("--dh-reductions", action="store_true",
@@ -581,7 +583,7 @@ def main() -> int:
         print(surrogate_cost(candidates=args.candidates))
         return 0
     if args.ahead_cost:
-        print(ahead_cost(candidates=args.candidates))
+        print(ahead_cost(candidates=args.candidates, helpers=tuple(int(h) for h in args.helpers.split(","))))
         return 0
     if args.deephyper_path:
         sys.path.append(args.deephyper_path)              # after the venv: its numpy and TensorFlow win

@@ -942,6 +942,10 @@ EVOLVE_KEYS = {
                                "off its dispatch loop (`surrogate = \"forest\"`); 0: screened in the loop at each "
                                "ask, and the search is reproducible from its seed; \"auto\": in the loop below a "
                                "few hundred workers, ahead from there (evolve/screening.py)"),
+    "surrogate_helpers": Key((int,), 1, _positive,
+                             doc="helper processes that screen ahead (`surrogate_ahead`), each on a core of the "
+                                 "master's node: one keeps up with about as many asks a second as the master "
+                                 "could screen in its loop (docs/search-benchmark.md)"),
 }
 
 

@@ -306,6 +306,9 @@ class EvolveConfig(Section):
     #: (`surrogate = "forest"`); 0: screened in the loop at each ask, and the search is reproducible from its
     #: seed; "auto": in the loop below a few hundred workers, ahead from there (evolve/screening.py)
     surrogate_ahead: str | int
+    #: helper processes that screen ahead (`surrogate_ahead`), each on a core of the master's node: one keeps
+    #: up with about as many asks a second as the master could screen in its loop (docs/search-benchmark.md)
+    surrogate_helpers: int
     #: the chosen strategy's own settings (evolve.strategies), by name
     settings: Mapping[str, Any]
 

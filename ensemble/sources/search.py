@@ -161,9 +161,9 @@ class SearchSource:
                                       surrogate=None if ahead else surrogate, compact_start=ev.compact_start,
                                       **params)
         if ahead:                                 # before the replay: the helper's twin sees the whole history
-            self.strategy.attach(Ahead(self.strategy, surrogate, ahead))
-            log.info(f"search: bred children screened ahead by a helper process ({ahead} kept ready, "
-                     f"`evolve.surrogate_ahead`)")
+            self.strategy.attach(Ahead(self.strategy, surrogate, ahead, ev.surrogate_helpers))
+            log.info(f"search: bred children screened ahead by {ev.surrogate_helpers} helper process(es) "
+                     f"({ahead} kept ready, `evolve.surrogate_ahead`)")
         self.total = ev.evaluations
         self.population_size = cls.initial_size(self.strategy.params)
         self.hooks: Hooks | None = None

@@ -35,13 +35,14 @@ def wait_for(condition, seconds: float = 60.0) -> None:
         time.sleep(0.02)
 
 
-def strategy(name: str, kind: str = "structured", seed: int = 0, evaluations: int = 60, ahead: int = 6):
+def strategy(name: str, kind: str = "structured", seed: int = 0, evaluations: int = 60, ahead: int = 6,
+             helpers: int = 1):
     space = space_for(kind)
     params = {"population_size": 4, "sample_size": 2} if name == "regularized" else (
         {"mu": 4, "lambda_": 4} if name == "mu_plus_lambda" else {"population_size": 4})
     sur = Surrogate(space, SHAPE, 2, candidates=4, min_results=4, seed=seed, trees=4)
     st = make_strategy(name, space, SHAPE, 2, rng_seed=seed, budget_evaluations=evaluations, **params)
-    st.attach(S.Ahead(st, sur, ahead))
+    st.attach(S.Ahead(st, sur, ahead, helpers))
     return st
 
 
@@ -79,7 +80,21 @@ def test_children_screened_ahead_are_new_and_most_bred_asks_get_one(name):
             assert parent is None or parent.key() in {x.key() for x in asked}
     finally:
         st.close()
-    assert st.ahead.proc.poll() == 0                                     # it ended when told to
+    assert all(h.proc.poll() == 0 for h in st.ahead.helpers)                                     # it ended when told to
+
+
+@pytest.mark.slow
+def test_two_helpers_breed_their_own_children_and_each_is_asked_once():
+    st = strategy("regularized", seed=6, evaluations=60, ahead=8, helpers=2)
+    try:
+        asked = run(st)
+        assert len({g.key() for g in asked}) == len(asked) == 60
+        assert st.ahead.counts["served"] >= 20 and all(h.state for h in st.ahead.helpers)   # both screened
+        state = st.state()
+        assert state["surrogate_helpers"] == 2
+        assert state["surrogate_screens"] == sum(h.state["surrogate_screens"] for h in st.ahead.helpers)
+    finally:
+        st.close()
 
 
 @pytest.mark.slow
@@ -87,7 +102,7 @@ def test_the_twin_is_told_the_masters_results_and_refits_on_them():
     st = strategy("regularized", seed=1, evaluations=80, ahead=8)
     try:
         run(st, in_flight=1)
-        helper = st.ahead.helper                  # as the helper last sent it, with a batch of children
+        helper = st.ahead.state()                 # as the helper last sent it, with a batch of children
         assert helper["surrogate_results"] >= 60 and helper["surrogate_fits"] >= 4
         assert helper["surrogate_fitted_on"] <= helper["surrogate_results"] <= st.told
     finally:
@@ -98,13 +113,13 @@ def test_the_twin_is_told_the_masters_results_and_refits_on_them():
 def test_a_child_of_an_earlier_generation_is_dropped():
     st = strategy("mu_plus_lambda", seed=2, evaluations=200)
     try:
-        st.ahead.ready.append((st.lineage() - 1, random_genome(np.random.default_rng(0), st.space, SHAPE, 2), None))
+        st.ahead.ready.append((st.lineage() - 1, random_genome(np.random.default_rng(0), st.space, SHAPE, 2), None, 0))
         assert st.ahead.take(set(), st.lineage()) is None
         assert st.ahead.counts == {"served": 0, "missed": 1, "dropped": 1}
         g = random_genome(np.random.default_rng(1), st.space, SHAPE, 2)
-        st.ahead.ready.append((st.lineage(), g, None))
+        st.ahead.ready.append((st.lineage(), g, None, 0))
         assert st.ahead.take({g.key()}, st.lineage()) is None           # asked already: dropped too
-        st.ahead.ready.append((st.lineage(), g, None))
+        st.ahead.ready.append((st.lineage(), g, None, 0))
         assert st.ahead.take(set(), st.lineage()) == (g, None)
     finally:
         st.close()
@@ -131,8 +146,9 @@ def test_a_helper_that_fails_leaves_the_master_breeding_plain_children(monkeypat
 @pytest.mark.slow
 def test_a_helper_whose_master_is_gone_ends():
     st = strategy("regularized", seed=5)
-    st.ahead.proc.stdin.close()              # what the master's death looks like to it: end of file
-    assert st.ahead.proc.wait(timeout=60) == 0
+    proc = st.ahead.helpers[0].proc
+    proc.stdin.close()                       # what the master's death looks like to it: end of file
+    assert proc.wait(timeout=60) == 0
 
 
 @pytest.mark.slow
@@ -140,7 +156,7 @@ def test_a_twin_that_cannot_be_built_says_why():
     st = make_strategy("regularized", space_for(), SHAPE, 2, rng_seed=0, population_size=4, sample_size=2)
     ahead = S.Ahead(st, "not a surrogate", 4)
     try:
-        wait_for(lambda: ahead.proc.poll() is not None)
+        wait_for(lambda: ahead.helpers[0].proc.poll() is not None)
         wait_for(lambda: ahead.failed is not None)
         assert "could not start" in ahead.failed
     finally:

@@ -65,4 +65,4 @@ def test_a_search_screened_ahead_resumes_after_kill_9_with_every_candidate_once(
     assert len(set(keys)) == len(keys)                                               # no genome twice
     stats = json.loads((run_dir / "ensemble.json").read_text())["search"]["surrogate"]
     assert stats["surrogate_ahead"] == 4 and stats["surrogate_served"] >= 1, stats
-    assert "screened ahead by a helper process" in proc.stdout + proc.stderr
+    assert "screened ahead by 1 helper process(es)" in proc.stdout + proc.stderr
