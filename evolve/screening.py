@@ -11,7 +11,7 @@ instead, on another core, while the master dispatches:
   happen (``Strategy.attach``: a genome pickled onto a pipe by a writer thread, a few
   microseconds of the master's time), so the twin's population and the surrogate's data are
   the master's, a few messages late;
-- while fewer than ``ahead`` children wait on the master's side, the twin breeds a batch of
+- while fewer than its share of ``ahead`` children wait on the master's side, the twin breeds a batch of
   up to ``BATCH`` children's worth of candidates (``candidates`` each, all new: never asked,
   trained or offered before) and screens them with **one** prediction of the forest
   (``Surrogate.choose_many``: the best ``n`` by expected improvement), and sends them with
@@ -29,7 +29,10 @@ reproducibly; ``"auto"`` does that below ``AHEAD_WORKERS`` workers.
 
 The helper is ``python -m evolve.screening`` started with the master's interpreter; it
 imports neither MPI nor TensorFlow, reads its stdin until the master closes it (or dies:
-end of file), and if it fails the master logs it once and breeds plain children.
+end of file), and if it fails the master logs it once and breeds plain children. One helper
+screens about as many children a second as the master could in its loop (the breeding, not
+the forest, is most of the cost); ``evolve.surrogate_helpers`` starts several, each with
+its own twin and random stream, for a master node with cores to spare.
 """
 
 from __future__ import annotations

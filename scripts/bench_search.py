@@ -474,6 +474,18 @@ def surrogate_cost(results: tuple[int, ...] = (1000, 10000), asks: int = 100, ca
     return "\n".join(lines)
 
 
+def _helpers_cpu(st) -> tuple[float, int]:
+    """CPU seconds the screening helpers of ``st`` used so far (Linux ``/proc``) and the
+    children they screened; (0, 0) without helpers."""
+    if st.ahead is None:
+        return 0.0, 0
+    tick, cpu = os.sysconf("SC_CLK_TCK"), 0.0
+    for h in st.ahead.helpers:
+        fields = Path(f"/proc/{h.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu += (int(fields[11]) + int(fields[12])) / tick           # utime, stime
+    return cpu, sum(h.state.get("surrogate_screens", 0) for h in st.ahead.helpers)
+
+
 def ahead_cost(results: tuple[int, ...] = (1000, 10000), rates: tuple[int, ...] = (100, 300, 1000),
                seconds: float = 5.0, candidates: int = 12, in_flight: int = 64, helpers: tuple[int, ...] = (1,)) -> str:
     """The master asked at a fixed rate, screening in the loop against screening ahead in a
@@ -482,7 +494,9 @@ def ahead_cost(results: tuple[int, ...] = (1000, 10000), rates: tuple[int, ...] 
     master asks a child and tells the result of the oldest of ``in_flight`` out. Per setting:
     the asks a second it reached, the master process's CPU per ask and its CPU share of
     the wall time (``time.process_time``: its writer and reader threads included, the helper
-    not), and the share of bred asks that got a screened child."""
+    not), the share of bred asks that got a screened child, and the children screened per
+    CPU-second: of the master in the loop, of the helpers ahead (their ``/proc`` CPU time, so
+    what one helper gives with a core of its own, whatever else the machine runs)."""
     import numpy as np
     import sklearn.ensemble  # noqa: F401  (imported before the clock starts)
 
@@ -490,18 +504,18 @@ def ahead_cost(results: tuple[int, ...] = (1000, 10000), rates: tuple[int, ...] 
     from evolve.screening import AHEAD_CHILDREN, Ahead
     from evolve.surrogate import Surrogate
     lines = ["| results | asked at (/s) | screened | reached (/s) | master CPU per ask (µs) | master CPU share | "
-             "bred asks screened |", "|---|---|---|---|---|---|---|"]
+             "bred asks screened | screened children per CPU-second |", "|---|---|---|---|---|---|---|---|"]
     shape = (64, 1)
     space = SearchSpace.from_config({"space": "structured", "max_params": 100000}, input_rank=2)
     rng = np.random.default_rng(0)
     pool = [random_genome(rng, space, shape, 4) for _ in range(max(results))]
     pool = list({g.key(): g for g in pool}.values())
     for n in results:
-        for ahead in (0, *helpers):
+        for ahead in (-1, 0, *helpers):            # -1: no surrogate at all, the floor
             sur = Surrogate(space, shape, 4, candidates=candidates, min_results=16, seed=0)
-            st = make_strategy("regularized", space, shape, 4, rng_seed=0, surrogate=None if ahead else sur,
+            st = make_strategy("regularized", space, shape, 4, rng_seed=0, surrogate=sur if ahead == 0 else None,
                                population_size=12, sample_size=4)
-            if ahead:
+            if ahead > 0:
                 st.attach(Ahead(st, sur, AHEAD_CHILDREN, ahead))
             st.replay([{"genome": g.to_dict(), "fitness": _toy_fitness(g, i)} for i, g in enumerate(pool[:n])])
             if st.ahead is not None:                   # the helper caught up: its first batch is in
@@ -511,6 +525,7 @@ def ahead_cost(results: tuple[int, ...] = (1000, 10000), rates: tuple[int, ...] 
             out: deque = deque()
             for rate in rates:
                 before = dict(st.ahead.counts) if st.ahead is not None else None
+                helper0 = _helpers_cpu(st)
                 asks, cpu0, t0 = 0, time.process_time(), time.perf_counter()
                 due = t0
                 while time.perf_counter() - t0 < seconds:
@@ -527,11 +542,15 @@ def ahead_cost(results: tuple[int, ...] = (1000, 10000), rates: tuple[int, ...] 
                     served = st.ahead.counts["served"] - before["served"]
                     bred = served + st.ahead.counts["missed"] - before["missed"]
                     share = f"{served / max(bred, 1):.0%}"
+                    made = helper0[1]
+                    used, made = _helpers_cpu(st)[0] - helper0[0], _helpers_cpu(st)[1] - made
+                    rate_per_cpu = f"{made / used:,.0f}" if used > 0 and made > 0 else "-"
                 else:
-                    share = "100%"
-                how = f"ahead, {ahead} helper{'s' if ahead > 1 else ''}" if ahead else "in the loop"
+                    share, rate_per_cpu = ("100%", f"{1 / (cpu / asks):,.0f}") if ahead == 0 else ("-", "-")
+                how = (f"ahead, {ahead} helper{'s' if ahead > 1 else ''}" if ahead > 0 else
+                       "in the loop" if ahead == 0 else "no surrogate")
                 lines.append(f"| {n:,} | {rate:,} | {how} | {asks / wall:,.0f} | "
-                             f"{cpu / asks * 1e6:,.0f} | {cpu / wall:.0%} | {share} |")
+                             f"{cpu / asks * 1e6:,.0f} | {cpu / wall:.0%} | {share} | {rate_per_cpu} |")
             st.close()
     return "\n".join(lines)
 
@@ -555,7 +574,7 @@ def main() -> int:
     p.add_argument("--results", help="append each run to this JSON-lines file")
     p.add_argument("--table", help="print the table of a results file and stop (with --write: into that page's "
                    "generated block; with --plot: best-so-far against time, a panel per problem)")
-    p.add_argument("--write", help="--table: the docs page to write the table into")
+    p.add_argument("--write", help="--table, --ahead-cost: the docs page to write the table into")
     p.add_argument("--surrogate-cost", action="store_true", help="the surrogate's cost on the master, and stop")
     p.add_argument("--candidates", type=int, default=12, help="--surrogate-cost: children screened per ask")
     p.add_argument("--ahead-cost", action="store_true",
@@ -583,7 +602,13 @@ def main() -> int:
         print(surrogate_cost(candidates=args.candidates))
         return 0
     if args.ahead_cost:
-        print(ahead_cost(candidates=args.candidates, helpers=tuple(int(h) for h in args.helpers.split(","))))
+        text = ahead_cost(candidates=args.candidates, helpers=tuple(int(h) for h in args.helpers.split(",")))
+        print(text)
+        if args.write:
+            write_block(Path(args.write), "bench_search ahead",
+                        f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python "
+                        f"scripts/bench_search.py --ahead-cost --helpers {args.helpers} --write {args.write}` "
+                        f"(load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores).\n\n" + text)
         return 0
     if args.deephyper_path:
         sys.path.append(args.deephyper_path)              # after the venv: its numpy and TensorFlow win

@@ -44,7 +44,7 @@ def test_suggestions_prefer_the_fewest_slips():
 SEARCH_DEFAULTS = {"discard": "off", "discard_epochs": 2, "discard_factor": 3, "discard_grace": 5, "inherit": False,
                    "templates": True, "compact_start": False, "start_from": "", "surrogate": "off",
                    "surrogate_candidates": 12,
-                   "surrogate_min_results": 16}
+                   "surrogate_min_results": 16, "surrogate_ahead": "auto", "surrogate_helpers": 1}
 
 
 def test_strategy_settings_come_from_the_registry_and_reach_the_strategy(tmp_path):
