@@ -111,11 +111,9 @@ metric = "{metric}"
 #: the proper score of a project run's test split, the first of these its summary has: log loss
 #: (classification), Gaussian NLL (regression with a variance), MSE (the vocabulary's names)
 PROPER_SCORES = (proper_score("classification"), proper_score("regression"), proper_score("regression", False))
-#: the baselines a side's times are compared with: (side, its column-name suffix in ``table``)
-BASELINES = (("dh_re", ""), ("dh_cbo", "_cbo"))
 DEEPHYPER: list[str] = []          # --deephyper-path, appended to sys.path (the venv's numpy and TensorFlow first)
 PROJECT_SIDES = {"project": "", "surrogate": '\nsurrogate = "forest"', "asha": '\ndiscard = "asha"',
-                 "compact": "\ncompact_start = true"}
+                 "inherit": "\ninherit = true", "compact": "\ncompact_start = true"}
 DH_SIDES = ("dh_re", "dh_cbo")
 
 
@@ -384,8 +382,13 @@ def _fmt(x: float, digits: int = 3) -> str:
     return "never" if x == math.inf else "-" if x != x else f"{x:.{digits}f}"
 
 
-def table(path: Path) -> str:
-    """The markdown table of a results file: per problem and side, the median over seeds (min-max)."""
+#: the column names of each side a table can compare times with (``--against``)
+AGAINST = {"dh_re": "DH-RE", "dh_cbo": "CBO", "project": "the plain project's"}
+
+
+def table(path: Path, against: tuple[str, ...] = ("dh_re", "dh_cbo")) -> str:
+    """The markdown table of a results file: per problem and side, the median over seeds
+    (min-max); times to the half-budget and final best of each side in ``against``."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     groups: dict[tuple[str, int], dict[str, dict]] = {}
     for r in rows:
@@ -393,11 +396,10 @@ def table(path: Path) -> str:
     per: dict[tuple[str, str], dict[str, list]] = {}
     for (problem, _), runs in sorted(groups.items()):
         budget = next(iter(runs.values()))["budget"]
-        rel = {suffix: ratios(runs, budget, base) for base, suffix in BASELINES if base in runs}
+        rel = {base: ratios(runs, budget, base) for base in against if base in runs}
         for side, r in runs.items():
             label = side + (" (+ global max pooling)" if r.get("dh_space") == "reductions" else "")
-            acc = per.setdefault((problem, label), {k: [] for k in ("val", "test", "ens", "eps", "half", "final",
-                                                                   "proper", "half_cbo", "final_cbo")})
+            acc = per.setdefault((problem, label), {k: [] for k in ("val", "test", "ens", "eps", "proper")})
             acc["val"].append(r["best_val"])
             acc["test"].append(r["best_test"])
             if r.get("ensemble_test") is not None:
@@ -406,25 +408,25 @@ def table(path: Path) -> str:
             if r.get("proper"):                  # the ensemble's proper score at most its best member's
                 score = next(k for k in PROPER_SCORES if k in r["proper"]["ensemble"])
                 acc["proper"].append(r["proper"]["ensemble"][score] <= r["proper"]["best_member"][score] + 1e-12)
-            for suffix, against in rel.items():
-                acc["half" + suffix].append(against[side]["half"])
-                acc["final" + suffix].append(against[side]["final"])
+            for base, times in rel.items():
+                acc.setdefault("half " + base, []).append(times[side]["half"])
+                acc.setdefault("final " + base, []).append(times[side]["final"])
     out = ["| problem | side | seeds | best val | its test | ensemble test | ensemble's proper score <= best "
-           "member's | evaluations / s | time to DH-RE half-budget best (ratio) | time to DH-RE final best (ratio) | "
-           "time to CBO half-budget best (ratio) | time to CBO final best (ratio) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "member's | evaluations / s | " + " | ".join(
+               f"time to {AGAINST[b]} half-budget best (ratio) | time to {AGAINST[b]} final best (ratio)"
+               for b in against) + " |",
+           "|---" * (8 + 2 * len(against)) + "|"]
 
     def cell(xs: list[float]) -> str:
         if not xs:
             return "-"
         return f"{_fmt(_median(xs))} ({_fmt(min(xs))}-{_fmt(max(xs))})" if len(xs) > 1 else _fmt(xs[0])
-    order = {s: i for i, s in enumerate(("project", "compact", "surrogate", "asha", "dh_re", "dh_cbo"))}
+    order = {s: i for i, s in enumerate((*PROJECT_SIDES, *DH_SIDES))}
     for (problem, side), acc in sorted(per.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1].split()[0], 9))):
         proper = f"{sum(acc['proper'])} of {len(acc['proper'])}" if acc["proper"] else "-"
+        times = " | ".join(f"{cell(acc.get('half ' + b, []))} | {cell(acc.get('final ' + b, []))}" for b in against)
         out.append(f"| {problem} | {side} | {len(acc['val'])} | {cell(acc['val'])} | {cell(acc['test'])} | "
-                   f"{cell(acc['ens'])} | {proper} | "
-                   f"{cell(acc['eps'])} | {cell(acc['half'])} | {cell(acc['final'])} | {cell(acc['half_cbo'])} | "
-                   f"{cell(acc['final_cbo'])} |")
+                   f"{cell(acc['ens'])} | {proper} | {cell(acc['eps'])} | {times} |")
     return "\n".join(out)
 
 
@@ -574,6 +576,9 @@ def main() -> int:
     p.add_argument("--results", help="append each run to this JSON-lines file")
     p.add_argument("--table", help="print the table of a results file and stop (with --write: into that page's "
                    "generated block; with --plot: best-so-far against time, a panel per problem)")
+    p.add_argument("--against", default="dh_re,dh_cbo",
+                   help="--table: comma list of the sides whose times the others are compared with (" +
+                        ", ".join(AGAINST) + ")")
     p.add_argument("--write", help="--table, --ahead-cost: the docs page to write the table into")
     p.add_argument("--surrogate-cost", action="store_true", help="the surrogate's cost on the master, and stop")
     p.add_argument("--candidates", type=int, default=12, help="--surrogate-cost: children screened per ask")
@@ -588,12 +593,12 @@ def main() -> int:
     p.add_argument("--deephyper-job", help=argparse.SUPPRESS)    # the fresh process of DeepHyper's side
     args = p.parse_args()
     if args.table:
-        text = table(Path(args.table))
+        text = table(Path(args.table), tuple(args.against.split(",")))
         print(text)
         if args.write:
             write_block(Path(args.write), "bench_search suite",
                         f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python "
-                        f"scripts/bench_search.py --table {args.table} --write {args.write}`"
+                        f"scripts/bench_search.py --table {args.table} --against {args.against} --write {args.write}`"
                         + (f" (plot: `--plot {args.plot}`)" if args.plot else "") + ".\n\n" + text)
         if args.plot:
             plot_suite(Path(args.table), Path(args.plot))
