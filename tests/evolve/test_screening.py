@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from evolve import SearchSpace, make_strategy, random_genome
+from evolve import STRATEGIES, SearchSpace, make_strategy, random_genome
 from evolve import screening as S
 from evolve.structured import StructuredGenome
 from evolve.surrogate import Surrogate
@@ -38,8 +38,8 @@ def wait_for(condition, seconds: float = 60.0) -> None:
 def strategy(name: str, kind: str = "structured", seed: int = 0, evaluations: int = 60, ahead: int = 6,
              helpers: int = 1):
     space = space_for(kind)
-    params = {"population_size": 4, "sample_size": 2} if name == "regularized" else (
-        {"mu": 4, "lambda_": 4} if name == "mu_plus_lambda" else {"population_size": 4})
+    params = {"regularized": {"population_size": 4, "sample_size": 2}, "mu_plus_lambda": {"mu": 4, "lambda_": 4},
+              "nsga2": {"population_size": 4}, "random": {}}[name]
     sur = Surrogate(space, SHAPE, 2, candidates=4, min_results=4, seed=seed, trees=4)
     st = make_strategy(name, space, SHAPE, 2, rng_seed=seed, budget_evaluations=evaluations, **params)
     st.attach(S.Ahead(st, sur, ahead, helpers))
@@ -64,14 +64,18 @@ def run(st, in_flight: int = 3, wait: bool = True) -> list:
     return asked
 
 
-@pytest.mark.parametrize("name", ["regularized", pytest.param("mu_plus_lambda", marks=pytest.mark.slow),
-                                  pytest.param("nsga2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["regularized", *(pytest.param(n, marks=pytest.mark.slow)
+                                                  for n in STRATEGIES if n != "regularized")])
 def test_children_screened_ahead_are_new_and_most_bred_asks_get_one(name):
+    """Every strategy (its ``breeder`` and ``lineage``, the contract a twin breeds by)."""
     st = strategy(name, seed=3)
     try:
         asked = run(st)
         assert len({g.key() for g in asked}) == len(asked) == 60        # never a genome asked twice
         counts = st.ahead.counts
+        if name == "random":                                            # nothing bred: nothing screened
+            assert counts["served"] == 0 and st.breeder() is None
+            return
         assert counts["served"] >= 20, counts                           # the helper did the screening
         state = st.state()
         assert state["surrogate_fits"] >= 1 and state["surrogate_served"] == counts["served"]
