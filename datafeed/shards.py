@@ -168,8 +168,32 @@ def scan(data: DataSettings, require_y: bool = True) -> ShardSet:
                 raise DataError(f"`data.source` {data.source!r}: file {s.path!r} has {what} (`data.{key}`) of "
                                 f"dtype {b}, but {first.path!r} has {a}; every file needs the same kind of values")
     features = tuple(getattr(data, "features", ()) or ())
+    if fmt == "parquet":
+        features = _parquet_names(paths, data, features)
     return ShardSet(data.source, fmt, tuple(shards), per_sample, data.x, data.y, data.label, features,
                     getattr(data, "split_column", ""))
+
+
+def _parquet_names(paths: list[Path], data: DataSettings, given: tuple[str, ...]) -> tuple[str, ...]:
+    """The feature columns of Parquet files read as one table: ``data.features``, or the first
+    file's columns but the label and split column, in its order; every file is read by these
+    names (never by position), so a file whose feature columns differ from the first's is
+    refused, naming both."""
+    import pyarrow.parquet as pq
+    drop = (data.label, getattr(data, "split_column", ""))
+    names = [[c for c in pq.ParquetFile(p).schema_arrow.names if c not in drop] for p in paths]
+    features = given or tuple(names[0])
+    if given:
+        return features
+    for p, cols in zip(paths[1:], names[1:]):
+        if set(cols) != set(features):
+            extra, lacks = sorted(set(cols) - set(features)), sorted(set(features) - set(cols))
+            raise DataError(f"`data.source` {data.source!r}: file {str(p)!r} has other feature columns than "
+                            f"{str(paths[0])!r}" + (f" (it lacks {one_line(', '.join(lacks))})" if lacks else "")
+                            + (f" (it also has {one_line(', '.join(extra))})" if extra else "")
+                            + "; every file needs the same columns (read by name), or list the ones to use "
+                              "in `data.features`")
+    return features
 
 
 def _per_sample(first: Shard, setting, fmt: str) -> bool:
@@ -377,7 +401,7 @@ def read_all(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np
         ys.append(y)
     info: dict = {"files": len(ss.shards)}
     if ss.fmt == "parquet":
-        info["feature_names"] = list(ss.features) or _parquet_features(ss)
+        info["feature_names"] = list(ss.features)
         split = getattr(data, "split_column", "")
         if split and require_y:
             try:
@@ -395,9 +419,3 @@ def _checked_read(ss: ShardSet, i: int, start: int, stop: int):
     except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:
         raise DataError(f"`data.source` {ss.source!r}: file {ss.shards[i].path!r} cannot be read: "
                         f"{type(exc).__name__}: {one_line(str(exc))}; fix or remove the file") from None
-
-
-def _parquet_features(ss: ShardSet) -> list[str]:
-    import pyarrow.parquet as pq
-    cols = pq.ParquetFile(ss.shards[0].path).schema_arrow.names
-    return [c for c in cols if c not in (ss.label, ss.split_column)]

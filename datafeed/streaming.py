@@ -99,11 +99,7 @@ def scan_sources(data: DataSettings) -> ShardSet:
     ss = scan(data)
     if split_from(data) != "sources":
         return ss
-    features = ss.features
-    if ss.fmt == "parquet" and not features:
-        import pyarrow.parquet as pq
-        names = pq.ParquetFile(ss.shards[0].path).schema_arrow.names
-        features = tuple(c for c in names if c not in (ss.label, ss.split_column))
+    features = ss.features                        # Parquet: the columns by name (``shards.scan``)
     shards, parts = list(ss.shards), [("train", len(ss.shards))]
     for name, setting in (("val", "val_source"), ("test", "test_source")):
         path = getattr(data, setting)

@@ -141,3 +141,28 @@ def test_mixed_formats_in_a_folder_are_an_error(tmp_path):
     write(tmp_path, "hdf5", blocks(1))
     with pytest.raises(DataError, match=r"mixes formats"):
         read_dataset(data_cfg(source=str(tmp_path)))
+
+
+def test_parquet_shards_are_read_by_column_name_and_other_columns_are_refused(tmp_path):
+    """A file whose columns come in another order is read by name (not by position), and its
+    names reach the metadata (predict matches a new table's columns by them, streamed too);
+    a file with other feature columns is refused, naming it and the columns."""
+    from datafeed.streaming import prepare_stream, stream_plan
+    parts = blocks(3, rows=10)
+    order = [list("abcd"), list("abcd"), list("dcba")]
+    for i, ((x, y), cols) in enumerate(zip(parts, order)):
+        frame = pd.DataFrame(x, columns=list("abcd"))[cols]
+        frame["label"] = y
+        frame.to_parquet(tmp_path / f"p{i}.parquet")
+    data = data_cfg(source=str(tmp_path), label="label", task="regression")
+    x, _, info = read_dataset(data)
+    np.testing.assert_array_equal(x, np.concatenate([p[0] for p in parts]))
+    assert info["feature_names"] == list("abcd")
+    streamed = data_cfg(source=str(tmp_path), label="label", task="regression", stream=True)
+    _, meta, _ = prepare_stream(stream_plan(streamed), streamed, 0)
+    assert meta["feature_names"] == list("abcd")
+    frame = pd.read_parquet(tmp_path / "p1.parquet").rename(columns={"d": "e"})
+    frame.to_parquet(tmp_path / "p1.parquet")
+    with pytest.raises(DataError, match=r"p1\.parquet.*other feature columns.*p0\.parquet.*lacks d.*has e"):
+        read_dataset(data)
+    assert read_dataset(data_cfg(source=str(tmp_path), label="label", features=list("abc")))[0].shape == (33, 3)
