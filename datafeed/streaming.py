@@ -250,20 +250,21 @@ def _input_shape(sample: tuple[int, ...], reshape) -> tuple[int, ...]:
 def fit_streaming(ss: ShardSet, train: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
     """Per-feature (shift, scale) over the training rows in one pass, a chunk at a time
     (float64 sums merged as Chan et al.; the population std, as ``prepare.fit_normalizer``);
-    a non-finite value in a chunk read (any split's rows) is a ``DataError`` naming its file."""
+    every chunk is read once, those without training rows too, so a non-finite value in any
+    split's rows (a ``data.test_source`` file too) is a ``DataError`` naming its file and setting."""
     table = chunk_table(ss)
     lo, hi = split_spans(table, train)
     width = int(np.prod(ss.sample_shape, dtype=np.int64))
     n, mean, m2 = 0, np.zeros(width), np.zeros(width)
     low, high = np.full(width, np.inf), np.full(width, -np.inf)
     for (i, start, stop, g), a, b in zip(table, lo, hi):
-        if b <= a:
-            continue
         x, _ = read_rows(ss, int(i), int(start), int(stop), want_y=False)
         x = np.asarray(x).reshape(len(x), -1)
-        if not np.isfinite(x).all():        # the whole chunk read: its validation and test rows too
-            raise DataError(f"file {ss.shards[int(i)].path!r} of `data.source` holds NaN/inf features; clean or "
-                            "impute them before training")
+        if not np.isfinite(x).all():        # every chunk: validation and test rows (and files) too
+            raise DataError(f"file {ss.shards[int(i)].path!r} of `{_setting_of(ss, int(i))}` holds NaN/inf "
+                            "features; clean or impute them before training")
+        if b <= a:
+            continue
         x = x[train[a:b] - g - start].astype(np.float64)
         k, m = len(x), x.mean(axis=0)
         delta = m - mean
@@ -279,6 +280,17 @@ def fit_streaming(ss: ShardSet, train: np.ndarray, method: str) -> tuple[np.ndar
         shift, scale = np.zeros(width), np.ones(width)
     scale = np.where(scale > 1e-12, scale, 1.0)
     return shift.astype(np.float32), scale.astype(np.float32)
+
+
+def _setting_of(ss: ShardSet, i: int) -> str:
+    """The setting that names shard ``i``: ``data.source``, or ``data.val_source`` /
+    ``data.test_source`` for the files of a split given by separate sources."""
+    end = 0
+    for split, count in ss.parts:
+        end += count
+        if i < end:
+            return {"val": "data.val_source", "test": "data.test_source"}.get(split, "data.source")
+    return "data.source"
 
 
 def describe(ss: ShardSet, data: DataSettings) -> dict:

@@ -165,11 +165,18 @@ def describe_size(sizing: dict | None, nbytes: int, data) -> None:
           f"(`data.stream` = {str(data.stream).lower() if isinstance(data.stream, bool) else repr(data.stream)})")
 
 
+#: ``ensemble check`` reads streamed features whole (the run's first pass: NaN/inf) up to this size
+CHECK_READS_BYTES = 2 << 30
+
+
 def check_streamed(cfg: RunConfig, plan, sizing: dict, found: Problems, prepare_stream, describe_split):
     """``check_data`` for data that streams: the targets, the split and the files, checked as
     rank 0 does, without the pass over the features that fits the normalisation at the run's start."""
+    from ensemble.orchestrate.prepare import check_streaming
     data = cfg.data
-    arrays, meta, _ = prepare_stream(plan, data, cfg.seed, normalise=False)
+    check_streaming(cfg, found)                    # what the run refuses to stream
+    whole = sizing is not None and sizing["bytes"] <= CHECK_READS_BYTES
+    arrays, meta, _ = prepare_stream(plan, data, cfg.seed, normalise=whole)
     if data.task == "auto" and found.ok("data.task"):
         check_task_settings(cfg, meta["task"], "the labels make this task", found)
     print(f"\nData: {data.source} ({plan.fmt}, {len(plan.shards)} file(s)); one sample {list(plan.sample_shape)} "
@@ -178,7 +185,9 @@ def check_streamed(cfg: RunConfig, plan, sizing: dict, found: Problems, prepare_
     sizes = meta["sizes"]
     print(f"  splits: train {sizes['train']}, validation {sizes['val']}, test {sizes['test']}, "
           f"{describe_split(meta, data, cfg.seed)}; normalisation {data.normalize!r}, fitted at the run's start "
-          "in one streaming pass over the training rows")
+          "in one streaming pass over the files, which also looks for NaN/inf features"
+          + (" (done here: none found)" if whole else
+             f" (not done here: more than {_bytes(CHECK_READS_BYTES)} of features)"))
     describe_size(sizing, 0, data)
     if data.stage_dir:
         print(f"  staged: each node copies the files once to {data.stage_dir!r} before its first member")

@@ -110,10 +110,11 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
 BUILD_CHECK_BATCH = 64          # samples the check runs each architecture on (at most one batch)
 
 
-def check_streaming(cfg: RunConfig) -> None:
-    """Streamed data (``datafeed.streaming``) is read by the Keras trainer, one member at a time."""
+def check_streaming(cfg: RunConfig, problems: Problems | None = None) -> None:
+    """Streamed data (``datafeed.streaming``) is read by the Keras trainer, one member at a time.
+    Raises, or adds to ``problems`` (``ensemble check``: every problem at once)."""
     from ensemble.modes import mode_of
-    found = Problems()
+    found = Problems() if problems is None else problems
     if cfg.runtime.trainer not in ("keras", "rehearsal"):
         found.add(f"the data streams (`data.stream`), which the {cfg.runtime.trainer!r} trainer cannot read; set "
                   "`runtime.trainer = \"keras\"` or `data.stream = false`", "runtime.trainer")
@@ -121,7 +122,8 @@ def check_streaming(cfg: RunConfig) -> None:
         found.add("the data streams (`data.stream`), but packed members (`runtime.members_per_rank` > 1) and "
                   "mode \"pbt\" read it from memory; set `runtime.members_per_rank = 1` (not pbt) or "
                   "`data.stream = false`", "data.stream")
-    found.raise_any()
+    if problems is None:
+        found.raise_any()
 
 
 def check_world(cfg: RunConfig, workers: int) -> None:

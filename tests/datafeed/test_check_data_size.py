@@ -43,3 +43,23 @@ def test_check_reports_size_streaming_and_memory_per_rank(tmp_path, capsys, stre
         assert "per rank, the data streamed: about" in out and "fitted at the run's start" in out
     else:
         assert "per node: the data once" in out
+
+
+@pytest.mark.slow
+def test_check_of_streamed_data_finds_nan_features_and_what_the_run_refuses_to_stream(tmp_path, capsys):
+    from datafeed.shards import close_files  # the reader keeps HDF5 files open
+    path = config(tmp_path, "true")
+    assert check_main(path) == 0
+    assert "looks for NaN/inf features (done here: none found)" in capsys.readouterr().out
+    close_files()
+    with h5py.File(tmp_path / "shards" / "s1.h5", "a") as f:
+        f["x"][7, 3] = np.nan
+    assert check_main(path) == 2
+    assert "s1.h5' of `data.source` holds NaN/inf" in capsys.readouterr().out
+    close_files()
+    with h5py.File(tmp_path / "shards" / "s1.h5", "a") as f:
+        f["x"][7, 3] = 0.0
+    text = open(path).read() + "[runtime]\nmembers_per_rank = 2\n"
+    open(path, "w").write(text)
+    assert check_main(path) == 2                 # the run would refuse it: check says so now
+    assert "the data streams (`data.stream`), but packed members" in capsys.readouterr().out

@@ -122,6 +122,13 @@ def test_a_test_source_streams_after_the_training_files_as_in_memory(shards, tmp
     np.savez(tmp_path / "t.npz", x=np.zeros((5, 6), np.float32), y=np.zeros(5, np.int64))
     with pytest.raises(DataError, match=r"`data\.test_source` .*t\.npz.* is npz, but `data\.source` is hdf5"):
         stream_plan(data_cfg(source=str(shards), stream=True, test_source=str(tmp_path / "t.npz")))
+    x = rng.normal(size=(20, 6)).astype(np.float32)
+    x[4, 2] = np.nan                              # a test file that no training row shares a chunk with
+    with h5py.File(held / "t1.h5", "w") as f:
+        f["x"], f["y"] = x, rng.integers(0, 3, 20)
+    data = data_cfg(source=str(shards), stream=True, test_source=str(held))
+    with pytest.raises(DataError, match=r"t1\.h5.* of `data\.test_source` holds NaN/inf"):
+        prepare_stream(stream_plan(data), data, 0)
 
 
 @pytest.mark.slow
