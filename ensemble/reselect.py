@@ -45,14 +45,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _next_free(run_dir: Path) -> int:
-    """The first N with no ensemble-N.json."""
-    n = 1
-    while (run_dir / f"ensemble-{n}.json").exists():
-        n += 1
-    return n
-
-
 def reselect(run_dir: str | Path, overrides: dict) -> dict:
     """Re-select the ensemble of the finished run in ``run_dir`` with ``overrides`` of its
     ``[ensemble]`` settings; returns the new summary (also written as ensemble.json). It
@@ -75,7 +67,7 @@ def _reselect(run_dir: str | Path, overrides: dict) -> dict:
     from ensemble.config.schema import check_task_settings
     from ensemble.results.artifacts import Artifacts
     from ensemble.results.records import as_records, journal_shortfall
-    from ensemble.results.rundir import DAMAGED_FIX, RunDirectory, atomic_write
+    from ensemble.results.rundir import DAMAGED_FIX, RunDirectory
     from ensemble.results.summary import build_ensemble, finished_records
 
     t0 = time.perf_counter()
@@ -123,20 +115,14 @@ def _reselect(run_dir: str | Path, overrides: dict) -> dict:
                        if rd.model_path(i).is_file() or cfg.runtime.trainer == "rehearsal"]
         if not with_models:
             raise ReselectError(f"no member of {str(rd.path)!r} has both stored predictions and a model file")
-        n = _next_free(rd.path)
-        backup_json = rd.path / f"ensemble-{n}.json"
-        atomic_write(backup_json, lambda p: p.write_text(json.dumps(old, indent=2, default=str)))
-        predictions = rd.path / rd.TEST_PREDICTIONS
-        if predictions.is_file():
-            atomic_write(rd.path / f"ensemble_test_predictions-{n}.npz",
-                         lambda p: p.write_bytes(predictions.read_bytes()))
+        backup = rd.archive_ensemble(old)
         summary = build_ensemble(rd, records, cfg, meta, arrays["y_val"], arrays["y_test"], artifacts,
                                  pool=with_models)
     finally:
         artifacts.close()
     kept = {k: old[k] for k in ("run", "search", "kept", "rehearsal", "baseline") if k in old}
     summary.update(kept)
-    summary["reselected"] = {"previous": backup_json.name, "settings": {k: getattr(ens, k) for k in (
+    summary["reselected"] = {"previous": backup, "settings": {k: getattr(ens, k) for k in (
         "method", "k", "metric", "selection_metric", "calibration")}, "pool": len(with_models),
         "n_finished": len(finished_records(records)), "seconds": round(time.perf_counter() - t0, 3)}
     rd.write_json(rd.ENSEMBLE, summary)

@@ -153,6 +153,21 @@ class RunDirectory:
     def write_npz(self, name: str, **arrays: np.ndarray) -> Path:
         return atomic_write(self.path / name, lambda p: np.savez(p, **arrays))
 
+    def archive_ensemble(self, summary: dict) -> str:
+        """Keep ``summary`` (the ensemble.json about to be replaced) as ``ensemble-N.json``, the
+        first N free, and the test predictions beside it as ``ensemble_test_predictions-N.npz``;
+        returns the JSON file's name (``ensemble reselect``, and a resume over a reselected run)."""
+        n = 1
+        while (self.path / f"ensemble-{n}.json").exists():
+            n += 1
+        name = f"ensemble-{n}.json"
+        self.write_json(name, summary)
+        predictions = self.path / self.TEST_PREDICTIONS
+        if predictions.is_file():
+            atomic_write(self.path / f"ensemble_test_predictions-{n}.npz",
+                         lambda p: p.write_bytes(predictions.read_bytes()))
+        return name
+
     def save_normalization(self, shift: np.ndarray, scale: np.ndarray) -> Path:
         return self.write_npz(self.NORMALIZATION, shift=shift, scale=scale)
 

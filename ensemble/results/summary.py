@@ -9,6 +9,8 @@ writes (``ensemble.json``'s ``counts``, the leaderboard's ``status`` column) com
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -37,6 +39,8 @@ from ensemble.task.metrics import (
 )
 
 Records = Iterable[MemberRecord | Mapping[str, Any]]
+
+log = logging.getLogger(__name__)
 
 
 def finished_records(records: Records) -> list[MemberRecord]:
@@ -232,6 +236,16 @@ def build_ensemble(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta
     return out
 
 
+def _reselected(run_dir: RunDirectory) -> dict | None:
+    """The run's ensemble.json when `ensemble reselect` wrote it (None otherwise, or unreadable)."""
+    path = run_dir.path / run_dir.ENSEMBLE
+    try:
+        summary = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and "reselected" in summary else None
+
+
 def finalize(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta: dict,
              y_val: np.ndarray, y_test: np.ndarray, extra: dict | None = None, ensemble: bool = True,
              artifacts: Artifacts | None = None, prune: bool = True, issued: int | None = None,
@@ -249,6 +263,11 @@ def finalize(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta: dict
     metric = task.default_metric(cfg.ensemble.metric)
     board = leaderboard(records, metric)
     run_dir.write_text(run_dir.LEADERBOARD, leaderboard_csv(board))
+    chosen = _reselected(run_dir)                 # an ensemble `ensemble reselect` chose: kept, not overwritten
+    if chosen is not None:
+        name = run_dir.archive_ensemble(chosen)
+        log.warning(f"the ensemble `ensemble reselect` chose ({len(chosen.get('members', []))} members) is kept as "
+                    f"{name}; ensemble.json is selected again by the config's [ensemble] settings")
     t_select = time.perf_counter()
     if ensemble:
         summary = build_ensemble(run_dir, records, cfg, meta, y_val, y_test, artifacts, issued=issued, pool=pool)
@@ -261,7 +280,8 @@ def finalize(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta: dict
         note = {"not_pruned": "the run stopped early: every candidate is kept for --resume"}
         pruned = {"models": 0}
         if prune:
-            pruned = artifacts.prune(m["id"] for m in summary["members"])
+            keep = [m["id"] for m in summary["members"]] + [m["id"] for m in (chosen or {}).get("members", [])]
+            pruned = artifacts.prune(keep)          # the kept reselected ensemble stays loadable
             if pruned["line"] is not None:              # journalled before any file goes
                 with run_dir.journal() as journal:
                     journal.event(pruned["line"])

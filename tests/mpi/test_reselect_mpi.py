@@ -67,6 +67,12 @@ def test_reselect_writes_a_new_ensemble_and_keeps_the_old(tmp_path):
     third = json.loads((run_dir / "ensemble.json").read_text())
     assert third["selection"]["metric"] == "accuracy" and third["reselected"]["previous"] == "ensemble-2.json"
 
+    proc = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=120)
+    assert proc.returncode == 0, proc.stderr        # a spare link of a job chain: the reselected one is kept
+    assert json.loads((run_dir / "ensemble-3.json").read_text()) == third
+    assert "reselected" not in json.loads((run_dir / "ensemble.json").read_text())
+    assert "is kept as ensemble-3.json" in proc.stderr + proc.stdout
+
     proc = reselect(str(run_dir), "--calibration", "conformal")
     assert proc.returncode == 2 and "--calibration" in proc.stderr and "classification" in proc.stderr
     proc = reselect(str(tmp_path))
