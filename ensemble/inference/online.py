@@ -74,6 +74,7 @@ class Stream:
         self._requests: list = []
         self._wanted: dict | None = None        # the newest announcement not yet loaded
         self._failed_generation = 0
+        self._refusals: set[str] = set()        # why the ensemble side refused batches (said once each)
         self._loading: threading.Thread | None = None
         self._loaded: tuple[dict, InSitu | None, str | None, float] | None = None
         self._bye = self._ended = self.closed = False
@@ -117,6 +118,10 @@ class Stream:
         kind = msg["kind"]
         if kind == coupling.ACK:
             self.window.acked(msg["seq"], msg["taken"])
+            if msg.get("error") and msg["error"] not in self._refusals:
+                self._refusals.add(msg["error"])
+                self._say(f"the ensemble side refused a batch ({msg['error']}); it is counted in "
+                          "`dropped_remote`, and later batches of the same kind are refused too")
         elif kind == coupling.GENERATION:
             self.stats.announced += 1
             msg = {**msg, "received": time.time()}

@@ -5,7 +5,8 @@ Up (simulation rank -> ensemble master, ``mpi.TAG_ONLINE_UP``), pickled dicts:
 ``{"kind": "samples", "seq", "sent", "x", "y"}`` and ``{"kind": "close", "sent", "dropped"}``.
 Down (master -> one simulation rank, ``mpi.TAG_ONLINE_DOWN``, in order):
 ``{"kind": "ack", "seq", "taken", "generation", "run_dir"}`` (one per samples message: it
-returns the sender's credit), ``{"kind": "generation", "generation", "run_dir", "seq",
+returns the sender's credit; with ``"error"`` when the batch was refused, as a batch of
+another sample shape is: the link goes on), ``{"kind": "generation", "generation", "run_dir", "seq",
 "published"}`` (a new ensemble; ``seq``: this rank's newest message it trained on),
 ``{"kind": "failed", "generation", "error"}`` (a publish that failed) and, last,
 ``{"kind": "bye"}`` (the answer to "close": nothing more comes), or ``{"kind": "ended",
@@ -72,6 +73,13 @@ class Window:
         self.dropped_remote += max(0, n - taken)
 
 
+def _length(x) -> int:
+    try:
+        return len(x)
+    except TypeError:
+        return 1
+
+
 class Inlet:
     """The ensemble master's end of the link: a thread that receives the simulation's
     messages on ``inter`` and answers them. ``take(rank, seq, x, y) -> taken`` is called
@@ -90,6 +98,8 @@ class Inlet:
         self.first_sent: float | None = None     # the simulation's clock, first sample message
         self.sim_counts: dict[int, dict] = {}    # what each simulation rank said at "close"
         self.error: BaseException | None = None
+        self.refused = 0                          # samples in batches the buffer could not take
+        self.refused_error: str | None = None    # why, the latest
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="online-inlet", daemon=True)
         self._thread.start()
@@ -118,13 +128,23 @@ class Inlet:
 
     def _handle(self, msg: dict, rank: int) -> None:
         if msg["kind"] == SAMPLES:
-            taken = self.take(rank, msg["seq"], msg["x"], msg["y"])
+            error = None
+            try:
+                taken = self.take(rank, msg["seq"], msg["x"], msg["y"])
+            except (ValueError, TypeError) as exc:    # a batch the buffer cannot hold: refused, said, counted
+                taken, error = 0, f"{type(exc).__name__}: {exc}"
+                self.refused += _length(msg["x"])
+                if error != self.refused_error:
+                    log.warning(f"online: a batch from simulation rank {rank} was refused ({error}); "
+                                "the link goes on")
+                self.refused_error = error
             self.messages += 1
-            self.samples += len(msg["x"])
+            self.samples += _length(msg["x"])
             if self.first_sent is None:
                 self.first_sent = msg["sent"]
             self._send(rank, {"kind": ACK, "seq": msg["seq"], "taken": int(taken),
-                              "generation": self.generation, "run_dir": self.run_dir})
+                              "generation": self.generation, "run_dir": self.run_dir,
+                              **({"error": error} if error else {})})
         elif msg["kind"] == CLOSE:
             self.sim_counts[rank] = {k: v for k, v in msg.items() if k != "kind"}
             self._send(rank, {"kind": BYE})

@@ -178,7 +178,11 @@ class OnlineSource:
                 "samples_dropped": c.dropped, "buffer": self.buffer.size, "policy": self.buffer.policy,
                 "members_failed": self.failed_members, "publishes_failed": self.failed_publishes,
                 "simulation": {str(k): v for k, v in sorted(self.inlet.sim_counts.items())},
-                "simulation_closed": self.inlet.closed.is_set()}
+                "simulation_closed": self.inlet.closed.is_set(),
+                **({"samples_refused": self.inlet.refused, "refused_because": self.inlet.refused_error}
+                   if self.inlet.refused else {}),
+                **({"link_error": f"{type(self.inlet.error).__name__}: {self.inlet.error}"}
+                   if self.inlet.error is not None else {})}
 
     def finish(self, records: list[MemberRecord]) -> dict[str, Any]:
         """The run's end: the last publication is the session's own ensemble.json."""

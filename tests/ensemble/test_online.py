@@ -179,3 +179,38 @@ def test_a_publication_selects_among_the_newest_members_and_says_its_generation(
                      frozenset({"o-00003", "o-00004", "o-00005"})]
     assert link.told[0] == (1, {1: 7}) and link.told[1] == (2, "OSError: disk full") and link.told[2][0] == 2
     assert source.generation == 2 and source.failed_publishes == 1 and source.failed_members == 1
+
+
+class OneRank(Silent):
+    """The ensemble master's side of a link to one simulation rank that says nothing unasked."""
+
+    def Get_remote_size(self):
+        return 1
+
+    def send(self, msg, dest, tag):
+        self.sent.append((msg, dest, tag))
+
+
+def test_a_batch_of_another_shape_is_refused_and_said_and_the_link_goes_on(caplog):
+    """The buffer refuses a batch of 7 features after batches of 2: the simulation is told why
+    in its ack, the samples are counted, and later good batches are taken as before."""
+    buffer = ReplayBuffer(100, policy="fifo")
+    inter = OneRank()
+    inlet = coupling.Inlet(inter, lambda rank, seq, x, y: buffer.offer(x, y, rank, seq))
+    try:
+        wide = (np.zeros((3, 7), np.float32), np.zeros(3, np.float32))
+        with inlet.lock:
+            for seq, (x, y) in enumerate((batch(0, 4), wide, batch(4, 4))):
+                inlet._handle({"kind": coupling.SAMPLES, "seq": seq, "sent": 0.0, "x": x, "y": y}, 0)
+        acks = [m for m, _, _ in inter.sent if m["kind"] == coupling.ACK]
+        assert [a["taken"] for a in acks] == [4, 0, 4]
+        assert "error" not in acks[0] and "shape" in acks[1]["error"]
+        assert inlet.refused == 3 and inlet.error is None and not inlet.closed.is_set()
+        assert "was refused" in caplog.text
+    finally:
+        inlet.stop()
+    window = coupling.Window(4)                           # the simulation's side counts them as refused
+    for n in (4, 3):
+        window.take(n, 0.0)
+    window.acked(1, 0)
+    assert window.dropped_remote == 3
