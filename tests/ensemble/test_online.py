@@ -143,6 +143,7 @@ def test_a_publication_selects_among_the_newest_members_and_says_its_generation(
 
     class Link:
         lock, closed, sim_counts = threading.RLock(), threading.Event(), {}
+        refused, refused_error, error = 0, None, None             # what the section reads of an Inlet
 
         def __init__(self):
             self.told = []
