@@ -145,6 +145,7 @@ class Background:
     def __init__(self, sink: Sink, queue_size: int, batch_seconds: float, give_up_seconds: float,
                  cpu_share: float):
         self.sink, self.batch_seconds, self.give_up_seconds = sink, batch_seconds, give_up_seconds
+        self.last_error: str | None = None       # the sink's latest failure, while retrying
         self.rest_factor = 1.0 / cpu_share - 1.0
         self._hurry = threading.Event()     # set by close: no more resting
         self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -212,6 +213,7 @@ class Background:
                 return True
             except Exception as exc:           # noqa: BLE001 - a tracking server must never fail the run
                 error = f"{type(exc).__name__}: {str(exc)[:300]}"
+                self.last_error = error                # said if the run ends while it still retries
             if time.monotonic() - start >= self.give_up_seconds or self._stop.is_set():
                 written = getattr(self.sink, "written", None)
                 self._give_up(error, count if written is None else sum(v.key not in written for v in views))
@@ -256,7 +258,8 @@ class Background:
             if not self.warned:
                 self.warned = True
                 log.warning(f"tracking: {self.sink.name} did not finish within `tracking.finish_seconds` "
-                            f"= {limit if limit is not None else wait:g}; {left} queued writes dropped")
+                            f"= {limit if limit is not None else wait:g}; {left} queued writes dropped"
+                            + (f" (it was retrying after: {self.last_error})" if self.last_error else ""))
             return
         if self.gave_up is None:
             self.sink.close(ok)

@@ -183,6 +183,20 @@ def test_a_sink_that_keeps_failing_is_given_up_once_and_drops_the_rest(caplog):
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
 
 
+def test_a_sink_still_retrying_when_the_run_ends_says_its_last_error(caplog):
+    """A sink that fails longer than the run's finish (give-up 60 s, finish 0.3 s): the one
+    warning names the failure it was retrying, not just the writes dropped."""
+    sink = Flaky(fails=10**9)
+    bg = Background(sink, queue_size=100, batch_seconds=0.01, give_up_seconds=60, cpu_share=1.0)
+    with caplog.at_level(logging.WARNING, logger="ensemble.tracking"):
+        bg.put(("members", [view_of(record(0))]))
+        deadline = time.monotonic() + 10
+        while sink.calls < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        bg.close(True, wait=0.3)
+    assert "did not finish within" in caplog.text and "retrying after: ConnectionError: refused" in caplog.text
+
+
 class Burner(Flaky):
     """Each write costs 0.05 s of the thread's CPU."""
     def members(self, views):
