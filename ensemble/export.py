@@ -18,8 +18,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from ensemble.results.rundir import RunDirectory
+
 #: where each format goes without OUT, inside the run directory
-DEFAULT_NAMES = {"keras": "ensemble.keras", "saved_model": "ensemble_saved_model", "onnx": "ensemble.onnx"}
+DEFAULT_NAMES = RunDirectory.EXPORTS
 
 
 def _format_of(out: str | None) -> str:
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                         + ", ".join(f"{f}: {n}" for f, n in DEFAULT_NAMES.items()))
     p.add_argument("--format", dest="fmt", choices=list(DEFAULT_NAMES),
                    help="what to write (default: from OUT's suffix: .onnx onnx, none saved_model, else keras)")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)            # OUT after --format too
     fmt = args.fmt or _format_of(args.out)
     out = args.out or str(Path(args.run_dir) / DEFAULT_NAMES[fmt])
     from ensemble.inference.export import export_model

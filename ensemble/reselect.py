@@ -126,6 +126,9 @@ def _reselect(run_dir: str | Path, overrides: dict) -> dict:
         "method", "k", "metric", "selection_metric", "calibration")}, "pool": len(with_models),
         "n_finished": len(finished_records(records)), "seconds": round(time.perf_counter() - t0, 3)}
     rd.write_json(rd.ENSEMBLE, summary)
+    stale = rd.stale_exports()
+    if stale:
+        log.warning(stale)
     return summary
 
 

@@ -123,6 +123,7 @@ def export_model(run: EnsembleRun | str | Path, path: str | Path, fmt: str = "ke
     if fmt not in FORMATS:
         raise PredictError(f"--format must be one of {', '.join(FORMATS)}, but got {fmt!r}")
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)     # every format makes the folder it goes in
     if fmt == "keras":
         return export_ensemble(run, path)
     if fmt == "onnx":

@@ -125,6 +125,8 @@ class RunDirectory:
     LEADERBOARD = "leaderboard.csv"
     ENSEMBLE = "ensemble.json"
     TEST_PREDICTIONS = "ensemble_test_predictions.npz"
+    #: where ``ensemble export`` writes each format without OUT (a model of the ensemble.json beside it)
+    EXPORTS = {"keras": "ensemble.keras", "saved_model": "ensemble_saved_model", "onnx": "ensemble.onnx"}
     SEARCH_TABLE = "search.csv"
     STATES = "pbt"                  # mode "pbt": each member's state after a round, two slots each
     MODELS = "models"
@@ -152,6 +154,15 @@ class RunDirectory:
 
     def write_npz(self, name: str, **arrays: np.ndarray) -> Path:
         return atomic_write(self.path / name, lambda p: np.savez(p, **arrays))
+
+    def stale_exports(self) -> str | None:
+        """What to say when ensemble.json changes (reselect, a resume) while ``ensemble export``'s
+        default files lie beside it: they hold the previous ensemble. None when there are none."""
+        found = [name for name in self.EXPORTS.values() if (self.path / name).exists()]
+        if not found:
+            return None
+        return (f"{', '.join(found)} in {str(self.path)!r} hold(s) the previous ensemble: export again "
+                f"(`ensemble export {self.path}`, with `--format` as before) or remove them")
 
     def archive_ensemble(self, summary: dict) -> str:
         """Keep ``summary`` (the ensemble.json about to be replaced) as ``ensemble-N.json``, the

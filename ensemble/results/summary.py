@@ -263,6 +263,7 @@ def finalize(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta: dict
     metric = task.default_metric(cfg.ensemble.metric)
     board = leaderboard(records, metric)
     run_dir.write_text(run_dir.LEADERBOARD, leaderboard_csv(board))
+    replacing = (run_dir.path / run_dir.ENSEMBLE).is_file()
     chosen = _reselected(run_dir)                 # an ensemble `ensemble reselect` chose: kept, not overwritten
     if chosen is not None:
         name = run_dir.archive_ensemble(chosen)
@@ -292,6 +293,9 @@ def finalize(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta: dict
     summary.setdefault("run", {}).update(finalize_seconds=round(time.perf_counter() - t0, 3),
                                          selection_seconds=round(select_seconds, 3))
     run_dir.write_json(run_dir.ENSEMBLE, summary)
+    stale = run_dir.stale_exports() if replacing and prune else None
+    if stale:
+        log.warning(stale)
     return summary
 
 

@@ -157,6 +157,10 @@ def test_notebook_export_and_defaults(cls_run, tmp_path):
     path = ens.export(tmp_path / "m.onnx", "onnx")
     assert path.stat().st_size > 0
     assert cli.main(["export", str(cls_run)]) == 0 and (cls_run / "ensemble.keras").exists()
+    deep = tmp_path / "not" / "yet" / "m.keras"              # its folders are made; OUT after --format
+    assert cli.main(["export", str(cls_run), "--format", "keras", str(deep)]) == 0 and deep.is_file()
+    from ensemble.results.rundir import RunDirectory  # a new ensemble.json says the export is stale
+    assert "ensemble.keras" in RunDirectory(cls_run).stale_exports()
     with pytest.raises(PredictError, match="must be one of keras, saved_model, onnx"):
         ens.export(tmp_path / "m.bin", "torch")
     with pytest.raises(PredictError, match="a SavedModel is a directory"):

@@ -62,8 +62,10 @@ def test_reselect_writes_a_new_ensemble_and_keeps_the_old(tmp_path):
     assert (run_dir / "journal.jsonl").read_text() == journal                  # nothing trained
     assert "ensemble (3 members)" in proc.stderr + proc.stdout
 
+    (run_dir / "ensemble.onnx").write_bytes(b"an export of the second ensemble")
     proc = reselect(str(run_dir), "--method", "greedy", "--selection-metric", "accuracy")
     assert proc.returncode == 0, proc.stderr
+    assert "ensemble.onnx in" in proc.stderr and "hold(s) the previous ensemble" in proc.stderr
     third = json.loads((run_dir / "ensemble.json").read_text())
     assert third["selection"]["metric"] == "accuracy" and third["reselected"]["previous"] == "ensemble-2.json"
 
