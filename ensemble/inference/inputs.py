@@ -308,8 +308,8 @@ def load_input(run: EnsembleRun, source: str, fmt: str | None = None, x: str | N
     name = repr(source)
     try:
         kind = detect_format(data)
-        if kind != "builtin" and not Path(source).exists():
-            raise DataError(f"`data.source` file {source!r} does not exist")
+        if kind != "builtin" and not Path(source).exists() and not any(c in source for c in "*?["):   # a glob:
+            raise DataError(f"`data.source` file {source!r} does not exist")                     # its reader says
         if kind in ("csv", "parquet"):
             return _read_table(run, data, kind, keep, name)
         frame = _pandas_hdf5(data, name) if kind == "hdf5" else None

@@ -155,6 +155,12 @@ def test_a_streamed_runs_test_rows_are_predicted_a_chunk_at_a_time(tmp_path, sha
         assert proc.returncode == 0, proc.stdout + proc.stderr
         with np.load(tmp_path / "two.npz") as two:
             np.testing.assert_allclose(two["proba"], cli["proba"], atol=1e-6)
+        proc = subprocess.run([sys.executable, "-m", "ensemble.predict", str(run), "--data",       # a glob, as
+                               str(tmp_path / "held" / "*.h5"), "--out", str(tmp_path / "glob.npz")],  # data.source
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        with np.load(tmp_path / "glob.npz") as glob:
+            np.testing.assert_allclose(glob["proba"], cli["proba"], atol=1e-6)
 
 
 def test_a_streamed_runs_targets_come_back_without_reading_a_feature(tmp_path, shards, monkeypatch):
