@@ -38,27 +38,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("config", help="TOML config file (its mode, members or search, budget and [runtime])")
     p.add_argument("--workers", type=_positive(int), nargs="+", required=True,
                    help="simulated workers (member groups)")
-    p.add_argument("--members", type=_positive(int), help="members (ensemble) or evaluations (evolve) in all")
-    p.add_argument("--per-worker", type=_positive(float), help="members per worker (instead of --members)")
+    many = p.add_mutually_exclusive_group()
+    many.add_argument("--members", type=_positive(int), help="members (ensemble) or evaluations (evolve) in all")
+    many.add_argument("--per-worker", type=_positive(float), help="members per worker (instead of --members)")
     p.add_argument("--seconds", type=_positive(float), help="median member seconds (default: rehearsal.seconds)")
     p.add_argument("--spread", type=_positive(float, zero=True),
                    help="log-normal sigma of member seconds (default: rehearsal.spread)")
     p.add_argument("--replay", help="journal.jsonl (or run directory) whose train_seconds to replay")
-    p.add_argument("--latency", type=float, default=0.0005, help="one-way message latency, seconds")
-    p.add_argument("--message-us", type=float, default=10.0,
+    p.add_argument("--latency", type=_positive(float, zero=True), default=0.0005,
+                   help="one-way message latency, seconds")
+    p.add_argument("--message-us", type=_positive(float, zero=True), default=10.0,
                    help="the master's cost of one send or receive, microseconds (scripts/bench_dispatch.py "
                         "measures it as the ping-pong)")
     p.add_argument("--master-cost", default="model",
                    help='"model": the recorded cost model of the mode\'s master (reproducible); "measured": its '
                         'real time on this machine; or "RESULT_US,DISPATCH_US": microseconds per result and per spec')
-    p.add_argument("--master-slowdown", type=float, default=1.0,
+    p.add_argument("--master-slowdown", type=_positive(float, zero=True), default=1.0,
                    help="--master-cost measured: the master's measured time is multiplied by this (1: as fast as "
                         "this machine; 0: a master that costs nothing, to see what the rest costs; 2: twice as slow)")
     p.add_argument("--engine", choices=("session", "fast"), default="session",
                    help="session: the real master code; fast: a model of its dispatch loop, for millions of members")
     p.add_argument("--order", choices=("cost", "list"), help="override runtime.order")
-    p.add_argument("--stop-quantile", type=float, help="override runtime.stop_quantile (0: the slowest seen)")
-    p.add_argument("--time-limit", type=float, help="override runtime.time_limit, seconds")
+    p.add_argument("--stop-quantile", type=_share,
+                   help="override runtime.stop_quantile, in [0, 1] (0: the slowest seen)")
+    p.add_argument("--time-limit", type=_positive(float), help="override runtime.time_limit, seconds")
     p.add_argument("--arch-costs", type=float, nargs="+", default=[1.0],
                    help="--engine fast: members dealt round-robin over architectures whose median seconds are "
                         "--seconds times these (default: one architecture)")
@@ -91,6 +94,27 @@ def _positive(kind, zero: bool = False):
         return value
     parse.__name__ = kind.__name__
     return parse
+
+
+def _share(text: str) -> float:
+    """An argparse type: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def config_members(cfg) -> int | None:
+    """The members a config trains in all: its architectures' (mode "ensemble"), its evaluations
+    (mode "evolve"); None for the modes whose count is not one number."""
+    if cfg.mode == "ensemble":
+        return sum(a.members for a in cfg.architectures)
+    if cfg.mode == "evolve":
+        return cfg.evolve.evaluations
+    return None
 
 
 def with_members(cfg, total: int):
@@ -132,7 +156,9 @@ def fast_rows(cfg, args) -> int:
         print(f"{'workers':>8} {'members':>9} {'utilisation':>12} {'master busy':>12} {'members/s':>10} "
               f"{'simulated':>10} {'real s':>8}")
     for workers in args.workers:
-        members = args.members or max(1, round((args.per_worker or 1) * workers))
+        members = args.members or (round(args.per_worker * workers) if args.per_worker else None) \
+            or config_members(cfg) or workers      # the config's own count, as the session engine's
+        members = max(1, members)
         durations, arch = fastsim.lognormal_durations(members, cfg.rehearsal.seconds, cfg.rehearsal.spread,
                                                       args.seed, tuple(args.arch_costs))
         if rt.order == "cost" and len(args.arch_costs) > 1:

@@ -98,3 +98,25 @@ def test_simulate_refuses_counts_and_seconds_that_are_not_positive(bad, capsys):
     with pytest.raises(SystemExit) as stop:
         parse_args(["configs/digits.toml", *bad])
     assert stop.value.code == 2 and "must be above 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad, says", [(["--stop-quantile", "2"], "must be in [0, 1]"),
+                                       (["--latency", "-1"], "must be at least 0"),
+                                       (["--message-us", "-2"], "must be at least 0"),
+                                       (["--time-limit", "0"], "must be above 0"),
+                                       (["--members", "10", "--per-worker", "2"], "not allowed with")])
+def test_simulate_refuses_settings_it_would_misread(bad, says, capsys):
+    """--stop-quantile 2 was a ValueError traceback, --latency -1 a 99.9% utilisation, and
+    --per-worker beside --members was ignored."""
+    from ensemble.simulate import parse_args
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["configs/digits.toml", "--workers", "4", *bad])
+    assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_fast_engine_simulates_the_configs_own_members():
+    from ensemble.config import load_config
+    from ensemble.simulate import config_members
+    assert config_members(load_config("configs/digits.toml")) == 8             # 4 MLPs + 4 CNNs
+    assert config_members(load_config("configs/digits_evolve.toml")) == load_config(
+        "configs/digits_evolve.toml").evolve.evaluations
