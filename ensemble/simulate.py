@@ -214,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --replay {args.replay!r} does not exist; give a run's journal.jsonl or its directory",
               file=sys.stderr)
         return 2
+    if args.run_dir and (Path(args.run_dir) / "journal.jsonl").exists():
+        print(f"error: --run-dir {args.run_dir!r} is a run's directory; give a new folder for the simulated "
+              "journals (one per worker count)", file=sys.stderr)
+        return 2
     if args.engine == "fast":
         return fast_rows(cfg, args)
     from datafeed.prepare import prepare_with_rows
