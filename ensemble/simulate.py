@@ -107,16 +107,6 @@ def _share(text: str) -> float:
     return value
 
 
-def config_members(cfg) -> int | None:
-    """The members a config trains in all: its architectures' (mode "ensemble"), its evaluations
-    (mode "evolve"); None for the modes whose count is not one number."""
-    if cfg.mode == "ensemble":
-        return sum(a.members for a in cfg.architectures)
-    if cfg.mode == "evolve":
-        return cfg.evolve.evaluations
-    return None
-
-
 def with_members(cfg, total: int):
     """``cfg`` with ``total`` members: spread over its architectures, and as the budget of
     evaluations of a search (each setting is read only by the mode that uses it)."""
@@ -157,7 +147,7 @@ def fast_rows(cfg, args) -> int:
               f"{'simulated':>10} {'real s':>8}")
     for workers in args.workers:
         members = args.members or (round(args.per_worker * workers) if args.per_worker else None) \
-            or config_members(cfg) or workers      # the config's own count, as the session engine's
+            or mode_of(cfg).expected_members(cfg, workers) or workers    # the config's own count
         members = max(1, members)
         durations, arch = fastsim.lognormal_durations(members, cfg.rehearsal.seconds, cfg.rehearsal.spread,
                                                       args.seed, tuple(args.arch_costs))

@@ -114,9 +114,8 @@ def test_simulate_refuses_settings_it_would_misread(bad, says, capsys):
     assert stop.value.code == 2 and says in capsys.readouterr().err
 
 
-def test_the_fast_engine_simulates_the_configs_own_members():
-    from ensemble.config import load_config
-    from ensemble.simulate import config_members
-    assert config_members(load_config("configs/digits.toml")) == 8             # 4 MLPs + 4 CNNs
-    assert config_members(load_config("configs/digits_evolve.toml")) == load_config(
-        "configs/digits_evolve.toml").evolve.evaluations
+def test_the_fast_engine_simulates_the_configs_own_members(capsys):
+    from ensemble.simulate import main
+    assert main(["configs/digits.toml", "--workers", "4", "--engine", "fast"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert row[:2] == ["4", "8"]                          # 4 workers, the config's 8 members (4 MLPs + 4 CNNs)
