@@ -69,6 +69,8 @@ class Mode:
     master_may_train: ClassVar[bool] = True
     #: whether the run builds the networks of ``[[architectures]]`` (checked before training)
     uses_architectures: ClassVar[bool] = True
+    #: the config tables only this mode reads (``ensemble check`` notes one set under another mode)
+    tables: ClassVar[tuple[str, ...]] = ()
     #: whether its members can read streamed data (``data.stream``; a population's trainer reads memory)
     reads_streams: ClassVar[bool] = True
     #: whether idle workers may help its last members at the end of the run (``runtime.tail``;

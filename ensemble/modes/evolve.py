@@ -16,6 +16,7 @@ SAMPLE_GENOMES = 5
 
 class EvolveMode(Mode):
     name = "evolve"
+    tables = ("evolve", "search")
     uses_architectures = False
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:

@@ -46,6 +46,7 @@ def needs_simulation() -> str:
 
 class OnlineMode(Mode):
     name = "online"
+    tables = ("online",)
     takes_helpers = False              # the data keeps coming: no last members
 
     def before_prepare(self, cfg: RunConfig, args: Any) -> None:

@@ -16,6 +16,7 @@ from ensemble.sources.base import Decider, Source
 
 class PbtMode(Mode):
     name = "pbt"
+    tables = ("pbt",)
     master_may_train = False           # members send each other their weights over MPI: not from a thread
     reads_streams = False              # train.population gathers its batches from the arrays in memory
     takes_helpers = False              # rounds, not last members

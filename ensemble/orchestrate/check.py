@@ -58,6 +58,8 @@ def check_main(config_path: str) -> int:
         return finish(exc.problems, config_path)
     mode = mode_of(cfg)
     describe_config(cfg, found)
+    for note in unread_tables(cfg, config_path):
+        print(f"  note: {note}")
     prepared = check_data(cfg, found)
     if prepared is not None:
         mode.preflight(cfg, prepared[1], None, found)
@@ -81,6 +83,28 @@ def check_main(config_path: str) -> int:
         describe_memory(cfg, prepared[0], members, prepared[1].get("rank_bytes"))
     describe_runtime(cfg)
     return finish(found.messages, config_path)
+
+
+def unread_tables(cfg: RunConfig, config_path: str) -> list[str]:
+    """Tables the config sets that its mode does not read (``Mode.tables``, and
+    ``[[architectures]]`` in a mode that builds none): each a line naming the mode that would."""
+    import tomllib
+
+    from ensemble.modes import MODES
+    try:
+        with open(config_path, "rb") as f:
+            given = set(tomllib.load(f))
+    except (OSError, ValueError):
+        return []
+    mode, notes = mode_of(cfg), []
+    for other in MODES.values():
+        for table in other.tables:
+            if table in given and table not in mode.tables:
+                notes.append(f"[{table}] is set, but mode {cfg.mode!r} does not read it (mode {other.name!r} "
+                             f"does: `mode = \"{other.name}\"`?)")
+    if "architectures" in given and not mode.uses_architectures:
+        notes.append(f"[[architectures]] is set, but mode {cfg.mode!r} does not build them (it searches its own)")
+    return notes
 
 
 def describe_config(cfg: RunConfig, found: Problems) -> None:

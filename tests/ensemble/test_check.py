@@ -206,3 +206,25 @@ def test_memory_is_the_documented_formula():
 def test_the_exit_status_is_the_runs_config_error():
     from ensemble import run
     assert EXIT_PROBLEMS == run.EXIT_CONFIG
+
+
+def test_tables_of_another_mode_are_noted_naming_the_mode_that_reads_them(tmp_path):
+    """A config with [evolve] and [search] but no `mode = "evolve"`: check passed it silently and
+    the run ignored the search; now each is a note (not a problem: the config is valid)."""
+    from ensemble.orchestrate.check import unread_tables
+    path = tmp_path / "c.toml"
+    path.write_text(textwrap.dedent("""
+        [data]
+        source = "iris"
+        [[architectures]]
+        layers = [{type = "Dense", units = 8}]
+        [evolve]
+        evaluations = 10
+        [search]
+        max_depth = 2
+    """))
+    cfg = resolve_config(__import__("tomllib").loads(path.read_text()))
+    notes = unread_tables(cfg, str(path))
+    assert len(notes) == 2 and all('`mode = "evolve"`?' in n for n in notes)
+    assert unread_tables(cfg.replace(mode="evolve"), str(path)) == [
+        "[[architectures]] is set, but mode 'evolve' does not build them (it searches its own)"]
