@@ -456,8 +456,9 @@ class Streamed:
         training), read a chunk at a time."""
         import tensorflow as tf
         ds = tf.data.Dataset.from_tensor_slices(self.units(split)[0].astype(np.int64))
-        return ds.map(self._loader(split, y_transform), num_parallel_calls=CYCLE,
-                      deterministic=True).rebatch(EVAL_BATCH).prefetch(2)
+        batches = -(-self.size(split) // EVAL_BATCH)     # said, so Keras does not find the end by running out
+        return ds.map(self._loader(split, y_transform), num_parallel_calls=CYCLE, deterministic=True).rebatch(
+            EVAL_BATCH).apply(tf.data.experimental.assert_cardinality(batches)).prefetch(2)
 
 
 _POOL: list = []
