@@ -649,6 +649,7 @@ class EndedLink:
         import threading
         self.lock, self.closed, self.ranks, self.sim_counts = threading.RLock(), threading.Event(), 1, {}
         self.closed.set()
+        self.refused, self.refused_error, self.error = 0, None, None     # what the online section reads
         self.announced: list[int] = []
 
     def announce(self, generation, run_dir, seqs=None):
