@@ -165,7 +165,8 @@ def scan(data: DataSettings, require_y: bool = True) -> ShardSet:
         for what, key, a, b in (("features", "x", first.x_dtype, s.x_dtype), ("targets", "y", first.y_dtype,
                                                                                  s.y_dtype)):
             if _kind(a) != _kind(b) and (key == "x" or require_y):
-                raise DataError(f"`data.source` {data.source!r}: file {s.path!r} has {what} (`data.{key}`) of "
+                setting = "`data.label` column" if fmt == "parquet" and key == "y" else f"`data.{key}`"
+                raise DataError(f"`data.source` {data.source!r}: file {s.path!r} has {what} ({setting}) of "
                                 f"dtype {b}, but {first.path!r} has {a}; every file needs the same kind of values")
     features = tuple(getattr(data, "features", ()) or ())
     if fmt == "parquet":
