@@ -34,7 +34,8 @@ class EnsembleMode(Mode):
         return member_count(cfg)
 
     def describe(self, cfg: RunConfig) -> str:
-        return f"{len(cfg.architectures)} architecture(s), {member_count(cfg)} members"
+        n = member_count(cfg)
+        return f"{len(cfg.architectures)} architecture(s), {n} member{'s' if n != 1 else ''}"
 
     def keras_trainer(self, cfg: RunConfig, meta: dict, data: Any, run_dir: RunDirectory, rank: int,
                       group: Any = None, comm: Any = None) -> Trainer:
