@@ -33,6 +33,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -451,6 +452,8 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
                              "each rank would run more threads than it has cores; raise --cpus-per-rank or lower "
                              "runtime.threads")
     python = Path(os.path.abspath(cwd / args.python))     # not resolved: a venv's python is a symlink
+    if not python.exists() and os.sep not in args.python and shutil.which(args.python):
+        python = Path(str(shutil.which(args.python)))       # a bare name, as a shell finds it on PATH
     if not python.exists() and not args.setup:
         raise JobScriptError(f"--python {args.python!r} does not exist; give the Python the ranks should run (the "
                              "venv or conda environment built against the cluster's MPI), or the --setup line that "

@@ -143,6 +143,13 @@ def test_another_python_is_used_as_given(tmp_path, monkeypatch):
     assert f"PYTHON={python}" in text and f"RUN_DIR={here / 'elsewhere'}" in text
 
 
+def test_a_bare_python_name_is_found_on_path_as_a_shell_finds_it(tmp_path, monkeypatch):
+    import shutil
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4",
+                          "--python", "python3")
+    assert code == 0 and f"PYTHON={shutil.which('python3')}" in (here / "tiny.slurm.sh").read_text()
+
+
 def test_a_python_the_job_makes_itself_need_not_exist_yet(tmp_path, monkeypatch):
     code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4",
                           "--python", "/tmp/env/bin/python",
