@@ -120,6 +120,10 @@ def list_files(data: DataSettings) -> tuple[list[Path], str]:
         kinds = {SHARD_SUFFIXES.get(p.suffix.lower()) for p in paths}
         if None in kinds:
             odd = next(p for p in paths if p.suffix.lower() not in SHARD_SUFFIXES)
+            if odd.suffix.lower() in (".csv", ".tsv", ".txt"):
+                raise DataError(f"`data.source` {src!r}: file {str(odd)!r} is a text table, which is read from "
+                                "one file only; join the tables into one CSV (or convert them to Parquet files, "
+                                "which are read as one table from many)")
             raise DataError(f"`data.source` {src!r}: file {str(odd)!r} has no known suffix "
                             f"({', '.join(SHARD_SUFFIXES)}); narrow the glob or set `data.format`")
         if len(kinds) > 1:

@@ -166,3 +166,10 @@ def test_parquet_shards_are_read_by_column_name_and_other_columns_are_refused(tm
     with pytest.raises(DataError, match=r"p1\.parquet.*other feature columns.*p0\.parquet.*lacks d.*has e"):
         read_dataset(data)
     assert read_dataset(data_cfg(source=str(tmp_path), label="label", features=list("abc")))[0].shape == (33, 3)
+
+
+def test_a_glob_of_csv_files_says_to_join_them_or_use_parquet(tmp_path):
+    for i in range(2):
+        pd.DataFrame({"a": [1.0, 2.0], "y": [0, 1]}).to_csv(tmp_path / f"t{i}.csv", index=False)
+    with pytest.raises(DataError, match=r"t0\.csv.* is a text table, which is read from one file only.*Parquet"):
+        read_dataset(data_cfg(source=str(tmp_path / "*.csv"), label="y"))
