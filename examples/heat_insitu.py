@@ -263,6 +263,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threshold", type=float, default=0.0015,
                    help="predicted standard deviation of v above which a patch is kept in full")
     args = p.parse_args(argv)
+    if args.steps < args.warm + HORIZON:             # said on every rank before any exchange: no abort
+        p.error(f"--steps {args.steps} leaves no prediction: it needs at least --warm ({args.warm}) + "
+                f"{HORIZON} steps (the forecast's horizon)")
     if args.command == "collect":
         args.seed = 1 if args.seed is None else args.seed
         args.every = min(args.every, 5)
