@@ -283,17 +283,9 @@ class Twin:
         propose = st.breeder()
         assert propose is not None
         st.rng = np.random.default_rng([st.seed, st.told, st.asked, 1 + self.index, self.bred])
-        want = n * sur.candidates
-        pool: dict[str, AnyGenome] = {}
-        for _ in range(want * 3):                      # bounded: a crowded space yields fewer
-            g = propose()
-            key = g.key()
-            if key not in st._seen and key not in sur.trained and key not in self.offered:
-                pool.setdefault(key, g)
-                if len(pool) == want:
-                    break
+        children = st.new_children(propose, n * sur.candidates,
+                                   lambda key: key in sur.trained or key in self.offered)
         self.bred += 1
-        children = list(pool.values())
         picks = [children[i] for i in sur.choose_many(children, n)]
         for child in picks:
             self.offered[child.key()] = None

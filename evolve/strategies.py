@@ -307,18 +307,25 @@ class Strategy:
         s = self.surrogate
         if s is None or s.candidates < 2 or not s.ready:
             return self._fresh(propose)
+        children = self.new_children(propose, s.candidates, s.trained.__contains__)
+        if not children:
+            return self._fresh(propose)
+        return children[s.choose(children)]
+
+    def new_children(self, propose: Callable[[], AnyGenome], want: int,
+                     known: Callable[[str], bool]) -> list[AnyGenome]:
+        """Up to ``want`` distinct children bred by ``propose``, none asked before nor ``known``
+        (by key: trained, offered); at most ``3 x want`` tries, so a crowded space yields fewer.
+        What a surrogate screens, in the loop (``_breed``) or ahead (``evolve.screening``)."""
         pool: dict[str, AnyGenome] = {}
-        for _ in range(s.candidates * 3):             # bounded: a crowded space yields fewer
+        for _ in range(want * 3):
             g = propose()
             key = g.key()
-            if key not in self._seen and key not in s.trained:
+            if key not in self._seen and not known(key):
                 pool.setdefault(key, g)
-                if len(pool) == s.candidates:
+                if len(pool) == want:
                     break
-        if not pool:
-            return self._fresh(propose)
-        children = list(pool.values())
-        return children[s.choose(children)]
+        return list(pool.values())
 
     def _propose(self) -> AnyGenome | None:
         raise NotImplementedError

@@ -129,6 +129,14 @@ def _nonneg(v):
     return None if v >= 0 else "must be >= 0"
 
 
+def _auto_or_whole(what: str):
+    """\"auto\", or a whole number >= 0 (not a bool); else ``must be "auto" or WHAT``."""
+    def check(v):
+        ok = v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+        return None if ok else f'must be "auto" or {what}'
+    return check
+
+
 def _arch_seconds(v):
     bad = [k for k, x in v.items() if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0]
     return None if not bad else (f"must map architecture names to seconds >= 0; {bad[0]!r} is given "
@@ -496,9 +504,7 @@ SCHEMA = Table({
             isinstance(v, int) and v > 0) else 'must be "auto" or a positive integer',
             doc="member specs a worker holds ahead, so it starts the next one without a round trip to the "
                 "master; \"auto\": by how long members take"),
-        "sub_masters": Key((str, int), "auto", lambda v: None if v == "auto" or (
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0) else
-            'must be "auto" or a whole number of sub-masters (0: one master)',
+        "sub_masters": Key((str, int), "auto", _auto_or_whole("a whole number of sub-masters (0: one master)"),
             doc="a master hierarchy for short members at the largest scale: ranks 1..N are sub-masters, each "
                 "serving its own share of the member groups (mode ensemble: each runs its own share of the "
                 "members with its own journal, and the master only coordinates; mode evolve: each hands out the "
@@ -936,8 +942,7 @@ EVOLVE_KEYS = {
     "surrogate_min_results": Key((int,), 16, lambda v: None if v >= 2 else "must be >= 2",
                                  doc="results before the surrogate's first fit; children bred earlier are not "
                                      "screened"),
-    "surrogate_ahead": Key((str, int), "auto", lambda v: None if v == "auto" or (
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0) else 'must be "auto" or an integer >= 0',
+    "surrogate_ahead": Key((str, int), "auto", _auto_or_whole("an integer >= 0"),
                            doc="children kept bred and screened ahead by a helper process beside the master, "
                                "off its dispatch loop (`surrogate = \"forest\"`); 0: screened in the loop at each "
                                "ask, and the search is reproducible from its seed; \"auto\": in the loop below a "
