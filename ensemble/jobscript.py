@@ -1,5 +1,6 @@
 """``python -m ensemble.jobscript --scheduler {slurm,pbs,lsf,flux} --nodes N --gpus-per-node G
 [--hours H] CONFIG [--chain K]``: write a ready job script for a cluster's batch scheduler.
+CPU-only nodes: ``--gpus-per-node 0 --ranks-per-node R``.
 
 The script asks for N whole nodes for H hours and starts ``python -m ensemble.run`` with one
 rank per GPU (``runtime.ranks_per_gpu`` ranks per GPU when the config says so) through the
@@ -69,10 +70,29 @@ class Job:
     directives: tuple[str, ...] = ()
     command: str = ""          # the ensemble.jobscript command line that wrote the script
     stage_env: str | None = None    # node-local folder the environment is copied to first (runtime/stage.py)
+    cpu_ranks_per_node: int = 0     # CPU-only nodes (gpus_per_node = 0): --ranks-per-node
 
     @property
     def ranks_per_node(self) -> int:
-        return self.gpus_per_node * self.ranks_per_gpu
+        return self.gpus_per_node * self.ranks_per_gpu if self.gpus_per_node else self.cpu_ranks_per_node
+
+    @property
+    def binds_gpus(self) -> bool:
+        """The launcher gives each rank a GPU of its own (one rank per GPU)."""
+        return self.gpus_per_node > 0 and self.ranks_per_gpu == 1
+
+    @property
+    def one_per_node(self) -> Job:
+        """The same job with one rank a node (the staging launch)."""
+        if self.gpus_per_node:
+            return replace(self, gpus_per_node=1, ranks_per_gpu=1)
+        return replace(self, cpu_ranks_per_node=1)
+
+    @property
+    def hardware(self) -> str:
+        if self.gpus_per_node:
+            return f"{self.nodes} node(s) x {self.gpus_per_node} GPU(s)"
+        return f"{self.nodes} CPU-only node(s) x {self.cpu_ranks_per_node} rank(s)"
 
     @property
     def ranks(self) -> int:
@@ -87,8 +107,8 @@ class Job:
 
 def slurm_directives(job: Job) -> list[str]:
     lines = [f"--job-name={job.name}", f"--nodes={job.nodes}", f"--ntasks-per-node={job.ranks_per_node}",
-             f"--gpus-per-node={job.gpus_per_node}", f"--cpus-per-task={job.cpus_per_rank}",
-             f"--time={job.walltime}", f"--output={job.name}-%j.out"]
+             *[f"--gpus-per-node={job.gpus_per_node}"] * bool(job.gpus_per_node),
+             f"--cpus-per-task={job.cpus_per_rank}", f"--time={job.walltime}", f"--output={job.name}-%j.out"]
     lines += [f"--account={job.account}"] * bool(job.account) + [f"--partition={job.queue}"] * bool(job.queue)
     return [f"#SBATCH {line}" for line in [*lines, *job.directives]]
 
@@ -97,7 +117,7 @@ def slurm_launcher(job: Job) -> list[str]:
     """``srun`` in Slurm 22.05 and after takes no ``--cpus-per-task`` from ``sbatch``, so it is
     given again; ``--gpus-per-task=1 --gpu-bind=closest`` gives each rank the GPU nearest its cores.
     Ranks sharing GPUs see the node's list, which the run narrows by node-local rank."""
-    gpus = ["--gpus-per-task=1", "--gpu-bind=closest"] if job.ranks_per_gpu == 1 else []
+    gpus = ["--gpus-per-task=1", "--gpu-bind=closest"] if job.binds_gpus else []
     return ["srun", f"--nodes={job.nodes}", f"--ntasks={job.ranks}", f"--ntasks-per-node={job.ranks_per_node}",
             f"--cpus-per-task={job.cpus_per_rank}", "--cpu-bind=cores", *gpus]
 
@@ -186,10 +206,12 @@ def lsf_directives(job: Job) -> list[str]:
 
 def lsf_launcher(job: Job) -> list[str]:
     """One jsrun resource set per GPU (``-g 1``) with its ranks (``-a``) and their cores
-    (``-c``), ``-r`` sets per node, each rank bound to its cores (``-b packed:C``)."""
-    k = job.ranks_per_gpu
-    return ["jsrun", "-n", str(job.nodes * job.gpus_per_node), "-r", str(job.gpus_per_node), "-a", str(k),
-            "-c", str(job.cpus_per_rank * k), "-g", "1", "-b", f"packed:{job.cpus_per_rank}"]
+    (``-c``), ``-r`` sets per node, each rank bound to its cores (``-b packed:C``); on CPU-only
+    nodes one set per rank, with no GPU (``-g 0``)."""
+    k, sets = (job.ranks_per_gpu, job.gpus_per_node) if job.gpus_per_node else (1, job.cpu_ranks_per_node)
+    return ["jsrun", "-n", str(job.nodes * sets), "-r", str(sets), "-a", str(k),
+            "-c", str(job.cpus_per_rank * k), "-g", str(int(job.gpus_per_node > 0)), "-b",
+            f"packed:{job.cpus_per_rank}"]
 
 
 LSF_END_TIME = """\
@@ -230,7 +252,8 @@ def flux_directives(job: Job) -> list[str]:
 def flux_launcher(job: Job) -> list[str]:
     """``-g 1`` and ``gpu-affinity=per-task``: each task sees its own GPU; ranks sharing GPUs
     get none assigned and see the node's, which the run narrows by node-local rank."""
-    gpus = ["-g", "1", "-o", "gpu-affinity=per-task"] if job.ranks_per_gpu == 1 else ["-o", "gpu-affinity=off"]
+    gpus = (["-g", "1", "-o", "gpu-affinity=per-task"] if job.binds_gpus
+            else ["-o", "gpu-affinity=off"] if job.gpus_per_node else [])
     return ["flux", "run", "-N", str(job.nodes), "-n", str(job.ranks), "-c", str(job.cpus_per_rank), *gpus,
             "-o", "cpu-affinity=per-task"]
 
@@ -293,12 +316,11 @@ def stage_lines(job: Job) -> list[str]:
     if not job.stage_env:
         return []
     script = Path(__file__).resolve().parent / "runtime" / "stage.py"
-    one_per_node = replace(job, gpus_per_node=1, ranks_per_gpu=1)
     return [
         "# The Python environment, read once from the shared file system by rank 0 and copied to each",
         "# node's local storage, so that no rank imports TensorFlow from the shared file system (docs/hpc.md)",
         f"STAGED=\"{job.stage_env}\"",
-        f"{' '.join(map(shlex.quote, SCHEDULERS[job.scheduler].launcher(one_per_node)))} \\",
+        f"{' '.join(map(shlex.quote, SCHEDULERS[job.scheduler].launcher(job.one_per_node)))} \\",
         f"    \"$PYTHON\" -S -P {shlex.quote(str(script))} --to \"$STAGED\"",
         "PYTHON=\"$STAGED/python\"",
     ]
@@ -307,18 +329,19 @@ def stage_lines(job: Job) -> list[str]:
 def render_job_script(job: Job) -> str:
     """The job script's text: directives, then the environment, the job's end, and the run."""
     s, q = SCHEDULERS[job.scheduler], shlex.quote
-    per_gpu = "one per GPU" if job.ranks_per_gpu == 1 else f"{job.ranks_per_gpu} per GPU (runtime.ranks_per_gpu)"
+    per_gpu = ("no GPUs" if not job.gpus_per_node else "one per GPU" if job.ranks_per_gpu == 1
+               else f"{job.ranks_per_gpu} per GPU (runtime.ranks_per_gpu)")
+    device = "a GPU" if job.gpus_per_node else "cores"
     helpers = [HMS_SECONDS, ""] if "hms_seconds" in s.end_time else []
     threads = " ".join(f"{v}={job.threads}" for v in THREAD_VARIABLES)
     launch = " ".join(map(q, s.launcher(job)))
     lines = [
         "#!/bin/bash",
         *s.directives(job),
-        f"# python -m ensemble.run for the config {job.name!r} on {job.nodes} node(s) x {job.gpus_per_node} GPU(s): "
-        f"{job.ranks} ranks,",
+        f"# python -m ensemble.run for the config {job.name!r} on {job.hardware}: {job.ranks} ranks,",
         f"# {per_gpu}, {job.cpus_per_rank} core(s) each. Rank 0, the master, shares node 0 with the workers",
-        "# and has a GPU like them, on which it trains members too (runtime.master_trains = \"auto\"),",
-        "# so no GPU idles (with runtime.group_size > 1 the master trains nothing and its GPU idles).",
+        f"# and has {device} like them, on which it trains members too (runtime.master_trains = \"auto\"),",
+        "# so nothing idles (with runtime.group_size > 1 the master trains nothing).",
         "# Submitting this script again continues the same run (--resume) until it is done; on a",
         "# finished run a job selects the ensemble again and ends. Written by",
         f"#   {job.command}",
@@ -393,14 +416,20 @@ def render_submit_script(job: Job, script: str, jobs: int) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m ensemble.jobscript",
-        description="Write a job script that runs CONFIG with one rank per GPU under a batch scheduler; "
+        description="Write a job script that runs CONFIG with one rank per GPU (or --ranks-per-node on CPU-only nodes) "
+                    "under a batch scheduler; "
                     "submitting it again continues the run. --chain K also writes a script that submits it "
                     "K times, each job after the one before.")
     p.add_argument("config", help="TOML config file (checked now, not after the queue wait)")
     p.add_argument("--scheduler", required=True, choices=sorted(SCHEDULERS),
                    help="slurm (srun), pbs (PALS mpiexec), lsf (jsrun), flux (flux run)")
     p.add_argument("--nodes", type=int, required=True, help="whole nodes to ask for")
-    p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs on each node: one rank each")
+    p.add_argument("--gpus-per-node", type=int, required=True,
+                   help="GPUs on each node: one rank each (runtime.ranks_per_gpu); 0 for CPU-only nodes, with "
+                        "--ranks-per-node")
+    p.add_argument("--ranks-per-node", type=int, metavar="R",
+                   help="CPU-only nodes (--gpus-per-node 0): ranks on each node, e.g. cores per node / "
+                        "runtime.threads")
     p.add_argument("--hours", type=float, default=2.0, help="the job's time limit (default 2; whole minutes)")
     p.add_argument("--cpus-per-rank", type=int,
                    help="cores each rank is bound to (default: the config's runtime.threads); cores per node / "
@@ -429,10 +458,19 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
     """Check the request against the config and make the ``Job``; ``JobScriptError`` says what
     to change. Everything the queue wait would otherwise reveal is checked here."""
     from ensemble.config import ConfigError, load_config
-    for flag, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node),
-                        ("--chain", args.chain), ("--cpus-per-rank", args.cpus_per_rank)):
+    for flag, value in (("--nodes", args.nodes), ("--chain", args.chain), ("--cpus-per-rank", args.cpus_per_rank),
+                        ("--ranks-per-node", args.ranks_per_node)):
         if value is not None and value < 1:
             raise JobScriptError(f"{flag} must be a positive integer, but got {value}")
+    if args.gpus_per_node < 0:
+        raise JobScriptError(f"--gpus-per-node must be 0 (CPU-only nodes) or more, but got {args.gpus_per_node}")
+    if args.gpus_per_node == 0 and args.ranks_per_node is None:
+        raise JobScriptError("CPU-only nodes (--gpus-per-node 0) need --ranks-per-node R: the ranks on each node, "
+                             "e.g. its cores / the config's runtime.threads")
+    if args.gpus_per_node and args.ranks_per_node is not None:
+        raise JobScriptError(f"--ranks-per-node is for CPU-only nodes (--gpus-per-node 0); with "
+                             f"--gpus-per-node {args.gpus_per_node} the ranks per node are the GPUs times the "
+                             "config's runtime.ranks_per_gpu")
     minutes = round(args.hours * 60) if math.isfinite(args.hours) else 0
     if minutes < 1:
         raise JobScriptError(f"--hours must give the job at least a minute, but got {args.hours:g}")
@@ -441,10 +479,11 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
     except ConfigError as exc:
         raise JobScriptError(f"config error in {args.config}: {exc}") from None
     rt = cfg.runtime
-    ranks = args.nodes * args.gpus_per_node * rt.ranks_per_gpu
+    ranks = args.nodes * (args.gpus_per_node * rt.ranks_per_gpu or args.ranks_per_node)
     if rt.group_size > 1 and (ranks - 1) % rt.group_size:
         raise JobScriptError(f"`runtime.group_size` = {rt.group_size} must divide the {ranks - 1} worker ranks "
-                             f"({ranks} ranks less the master); choose --nodes and --gpus-per-node so that it does, "
+                             f"({ranks} ranks less the master); choose --nodes and --gpus-per-node "
+                             "(--ranks-per-node) so that it does, "
                              "or another group_size")
     cpus = args.cpus_per_rank or rt.threads
     if cpus < rt.threads:
@@ -467,7 +506,8 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
                workdir=str(cwd), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                ranks_per_gpu=rt.ranks_per_gpu, threads=rt.threads, cpus_per_rank=cpus, minutes=minutes,
                python=str(python), account=args.account, queue=args.queue, setup=tuple(args.setup),
-               directives=tuple(args.directive), command=command, stage_env=args.stage_env)
+               directives=tuple(args.directive), command=command, stage_env=args.stage_env,
+               cpu_ranks_per_node=0 if args.gpus_per_node else args.ranks_per_node)
 
 
 def main(argv: list[str] | None = None) -> int:

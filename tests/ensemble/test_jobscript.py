@@ -132,6 +132,35 @@ def test_ranks_sharing_a_gpu_leave_the_gpu_binding_to_the_run(tmp_path, monkeypa
     assert jobscript.pbs_launcher(job)[:5] == ["mpiexec", "-n", "24", "--ppn", "12"]
 
 
+CPU_LAUNCH = {"slurm": "srun --nodes=2 --ntasks=32 --ntasks-per-node=16 --cpus-per-task=3 --cpu-bind=cores \\",
+              "pbs": "mpiexec -n 32 --ppn 16 --depth=3 --cpu-bind=depth \\",
+              "lsf": "jsrun -n 32 -r 16 -a 1 -c 3 -g 0 -b packed:3 \\",
+              "flux": "flux run -N 2 -n 32 -c 3 -o cpu-affinity=per-task \\"}
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_cpu_only_nodes_get_their_ranks_and_no_gpu_request(scheduler, tmp_path, monkeypatch, capsys):
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", scheduler, "--nodes", "2", "--gpus-per-node", "0",
+                          "--ranks-per-node", "16", "--stage-env", "/dev/shm/env", runtime="threads = 3\n")
+    assert code == 0
+    text = (here / f"tiny.{scheduler}.sh").read_text()
+    lines = text.splitlines()
+    assert CPU_LAUNCH[scheduler] in lines
+    assert "gpu" not in "\n".join(line for line in lines if not line.startswith("#")).replace("gpu-affinity", "")
+    assert "on 2 CPU-only node(s) x 16 rank(s): 32 ranks," in text and "no GPUs, 3 core(s) each" in text
+    staging = next(line for line in lines if line.startswith(CPU_LAUNCH[scheduler].split()[0]))
+    assert "32" not in staging and "16" not in staging    # the staging launch: one rank a node
+    if scheduler == "slurm":
+        assert "#SBATCH --ntasks-per-node=16" in lines and not any(line.startswith("#SBATCH --gpus") for line in lines)
+    assert "2 node(s) x 16 ranks = 32 ranks" in capsys.readouterr().out
+
+
+def test_cpu_only_ranks_must_suit_the_group_size(tmp_path, monkeypatch, capsys):
+    code, _ = generate(tmp_path, monkeypatch, "--scheduler", "pbs", "--nodes", "1", "--gpus-per-node", "0",
+                       "--ranks-per-node", "4", runtime="group_size = 2\n")
+    assert code == 2 and "must divide the 3 worker ranks" in capsys.readouterr().err
+
+
 def test_another_python_is_used_as_given(tmp_path, monkeypatch):
     python = tmp_path / "env" / "bin" / "python3"
     python.parent.mkdir(parents=True)
@@ -169,7 +198,10 @@ def test_a_name_is_made_safe_for_directives_and_file_names(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("args, message", [
     (["--nodes", "0"], "--nodes must be a positive integer, but got 0"),
-    (["--gpus-per-node", "-1"], "--gpus-per-node must be a positive integer, but got -1"),
+    (["--gpus-per-node", "-1"], "--gpus-per-node must be 0 (CPU-only nodes) or more, but got -1"),
+    (["--gpus-per-node", "0"], "CPU-only nodes (--gpus-per-node 0) need --ranks-per-node R"),
+    (["--ranks-per-node", "8"], "--ranks-per-node is for CPU-only nodes (--gpus-per-node 0)"),
+    (["--gpus-per-node", "0", "--ranks-per-node", "0"], "--ranks-per-node must be a positive integer, but got 0"),
     (["--chain", "0"], "--chain must be a positive integer, but got 0"),
     (["--hours", "0.001"], "--hours must give the job at least a minute, but got 0.001"),
     (["--cpus-per-rank", "1"], "--cpus-per-rank 1 is fewer than the config's `runtime.threads` = 2"),
