@@ -15,6 +15,7 @@ clients that asked, as a ``PredictError`` raised there; the server keeps serving
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +90,10 @@ class NodeLink:
             node.Free()
             raise PredictError(f"placement 'node' needs at least 2 ranks on every node (a server and a client), "
                                f"but a node has {min(sizes)}; use placement 'local', or start more ranks per node")
+        if int(servers_per_node) > min(sizes) - 1 and comm.Get_rank() == 0:
+            warnings.warn(f"servers_per_node = {servers_per_node} leaves no client on a node of {min(sizes)} ranks: "
+                          f"that node runs {min(sizes) - 1} server(s) and 1 client; start more ranks per node or "
+                          "ask for fewer servers", stacklevel=3)
         size, rank = node.Get_size(), node.Get_rank()
         servers = min(int(servers_per_node), size - 1)
         is_server = rank < servers

@@ -85,3 +85,39 @@ def test_bad_input_and_use_say_what_to_do(reg_run):
         session.predict(np.zeros((3, 5), np.float32))
     with pytest.raises(PredictError, match="buckets must be positive"):
         insitu.load(reg_run, buckets=(0, 8))
+
+
+class _Comm:
+    """One rank of a world whose every node has ``size`` ranks (pure logic of NodeLink.make)."""
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size = rank, size
+
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def Get_size(self) -> int:
+        return self.size
+
+    def allgather(self, value):
+        return [value, value]
+
+    def Split(self, color, key):
+        return ("sim", color)
+
+    def Free(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("asked, servers, warned", [(1, 1, False), (3, 3, False), (4, 3, True), (9, 3, True)])
+def test_more_servers_than_a_node_can_keep_a_client_beside_are_fewer_and_said(asked, servers, warned, monkeypatch,
+                                                                              recwarn):
+    from ensemble.inference import insitu_serve
+    monkeypatch.setattr(insitu_serve.mpi, "split_node", lambda comm: _Comm(comm.rank, 4))
+    links = [insitu_serve.NodeLink.make(_Comm(rank, 8), asked) for rank in range(4)]
+    assert [link.is_server for link in links] == [True] * servers + [False] * (4 - servers)
+    said = [str(w.message) for w in recwarn.list]
+    assert len(said) == int(warned)     # once, on rank 0 alone
+    if warned:
+        assert f"servers_per_node = {asked} leaves no client on a node of 4 ranks" in said[0]
+        assert "runs 3 server(s) and 1 client" in said[0]
