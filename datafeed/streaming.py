@@ -68,6 +68,30 @@ def will_stream(data: DataSettings, nbytes: int) -> bool:
     return bool(setting)
 
 
+def read_whole_note(data: DataSettings) -> str | None:
+    """What to say when ``data.source`` is one file in a format read whole (a CSV, whatever
+    ``data.stream`` says) and larger on disk than ``data.memory_share`` of a node's memory:
+    rank 0 holds it all (and pandas about twice that while it parses), so the run may not fit.
+    None otherwise (a size on disk is a fair floor of the parsed table's)."""
+    if data.source in BUILTINS or is_many(data.source):
+        return None
+    fmt = data.format if data.format != "auto" else SHARD_SUFFIXES.get(Path(data.source).suffix.lower())
+    if fmt in SHARD_FORMATS:
+        return None
+    try:
+        size = Path(data.source).stat().st_size
+    except OSError:
+        return None                               # its reader says what is wrong
+    limit = float(data.memory_share) * node_memory(data)
+    if size <= limit:
+        return None
+    return (f"`data.source` {data.source!r} is {size / 1e9:.1f} GB on disk, more than `data.memory_share` = "
+            f"{float(data.memory_share):g} of a node's {node_memory(data) / 1e9:.1f} GB, and a CSV is read whole "
+            "(it cannot stream): rank 0 may run out of memory. Convert it to Parquet (pandas: "
+            "`pd.read_csv(path).to_parquet(path_parquet)`, or several files in chunks) and set `data.source` to "
+            "it, which streams; or raise `data.memory_share` (`data.node_memory_gb`) if the nodes hold it")
+
+
 def stream_plan(data: DataSettings) -> ShardSet | None:
     """The files to stream from when this run streams, else None (the in-memory path)."""
     setting = getattr(data, "stream", False)

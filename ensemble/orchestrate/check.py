@@ -123,7 +123,7 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
     from datafeed.prepare import prepare_with_rows
     from datafeed.readers import DataError, detect_format
     from datafeed.splits import describe_split, read_data
-    from datafeed.streaming import memory_plan, prepare_stream, stream_plan
+    from datafeed.streaming import memory_plan, prepare_stream, read_whole_note, stream_plan
     t0, fmt, plan, sizing = time.monotonic(), data.format, None, None
     try:
         fmt = detect_format(data)
@@ -131,6 +131,9 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
         plan = stream_plan(data)
         if plan is not None:                    # streams: the targets and the split, not the features
             return check_streamed(cfg, plan, sizing, found, prepare_stream, describe_split)
+        note = read_whole_note(data)
+        if note:
+            print(f"\nNote: {note}. Reading it now for the check.", flush=True)
         got = read_data(data)                   # and the split the data gives, checked
         x, y = got.x, got.y
     except DataError as exc:

@@ -62,7 +62,7 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
     prepared, and every check that needs it: (arrays, meta, the split's rows)."""
     from datafeed.prepare import prepare_with_rows
     from datafeed.splits import read_data
-    from datafeed.streaming import prepare_stream, stream_plan
+    from datafeed.streaming import prepare_stream, read_whole_note, stream_plan
     from ensemble.config.vocabulary import check_input_rank
     from ensemble.modes import mode_of
     from ensemble.task.calibration import holdout_share
@@ -71,6 +71,9 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
         check_streaming(cfg)
         arrays, meta, rows = prepare_stream(plan, cfg.data, cfg.seed, given=given[0] if given else None)
     else:
+        note = read_whole_note(cfg.data)
+        if note:
+            log.warning(note)
         got = read_data(cfg.data)               # the split too, where the data gives it
         arrays, meta, rows = prepare_with_rows(got.x, got.y, got.info, cfg.data, cfg.seed,
                                                given[0] if given else got.rows)

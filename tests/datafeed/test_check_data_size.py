@@ -63,3 +63,29 @@ def test_check_of_streamed_data_finds_nan_features_and_what_the_run_refuses_to_s
     open(path, "w").write(text)
     assert check_main(path) == 2                 # the run would refuse it: check says so now
     assert "the data streams (`data.stream`), but packed members" in capsys.readouterr().out
+
+
+def test_a_csv_beyond_the_memory_share_is_said_by_check_and_the_run(tmp_path, capsys):
+    from datafeed.streaming import read_whole_note
+    from ensemble.config import load_config
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 4))
+    table = "a,b,c,d,y\n" + "".join(f"{r[0]},{r[1]},{r[2]},{r[3]},{int(r[0] > 0)}\n" for r in x)
+    (tmp_path / "t.csv").write_text(table)      # about 5 KB on disk
+    path = tmp_path / "c.toml"
+    body = textwrap.dedent("""
+        [data]
+        source = "t.csv"
+        label = "y"
+        node_memory_gb = {gb}
+        [[architectures]]
+        layers = [{{type = "Dense", units = 4}}]
+    """)
+    path.write_text(body.format(gb=0.00001))     # a share of 2.5 KB
+    note = read_whole_note(load_config(str(path)).data)
+    assert note is not None and "more than `data.memory_share` = 0.25" in note and "Convert it to Parquet" in note
+    assert check_main(str(path)) == 0            # a note, not a problem: the node may hold it
+    assert "Note: `data.source`" in capsys.readouterr().out
+    path.write_text(body.format(gb=1))
+    assert read_whole_note(load_config(str(path)).data) is None
+    assert check_main(str(path)) == 0 and "Note:" not in capsys.readouterr().out
