@@ -339,6 +339,16 @@ def format_status(s: dict) -> str:
     return "\n".join(lines)
 
 
+def is_run_dir(path: Path) -> bool:
+    """A folder a run has begun to write (its journal, status or config)."""
+    return any((path / name).is_file() for name in (RunDirectory.JOURNAL, RunDirectory.STATUS, RunDirectory.CONFIG))
+
+
+def _has_other_files(path: Path) -> bool:
+    """A folder that exists with something in it (so no run is about to write it), or a file."""
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ensemble.status",
                                 description="How far a run is: members done, failed, running and queued, "
@@ -349,13 +359,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     args = p.parse_args(argv)
     run_dir = Path(args.run_dir)
-    if not any((run_dir / name).is_file() for name in (RunDirectory.JOURNAL, RunDirectory.STATUS,
-                                                        RunDirectory.CONFIG)):
-        print(f"error: {str(run_dir)!r} is not a run directory of ensemble.run (no journal.jsonl, status.json "
-              "or config.toml); pass the folder a run writes (runs/<name> or its --run-dir)", file=sys.stderr)
-        return EXIT_USAGE
     if args.watch is not None and args.watch <= 0:
         print(f"error: --watch needs a positive number of seconds, but got {args.watch}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.watch is not None and not is_run_dir(run_dir) and not _has_other_files(run_dir):
+        try:                            # started beside `mpirun ... &`: the run has not written it yet
+            print(f"waiting for a run to write {str(run_dir)!r} (Ctrl-C stops watching)", flush=True)
+            while not is_run_dir(run_dir) and not _has_other_files(run_dir):
+                time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+    if not is_run_dir(run_dir):
+        print(f"error: {str(run_dir)!r} is not a run directory of ensemble.run (no journal.jsonl, status.json "
+              "or config.toml); pass the folder a run writes (runs/<name> or its --run-dir)", file=sys.stderr)
         return EXIT_USAGE
     tail = JournalTail(run_dir / RunDirectory.JOURNAL)
     try:

@@ -365,3 +365,25 @@ def test_a_journal_cut_short_is_said_by_status_and_refused_by_reselect(tmp_path)
     assert "warning: journal.jsonl holds 5" in S.format_status(status)
     with pytest.raises(ReselectError, match="re-selecting from it would drop members"):
         reselect(run, {})
+
+
+def test_watch_waits_for_a_run_that_has_not_written_its_folder_yet(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "runs" / "later"
+    naps = []
+
+    def sleep(seconds):                          # the run writes its folder during the second nap
+        naps.append(seconds)
+        if len(naps) == 2:
+            run.mkdir(parents=True)
+            (run / "config.toml").write_text(CONFIG.replace("12", "4"))
+            (run / "status.json").write_text(json.dumps({"state": "done", "time": 1010.0, "total": 4}))
+    monkeypatch.setattr(S.time, "sleep", sleep)
+    assert S.main([str(run), "--watch", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"waiting for a run to write {str(run)!r}" in out and naps == [2.0, 2.0]
+    assert "later: done" in out and "of 4" in out
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "x.txt").write_text("mine")       # a folder of something else: refused at once, as without --watch
+    assert S.main([str(other), "--watch", "2"]) == S.EXIT_USAGE and len(naps) == 2
+    assert "not a run directory" in capsys.readouterr().err
