@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from evolve.genome import format_sci
+from evolve.genome import Genome, format_sci, memo
 from evolve.space import SPATIAL_TYPES, SearchSpace
 from evolve.structured import AnyGenome, StructuredGenome, structure_problem
 
@@ -58,9 +58,27 @@ def _pos_int(gene, name: str) -> int:
 
 def analyse(genome: AnyGenome, input_shape: tuple[int, ...], n_outputs: int = 1) -> Analysis:
     """Decode and count parameters; never raises (problems go into ``.problem``). A
-    structured genome is analysed as the free genome it lowers to."""
+    structured genome is analysed as the free genome it lowers to. Made once per genome and
+    input (kept on the genome, ``evolve.genome.memo``: repair, the surrogate's features and
+    the build all read it); treat the answer as read-only."""
     if isinstance(genome, StructuredGenome):
         genome = genome.to_genome()
+    try:
+        memo_key: tuple | None = (tuple(int(n) for n in input_shape), int(n_outputs))
+    except (TypeError, ValueError):
+        memo_key = None
+    done = genome.__dict__.get("_analyses")
+    if done is not None and memo_key in done:
+        return done[memo_key]
+    out = _analyse(genome, input_shape, n_outputs)
+    if memo_key is not None:
+        if done is None:
+            done = memo(genome, "_analyses", {})
+        done[memo_key] = out
+    return out
+
+
+def _analyse(genome: Genome, input_shape: tuple[int, ...], n_outputs: int) -> Analysis:
     out = Analysis()
     try:
         shape = tuple(int(n) for n in input_shape)
@@ -237,4 +255,4 @@ def decode(genome: AnyGenome, input_shape: tuple[int, ...], space: SearchSpace |
         except Exception:  # noqa: BLE001 - a genome too broken to summarise is named by its repr
             name = repr(genome)
         raise ValueError(f"cannot decode genome {name}: {reason}")
-    return a.layers
+    return [dict(layer) for layer in a.layers]      # the caller's own: the analysis is kept on the genome

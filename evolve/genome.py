@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from evolve.space import LAYER_TYPES, REDUCTIONS
+
+T = TypeVar("T")
 
 Scalar = int | float | str | bool
 
@@ -83,6 +85,19 @@ def format_sci(x: float) -> str:
     return f"{mant}e{int(exp)}"
 
 
+def memo(genome: Any, name: str, value: T) -> T:
+    """Keep ``value`` on a frozen genome (its key, its lowering: functions of its fields,
+    which never change) and return it. Not a field: equality, hashing and ``replace`` ignore
+    it, and pickling leaves it out (``unmemoed``)."""
+    genome.__dict__[name] = value
+    return value
+
+
+def unmemoed(genome: Any) -> dict:
+    """A genome's pickled state: its fields, without what ``memo`` kept."""
+    return {k: v for k, v in genome.__dict__.items() if not k.startswith("_")}
+
+
 @dataclass(frozen=True)
 class Genome:
     """Layers plus training hyperparameters; frozen, hashable and picklable."""
@@ -135,8 +150,12 @@ class Genome:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     def key(self) -> str:
-        """Stable content hash (same in every process and run)."""
-        return hashlib.sha1(self.canonical_json().encode()).hexdigest()[:16]
+        """Stable content hash (same in every process and run); made once per genome."""
+        return self.__dict__.get("_key") or memo(self, "_key",
+                                                 hashlib.sha1(self.canonical_json().encode()).hexdigest()[:16])
+
+    def __getstate__(self) -> dict:
+        return unmemoed(self)
 
     def summary(self, input_shape: tuple[int, ...] | list[int] | None = None) -> str:
         """One line: how the input is treated, the layers in order, the hyperparameters,

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from evolve.genome import Genome, LayerGene
+from evolve.genome import Genome, LayerGene, memo, unmemoed
 from evolve.space import REDUCTIONS, SearchSpace
 
 #: how a stage begins: as it is, with a strided first conv, or with pooling
@@ -89,13 +89,17 @@ class StructuredGenome:
         return replace(self, **changes)
 
     def to_genome(self) -> Genome:
-        """The same network as a free genome (layer genes), which ``evolve.decode`` builds.
+        """The same network as a free genome (layer genes), which ``evolve.decode`` builds
+        (made once per genome: ``evolve.genome.memo``).
 
         A stage: its pooling (if it begins with one), then per block a conv (strided in the
         first block if the stage begins so; residual except in the very first block, whose
         input is the raw channels) and a batch norm. Spatial input: then the dense layers, each
         followed by dropout (or one dropout on the maps when there are none). Tables: dense
         blocks, each with batch norm and dropout, residual but the first."""
+        lowered = self.__dict__.get("_lowered")
+        if lowered is not None:
+            return lowered
         layers: list[LayerGene] = []
         act, rate = self.activation, self.dropout
         first = True
@@ -120,8 +124,9 @@ class StructuredGenome:
                 layers.append(LayerGene.make("dropout", rate=rate))
         if rate > 0 and not self.dense:
             layers.append(LayerGene.make("dropout", rate=rate))
-        return Genome(layers=tuple(layers), optimizer=self.optimizer, learning_rate=self.learning_rate,
-                      batch_size=self.batch_size, reduction=self.reduction)
+        return memo(self, "_lowered", Genome(layers=tuple(layers), optimizer=self.optimizer,
+                                             learning_rate=self.learning_rate, batch_size=self.batch_size,
+                                             reduction=self.reduction))
 
     @property
     def depth(self) -> int:
@@ -166,8 +171,12 @@ class StructuredGenome:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     def key(self) -> str:
-        """Stable content hash (same in every process and run)."""
-        return hashlib.sha1(self.canonical_json().encode()).hexdigest()[:16]
+        """Stable content hash (same in every process and run); made once per genome."""
+        return self.__dict__.get("_key") or memo(self, "_key",
+                                                 hashlib.sha1(self.canonical_json().encode()).hexdigest()[:16])
+
+    def __getstate__(self) -> dict:
+        return unmemoed(self)
 
     def summary(self, input_shape: tuple[int, ...] | list[int] | None = None) -> str:
         """The lowered genome's one line in the genome notation (docs/search.md), e.g.
