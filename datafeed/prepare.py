@@ -141,8 +141,23 @@ def draw_validation(y: np.ndarray, train: np.ndarray, task: str, fraction: float
     return np.sort(rest), np.sort(val)
 
 
+#: rows normalised at once (``apply_normalizer``): bounds its float64 temporary
+NORMALIZE_ROWS = 1 << 16
+
+
+def feature_array(x) -> np.ndarray:
+    """Features as held until normalised: float64 where the source is (a table's columns, an
+    array of float64 or 32/64-bit integers: a Unix time or an absolute position keeps its
+    digits), else float32 (images, float32 files). Never float32 before the shift: 1.6e9 + 30 z
+    in float32 keeps 3 distinct values of 600."""
+    x = np.asarray(x)
+    wide = x.dtype == np.float64 or (x.dtype.kind in "iu" and x.dtype.itemsize >= 4)
+    return x.astype(np.float64 if wide else np.float32, copy=False)
+
+
 def fit_normalizer(x_train: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per-feature (shift, scale) fitted on the training split; x' = (x - shift) / scale."""
+    """Per-feature (shift, scale) fitted on the training split, in float64 (kept so: the run
+    saves them, predict applies them); x' = (x - shift) / scale."""
     flat = x_train.reshape(len(x_train), -1).astype(np.float64)
     if method == "standard":
         shift, scale = flat.mean(axis=0), flat.std(axis=0)
@@ -152,11 +167,18 @@ def fit_normalizer(x_train: np.ndarray, method: str) -> tuple[np.ndarray, np.nda
         shift, scale = np.zeros(flat.shape[1]), np.ones(flat.shape[1])
     scale = np.where(scale > 1e-12, scale, 1.0)          # constant features stay finite
     shape = x_train.shape[1:]
-    return shift.reshape(shape).astype(np.float32), scale.reshape(shape).astype(np.float32)
+    return shift.reshape(shape), scale.reshape(shape)
 
 
 def apply_normalizer(x: np.ndarray, shift: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    return ((np.asarray(x, dtype=np.float32) - shift) / scale).astype(np.float32)
+    """(x - shift) / scale in float64, as float32 (what the members take), ``NORMALIZE_ROWS``
+    rows at a time."""
+    x = np.asarray(x)
+    shift, scale = np.asarray(shift, dtype=np.float64), np.asarray(scale, dtype=np.float64)
+    out = np.empty(x.shape, dtype=np.float32)
+    for i in range(0, len(x), NORMALIZE_ROWS):
+        out[i:i + NORMALIZE_ROWS] = (x[i:i + NORMALIZE_ROWS].astype(np.float64) - shift) / scale
+    return out
 
 
 def reshape_features(x: np.ndarray, shape: Sequence[int] | None) -> np.ndarray:
@@ -187,7 +209,7 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
     y = np.asarray(y)
     check_arrays(x, y)
     y, meta = prepare_targets(y, info, data)
-    x = reshape_features(np.asarray(x, dtype=np.float32), data.reshape)
+    x = reshape_features(feature_array(x), data.reshape)
     idx = choose_rows(y, meta, data, seed, rows)
     shift, scale = fit_normalizer(x[idx["train"]], data.normalize)
     arrays = {"x_mean": shift, "x_scale": scale}

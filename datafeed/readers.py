@@ -271,14 +271,15 @@ def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.n
         raise DataError(f"`data.features` names columns {missing} that the file does not have; "
                         f"it has {', '.join(map(str, frame.columns))}")
     x = frame[features]
-    bad = [c for c in features if not (isinstance(x[c].dtype, np.dtype) and np.issubdtype(x[c].dtype, np.number))]
+    import pandas as pd
+    bad = [c for c in features if not pd.api.types.is_numeric_dtype(x[c].dtype)]    # bool and nullable too
     if bad:
         raise DataError(not_numeric(x, bad))
     y = target_values(frame, labels) if has_label else None
     info: dict = {"feature_names": list(map(str, features))}
     if split and split in frame.columns:
         info["split_values"] = frame[split].to_numpy()      # each row's split, read by datafeed.splits
-    return x.to_numpy(dtype=np.float32), y, info
+    return x.to_numpy(dtype=np.float64, na_value=np.nan), y, info      # float32 only once normalised
 
 
 @reader("csv")

@@ -377,7 +377,7 @@ def _parquet_rows(ss: ShardSet, s: Shard, start: int, stop: int, want_x: bool, w
     frame = table.slice(start - offset, stop - start).to_pandas()
     split = ss.split_column
     features = list(ss.features) or [c for c in frame.columns if c not in (ss.label, split)]
-    x = frame[features].to_numpy(dtype=np.float32) if want_x else None
+    x = frame[features].to_numpy(dtype=np.float64, na_value=np.nan) if want_x else None    # as readers._from_frame
     y = frame[ss.label].to_numpy() if want_y and ss.label in frame.columns else None
     return x, y
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from datafeed.pipeline import member_indices
-from datafeed.prepare import SPLITS, choose_rows, prepare_targets
+from datafeed.prepare import SPLITS, apply_normalizer, choose_rows, prepare_targets
 from datafeed.readers import BUILTINS, DataError, DataSettings
 from datafeed.shards import (
     SHARD_FORMATS,
@@ -303,7 +303,7 @@ def fit_streaming(ss: ShardSet, train: np.ndarray, method: str) -> tuple[np.ndar
     else:
         shift, scale = np.zeros(width), np.ones(width)
     scale = np.where(scale > 1e-12, scale, 1.0)
-    return shift.astype(np.float32), scale.astype(np.float32)
+    return shift, scale                              # float64, as prepare.fit_normalizer
 
 
 def _setting_of(ss: ShardSet, i: int) -> str:
@@ -394,9 +394,7 @@ class Streamed:
         x = np.asarray(x)[rows[pos] - g - start]
         if raw:
             return x, np.asarray(self.data[f"y_{split}"])[pos]
-        x = np.ascontiguousarray(x.reshape((len(pos), *self.shape)), dtype=np.float32)
-        x -= self.shift                           # in place (the gather above made a copy): the arithmetic
-        x /= self.scale                           # of prepare.apply_normalizer
+        x = apply_normalizer(x.reshape((len(pos), *self.shape)), self.shift, self.scale)
         return x, np.asarray(self.data[f"y_{split}"])[pos]
 
     def chunks(self, split: str, limit: int | None = None) -> Iterator[np.ndarray]:

@@ -129,7 +129,7 @@ def frame_input(run: EnsembleRun, frame, source: str = "the DataFrame", label: s
                            "them as features" + ("" if run.meta.get("feature_names") else
                                                  " (it was trained on arrays without column names, so every "
                                                  "column but the targets and --keep ones is a feature)"))
-    x_raw = frame[[by_name[f] for f in cols.features]].to_numpy(dtype=np.float32, na_value=np.nan)
+    x_raw = frame[[by_name[f] for f in cols.features]].to_numpy(dtype=np.float64, na_value=np.nan)
     x = prepare_features(run, x_raw, source)
     if cols.labels:
         y = target_values(frame, [by_name[c] for c in cols.labels])
@@ -189,7 +189,7 @@ def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input")
     A sample may be flat or have the training input shape (size-1 axes aside); any shape of
     the same size when the run reshaped its data (``data.reshape``), whose raw form is not kept.
     """
-    from datafeed.prepare import apply_normalizer
+    from datafeed.prepare import apply_normalizer, feature_array
     x = np.asarray(x)
     shape = run.input_shape
     if x.ndim == 0 or len(x) == 0:
@@ -213,7 +213,7 @@ def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input")
         rows = np.unique(np.nonzero(bad)[0])
         raise PredictError(f"{source}: features hold {int(bad.sum())} NaN/inf values (first rows: "
                            f"{rows[:5].tolist()}); clean or impute them first")
-    x = np.asarray(x, dtype=np.float32).reshape((len(x), *shape))
+    x = feature_array(x).reshape((len(x), *shape))     # float32 only once normalised, as in training
     return np.ascontiguousarray(apply_normalizer(x, run.shift, run.scale))
 
 

@@ -104,7 +104,7 @@ def load_run(run_dir: str | Path) -> EnsembleRun:
         config = read_saved_config(path / rd.CONFIG)                 # defaults back in
     except ConfigError as exc:
         raise PredictError(str(exc)) from None
-    shift, scale = (a.astype(np.float32) for a in rd.load_normalization())
+    shift, scale = rd.load_normalization()         # float64 (a run before 2026-11-28: float32)
     entries = [m for m in summary.get("members", []) if float(m.get("weight", 0.0)) > 0]
     total = sum(float(m["weight"]) for m in entries)
     if not entries or not np.isfinite(total):

@@ -67,7 +67,7 @@ def run_targets(run_dir: str | Path, config: RunConfig, meta: dict, raw: bool = 
         y_all, _ = prepare_targets(y_all, {"feature_names": meta.get("feature_names", [])}, config.data)
     splits = rd.load_splits()
     shift, scale = rd.load_normalization()
-    out = {"x_mean": shift.astype(np.float32), "x_scale": scale.astype(np.float32)}
+    out = {"x_mean": shift, "x_scale": scale}
     for split in SPLITS:
         out[f"rows_{split}"] = splits[split]
         out[f"y_{split}"] = np.ascontiguousarray(y_all[splits[split]])

@@ -290,3 +290,34 @@ def test_classification_of_fractional_numbers_is_refused_naming_regression():
     with pytest.raises(DataError, match=r"fractional numbers with 50 distinct values in 50 rows .*set "
                                         r"`data.task = \"regression\"`"):
         prepare(x, y, {}, data_cfg(source="digits", task="classification"), seed=0)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_a_large_offset_keeps_its_digits_until_normalised(tmp_path, fmt):
+    """A Unix time (1.6e9 + 30 s of spread) in float32 keeps 3 distinct values of 600; the
+    features are read and normalised in float64, and only then made float32."""
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=600)
+    frame = pd.DataFrame({"t": 1.6e9 + 30 * z, "lum": 10 ** (40 + z), "label": (z > 0).astype(int)})
+    path = tmp_path / f"d.{fmt}"
+    frame.to_csv(path, index=False) if fmt == "csv" else frame.to_parquet(path)
+    data = data_cfg(source=str(path), label="label", normalize="standard")
+    x, y, info = read_dataset(data)
+    arrays, meta = prepare(x, y, info, data, seed=0)
+    t = arrays["x_train"][:, 0]
+    assert arrays["x_train"].dtype == np.float32 and np.isfinite(arrays["x_train"]).all()    # 1e43: no inf
+    assert len(np.unique(t)) > 400                     # float32 first: 3
+    assert arrays["x_mean"].dtype == np.float64
+    got = (x[:, 0] - arrays["x_mean"][0]) / arrays["x_scale"][0]
+    assert np.corrcoef(got, z)[0, 1] > 0.9999
+
+
+def test_bool_and_nullable_numeric_columns_are_features(tmp_path):
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"a": rng.normal(size=40), "flag": rng.random(40) > 0.5,
+                          "count": rng.integers(0, 9, 40), "label": rng.integers(0, 2, 40)}).convert_dtypes()
+    assert str(frame["count"].dtype) == "Int64" and str(frame["flag"].dtype) == "boolean"
+    frame.to_parquet(tmp_path / "d.parquet")
+    x, _, info = read_dataset(data_cfg(source=str(tmp_path / "d.parquet"), label="label"))
+    assert info["feature_names"] == ["a", "flag", "count"] and x.dtype == np.float64
+    np.testing.assert_array_equal(x[:, 1], frame["flag"].astype(float).to_numpy())

@@ -51,7 +51,7 @@ def outcome(spec: dict) -> dict:
     h = zlib.crc32(json.dumps([spec["genome"], spec["seed"]], sort_keys=True).encode())
     record = {"id": spec["id"], "genome": spec["genome"], "summary": spec["summary"], "seed": spec["seed"],
               "params": 100 + h % 5000, "seconds": 1 + zlib.crc32(spec["id"].encode()) % 4}
-    if h % 5 == 0:
+    if h % 5 == 0 or spec["id"] == "e0004":      # and one for sure, whatever the search breeds
         return {**record, "status": "failed", "error": {"kind": "RuntimeError", "message": "boom"}}
     return {**record, "status": "ok", "val": {"accuracy": 0.5 + (h % 1000) / 2000},
             "test": {"accuracy": 0.5 + (h % 997) / 2000}}
