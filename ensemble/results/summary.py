@@ -324,7 +324,7 @@ def format_comparison(summary: dict) -> str:
         if base and metric in base and (base[metric] > ens[metric] if higher_is_better(metric)
                                         else base[metric] < ens[metric]):
             lines.append(f"warning: the linear baseline ({summary['baseline']['model']}, same training rows) "
-                         f"beats the ensemble on test {metric}: {metric_text(base[metric])} vs "
+                         f"beats the ensemble on test {metric}: baseline {metric_text(base[metric])}, ensemble "
                          f"{metric_text(ens[metric])}")
     sel = summary.get("selection")
     if sel:

@@ -100,6 +100,7 @@ def test_classification_search_report_has_every_plot_and_no_external_reference(t
     assert "http://" not in page and "https://" not in page
     assert "loss became NaN at epoch 2" in page and "nan_loss" in page       # the failure, with its text
     assert "logistic regression" in page and "The linear baseline beats the ensemble" in page
+    assert "on test accuracy: ensemble 0.9100, baseline 0.9500" in page     # each number named
     assert "MPICH 5" in page and "ensemble.run c.toml" in page               # how the run was made
     assert 'mode = &quot;evolve&quot;' in page                               # the config itself (escaped)
 
@@ -111,6 +112,7 @@ def test_regression_report_has_intervals_and_spread_plots(tmp_path):
     assert {p.stem for p in (run / "report").glob("*.png")} == {"leaderboard", "regression", "costs", "timeline"}
     assert "could not be drawn" not in page
     assert "The ensemble beats the linear baseline" in page                 # mse 0.91 < 0.95
+    assert "on test mse: ensemble 0.9100, baseline 0.9500" in page
 
 
 def test_one_architectures_cost_plot_draws_no_empty_legend(tmp_path):
