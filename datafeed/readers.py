@@ -8,6 +8,7 @@ learnt on the way (feature names, class names). Only rank 0 reads.
 
 from __future__ import annotations
 
+import re
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -225,6 +226,56 @@ def label_columns(label: str | Iterable[str]) -> list[str]:
     return [label] if isinstance(label, str) else [str(c) for c in label]
 
 
+def feature_columns(data: DataSettings, columns: Iterable) -> list:
+    """A table's feature columns: ``data.features``, else every column of ``columns`` but the
+    label(s), the split column and ``data.exclude``; an excluded column the table lacks is an
+    error naming it."""
+    columns = list(columns)
+    if data.features:
+        return list(data.features)
+    exclude = list(getattr(data, "exclude", ()) or ())
+    absent = [c for c in exclude if c not in columns]
+    if absent:
+        raise DataError(f"`data.exclude` names column(s) {', '.join(map(repr, absent))} that the table does not have; "
+                        f"it has {one_line(', '.join(map(repr, columns)))}")
+    drop = {*label_columns(data.label), getattr(data, "split_column", ""), *exclude}
+    return [c for c in columns if c not in drop]
+
+
+#: names of columns that number rows or samples rather than measure them (case aside)
+ID_NAMES = re.compile(r"(unnamed: ?\d+|index|idx|id|row|rowid|row_id|sample|sample_?id|.*[_ ]id|id[_ ].*)",
+                      re.IGNORECASE)
+ID_MIN_ROWS = 20            # a ramp of fewer rows than this may be a real feature
+
+
+def id_like_columns(frame, features: list) -> list[str]:
+    """Feature columns that look like row numbers or identifiers, not measurements: named so
+    (``Unnamed: 0`` is the index ``DataFrame.to_csv`` writes; ``id``, ``sample_id``, ...) or
+    whole numbers counting up by one from the first row. A network given one learns the file's
+    order (a leak when the file is sorted by label) and predicts new rows by their number."""
+    import pandas as pd
+    out = []
+    for c in features:
+        values = frame[c]
+        named = ID_NAMES.fullmatch(str(c).strip()) is not None
+        ramp = False
+        if len(values) >= ID_MIN_ROWS and pd.api.types.is_integer_dtype(values.dtype):
+            v = values.to_numpy()
+            ramp = bool((np.diff(v) == 1).all())
+        if (named and values.nunique() == len(values)) or ramp:
+            out.append(str(c))
+    return out
+
+
+def id_like_note(columns: list[str]) -> str:
+    """What ``check`` and the run say of ``id_like_columns``."""
+    listed = ", ".join(f'"{c}"' for c in columns)
+    return (f"feature column(s) {listed} look like row numbers or identifiers, not measurements (a saved index, "
+            "an ID, whole numbers counting up by one from the first row): a network learns the file's order from "
+            "them (a leak when the file is sorted by label) and predicts new rows by their number; leave them out "
+            f"with `data.exclude = [{listed}]`, or ignore this if they are measurements")
+
+
 def target_values(frame, columns: list) -> np.ndarray:
     """The targets in ``columns`` of a DataFrame: (n,) for one column, (n, k) for several."""
     return (frame[columns[0]] if len(columns) == 1 else frame[columns]).to_numpy()
@@ -265,7 +316,7 @@ def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.n
     if require_y and split and split not in frame.columns:
         raise DataError(f"`data.split_column` names column {split!r}, but {data.source!r} has columns "
                         f"{one_line(', '.join(map(str, frame.columns)))}; name the column that says train/val/test")
-    features = list(data.features) or [c for c in frame.columns if c not in (*labels, split)]
+    features = feature_columns(data, frame.columns)
     missing = [c for c in features if c not in frame.columns]
     if missing:
         raise DataError(f"`data.features` names columns {missing} that the file does not have; "
@@ -277,6 +328,8 @@ def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.n
         raise DataError(not_numeric(x, bad))
     y = target_values(frame, labels) if has_label else None
     info: dict = {"feature_names": list(map(str, features))}
+    if not data.features and require_y:
+        info["id_like"] = id_like_columns(x, features)     # said by check and the run (``id_like_note``)
     if split and split in frame.columns:
         info["split_values"] = frame[split].to_numpy()      # each row's split, read by datafeed.splits
     return x.to_numpy(dtype=np.float64, na_value=np.nan), y, info      # float32 only once normalised

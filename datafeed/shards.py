@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from datafeed.readers import SUFFIXES, DataError, DataSettings, one_line
+from datafeed.readers import SUFFIXES, DataError, DataSettings, feature_columns, one_line
 
 #: the formats a shard may have (NetCDF-4 files are HDF5 files)
 SHARD_FORMATS = ("npz", "npy", "hdf5", "parquet")
@@ -185,8 +185,7 @@ def _parquet_names(paths: list[Path], data: DataSettings, given: tuple[str, ...]
     names (never by position), so a file whose feature columns differ from the first's is
     refused, naming both."""
     import pyarrow.parquet as pq
-    drop = (data.label, getattr(data, "split_column", ""))
-    names = [[c for c in pq.ParquetFile(p).schema_arrow.names if c not in drop] for p in paths]
+    names = [feature_columns(data, pq.ParquetFile(p).schema_arrow.names) for p in paths]
     features = given or tuple(names[0])
     if given:
         return features
@@ -295,11 +294,10 @@ def _scan_parquet(p: Path, data: DataSettings, require_y: bool) -> Shard:
     import pyarrow.parquet as pq
     f = pq.ParquetFile(p)
     cols = list(f.schema_arrow.names)
-    split = getattr(data, "split_column", "")
     if data.label not in cols and require_y:
         raise DataError(f"`data.label` names column {data.label!r}, but file {str(p)!r} of `data.source` has "
                         f"columns {one_line(', '.join(cols))}")
-    features = list(data.features) or [c for c in cols if c not in (data.label, split)]
+    features = feature_columns(data, cols)
     missing = [c for c in features if c not in cols]
     if missing:
         raise DataError(f"`data.features` names columns {missing} that file {str(p)!r} of `data.source` lacks")

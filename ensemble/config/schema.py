@@ -235,6 +235,8 @@ SCHEMA = Table({
                      doc="CSV/Parquet: the target column, or a list of columns (a regression with one output "
                          "per column)"),
         "features": Key((list,), [], doc="CSV/Parquet: the feature columns; empty: every column but `label`"),
+        "exclude": Key((list,), [], doc="CSV/Parquet: columns left out of the features (an ID, a saved index, a "
+                                        "leak), with `features` empty"),
         "task": Key((str,), "auto", _one_of("auto", *TASKS),
                     doc="\"auto\": classification for integer, string or bool labels (or few distinct whole "
                         "numbers), else regression"),
@@ -723,6 +725,9 @@ def resolve_dict(raw: dict, *, source: str = "config", saved: bool = False,
                   "data.val_fraction", "data.test_fraction")
     given = raw.get("data")
     check_given_split(data, set(given) if isinstance(given, dict) and not saved else set(), found)
+    if data["features"] and data["exclude"] and found.ok("data.features", "data.exclude"):
+        found.add("`data.features` lists the feature columns and `data.exclude` the columns left out of them: "
+                  "give one of the two", "data.exclude")
     rt = cfg["runtime"]
     if rt["master_trains"] is True and rt["group_size"] > 1 and found.ok("runtime.master_trains",
                                                                          "runtime.group_size"):

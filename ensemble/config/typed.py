@@ -32,6 +32,8 @@ class DataConfig(Section):
     label: str | tuple[Any, ...]
     #: CSV/Parquet: the feature columns; empty: every column but `label`
     features: tuple[Any, ...]
+    #: CSV/Parquet: columns left out of the features (an ID, a saved index, a leak), with `features` empty
+    exclude: tuple[Any, ...]
     #: "auto": classification for integer, string or bool labels (or few distinct whole numbers), else
     #: regression
     task: str

@@ -159,6 +159,13 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
     print(f"\nData: {data.source}{files} ({'built-in' if fmt == 'builtin' else fmt}), read in {seconds:.1f} s")
     print(f"  features {list(np.shape(x))} {np.asarray(x).dtype}, targets {list(np.shape(y))}: "
           f"{len(x)} samples; one sample as the networks see it: {meta['input_shape']}")
+    names = got.info.get("feature_names") or []
+    if names:
+        shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+        print(f"  feature columns: {shown}")
+    if got.info.get("id_like"):
+        from datafeed.readers import id_like_note
+        print(f"  note: {id_like_note(got.info['id_like'])}")
     task_from = "from `data.task`" if data.task != "auto" else "inferred from the labels"
     if data.task == "auto" and meta["task"] == "classification" and np.asarray(y).dtype.kind in "iuf" \
             and meta["n_outputs"] > 10:

@@ -75,6 +75,9 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
         if note:
             log.warning(note)
         got = read_data(cfg.data)               # the split too, where the data gives it
+        if got.info.get("id_like"):
+            from datafeed.readers import id_like_note
+            log.warning(id_like_note(got.info["id_like"]))
         arrays, meta, rows = prepare_with_rows(got.x, got.y, got.info, cfg.data, cfg.seed,
                                                given[0] if given else got.rows)
         del got

@@ -603,7 +603,8 @@ def _notes(view: RunView) -> str:
         worse = e < b if higher_is_better(metric) else e > b
         verdict = 'The linear baseline beats the ensemble' if worse else 'The ensemble beats the linear baseline'
         items.append(f"<b>{verdict}"
-                     f"</b> on test {metric}: ensemble {metric_text(e)}, baseline {metric_text(b)} ({base['model']}, fitted on "
+                     f"</b> on test {metric}: ensemble {metric_text(e)}, baseline {metric_text(b)} "
+                     f"({base['model']}, fitted on "
                      f"{base.get('train_rows', '?')} training rows)")
     return "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>" if items else ""
 

@@ -321,3 +321,27 @@ def test_bool_and_nullable_numeric_columns_are_features(tmp_path):
     x, _, info = read_dataset(data_cfg(source=str(tmp_path / "d.parquet"), label="label"))
     assert info["feature_names"] == ["a", "flag", "count"] and x.dtype == np.float64
     np.testing.assert_array_equal(x[:, 1], frame["flag"].astype(float).to_numpy())
+
+
+def test_an_index_or_id_column_is_noted_and_data_exclude_leaves_it_out(tmp_path):
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"sample_id": [f"{i:04d}" for i in range(50)], "a": rng.normal(size=50),
+                          "year": 1950 + np.arange(50), "count": rng.integers(0, 5, 50),
+                          "label": rng.integers(0, 2, 50)})
+    frame["sample_id"] = frame["sample_id"].astype(int)
+    frame.to_csv(tmp_path / "d.csv")                     # the index too: "Unnamed: 0"
+    x, _, info = read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="label"))
+    assert info["feature_names"] == ["Unnamed: 0", "sample_id", "a", "year", "count"]
+    assert info["id_like"] == ["Unnamed: 0", "sample_id", "year"]     # named so, or counting up by one
+    from datafeed.readers import id_like_note
+    assert 'data.exclude = ["Unnamed: 0", "sample_id", "year"]' in id_like_note(info["id_like"])
+    x, _, info = read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="label",
+                                       exclude=["Unnamed: 0", "sample_id"]))
+    assert info["feature_names"] == ["a", "year", "count"] and x.shape == (50, 3) and info["id_like"] == ["year"]
+    frame.to_parquet(tmp_path / "d.parquet", index=False)
+    x, _, info = read_dataset(data_cfg(source=str(tmp_path / "d.parquet"), label="label", exclude=["year"]))
+    assert info["feature_names"] == ["sample_id", "a", "count"]
+    with pytest.raises(DataError, match=r"`data.exclude` names column\(s\) 'site' that the table does not have"):
+        read_dataset(data_cfg(source=str(tmp_path / "d.parquet"), label="label", exclude=["site"]))
+    with pytest.raises(ConfigError, match="give one of the two"):
+        data_cfg(source="d.csv", features=["a"], exclude=["year"])
