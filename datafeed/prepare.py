@@ -69,8 +69,9 @@ def encode_labels(y: np.ndarray, class_names: list[str] | None) -> tuple[np.ndar
     return codes.astype(np.int64), [str(v) for v in values]
 
 
-def check_arrays(x: np.ndarray, y: np.ndarray) -> None:
-    """Reject data no network can train on, naming what is wrong."""
+def check_arrays(x: np.ndarray, y: np.ndarray, names: Sequence[str] = ()) -> None:
+    """Reject data no network can train on, naming what is wrong (``names``: a table's feature
+    columns, named with the non-finite values they hold)."""
     if len(x) != len(y):
         raise DataError(f"features and targets differ in length: x has {len(x)} samples, y has "
                         f"{len(y)}; check `data.x` / `data.y` (or `data.label`)")
@@ -83,8 +84,17 @@ def check_arrays(x: np.ndarray, y: np.ndarray) -> None:
     bad = ~np.isfinite(xf)
     if bad.any():
         rows = np.unique(np.nonzero(bad)[0])
-        raise DataError(f"features hold {int(bad.sum())} NaN/inf values (first rows: "
-                        f"{rows[:5].tolist()}); clean or impute them before training")
+        where = ""
+        flat = bad.reshape(len(bad), -1)
+        if len(names) == flat.shape[1]:
+            per = flat.sum(axis=0)
+            cols = [f"{names[i]!r} ({int(per[i])}{' of ' + str(len(x)) if per[i] == len(x) else ''})"
+                    for i in np.flatnonzero(per)]
+            where = f" in column(s) {', '.join(cols[:8])}{', ...' if len(cols) > 8 else ''}"
+        raise DataError(f"features hold {int(bad.sum())} NaN/inf values{where} (first rows: "
+                        f"{rows[:5].tolist()}); clean or impute them before training"
+                        + (", or leave an empty column out with `data.exclude`" if where and
+                           (flat.sum(axis=0) == len(x)).any() else ""))
 
 
 def split_off(idx: np.ndarray, strata: np.ndarray | None, fraction: float,
@@ -207,7 +217,7 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
     instead of drawing one; its ``val`` None: drawn from its train rows (``draw_validation``)."""
     x = np.asarray(x)
     y = np.asarray(y)
-    check_arrays(x, y)
+    check_arrays(x, y, info.get("feature_names") or ())
     y, meta = prepare_targets(y, info, data)
     x = reshape_features(feature_array(x), data.reshape)
     idx = choose_rows(y, meta, data, seed, rows)

@@ -148,18 +148,29 @@ def check_text(path: str) -> None:
                             "iconv -f latin1 -t utf-8)") from None
 
 
+#: comment lines a CSV may begin with (an instrument's preamble) before its header
+CSV_COMMENT = "#"
+
+
 def csv_options(path: str) -> dict:
-    """``pd.read_csv`` options for the file's dialect, from its first two lines: the separator
-    (a comma; else the semicolon, tab or bar the header holds) and, for semicolons whose
-    numbers carry a decimal comma (1,5;2,25: spreadsheets in many locales), ``decimal=","``."""
+    """``pd.read_csv`` options for the file's dialect, from its first lines: comment lines
+    (``#``) before the header skipped; the separator (a comma; else the semicolon, tab or bar
+    the header holds) and, for semicolons whose numbers carry a decimal comma (1,5;2,25:
+    spreadsheets in many locales), ``decimal=","``; spaces after a separator (``a, b, c``)
+    are no part of a name or value."""
+    skip = 0
     with open(path, encoding="utf-8", errors="replace") as fh:
-        header, first = fh.readline(), fh.readline()
+        header = fh.readline()
+        while header.startswith(CSV_COMMENT):
+            skip, header = skip + 1, fh.readline()
+        first = fh.readline()
+    out: dict = {"skipinitialspace": True, **({"skiprows": skip} if skip else {})}
     if "," in header:
-        return {}
+        return out
     sep = next((c for c in (";", "\t", "|") if c in header), None)
     if sep is None:
-        return {}
-    return {"sep": sep, **({"decimal": ","} if sep == ";" and "," in first and "." not in first else {})}
+        return out
+    return {**out, "sep": sep, **({"decimal": ","} if sep == ";" and "," in first and "." not in first else {})}
 
 
 @reader("builtin")
@@ -310,9 +321,10 @@ def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.n
     absent = [c for c in labels if c not in frame.columns]
     has_label = not absent
     if require_y and not has_label:
+        near = [repr(c) for c in frame.columns if str(c).strip().lower() in {a.strip().lower() for a in absent}]
         raise DataError(f"`data.label` names column{'s' if len(absent) > 1 else ''} {', '.join(map(repr, absent))}, "
-                        f"but the file has columns "
-                        f"{', '.join(map(str, frame.columns))}")
+                        f"but the file has columns {one_line(', '.join(map(repr, frame.columns)))}"
+                        + (f"; the nearest is {', '.join(near)} (spaces or case differ)" if near else ""))
     if require_y and split and split not in frame.columns:
         raise DataError(f"`data.split_column` names column {split!r}, but {data.source!r} has columns "
                         f"{one_line(', '.join(map(str, frame.columns)))}; name the column that says train/val/test")

@@ -345,3 +345,26 @@ def test_an_index_or_id_column_is_noted_and_data_exclude_leaves_it_out(tmp_path)
         read_dataset(data_cfg(source=str(tmp_path / "d.parquet"), label="label", exclude=["site"]))
     with pytest.raises(ConfigError, match="give one of the two"):
         data_cfg(source="d.csv", features=["a"], exclude=["year"])
+
+
+def test_a_csv_preamble_and_spaces_after_commas_are_read(tmp_path):
+    rows = "".join(f"{i * 0.5}, {i % 3}, {i % 2}\n" for i in range(30))
+    (tmp_path / "d.csv").write_text("# instrument XYZ, run 2024-03-01\n# units: K, Pa\ntemp, pres, label\n" + rows)
+    x, y, info = read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="label"))
+    assert info["feature_names"] == ["temp", "pres"] and x.shape == (30, 2) and y.tolist()[:3] == [0, 1, 0]
+    (tmp_path / "e.csv").write_text("temp,pres,Label \n" + rows.replace(" ", ""))
+    with pytest.raises(DataError, match=r"has columns 'temp', 'pres', 'Label '; the nearest is 'Label '"):
+        read_dataset(data_cfg(source=str(tmp_path / "e.csv"), label="label"))
+
+
+def test_non_finite_features_are_named_by_column(tmp_path):
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"a": rng.normal(size=30), "g417": rng.normal(size=30), "empty": np.nan,
+                          "label": rng.integers(0, 2, 30)})
+    frame.loc[[3, 20], "g417"] = np.nan
+    frame.to_csv(tmp_path / "d.csv", index=False)
+    data = data_cfg(source=str(tmp_path / "d.csv"), label="label")
+    x, y, info = read_dataset(data)
+    with pytest.raises(DataError, match=r"in column\(s\) 'g417' \(2\), 'empty' \(30 of 30\) \(first rows: "
+                                        r"\[0, 1, 2, 3, 4\]\).*leave an empty column out with `data.exclude`"):
+        prepare(x, y, info, data, seed=0)
