@@ -125,13 +125,43 @@ def split_off(idx: np.ndarray, strata: np.ndarray | None, fraction: float,
     return idx[grouped[~held]], idx[grouped[held]]
 
 
+#: a class with fewer rows than this is kept whole in the training split (``split_indices``)
+RARE_CLASS_ROWS = 3
+
+
+def rare_classes(y: np.ndarray) -> np.ndarray:
+    """Class codes with at least one and fewer than ``RARE_CLASS_ROWS`` rows."""
+    counts = np.bincount(y)
+    return np.flatnonzero((counts > 0) & (counts < RARE_CLASS_ROWS))
+
+
+def rare_note(y: np.ndarray, class_names: Sequence[str]) -> str | None:
+    """What ``check`` and the run say of ``rare_classes`` (None when there are none)."""
+    rare = rare_classes(np.asarray(y))
+    if not len(rare):
+        return None
+    counts = np.bincount(y)
+    listed = ", ".join(f"{class_names[c]!r} ({counts[c]} row{'s' if counts[c] > 1 else ''})" for c in rare[:8])
+    return (f"class(es) {listed}{', ...' if len(rare) > 8 else ''} have fewer than {RARE_CLASS_ROWS} rows: a random "
+            "split keeps them all in training, so validation and test never score them; gather more rows of "
+            "them, or merge or drop them")
+
+
 def split_indices(y: np.ndarray, task: str, val: float, test: float, seed: int) -> dict[str, np.ndarray]:
-    """Seeded train/val/test index arrays, stratified by class for classification."""
+    """Seeded train/val/test index arrays, stratified by class for classification; the rows
+    of a class too rare to be in every split (``rare_classes``) all go to training, where
+    the networks can learn it (in validation alone, its output would never be trained)."""
     idx = np.arange(len(y))
-    stratify = task == "classification" and np.bincount(y).min() >= 3   # else a class too small: shuffle
-    rest, test_idx = split_off(idx, y if stratify else None, test, seed)
+    kept = np.zeros(0, dtype=idx.dtype)
+    if task == "classification":
+        rare = np.isin(y, rare_classes(y))
+        if rare.any() and (~rare).sum() >= 3:
+            idx, kept = idx[~rare], idx[rare]
+    strata = y[idx] if task == "classification" else None
+    stratify = strata is not None and np.unique(strata, return_counts=True)[1].min() >= RARE_CLASS_ROWS
+    rest, test_idx = split_off(idx, strata if stratify else None, test, seed)
     train_idx, val_idx = split_off(rest, y[rest] if stratify else None, val / (1.0 - test), seed + 1)
-    return {"train": np.sort(train_idx), "val": np.sort(val_idx), "test": np.sort(test_idx)}
+    return {"train": np.sort(np.concatenate([train_idx, kept])), "val": np.sort(val_idx), "test": np.sort(test_idx)}
 
 
 def draw_validation(y: np.ndarray, train: np.ndarray, task: str, fraction: float,

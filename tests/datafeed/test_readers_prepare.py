@@ -368,3 +368,19 @@ def test_non_finite_features_are_named_by_column(tmp_path):
     with pytest.raises(DataError, match=r"in column\(s\) 'g417' \(2\), 'empty' \(30 of 30\) \(first rows: "
                                         r"\[0, 1, 2, 3, 4\]\).*leave an empty column out with `data.exclude`"):
         prepare(x, y, info, data, seed=0)
+
+
+def test_a_class_of_one_or_two_rows_is_kept_in_training_and_said():
+    from datafeed.prepare import rare_note
+    y = np.array([0] * 40 + [1] * 30 + [2] + [3] * 2)
+    for seed in range(5):
+        idx = split_indices(y, "classification", 0.2, 0.2, seed)
+        assert {72, 71, 70} <= set(idx["train"].tolist())
+        assert sorted(np.concatenate(list(idx.values())).tolist()) == list(range(len(y)))
+        assert set(y[idx["val"]]) == set(y[idx["test"]]) == {0, 1}      # still stratified
+    note = rare_note(y, ["a", "b", "rare", "few"])
+    assert "'rare' (1 row), 'few' (2 rows) have fewer than 3 rows" in note
+    assert rare_note(np.array([0] * 5 + [1] * 3), ["a", "b"]) is None
+    plain = split_indices(np.array([0] * 40 + [1] * 30), "classification", 0.2, 0.2, 3)
+    again = split_indices(np.array([0] * 40 + [1] * 30), "classification", 0.2, 0.2, 3)
+    assert all((plain[s] == again[s]).all() for s in plain)
