@@ -227,6 +227,11 @@ def build_ensemble(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta
     if scored["curve"] is not None:
         out["calibration"]["coverage_curve"] = scored["curve"]
     out["best_member"] = {"id": best.id, "val": dict(best.val), "test": dict(best.test)}
+    if task.name == "classification" and np.ndim(y_val) == 1 and len(y_val) and len(y_test):
+        common = int(np.bincount(np.asarray(y_val, dtype=np.int64)).argmax())    # chosen without the test rows
+        names = meta.get("class_names") or []
+        out["majority"] = {"class": str(names[common]) if common < len(names) else str(common),
+                           "test_accuracy": float(np.mean(np.asarray(y_test) == common))}
     per_sample = task.per_sample(stats["test"])
     if best.id in arrays:                 # the report sets the ensemble's reliability beside its own
         alone = task.combine_outputs([(arrays[best.id]["test_pred"], arrays[best.id].get("test_var"))],
@@ -326,6 +331,12 @@ def format_comparison(summary: dict) -> str:
             lines.append(f"warning: the linear baseline ({summary['baseline']['model']}, same training rows) "
                          f"beats the ensemble on test {metric}: baseline {metric_text(base[metric])}, ensemble "
                          f"{metric_text(ens[metric])}")
+    major = summary.get("majority")
+    if major and "accuracy" in ens and ens["accuracy"] <= major["test_accuracy"]:
+        lines.append(f"warning: answering the most frequent class ({major['class']!r}) for every row scores test "
+                     f"accuracy {metric_text(major['test_accuracy'])}, and the ensemble "
+                     f"{metric_text(ens['accuracy'])}: with classes this imbalanced accuracy says little; compare "
+                     "the log loss (`ensemble.metric = \"log_loss\"` also ranks members by it)")
     sel = summary.get("selection")
     if sel:
         how = f"top {sel.get('k') or sel['picks']}, equal weights" if sel["method"] == "top_k" else sel["method"]

@@ -247,6 +247,8 @@ def test_selection_over_candidates_equals_selection_over_all_when_all_are_candid
     ens = build_ensemble(RunDirectory(tmp_path / "all"), records_of(lines), cfg, meta, y, y, art)
     direct = select(dict(specs), y, "log_loss", method="greedy", k=5, task="classification")
     assert [(m["id"], m["weight"]) for m in ens["members"]] == list(direct.items())
+    common = int(np.bincount(y).argmax())                 # the reference an imbalanced test is read against
+    assert ens["majority"]["test_accuracy"] == pytest.approx(np.mean(y == common))
     # a bounded pool: the same greedy over exactly the best 8 by validation log loss
     art8, lines8 = run_master(RunDirectory(tmp_path / "eight"), y, specs, candidates=8)
     best8 = [r.id for r in sorted(records_of(lines8), key=lambda r: rank_key(r.val["log_loss"], r.id, False))][:8]

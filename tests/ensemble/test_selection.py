@@ -354,3 +354,14 @@ def test_ranking_ties_go_to_the_better_proper_score_then_the_id():
                {"id": "m3", "val": {"accuracy": 0.9, "log_loss": 0.01}}]
     assert [r["id"] for r in rank_members(records, "accuracy", "log_loss")] == ["m2", "m0", "m1", "m3"]
     assert [r["id"] for r in rank_members(records, "accuracy")] == ["m0", "m1", "m2", "m3"]
+
+
+def test_the_console_warns_when_the_most_frequent_class_scores_the_ensembles_accuracy():
+    from ensemble.results.summary import format_comparison
+    test = {"accuracy": 0.9778, "log_loss": 0.09}
+    summary = {"ensemble": {"test": test}, "best_member": {"id": "mlp-001", "test": test}, "metric": "accuracy",
+               "members": [{"id": "mlp-001"}], "majority": {"class": "0", "test_accuracy": 0.9778}}
+    text = format_comparison(summary)
+    assert "warning: answering the most frequent class ('0') for every row scores test accuracy 0.9778" in text
+    summary["majority"]["test_accuracy"] = 0.6
+    assert "most frequent class" not in format_comparison(summary)
