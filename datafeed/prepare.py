@@ -147,6 +147,27 @@ def rare_note(y: np.ndarray, class_names: Sequence[str]) -> str | None:
             "them, or merge or drop them")
 
 
+#: a regression target this many robust standard deviations (1.4826 x MAD) from the median is named
+OUTLIER_SDS = 50
+
+
+def outlier_note(y: np.ndarray) -> str | None:
+    """What ``check`` and the run say of regression targets far outside the bulk of the others
+    (the standardised targets, and the mse, are then about those few rows); None if none."""
+    y = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
+    med = np.median(y, axis=0)
+    mad = 1.4826 * np.median(np.abs(y - med), axis=0)
+    far = np.abs(y - med) > OUTLIER_SDS * np.where(mad > 0, mad, np.inf)
+    rows = np.flatnonzero(far.any(axis=1))
+    if not len(rows):
+        return None
+    shown = ", ".join(f"{y[r][far[r]][0]:.6g}" for r in rows[:3])
+    return (f"{len(rows)} target value(s) lie more than {OUTLIER_SDS} robust standard deviations from the median "
+            f"(such as {shown}{', ...' if len(rows) > 3 else ''}; the median is "
+            f"{', '.join(f'{m:.6g}' for m in med)}): the standardised targets, and the mse, are about those rows; "
+            "check them, or predict a transform of the target (its logarithm) instead")
+
+
 def split_indices(y: np.ndarray, task: str, val: float, test: float, seed: int) -> dict[str, np.ndarray]:
     """Seeded train/val/test index arrays, stratified by class for classification; the rows
     of a class too rare to be in every split (``rare_classes``) all go to training, where

@@ -182,6 +182,10 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
             print(f"  note: {note}")
     else:
         print(f"  task: regression ({task_from}), {meta['n_outputs']} output(s)")
+        from datafeed.prepare import outlier_note
+        note = outlier_note(np.concatenate([arrays[f"y_{s}"] for s in ("train", "val", "test")]))
+        if note:
+            print(f"  note: {note}")
     sizes = meta["sizes"]
     print(f"  splits: train {sizes['train']}, validation {sizes['val']}, test {sizes['test']}, "
           f"{describe_split(meta, data, cfg.seed)}; normalisation {data.normalize!r}, fitted on train")

@@ -86,11 +86,11 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
             meta["calibration_holdout"] = share
     if given is not None:
         meta["val_drawn"] = given[1]
-    if meta["task"] == "classification":
-        from datafeed.prepare import SPLITS, rare_note
-        note = rare_note(np.concatenate([arrays[f"y_{s}"] for s in SPLITS]), meta["class_names"])
-        if note:
-            log.warning(note)
+    from datafeed.prepare import SPLITS, outlier_note, rare_note
+    y_all = np.concatenate([arrays[f"y_{s}"] for s in SPLITS])
+    note = rare_note(y_all, meta["class_names"]) if meta["task"] == "classification" else outlier_note(y_all)
+    if note:
+        log.warning(note)
     if cfg.data.task == "auto":                 # the task is known now: settings that depend on it
         check_task_settings(cfg, meta["task"], "the labels make this task")
     mode = mode_of(cfg)

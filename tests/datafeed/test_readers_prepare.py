@@ -384,3 +384,14 @@ def test_a_class_of_one_or_two_rows_is_kept_in_training_and_said():
     plain = split_indices(np.array([0] * 40 + [1] * 30), "classification", 0.2, 0.2, 3)
     again = split_indices(np.array([0] * 40 + [1] * 30), "classification", 0.2, 0.2, 3)
     assert all((plain[s] == again[s]).all() for s in plain)
+
+
+def test_regression_targets_far_from_the_rest_are_named():
+    from datafeed.prepare import outlier_note
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=600) * 3
+    assert outlier_note(y) is None and outlier_note(np.exp(rng.normal(size=600))) is None   # a skew is no outlier
+    y[[5, 9]] = [5e4, 1e6]
+    note = outlier_note(y)
+    assert note.startswith("2 target value(s) lie more than 50 robust standard deviations") and "50000" in note
+    assert outlier_note(np.column_stack([rng.normal(size=600), y])).startswith("2 target value(s)")
