@@ -170,13 +170,23 @@ def _predict_streamed(run: EnsembleRun, out: Path | None, comm, data: str) -> in
         return EXIT_PREDICT
     if comm.Get_rank() != 0:
         return 0
-    log.info(f"wrote {out}: {n} predictions from {len(run.members)} members on {size} rank(s), the test rows "
+    log.info(f"wrote {out}: {n} predictions from {len(run.members)} member{'s' * (len(run.members) != 1)} on {size} "
+             "rank(s), the test rows "
              "read a chunk at a time (the run's data streams)")
     log.info(format_metrics(f"{data} ({n} samples)", metrics))
     recorded = run.summary.get("ensemble", {}).get("test")
     if recorded:
         log.info(format_metrics("ensemble.json test", recorded))
     return 0
+
+
+def _is_training_file(data: str, run) -> bool:
+    """``--data`` names the file the run trained on (its ``data.source``)."""
+    source = run.config.data.source
+    try:
+        return bool(source) and Path(data).is_file() and Path(data).resolve() == Path(source).resolve()
+    except (OSError, ValueError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,10 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:                         # a read-only or full file system, found only on writing
         log.error(f"error: cannot write --out {str(out)!r}: {exc.strerror or exc}; choose another --out")
         return EXIT_PREDICT
-    log.info(f"wrote {out}: {len(x)} predictions from {len(run.members)} members on {size} rank(s)"
-             + (f", with input column(s) {', '.join(got.kept)}" if got.kept else ""))
+    log.info(f"wrote {out}: {len(x)} predictions from {len(run.members)} member{'s' * (len(run.members) != 1)} on "
+             f"{size} rank(s)" + (f", with input column(s) {', '.join(got.kept)}" if got.kept else ""))
     if y is not None:
         log.info(format_metrics(f"{args.data} ({len(y)} samples)", score(run, result, y)))
+        if _is_training_file(args.data, run):
+            log.warning(f"{args.data} is the run's own `data.source`: these rows include the ones the members "
+                        "trained and stopped on, so the metrics above flatter the ensemble; `--data test` scores "
+                        "the test rows alone")
         recorded = run.summary.get("ensemble", {}).get("test")
         if args.data == TEST_KEYWORD and recorded:
             log.info(format_metrics("ensemble.json test", recorded))

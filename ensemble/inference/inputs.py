@@ -192,6 +192,8 @@ def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input")
     from datafeed.prepare import apply_normalizer, feature_array
     x = np.asarray(x)
     shape = run.input_shape
+    if x.ndim == 1 and len(x) == int(np.prod(shape)) > 1:
+        x = x[None]                               # one sample, flat: ens.predict(row)
     if x.ndim == 0 or len(x) == 0:
         raise PredictError(f"{source} holds no samples (features of shape {list(x.shape)})")
     if x.dtype.kind not in "iufb":

@@ -295,3 +295,19 @@ def test_pandas_hdf5_tables_are_refused_because_pandas_unpickles_them(base, tmp_
         f.create_group("frame").attrs["pandas_type"] = "frame"
     with pytest.raises(P.PredictError, match="'frame' is a pandas HDF5 table .* unpickles .* Parquet"):
         P.load_input(run, str(tmp_path / "pandas.h5"), x="frame")
+
+
+def test_one_flat_row_is_one_sample(base, rows):
+    run, x = P.load_run(base / "cls"), rows[0]
+    np.testing.assert_array_equal(P.prepare_features(run, x[0]), P.prepare_features(run, x[:1]))
+    with pytest.raises(P.PredictError, match="has 3 features per sample"):
+        P.prepare_features(run, x[0, :3][None])
+
+
+def test_predicting_on_the_training_file_is_recognised(tmp_path):
+    from types import SimpleNamespace
+    (tmp_path / "train.csv").write_text("a,label\n1,0\n")
+    (tmp_path / "new.csv").write_text("a,label\n1,0\n")
+    run = SimpleNamespace(config=SimpleNamespace(data=SimpleNamespace(source=str(tmp_path / "train.csv"))))
+    assert P._is_training_file(f"{tmp_path}/./train.csv", run)
+    assert not P._is_training_file(str(tmp_path / "new.csv"), run) and not P._is_training_file("test", run)
