@@ -76,11 +76,16 @@ class Mode:
     #: whether idle workers may help its last members at the end of the run (``runtime.tail``;
     #: a population trains in rounds, an online run on data that keeps coming: no last members)
     takes_helpers: ClassVar[bool] = True
-    #: whether ``--resume`` hands the members in flight when a job was lost out one at a time and
-    #: gives up one lost again (``results.crashes``): a fixed list only, whose members are
-    #: independent; a search re-issues its candidates in their order (a resumed search equals the
-    #: uninterrupted one) and a population trains in synchronous rounds (one at a time would hang)
+    #: whether ``--resume`` gives up a member that was in flight each time jobs were lost
+    #: (``results.crashes``): a fixed list (independent members, handed out one at a time while
+    #: suspected) and a search (see ``quarantines``); not a population, which trains in
+    #: synchronous rounds of all its members (one at a time would hang a round)
     gives_up_crashers: ClassVar[bool] = False
+    #: with ``gives_up_crashers``: whether the suspects go out one at a time (``Quarantine``);
+    #: if not (a search, whose resumed candidates go out again in their order), a suspect is
+    #: given up when it is the only one in flight at its second lost job, or at its
+    #: ``crashes.REPEATS``-th with others (which of them killed its worker is not known)
+    quarantines: ClassVar[bool] = True
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         """The run's Source and Decider (the same object when the mode's rounds are both)."""

@@ -18,6 +18,9 @@ class EvolveMode(Mode):
     name = "evolve"
     tables = ("evolve", "search")
     uses_architectures = False
+    gives_up_crashers = True
+    quarantines = False            # its candidates go out again in their order: a resumed search equals the
+                                   # uninterrupted one (holding one back let the strategy breed early)
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         from ensemble.results.records import MemberRecord

@@ -27,7 +27,7 @@ from ensemble.modes import Mode, RunContext, make_trainer, mode_of
 from ensemble.orchestrate.dispatch import dispatch
 from ensemble.orchestrate.progress import Progress
 from ensemble.results.artifacts import Artifacts
-from ensemble.results.crashes import CrashBook, Quarantine, handed_event, read_crashes
+from ensemble.results.crashes import REPEATS, CrashBook, Quarantine, handed_event, read_crashes, with_genomes
 from ensemble.results.events import Event, EventKind, close_event, open_event
 from ensemble.results.heartbeat import Heartbeat
 from ensemble.results.journal import Journal, typed_history
@@ -119,8 +119,9 @@ class MasterSession:
         lost = artifacts.restore(lines) if self.resume else set()
         history = typed_history(lines)
         del lines
-        crashes = read_crashes(history) if self.resume and self.mode.gives_up_crashers else CrashBook()
-        given_up = crashes.records()                  # journalled once the journal is open
+        crashes = (read_crashes(history, None if self.mode.quarantines else REPEATS)
+                   if self.resume and self.mode.gives_up_crashers else CrashBook())
+        given_up = with_genomes(crashes.records(), history)     # journalled once the journal is open
         history += given_up
         previous = [x for x in history if isinstance(x, MemberRecord)]
         self.events = [x.to_json() for x in history if isinstance(x, Event)]
@@ -130,10 +131,15 @@ class MasterSession:
                                                     workers, metric))
         del history
         if crashes.suspects:                          # members in flight when an earlier job was lost
-            source = Quarantine(source, crashes.suspects)
             names = ", ".join(sorted(crashes.suspects)[:5]) + (", ..." if len(crashes.suspects) > 5 else "")
+            if self.mode.quarantines:
+                source = Quarantine(source, crashes.suspects)
+                how = "they go out one at a time, and one lost with the job again is given up"
+            else:
+                how = (f"they go out again; one lost with the job again alone, or in flight each of {REPEATS} "
+                       "lost jobs, is given up")
             log.warning(f"resume: {len(crashes.suspects)} member(s) were training when an earlier job was lost "
-                        f"({names}); they go out one at a time, and one lost with the job again is given up")
+                        f"({names}); {how}")
         total = source.total
         resume_seconds = round(time.perf_counter() - t_resume, 3)
         self._announce(total, len(done_ids), resume_seconds if self.resume else None)

@@ -1,6 +1,8 @@
 """Members that kill their worker process (out of memory, a segfault, ``os._exit`` in a
 user's builder): found from the journal, handed out one at a time, given up after two crashes
-(the modes whose ``Mode.gives_up_crashers`` says so: a fixed member list).
+(the modes whose ``Mode.gives_up_crashers`` says so: a fixed member list); or, where the
+mode hands its members out again in their order (``Mode.quarantines`` false: a search), given up at
+the second crash with it the only suspect in flight, or else at its ``REPEATS``-th.
 
 A worker process that dies takes the MPI job with it (MPICH ends every rank) before any
 record of its member is written, so ``--resume`` would hand that member out again and lose
@@ -26,6 +28,11 @@ from typing import Any
 from ensemble.results.events import Event, EventKind
 from ensemble.results.records import WORKER_DIED_KIND, MemberRecord, Status
 
+#: a member in flight each time a job was lost this many times is given up, however many
+#: others were in flight with it (``read_crashes(..., repeats=REPEATS)``: modes that do not
+#: quarantine, whose suspects all go out again at once)
+REPEATS = 3
+
 
 @dataclass
 class CrashBook:
@@ -34,27 +41,40 @@ class CrashBook:
     only suspect in flight)."""
     suspects: dict[str, int] = field(default_factory=dict)
     given_up: list[str] = field(default_factory=list)
+    repeated: set[str] = field(default_factory=set)     # of ``given_up``: at its REPEATS-th crash, not alone
 
     def records(self) -> list[MemberRecord]:
         """The failed records of the members given up now."""
-        return [MemberRecord(i, Status.FAILED, error={
-            "kind": WORKER_DIED_KIND,
-            "message": f"the job was lost twice while {i} trained (the second time the only member under "
-                       "suspicion in flight): its worker process died (out of memory, a segfault, os._exit?); "
-                       "not handed out again"}) for i in self.given_up]
+        return [MemberRecord(i, Status.FAILED, error={"kind": WORKER_DIED_KIND, "message": self._why(i)})
+                for i in self.given_up]
+
+    def _why(self, i: str) -> str:
+        if i in self.repeated:
+            return (f"the job was lost {REPEATS} times while {i} trained (with others each time, so which one "
+                    "killed its worker is not known): given up with them, its worker process having died (out "
+                    "of memory, a segfault, os._exit?) or not; not handed out again")
+        return (f"the job was lost twice while {i} trained (the second time the only member under suspicion in "
+                "flight): its worker process died (out of memory, a segfault, os._exit?); not handed out again")
 
 
-def read_crashes(history: Iterable[MemberRecord | Event]) -> CrashBook:
-    """The crash book of a journal (its records and events, in order)."""
+def read_crashes(history: Iterable[MemberRecord | Event], repeats: int | None = None) -> CrashBook:
+    """The crash book of a journal (its records and events, in order). ``repeats``: also give
+    up every member in flight at its ``repeats``-th lost job (modes that do not quarantine)."""
     counts: dict[str, int] = {}
     given_up: dict[str, bool] = {}          # id -> already journalled
-    in_flight: set[str] | None = None
+    repeated: set[str] = set()
+    in_flight: dict[str, None] | None = None        # ids in the order they were handed out
     closed = True
 
     def crashed() -> None:
         suspects = [i for i in in_flight if counts.get(i, 0) >= 1 and i not in given_up]
         if len(suspects) == 1:
             given_up[suspects[0]] = False
+        elif repeats is not None:
+            for i in suspects:
+                if counts[i] + 1 >= repeats:
+                    given_up[i] = False
+                    repeated.add(i)
         for i in in_flight:
             counts[i] = counts.get(i, 0) + 1
 
@@ -63,22 +83,32 @@ def read_crashes(history: Iterable[MemberRecord | Event]) -> CrashBook:
             if item.kind is EventKind.OPEN:
                 if in_flight is not None and not closed:
                     crashed()
-                in_flight, closed = set(), False
+                in_flight, closed = {}, False
             elif item.kind in (EventKind.CLOSE, EventKind.INTERRUPTED):     # a stop is no crash
                 closed = True
             elif item.kind is EventKind.HANDED and in_flight is not None:
-                in_flight.add(str(item.data.get("member")))
+                in_flight[str(item.data.get("member"))] = None
         elif isinstance(item, MemberRecord):
             if in_flight is not None:
-                in_flight.discard(item.id)
+                in_flight.pop(item.id, None)
             if item.given_up:
                 given_up[item.id] = True
             elif item.ok:
                 counts.pop(item.id, None)
     if in_flight is not None and not closed:
         crashed()
-    return CrashBook({i: c for i, c in counts.items() if i not in given_up},
-                     [i for i, journalled in given_up.items() if not journalled])
+    now = [i for i, journalled in given_up.items() if not journalled]
+    return CrashBook({i: c for i, c in counts.items() if i not in given_up}, now, repeated & set(now))
+
+
+def with_genomes(records: list[MemberRecord], history: Iterable[MemberRecord | Event]) -> list[MemberRecord]:
+    """Given-up records with the genome their ``issued`` line holds (a search's candidate): a
+    resumed search tells its strategy the failure, and hands the candidate out no more."""
+    if not records:
+        return records
+    issued = {str(x.data.get("id")): x.data.get("genome") for x in history
+              if isinstance(x, Event) and x.kind is EventKind.ISSUED}
+    return [r.replace(genome=issued[r.id]) if issued.get(r.id) is not None else r for r in records]
 
 
 def handed_event(member_id: str, now: float) -> dict[str, Any]:

@@ -67,9 +67,34 @@ def test_quarantine_hands_suspects_out_one_at_a_time_and_every_spec_once():
     assert source.next_spec() is None and source.dry() and source.total is None
 
 
-def test_only_a_fixed_member_list_gives_up_crashers():
+def test_a_fixed_list_quarantines_a_search_gives_up_repeats_and_a_population_neither():
     """A search re-issues its candidates in order (a resumed search equals the uninterrupted one;
-    holding one back let the strategy breed early) and a population trains in synchronous rounds
-    (one member at a time hung the round): neither quarantines."""
+    holding one back let the strategy breed early): it gives up repeats instead; a population
+    trains in synchronous rounds (one member at a time hung the round): it gives up none."""
     from ensemble.modes import MODES
-    assert {name for name, mode in MODES.items() if mode.gives_up_crashers} == {"ensemble"}
+    assert {name for name, mode in MODES.items() if mode.gives_up_crashers} == {"ensemble", "evolve"}
+    assert {name for name, mode in MODES.items() if mode.gives_up_crashers and mode.quarantines} == {"ensemble"}
+
+
+def test_without_quarantine_suspects_lost_together_again_and_again_are_given_up_at_the_third():
+    """A candidate that kills its worker at once, re-issued with the others in flight when the
+    job was lost: every resumed job is lost with all of them out. At the third loss they are
+    given up together (which one killed its worker is not known); the others go on."""
+    first = [opened(), *handed("a", "b"), ok("a"), *handed("c", "d")]          # lost with b, c, d out
+    second = first + [opened(), *handed("b", "c", "d")]                        # all three out: lost again
+    assert read_crashes(second, repeats=3).given_up == []                     # two suspects or more: none
+    third = second + [opened(), *handed("b", "c", "d"), ok("d")]               # d finished, then lost again
+    book = read_crashes(third, repeats=3)
+    assert book.given_up == ["b", "c"] and book.repeated == {"b", "c"} and book.suspects == {}
+    assert all("lost 3 times" in r.error_message and r.given_up for r in book.records())
+    assert read_crashes(third).given_up == [] and read_crashes(third).suspects == {"b": 3, "c": 3}
+    lone = second + [opened(), *handed("b", "e")]                              # b the only suspect out
+    assert read_crashes(lone, repeats=3).given_up == ["b"] and read_crashes(lone, repeats=3).repeated == set()
+
+
+def test_a_given_up_candidate_carries_its_genome_from_its_issued_line():
+    from ensemble.results.crashes import with_genomes
+    issued = Event(EventKind.ISSUED, {"id": "e0003", "genome": {"layers": []}, "evaluation": 3})
+    records = [MemberRecord("e0003", Status.FAILED), MemberRecord("m-1", Status.FAILED)]
+    out = with_genomes(records, [opened(), issued])
+    assert out[0].genome == {"layers": []} and out[1].genome is None

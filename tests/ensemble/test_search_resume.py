@@ -227,3 +227,25 @@ def test_a_journal_without_issued_lines_still_resumes(tmp_path):
     assert again.count == 6
     spec = again.next_spec()
     assert spec["id"] == "e0007"
+
+
+@pytest.mark.parametrize("name", sorted(PARAMS))
+def test_a_candidate_given_up_after_lost_jobs_is_told_failed_and_not_handed_out_again(tmp_path, name):
+    """``results.crashes``: a search's candidate in flight at lost jobs is given up on resume
+    (its record journalled with the genome of its issued line): the resumed search tells its
+    strategy the failure and re-issues only the others that were out."""
+    from ensemble.results.crashes import CrashBook, with_genomes
+    lines: list[dict] = []
+    run(SearchSource(config(name), META, rundir(tmp_path / "k"), []), lines, FakeExecutor(1, 3, kill_after=5))
+    history = history_of(lines)
+    told = {r.id for r in history if isinstance(r, MemberRecord)}
+    out = [x.data["id"] for x in history if not isinstance(x, MemberRecord) and x.data["id"] not in told]
+    assert len(out) >= 2                                    # candidates out when the job went down
+    given_up = with_genomes(CrashBook({}, [out[0]]).records(), history)
+    resumed = SearchSource(config(name), META, rundir(tmp_path / "k"), history + given_up)
+    assert [x["id"] for x in resumed.reissue] == out[1:]
+    assert resumed.strategy.failed >= 1 and resumed.strategy.told == len(told) + 1
+    more: list[dict] = []
+    run(resumed, more, FakeExecutor(1, 2))
+    assert out[0] not in {x["id"] for x in more}             # never handed out again
+    assert {x["id"] for x in more if "event" not in x} >= set(out[1:])
