@@ -135,6 +135,21 @@ def rare_classes(y: np.ndarray) -> np.ndarray:
     return np.flatnonzero((counts > 0) & (counts < RARE_CLASS_ROWS))
 
 
+def class_notes(y: np.ndarray, class_names: Sequence[str]) -> list[str]:
+    """What ``check`` and the run say of the classes: too rare to split (``rare_note``), and
+    labels that differ only by case or spaces ("cat", "cat ", "Cat": three classes)."""
+    notes = [rare_note(y, class_names)]
+    groups: dict[str, list[str]] = {}
+    for name in map(str, class_names):
+        groups.setdefault(" ".join(name.split()).lower(), []).append(name)
+    alike = [g for g in groups.values() if len(g) > 1]
+    if alike:
+        listed = "; ".join(", ".join(map(repr, g)) for g in alike[:4])
+        notes.append(f"labels that differ only by case or spaces are different classes: {listed}; if each group "
+                     "is one class, write its label one way in the data")
+    return [n for n in notes if n]
+
+
 def rare_note(y: np.ndarray, class_names: Sequence[str]) -> str | None:
     """What ``check`` and the run say of ``rare_classes`` (None when there are none)."""
     rare = rare_classes(np.asarray(y))

@@ -176,9 +176,9 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
                              minlength=meta["n_outputs"])
         print(f"  task: classification ({task_from}), {meta['n_outputs']} classes; samples per class: "
               + _class_counts(meta["class_names"], counts))
-        from datafeed.prepare import rare_note
-        note = rare_note(np.concatenate([arrays[f"y_{s}"] for s in ("train", "val", "test")]), meta["class_names"])
-        if note:
+        from datafeed.prepare import class_notes
+        for note in class_notes(np.concatenate([arrays[f"y_{s}"] for s in ("train", "val", "test")]),
+                                meta["class_names"]):
             print(f"  note: {note}")
     else:
         print(f"  task: regression ({task_from}), {meta['n_outputs']} output(s)")

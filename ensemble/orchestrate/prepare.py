@@ -86,11 +86,12 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
             meta["calibration_holdout"] = share
     if given is not None:
         meta["val_drawn"] = given[1]
-    from datafeed.prepare import SPLITS, outlier_note, rare_note
+    from datafeed.prepare import SPLITS, class_notes, outlier_note
     y_all = np.concatenate([arrays[f"y_{s}"] for s in SPLITS])
-    note = rare_note(y_all, meta["class_names"]) if meta["task"] == "classification" else outlier_note(y_all)
-    if note:
-        log.warning(note)
+    for note in (class_notes(y_all, meta["class_names"]) if meta["task"] == "classification"
+                 else [outlier_note(y_all)]):
+        if note:
+            log.warning(note)
     if cfg.data.task == "auto":                 # the task is known now: settings that depend on it
         check_task_settings(cfg, meta["task"], "the labels make this task")
     mode = mode_of(cfg)

@@ -395,3 +395,11 @@ def test_regression_targets_far_from_the_rest_are_named():
     note = outlier_note(y)
     assert note.startswith("2 target value(s) lie more than 50 robust standard deviations") and "50000" in note
     assert outlier_note(np.column_stack([rng.normal(size=600), y])).startswith("2 target value(s)")
+
+
+def test_labels_alike_but_for_case_or_spaces_are_noted():
+    from datafeed.prepare import class_notes
+    y = np.repeat(np.arange(4), 10)
+    notes = class_notes(y, ["cat", "cat ", "Dog", "dog"])
+    assert len(notes) == 1 and "'cat', 'cat '; 'Dog', 'dog'" in notes[0]
+    assert class_notes(y, ["a", "b", "c", "d"]) == []
