@@ -232,6 +232,9 @@ def build_ensemble(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta
         names = meta.get("class_names") or []
         out["majority"] = {"class": str(names[common]) if common < len(names) else str(common),
                            "test_accuracy": float(np.mean(np.asarray(y_test) == common))}
+    per_target = per_target_metrics(cfg, stats["test"], y_test) if task.name == "regression" else None
+    if per_target:
+        out["per_target"] = per_target
     per_sample = task.per_sample(stats["test"])
     if best.id in arrays:                 # the report sets the ensemble's reliability beside its own
         alone = task.combine_outputs([(arrays[best.id]["test_pred"], arrays[best.id].get("test_var"))],
@@ -239,6 +242,27 @@ def build_ensemble(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta
         per_sample.update({f"best_{k}": v for k, v in task.per_sample(alone).items()})
     run_dir.write_npz(run_dir.TEST_PREDICTIONS, y=y_test, **per_sample)
     return out
+
+
+def per_target_metrics(cfg: RunConfig, stats: dict, y: np.ndarray) -> dict[str, dict[str, float]] | None:
+    """A regression of several targets: each target's test mse, mae and r2 (and nll with a
+    spread) in its own units, by its column name (``data.label``) or index; None for one target
+    (the ensemble's metrics average the targets, the largest in its units weighing most)."""
+    from datafeed.readers import label_columns
+    from ensemble.task.metrics import regression_metrics
+    mean = np.asarray(stats["mean"], dtype=np.float64)
+    if mean.ndim != 2 or mean.shape[1] < 2:
+        return None
+    k = mean.shape[1]
+    y = np.asarray(y, dtype=np.float64).reshape(mean.shape)
+    var = np.asarray(stats["var"], dtype=np.float64).reshape(mean.shape) if stats.get("var") is not None else None
+    spread = var is not None and bool(np.any(var > 0))
+    names = label_columns(cfg.data.label)
+    names = names if len(names) == k else [str(j) for j in range(k)]
+    keep = ("mse", "mae", "r2", "nll")             # not the uncalibrated intervals' coverage
+    return {name: {key: value for key, value in regression_metrics(y[:, j], mean[:, j],
+                                                                   var[:, j] if spread else None).items()
+                   if key in keep} for j, name in enumerate(names)}
 
 
 def _reselected(run_dir: RunDirectory) -> dict | None:
@@ -331,6 +355,8 @@ def format_comparison(summary: dict) -> str:
             lines.append(f"warning: the linear baseline ({summary['baseline']['model']}, same training rows) "
                          f"beats the ensemble on test {metric}: baseline {metric_text(base[metric])}, ensemble "
                          f"{metric_text(ens[metric])}")
+    for name, values in (summary.get("per_target") or {}).items():
+        lines.append(f"  target {name}: test " + "  ".join(f"{k} {metric_text(v)}" for k, v in values.items()))
     major = summary.get("majority")
     if major and "accuracy" in ens and ens["accuracy"] <= major["test_accuracy"]:
         lines.append(f"warning: answering the most frequent class ({major['class']!r}) for every row scores test "

@@ -365,3 +365,22 @@ def test_the_console_warns_when_the_most_frequent_class_scores_the_ensembles_acc
     assert "warning: answering the most frequent class ('0') for every row scores test accuracy 0.9778" in text
     summary["majority"]["test_accuracy"] = 0.6
     assert "most frequent class" not in format_comparison(summary)
+
+
+def test_several_regression_targets_get_their_own_test_metrics():
+    from ensemble.config import resolve_config
+    from ensemble.results.summary import format_comparison, per_target_metrics
+    cfg = resolve_config({"data": {"source": "t.csv", "label": ["temp", "flux"]},
+                          "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]})
+    rng = np.random.default_rng(0)
+    y = np.column_stack([rng.normal(size=50), 1000 * rng.normal(size=50)])      # flux: r2 0.99, temp 0.99 too
+    mean = y + np.column_stack([0.1 * rng.normal(size=50), 100 * rng.normal(size=50)])
+    got = per_target_metrics(cfg, {"mean": mean, "var": np.ones_like(mean)}, y)
+    assert list(got) == ["temp", "flux"] and set(got["temp"]) == {"mse", "mae", "r2", "nll"}
+    assert got["temp"]["mse"] == pytest.approx(np.mean((mean[:, 0] - y[:, 0]) ** 2))
+    assert got["flux"]["mse"] > 1e5 * got["temp"]["mse"] and abs(got["flux"]["r2"] - got["temp"]["r2"]) < 0.01
+    assert per_target_metrics(cfg, {"mean": mean[:, :1], "var": None}, y[:, :1]) is None
+    test = {"mse": 1.0}
+    text = format_comparison({"ensemble": {"test": test}, "best_member": {"id": "a", "test": test}, "metric": "mse",
+                              "members": [{"id": "a"}], "per_target": got})
+    assert "  target temp: test mse " in text and "  target flux: test mse " in text
