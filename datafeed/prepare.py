@@ -324,6 +324,11 @@ def prepare_targets(y: np.ndarray, info: dict, data: DataSettings) -> tuple[np.n
         if not np.isfinite(y).all():
             raise DataError("regression targets hold NaN/inf values; clean them before training")
         meta["n_outputs"] = 1 if y.ndim == 1 else int(np.prod(y.shape[1:]))
+        if meta["n_outputs"] > 1:               # each target's name (its column), for its own metrics
+            from datafeed.readers import label_columns
+            names = label_columns(data.label) if data.label else []
+            meta["target_names"] = names if len(names) == meta["n_outputs"] else \
+                [str(j) for j in range(meta["n_outputs"])]
     return y, meta
 
 

@@ -232,7 +232,7 @@ def build_ensemble(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta
         names = meta.get("class_names") or []
         out["majority"] = {"class": str(names[common]) if common < len(names) else str(common),
                            "test_accuracy": float(np.mean(np.asarray(y_test) == common))}
-    per_target = per_target_metrics(cfg, stats["test"], y_test) if task.name == "regression" else None
+    per_target = per_target_metrics(meta, stats["test"], y_test) if task.name == "regression" else None
     if per_target:
         out["per_target"] = per_target
     per_sample = task.per_sample(stats["test"])
@@ -244,11 +244,11 @@ def build_ensemble(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta
     return out
 
 
-def per_target_metrics(cfg: RunConfig, stats: dict, y: np.ndarray) -> dict[str, dict[str, float]] | None:
+def per_target_metrics(meta: dict, stats: dict, y: np.ndarray) -> dict[str, dict[str, float]] | None:
     """A regression of several targets: each target's test mse, mae and r2 (and nll with a
-    spread) in its own units, by its column name (``data.label``) or index; None for one target
-    (the ensemble's metrics average the targets, the largest in its units weighing most)."""
-    from datafeed.readers import label_columns
+    spread) in its own units, by its column name (``meta["target_names"]``: ``data.label``) or
+    index; None for one target (the ensemble's metrics average the targets, the largest in its
+    units weighing most)."""
     from ensemble.task.metrics import regression_metrics
     mean = np.asarray(stats["mean"], dtype=np.float64)
     if mean.ndim != 2 or mean.shape[1] < 2:
@@ -257,7 +257,7 @@ def per_target_metrics(cfg: RunConfig, stats: dict, y: np.ndarray) -> dict[str, 
     y = np.asarray(y, dtype=np.float64).reshape(mean.shape)
     var = np.asarray(stats["var"], dtype=np.float64).reshape(mean.shape) if stats.get("var") is not None else None
     spread = var is not None and bool(np.any(var > 0))
-    names = label_columns(cfg.data.label)
+    names = [str(n) for n in meta.get("target_names") or ()]
     names = names if len(names) == k else [str(j) for j in range(k)]
     keep = ("mse", "mae", "r2", "nll")             # not the uncalibrated intervals' coverage
     return {name: {key: value for key, value in regression_metrics(y[:, j], mean[:, j],

@@ -403,3 +403,12 @@ def test_labels_alike_but_for_case_or_spaces_are_noted():
     notes = class_notes(y, ["cat", "cat ", "Dog", "dog"])
     assert len(notes) == 1 and "'cat', 'cat '; 'Dog', 'dog'" in notes[0]
     assert class_notes(y, ["a", "b", "c", "d"]) == []
+
+
+def test_several_targets_are_named_in_the_metadata(tmp_path):
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"a": rng.normal(size=30), "t1": rng.normal(size=30), "t2": rng.normal(size=30)})
+    frame.to_csv(tmp_path / "d.csv", index=False)
+    data = data_cfg(source=str(tmp_path / "d.csv"), label=["t1", "t2"])
+    _, meta = prepare(*read_dataset(data), data, seed=0)
+    assert meta["target_names"] == ["t1", "t2"] and meta["n_outputs"] == 2
