@@ -176,6 +176,7 @@ class Ahead:
         twin = {"strategy": strategy.name, "space": strategy.space, "input_shape": strategy.input_shape,
                 "n_outputs": strategy.n_outputs, "seed": strategy.seed, "params": strategy.params,
                 "initial": list(strategy.initial), "compact_start": strategy.compact_start,
+                "known": sorted(strategy.known),
                 "surrogate": surrogate, "ahead": -(-ahead // helpers)}
         self.helpers: list[_Helper] = []
         for i in range(helpers):
@@ -254,7 +255,7 @@ class Twin:
         self.strategy = make_strategy(spec["strategy"], spec["space"], spec["input_shape"], spec["n_outputs"],
                                       rng_seed=spec["seed"], initial=spec["initial"],
                                       compact_start=spec["compact_start"], surrogate=self.surrogate,
-                                      **spec["params"])
+                                      known=spec.get("known", ()), **spec["params"])
         self.credit = int(spec["ahead"])
         self.index = int(spec.get("index", 0))         # which helper: its own random stream
         self.offered: dict[str, None] = {}             # keys sent, oldest first (bounded)

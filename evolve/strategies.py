@@ -28,7 +28,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Sequence
 
 import numpy as np
 from deap import tools
@@ -82,9 +82,11 @@ class Strategy:
                  rng_seed: int = 0, budget_evaluations: int | None = None,
                  budget_seconds: float | None = None,
                  clock: Callable[[], float] = time.monotonic, initial: Sequence[AnyGenome] = (),
-                 surrogate: Surrogate | None = None, compact_start: bool = False, **params: Any):
+                 surrogate: Surrogate | None = None, compact_start: bool = False, known: Iterable[str] = (),
+                 **params: Any):
         self.space, self.input_shape, self.n_outputs = space, tuple(input_shape), int(n_outputs)
         self.initial = tuple(initial)
+        self.known = frozenset(known) - {g.key() for g in self.initial}    # trained by an earlier run: not again
         self.compact_start = compact_start
         self.surrogate = surrogate
         self.ahead: Ahead | None = None          # children screened ahead in a helper process (``attach``)
@@ -94,7 +96,7 @@ class Strategy:
         self._clock, self._t0 = clock, clock()
         self.asked = self.told = self.failed = 0
         self.results: dict[str, float | None] = {}  # fitness cache by genome key
-        self._seen: set[str] = set()
+        self._seen: set[str] = set(self.known)    # never asked again (the starting points are asked)
         self._pending: dict[str, AnyGenome] = {}
         self._bred_from: dict[str, AnyGenome] = {}        # child key -> the parent it was bred from
         self.best: tuple[AnyGenome, float] | None = None
@@ -578,7 +580,8 @@ def make_strategy(name: str, space: SearchSpace, input_shape: tuple[int, ...], n
 
     ``clock`` (a zero-argument callable returning seconds) may be passed to drive
     the seconds budget in tests; ``initial`` (genomes valid for the space) are the first
-    asks of the first population (``Strategy._initial_genome``).
+    asks of the first population (``Strategy._initial_genome``); ``known``: keys of genomes
+    an earlier run trained (``evolve.start_from``), never asked (but those in ``initial``).
     """
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}")

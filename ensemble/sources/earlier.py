@@ -61,6 +61,22 @@ def earlier_search(run_path: str, setting: str, meta: dict, instead: str) -> Ear
     return EarlierSearch(str(path), source_cfg, records, metric)
 
 
+def trained_keys(run_path: str, meta: dict) -> frozenset[str]:
+    """``evolve.start_from``: the keys of every genome the earlier search trained (finished or
+    failed), so that the new search asks none of them again: with the same seed it would
+    otherwise draw the same first population and train it to the same results."""
+    from evolve import genome_from_dict
+    rd = RunDirectory(Path(run_path))
+    keys = set()
+    for record in as_records(read_journal(rd.path / rd.JOURNAL)):
+        if record.genome is not None:
+            try:
+                keys.add(genome_from_dict(record.genome).key())
+            except ValueError:                # a genome this version cannot read: never asked anyway
+                continue
+    return frozenset(keys)
+
+
 def start_genomes(run_path: str, meta: dict, space, count: int) -> list:
     """``evolve.start_from``: the best ``count`` distinct genomes of the earlier search, each
     moved into this run's search ``space`` (``evolve.repair``; one it cannot hold is passed

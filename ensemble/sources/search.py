@@ -76,22 +76,29 @@ def check_search(cfg: RunConfig, meta: dict) -> None:
 FIRST_POPULATION = 12
 
 
-def initial_genomes(cfg: RunConfig, meta: dict, space, first_population: int | None, earlier: bool = True) -> list:
+def initial_genomes(cfg: RunConfig, meta: dict, space, first_population: int | None,
+                    earlier: bool = True) -> tuple[list, frozenset[str]]:
     """The search's starting points, its first asks: an earlier run's best genomes
     (``evolve.start_from``, up to half the first population; not with ``earlier=False``),
-    then the templates for the input's kind (``evolve.templates``); distinct, at most the
-    first population. Raises ``ConfigError`` for a bad ``start_from``."""
+    then the templates for the input's kind (``evolve.templates``) the earlier run did not
+    train; distinct, at most the first population. And the keys of the genomes the earlier
+    run trained but for those starting points: the search asks none of them (with the same
+    seed it would draw the same first population again and train it to the same results).
+    Raises ``ConfigError`` for a bad ``start_from``."""
     from evolve import templates
     size = first_population or FIRST_POPULATION
     shape, n_outputs = tuple(meta["input_shape"]), meta["n_outputs"]
-    out = []
+    out: list = []
+    known: frozenset[str] = frozenset()
     if cfg.evolve.start_from and earlier:
-        from ensemble.sources.earlier import start_genomes
+        from ensemble.sources.earlier import start_genomes, trained_keys
         out += start_genomes(cfg.evolve.start_from, meta, space, max(1, size // 2))
+        known = trained_keys(cfg.evolve.start_from, meta)
     if cfg.evolve.templates:
-        keys = {g.key() for g in out}
+        keys = {g.key() for g in out} | known
         out += [g for g in templates(space, shape, n_outputs, meta["task"]) if g.key() not in keys]
-    return out[:size]
+    out = out[:size]
+    return out, known - {g.key() for g in out}
 
 
 def _fitness(record: MemberRecord, metric: str) -> float | None:
@@ -146,12 +153,12 @@ class SearchSource:
         self.objectives = params.get("objectives", "metric_params")
         first = cls.initial_size(cls.validate_params(params))
         try:
-            self.initial = initial_genomes(cfg, meta, self.space, first)
+            self.initial, known = initial_genomes(cfg, meta, self.space, first)
         except ConfigError as exc:
             if not history:                       # a new search: the user's mistake, said before anything runs
                 raise
             log.warning(f"resume: {exc}; the search goes on without the starting points it had not handed out")
-            self.initial = initial_genomes(cfg, meta, self.space, first, earlier=False)
+            self.initial, known = initial_genomes(cfg, meta, self.space, first, earlier=False)
         from evolve.screening import Ahead, ahead_children
         surrogate = self._surrogate()
         ahead = ahead_children(ev.surrogate_ahead, workers) if surrogate is not None and surrogate.candidates > 1 else 0
@@ -159,7 +166,7 @@ class SearchSource:
                                       rng_seed=cfg.seed, budget_evaluations=ev.evaluations,
                                       budget_seconds=ev.time_limit, initial=self.initial,
                                       surrogate=None if ahead else surrogate, compact_start=ev.compact_start,
-                                      **params)
+                                      known=known, **params)
         if ahead:                                 # before the replay: the helper's twin sees the whole history
             self.strategy.attach(Ahead(self.strategy, surrogate, ahead, ev.surrogate_helpers))
             log.info(f"search: bred children screened ahead by {ev.surrogate_helpers} helper process(es) "
