@@ -61,6 +61,10 @@ DEPART_ALPHA = 0.01
 #: how far "shrunk" selection moves bagged weights toward the uniform average (chosen on the
 #: panel, docs/ensembles.md)
 SHRINK = 0.25
+#: the uniform average "shrunk" moves toward holds the members not worse than the best one on
+#: validation by more than this many standard errors of their paired per-row difference (a
+#: search's pool holds networks far worse than its best, which a deep ensemble would not)
+COMPETITIVE_Z = 3.0
 #: numbers per batch when greedy selection scores every candidate at once
 BATCH_ELEMENTS = 4_000_000
 #: the scores `_Ensemble.scores_all` computes for all candidates at once
@@ -470,14 +474,39 @@ def shrunk_selection(
     bagged = bagged_selection(val_preds, y_val, metric, val_vars=val_vars, seed=seed, **fit)
     variances = None if val_vars is None or metric != "nll" else val_vars
     ranked = _ranked_ids(_single_scores(metric, np.asarray(y_val), dict(val_preds), variances), metric)
-    return _shrink(bagged, ranked, shrink)
+    return _shrink(bagged, competitive(dict(val_preds), np.asarray(y_val), metric, variances, ranked), shrink)
+
+
+def competitive(preds: dict, y: np.ndarray, metric: str, variances: dict | None, ranked: list) -> list:
+    """The ``ranked`` members (best first) not worse than the best by more than
+    ``COMPETITIVE_Z`` standard errors of their paired per-row difference in ``metric``
+    (all of them for a metric that is not a mean over rows)."""
+    if len(ranked) < 2:
+        return list(ranked)
+    y_fit = y.reshape(-1).astype(np.int64) if metric_task(metric) == "classification" else y.astype(np.float64)
+
+    def rows(i: Any) -> np.ndarray | None:
+        return pointwise(metric, y_fit, preds[i], None if variances is None else variances[i])
+    best = rows(ranked[0])
+    if best is None or len(best) < 2:
+        return list(ranked)
+    sign = -1.0 if higher_is_better(metric) else 1.0
+    out = []
+    for i in ranked:
+        d = sign * (rows(i) - best)
+        se = float(np.std(d, ddof=1)) / math.sqrt(len(d))
+        if not np.all(np.isfinite(d)) or float(np.mean(d)) <= COMPETITIVE_Z * se:
+            out.append(i)
+    return out
 
 
 def _shrink(weights: Mapping[Any, float], ranked: list, shrink: float) -> dict[Any, float]:
     """``weights`` moved ``shrink`` of the way toward equal weights on the `ranked` ids
-    (best first), ordered by weight, then rank; zero weights left out."""
-    out = {i: (1.0 - shrink) * weights.get(i, 0.0) + shrink / len(ranked) for i in ranked}
-    position = {i: r for r, i in enumerate(ranked)}
+    (best first; ``competitive``), ordered by weight, then rank; zero weights left out."""
+    target = set(ranked)
+    out = {i: (1.0 - shrink) * weights.get(i, 0.0) + (shrink / len(ranked) if i in target else 0.0)
+           for i in [*ranked, *(i for i in weights if i not in target)]}
+    position = {i: r for r, i in enumerate(out)}
     return {i: out[i] for i in sorted(out, key=lambda i: (-out[i], position[i])) if out[i] > 0}
 
 
@@ -580,7 +609,8 @@ def _cross_validate(preds: dict, y: np.ndarray, metric: str, variances: dict | N
                         raise ValueError("no finite candidate")
                     weights = _equal_weights(ranked[:k])
                 elif method == "shrunk" and bagged:                # the fold's bagged weights, shrunk
-                    weights = _shrink(bagged, ranked, SHRINK)
+                    weights = _shrink(bagged, competitive(p_part, y[part], metric, v_part if metric == "nll"
+                                                          else None, ranked), SHRINK)
                 else:
                     weights = _fit(method, p_part, y[part], metric, metric, 1, v_part, seed, **fit)
                     bagged = weights if method == "bagged" else bagged

@@ -252,17 +252,24 @@ def test_proper_score_selection_leaves_a_poor_confident_member_out(method):
     assert sum(choice["weights"].values()) == pytest.approx(1.0)
     if method == "auto":
         assert set(choice["cv"]) == {*(f"top_{k}" for k in k_grid(len(pool))), "greedy", "bagged", "shrunk"}
-        assert choice["method"] in ("top_k", "greedy", "bagged") and choice["single_member"] is None
-        assert "beats shrunk selection out of fold" in choice["why"]      # a poor member: shrinkage costs
+        assert choice["method"] == "shrunk" and choice["single_member"] is None     # it shrinks toward the
+        assert choice["why"] == "best out-of-fold score"                          # good members alone
 
 
-def test_shrunk_selection_keeps_every_member_and_moves_bagged_weights_toward_uniform():
+def test_shrunk_selection_moves_bagged_weights_toward_the_uniform_average_of_the_competitive_members():
+    """The members not clearly worse than the best on validation (``competitive``): all of a
+    deep ensemble's, not a search's poor candidates (a poor confident member here)."""
     pool, y = planted_pool()
     bagged = bagged_selection(pool, y, "log_loss", seed=2)
     shrunk = shrunk_selection(pool, y, "log_loss", seed=2, shrink=0.25)
-    assert set(shrunk) == set(pool) and sum(shrunk.values()) == pytest.approx(1.0)
-    for i in pool:
-        assert shrunk[i] == pytest.approx(0.75 * bagged.get(i, 0.0) + 0.25 / len(pool))
+    good = [i for i in pool if i != "poor"]
+    assert set(shrunk) == set(good) and sum(shrunk.values()) == pytest.approx(1.0)
+    for i in good:
+        assert shrunk[i] == pytest.approx(0.75 * bagged.get(i, 0.0) + 0.25 / len(good))
+    alike = {i: pool[i] for i in good}                   # equally good members: every one in
+    assert set(shrunk_selection(alike, y, "log_loss", seed=2)) == set(alike)
+    assert shrunk_selection({"a": pool["good-0"], "b": pool["poor"]}, y, "log_loss", seed=2, shrink=1.0) == \
+        {"a": pytest.approx(1.0)}
     assert shrunk_selection(pool, y, "log_loss", seed=2, shrink=0.0) == pytest.approx(bagged)
     with pytest.raises(ValueError, match="shrink"):
         shrunk_selection(pool, y, "log_loss", shrink=1.5)
