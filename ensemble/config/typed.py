@@ -165,8 +165,10 @@ class EnsembleConfig(Section):
     #: "auto": "shrunk" unless another selection (the uniform average of the k best for every k, greedy,
     #: bagged) beats it clearly on held-out validation folds (both on `selection_metric`; one member only
     #: when it is significantly better); "shrunk": bagged selection with its weights moved a quarter of the
-    #: way toward the uniform average; "greedy": Caruana's forward selection; "bagged": greedy on random
-    #: halves of the candidates, averaged; "top_k": the `k` best by `metric`, equal weights
+    #: way toward the uniform average of the members not clearly worse than the best on validation (by 3
+    #: standard errors: a search's poor candidates are left out); "greedy": Caruana's forward selection;
+    #: "bagged": greedy on random halves of the candidates, averaged; "top_k": the `k` best by `metric`,
+    #: equal weights
     method: str
     #: what members are ranked by and the ensemble reports; "auto": accuracy (classification), mse
     #: (regression)
