@@ -332,8 +332,9 @@ SCHEMA = Table({
                           "`selection_metric`; one member only when it is significantly better); \"shrunk\": "
                           "bagged selection with its weights moved a quarter of the way toward the uniform "
                           "average of the members not clearly worse than the best on validation (by 3 standard "
-                          "errors: a search's poor candidates are left out); \"greedy\": Caruana's forward selection; \"bagged\": greedy on random "
-                          "halves of the candidates, averaged; \"top_k\": the `k` best by `metric`, equal "
+                          "errors: a search's poor candidates are left out); \"greedy\": Caruana's forward "
+                          "selection; \"bagged\": greedy on random halves of the candidates, averaged; "
+                          "\"top_k\": the `k` best by `metric`, equal "
                           "weights"),
         "metric": Key((str,), "auto", _one_of("auto", *METRICS),
                       doc="what members are ranked by and the ensemble reports; \"auto\": accuracy "

@@ -185,6 +185,16 @@ class Mode:
         it stopped): (seconds, the setting's name), or None."""
         return None
 
+    def searched_seconds(self, records: list[MemberRecord]) -> float:
+        """Of ``search_time_limit``, the seconds earlier jobs spent (their records say)."""
+        return 0.0
+
+    def search_seconds_left(self, cfg: RunConfig, records: list[MemberRecord]) -> float | None:
+        """What is left of ``search_time_limit`` when this job starts, or None without one
+        (the console's ETA: ``orchestrate.progress``)."""
+        own = self.search_time_limit(cfg)
+        return None if own is None else max(0.0, own[0] - self.searched_seconds(records))
+
     def status_section(self, cfg: RunConfig | None, events: list[Event]) -> dict | None:
         """The mode's own part of ``ensemble.status --json`` (None: nothing to add)."""
         return None

@@ -113,6 +113,10 @@ class EvolveMode(Mode):
     def search_time_limit(self, cfg: RunConfig) -> tuple[float, str] | None:
         return (cfg.evolve.time_limit, "`evolve.time_limit`") if cfg.evolve.time_limit else None
 
+    def searched_seconds(self, records) -> float:
+        """The search's own clock (``SearchSource``: each record's ``search.wall``)."""
+        return max((float(r.extra["search"]["wall"]) for r in records if "search" in r.extra), default=0.0)
+
     def pareto(self, cfg: RunConfig, meta: dict) -> Any:
         from ensemble.sources.search import pareto_objectives
         return pareto_objectives(cfg, meta)

@@ -44,7 +44,7 @@ class Progress:
     yet, the best member so far; logs them, and ``counts()`` is what status.json says."""
 
     def __init__(self, total: int | None, metric: str, workers: int, done: int = 0, lines: int = 100,
-                 every: float = 10.0, clock: Callable[[], float] = time.time):
+                 every: float = 10.0, clock: Callable[[], float] = time.time, ends_at: float | None = None):
         self.total, self.metric, self.workers = total, metric, max(1, workers)
         self.done, self.failed, self.discarded, self.new = done, 0, 0, 0
         self.done_before = done                          # finished by earlier jobs
@@ -53,6 +53,7 @@ class Progress:
         self.higher = higher_is_better(metric)
         self.per_result = total is not None and total - done <= lines
         self.every, self.clock = every, clock
+        self.ends_at = ends_at                           # when a time budget ends the run (``clock`` time)
         self.t0 = self.last = clock()
         self.first_start: float | None = None
         self.trained = 0.0
@@ -125,6 +126,12 @@ class Progress:
         text = f"[{self.done}/{self.total or '?'}] {self.failed} failed, {rate:.1f} members/s"
         if self.first_start is not None and now > self.first_start:
             text += f", utilisation {100 * self.trained / (self.workers * (now - self.first_start)):.0f}%"
-        if self.total and rate > 0:
-            text += f", ETA {_duration(max(0, self.total - self.done) / rate)}"
-        return text + f"  +{_duration(elapsed)}"
+        return text + self.eta(rate, now) + f"  +{_duration(elapsed)}"
+
+    def eta(self, rate: float, now: float) -> str:
+        """The run's end: the members left at this rate, or the time budget's end if sooner."""
+        by_count = max(0, self.total - self.done) / rate if self.total and rate > 0 else None
+        by_time = max(0.0, self.ends_at - now) if self.ends_at is not None else None
+        if by_time is not None and (by_count is None or by_time < by_count):
+            return f", ETA {_duration(by_time)} (the time budget ends first)"
+        return f", ETA {_duration(by_count)}" if by_count is not None else ""

@@ -144,8 +144,10 @@ class MasterSession:
         resume_seconds = round(time.perf_counter() - t_resume, 3)
         self._announce(total, len(done_ids), resume_seconds if self.resume else None)
         self.records = list(previous)
+        left = self.mode.search_seconds_left(cfg, previous)
+        ends = [t for t in (self.budget.deadline, None if left is None else self.clock() + left) if t is not None]
         progress = Progress(total, metric, workers, len(done_ids), rt.progress_lines, rt.progress_seconds,
-                            clock=self.clock)
+                            clock=self.clock, ends_at=min(ends) if ends else None)
         beat = Heartbeat(self.run_dir.path, rt.heartbeat_seconds, progress.counts,
                          job_started=round(self.job_started, 3), total=total, workers=workers, metric=metric,
                          deadline=self.budget.deadline, time_limit=rt.time_limit,

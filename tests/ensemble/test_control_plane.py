@@ -264,7 +264,21 @@ def test_progress_prints_each_result_when_few_and_summaries_when_many(caplog):
         many.add([ok] * 10)
     lines = [r.message for r in caplog.records]
     assert len(lines) == 4 and all("members/s" in line and "ETA" in line for line in lines)
-    assert lines[-1].startswith("[200/1000]")
+    assert lines[-1].startswith("[200/1000]") and "time budget" not in lines[-1]
+    timed = Progress(1000, "accuracy", 2, lines=10, clock=clock, ends_at=clock.t + 30.0)   # evolve.time_limit
+    clock.t += 10.0
+    timed.add([ok] * 10)                             # 1 member/s: 990 s by the count, 20 s by the budget
+    assert timed.summary().endswith("ETA 20 s (the time budget ends first)  +10 s")
+
+
+def test_a_search_counts_the_time_it_already_searched_against_its_time_limit():
+    from ensemble.modes import MODES
+    cfg = resolve_config({"mode": "evolve", "evolve": {"time_limit": 100}})
+    records = [as_record({"id": f"e{i}", "status": "ok", "val": {"accuracy": 0.5}, "search": {"wall": w}})
+               for i, w in enumerate((10.0, 35.5))]
+    assert MODES["evolve"].search_seconds_left(cfg, records) == pytest.approx(64.5)
+    assert MODES["evolve"].search_seconds_left(resolve_config({"mode": "evolve"}), records) is None
+    assert MODES["ensemble"].search_seconds_left(resolve_config(CFG), records) is None
 
 
 # -- the simulator ---------------------------------------------------------------------
