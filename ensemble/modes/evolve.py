@@ -14,6 +14,16 @@ from ensemble.sources.base import Decider, GoOn, Source
 SAMPLE_GENOMES = 5
 
 
+def first_population(cfg: RunConfig) -> int | None:
+    """How many genomes the strategy's first population holds (None: it has none, random search)."""
+    from evolve import STRATEGIES
+    cls = STRATEGIES.get(cfg.evolve.strategy)
+    try:
+        return None if cls is None else cls.initial_size(cls.validate_params(dict(cfg.evolve.settings)))
+    except ValueError:
+        return None
+
+
 class EvolveMode(Mode):
     name = "evolve"
     tables = ("evolve", "search")
@@ -63,8 +73,13 @@ class EvolveMode(Mode):
         budget = [f"{ev.evaluations} evaluations"] if ev.evaluations else []
         budget += [f"{ev.time_limit:g} s"] if ev.time_limit else []
         own = ", ".join(f"{k} {v}" for k, v in ev.to_dict().items()
-                        if k not in ("strategy", "evaluations", "time_limit"))
-        return f"strategy {ev.strategy!r}, budget {' and '.join(budget) or 'none'}" + (f"; {own}" if own else "")
+                        if k not in ("strategy", "evaluations", "time_limit") and v not in ("", None, [], {}))
+        text = f"strategy {ev.strategy!r}, budget {' and '.join(budget) or 'none'}" + (f"; {own}" if own else "")
+        first = first_population(cfg)
+        if ev.evaluations and first and ev.evaluations <= first:
+            text += (f". Note: the first population is {first} genomes, so {ev.evaluations} evaluations breed "
+                     f"nothing (starting points and random genomes only): raise `evolve.evaluations` above {first}")
+        return text
 
     def sample(self, cfg: RunConfig, meta: dict, found: Problems) -> tuple[list[str], list[Sample]]:
         """The search space for this data and ``SAMPLE_GENOMES`` seeded genomes of it."""

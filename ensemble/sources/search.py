@@ -41,7 +41,7 @@ from ensemble.results.rundir import RunDirectory
 from ensemble.sources.base import Hooks
 from ensemble.sources.members import derive_seed
 from ensemble.task import get_task
-from ensemble.task.metrics import higher_is_better
+from ensemble.task.metrics import higher_is_better, metric_text
 
 log = logging.getLogger(__name__)
 
@@ -364,9 +364,18 @@ class SearchSource:
                "search_best": {"id": b.id, "val": b.val[self.metric],
                                "test": b.test[self.metric], "genome": b.summary},
                "evaluations": len(rows), "initial_population": self.population_size}
-        log.info(f"search: best of the initial population ({self.population_size}) {a.id}: "
-                 f"val {self.metric} {out['initial_best']['val']:.4f}, test {out['initial_best']['test']:.4f}\n"
-                 f"search: best evolved after {len(rows)} evaluations   {b.id}: "
-                 f"val {self.metric} {out['search_best']['val']:.4f}, test {out['search_best']['test']:.4f}"
-                 f"  [{b.summary}]")
+        first = min(self.population_size, len(rows))
+        bred = len(rows) > self.population_size
+        if not bred:
+            how = (f"the search ended within its first population ({len(rows)} of {self.population_size}): "
+                   "nothing was bred; raise `evolve.evaluations` above the first population")
+        elif b.extra["search"]["evaluation"] <= self.population_size:
+            how = f"best after {len(rows)} evaluations, from the first population (nothing bred beat it)"
+        else:
+            how = f"best evolved after {len(rows)} evaluations"
+        log.info(f"search: best of the first population ({first}) {a.id}: "
+                 f"val {self.metric} {metric_text(out['initial_best']['val'])}, test "
+                 f"{metric_text(out['initial_best']['test'])}\n"
+                 f"search: {how}   {b.id}: val {self.metric} {metric_text(out['search_best']['val'])}, test "
+                 f"{metric_text(out['search_best']['test'])}  [{b.summary}]")
         return out

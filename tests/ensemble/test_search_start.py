@@ -218,3 +218,26 @@ def test_a_run_records_its_space_and_an_older_run_without_one_resumes_in_the_fre
     assert old.search["space"] == "free" and not search_space(old, META).structured
     (tmp_path / "config.toml").write_text(dump_toml(new.to_dict()))
     assert read_saved_config(tmp_path / "config.toml").search["space"] == "auto"
+
+
+def test_the_config_line_notes_a_budget_within_the_first_population_and_no_empty_settings():
+    few = EvolveMode().describe(config(evaluations=4))           # a first population of 4
+    assert "4 evaluations breed nothing" in few and "raise `evolve.evaluations` above 4" in few
+    assert "start_from" not in few and "breed nothing" not in EvolveMode().describe(config(evaluations=10))
+
+
+def test_the_console_says_whether_the_best_was_bred(tmp_path, caplog):
+    import logging
+    caplog.set_level(logging.INFO)
+    for evaluations, said in ((4, "the search ended within its first population (4 of 4)"),
+                              (10, "search: best")):
+        lines: list[dict] = []
+        (tmp_path / str(evaluations)).mkdir()
+        source = SearchSource(config(evaluations=evaluations), META, RunDirectory(tmp_path / str(evaluations)), [])
+        drive(source, lines)
+        caplog.clear()
+        out = source.finish([MemberRecord.from_json(x) for x in lines if "event" not in x])
+        text = caplog.text
+        assert "search: best of the first population (4)" in text and said in text
+        bred = int(out["search"]["search_best"]["id"][1:]) > 4
+        assert ("best evolved after" in text) == bred
