@@ -35,7 +35,7 @@ from ensemble.runtime.env import TENSORFLOW
 from ensemble.runtime.executor import Report
 from ensemble.task import get_task
 from ensemble.train.architecture import build_training_state
-from ensemble.train.member import MemberFailed, member_record, stop_on_nan
+from ensemble.train.member import MemberFailed, member_record, stop_on_nan, stopping_rows
 
 log = logging.getLogger(__name__)
 
@@ -224,10 +224,12 @@ def train_population_member(spec: dict, data: Mapping[str, np.ndarray], meta: di
         arrays = None
         if leader:
             val = None
-            if ok:
-                pred, var = task.predict(member.model, np.asarray(data["x_val"]), y_shift, y_scale, member.gaussian)
+            if ok:                                 # scored on the rows a member stops on: not the ones
+                rows = stopping_rows(data, meta)   # data.calibration_holdout keeps for the recalibration
+                pred, var = task.predict(member.model, np.asarray(data["x_val"])[rows], y_shift, y_scale,
+                                         member.gaussian)
                 if np.isfinite(pred).all():
-                    val = task.metrics(np.asarray(data["y_val"]), pred, var)
+                    val = task.metrics(np.asarray(data["y_val"])[rows], pred, var)
                 else:
                     ok = False
             arrays = state_arrays(member.model)
