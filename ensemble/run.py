@@ -103,12 +103,14 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
             mode_of(cfg).before_prepare(cfg, args)      # mode "online": the simulation's first samples
             arrays, meta, run_dir, lock = prepare_run(cfg, args)
             status = ("ok", meta, str(run_dir.path))
-        except (ConfigError, ValueError) as exc:
-            status = ("error", f"{type(exc).__name__.replace('Error', ' error').lower()}: {exc}", None)
+        except ConfigError as exc:                      # a setting that does not suit the data: the config's
+            status = ("error", f"config error in {args.config}: {exc}", EXIT_CONFIG)
+        except ValueError as exc:
+            status = ("error", f"{type(exc).__name__.replace('Error', ' error').lower()}: {exc}", EXIT_DATA)
         except OSError as exc:                           # a read-only or full file system: said once
             where = exc.filename or args.run_dir or os.path.join(cfg.output_dir, cfg.name)
             status = ("error", f"cannot write the run directory {str(where)!r}: {exc.strerror or exc}; "
-                               "choose a writable `output_dir` (or --run-dir) with free space", None)
+                               "choose a writable `output_dir` (or --run-dir) with free space", EXIT_DATA)
     held = [arrays]                                      # handed over: rank 0 keeps the shared copy only
     del arrays
     try:
@@ -137,7 +139,7 @@ def _run(comm, cfg, args, argv, status, held: list, made, stamps, job_started, m
     status = mpi.polite_bcast(comm, status, 0, max_sleep)
     if status[0] != "ok":
         log.error(status[1])
-        return EXIT_DATA
+        return int(status[2])                            # EXIT_CONFIG or EXIT_DATA
     _, meta, run_dir = status
     made.append(run_dir)
     run_dir = RunDirectory(run_dir)

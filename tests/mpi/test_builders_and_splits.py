@@ -33,10 +33,10 @@ def test_a_logits_builder_fails_before_training_with_the_whole_message(tmp_path)
         model = "tests.mpi.user_models:logits_mlp"
     """))
     proc = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(tmp_path / "run")], timeout=120)
-    assert proc.returncode == 3, proc.stderr                     # a config/data error, as other prepare errors
+    assert proc.returncode == 2, proc.stderr                     # a config error, as the config check's
     line = [x for x in proc.stderr.splitlines() if "must output class probabilities" in x]
     assert len(line) == 1, proc.stderr                           # said once, by rank 0
-    assert line[0].startswith("config error: `architectures[0]` (forgot_softmax): "
+    assert line[0].startswith(f"config error in {cfg}: `architectures[0]` (forgot_softmax): "
                               "`model` 'tests.mpi.user_models:logits_mlp' must output class probabilities")
     assert line[0].endswith('end the model with a softmax, e.g. keras.layers.Dense(10, activation="softmax")')
     assert not re.search(r"\[\d+/4\]", proc.stdout), proc.stdout   # no member's progress line: none trained
