@@ -563,7 +563,7 @@ def _answer(view: RunView) -> str:
         return f"<p><b>{html.escape(view.damaged)}</b></p>"
     if not s or "ensemble" not in s:
         return "<p>No ensemble yet: the run has not finished (or saved no predictions).</p>"
-    rows_in = [(f"ensemble ({len(s['members'])} members)", s["ensemble"]),
+    rows_in = [(f"ensemble ({len(s['members'])} member{'s' * (len(s['members']) != 1)})", s["ensemble"]),
                (f"best member {s['best_member']['id']}", s["best_member"])]
     base = s.get("baseline") or {}
     if "test" in base:
