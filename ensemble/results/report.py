@@ -609,6 +609,44 @@ def _notes(view: RunView) -> str:
     return "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>" if items else ""
 
 
+#: networks the report lists by name (the best on validation, and every ensemble member)
+LISTED = 10
+
+
+def _networks(view: RunView) -> str:
+    """The networks as text: a search's first-population best against its best, then the
+    best networks on validation and the ensemble's members with their weights and each
+    one's architecture in the genome notation (docs/search.md), which the plots do not show."""
+    metric = view.metric
+    ranked = [r for r in view.final if r.status.ranked and metric and r.val.get(metric) is not None]
+    if not ranked:
+        return ""
+    higher = higher_is_better(metric)
+    ranked.sort(key=lambda r: (-r.val[metric] if higher else r.val[metric], r.id))
+    weights = {m["id"]: float(m.get("weight", 0.0)) for m in (view.summary or {}).get("members", [])}
+    shown = ranked[:LISTED] + [r for r in ranked[LISTED:] if r.id in weights]
+    out = ["<h2>Networks</h2>"]
+    search = (view.summary or {}).get("search") or {}
+    if search.get("initial_best") and search.get("search_best"):
+        a, b = search["initial_best"], search["search_best"]
+        out.append(f"<p>The search ({search.get('evaluations', '?')} evaluations, a first population of "
+                   f"{search.get('initial_population', '?')}): the best of its first population, "
+                   f"<b>{html.escape(a['id'])}</b>, scored validation {html.escape(metric)} {metric_text(a['val'])}; "
+                   f"its best, <b>{html.escape(b['id'])}</b>, {metric_text(b['val'])} (test {metric_text(b['test'])})"
+                   f": <code>{html.escape(str(b.get('genome', '')))}</code>.</p>")
+    rows = "".join(
+        f"<tr><td>{html.escape(r.id)}</td><td>{metric_text(r.val[metric])}</td>"
+        f"<td>{metric_text(r.test[metric]) if r.test.get(metric) is not None else ''}</td>"
+        f"<td>{f'{weights[r.id]:.3f}' if r.id in weights else ''}</td>"
+        f"<td style='text-align:left'><code>{html.escape(r.summary or '')}</code></td></tr>" for r in shown)
+    out.append(f"<p>The {min(LISTED, len(ranked))} best on validation {html.escape(metric)}"
+               + (" and every ensemble member" if len(shown) > min(LISTED, len(ranked)) else "")
+               + f" (of {len(ranked)}); weight: the member's in the ensemble.</p>"
+               f"<table><tr><th>id</th><th>val {html.escape(metric)}</th><th>test {html.escape(metric)}</th>"
+               f"<th>weight</th><th>network</th></tr>{rows}</table>")
+    return "\n".join(out)
+
+
 def _failures(view: RunView) -> str:
     failed = view.failed
     if not failed:
@@ -687,7 +725,7 @@ def render(view: RunView, images: dict[str, bytes | str]) -> str:
             parts.append(f"<img alt='{key}' src='data:image/png;base64,{base64.b64encode(img).decode()}'>")
         else:
             parts.append(f"<p class='err'>This plot could not be drawn: {html.escape(img)}</p>")
-    parts += ["<h2>Failures</h2>", _failures(view), "<h2>How the run was made</h2>", _how(view),
+    parts += [_networks(view), "<h2>Failures</h2>", _failures(view), "<h2>How the run was made</h2>", _how(view),
               "<h2>Config</h2>", f"<pre>{html.escape(view.config_text)}</pre>", "</body></html>"]
     return "\n".join(parts)
 

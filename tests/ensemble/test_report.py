@@ -101,6 +101,9 @@ def test_classification_search_report_has_every_plot_and_no_external_reference(t
     assert "loss became NaN at epoch 2" in page and "nan_loss" in page       # the failure, with its text
     assert "logistic regression" in page and "The linear baseline beats the ensemble" in page
     assert "on test accuracy: ensemble 0.9100, baseline 0.9500" in page     # each number named
+    networks = page.split("<h2>Networks</h2>")[1].split("<h2>")[0]         # the architectures, as text
+    assert "<th>network</th>" in networks and networks.count("<tr><td>") >= 2
+    assert "<td>0.600</td>" in networks and "<td>0.400</td>" in networks    # the members' weights
     assert "MPICH 5" in page and "ensemble.run c.toml" in page               # how the run was made
     assert 'mode = &quot;evolve&quot;' in page                               # the config itself (escaped)
 
