@@ -13,11 +13,87 @@ from pathlib import Path
 
 
 def set_thread_env(threads: int) -> None:
-    """Thread limits must be in the environment before numpy/TensorFlow start their pools."""
+    """Thread limits must be in the environment before numpy/TensorFlow start their pools;
+    TensorFlow's import banners are filtered from then on (``QuietImport``)."""
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
                 "TF_NUM_INTEROP_THREADS"):
         os.environ.setdefault(var, str(threads))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    QuietImport.install()
+
+
+#: lines TensorFlow's C++ side writes to stderr while it is imported, whatever
+#: TF_CPP_MIN_LOG_LEVEL says (its logging is not initialised yet): every rank printed them
+IMPORT_BANNERS = ("All log messages before absl::InitializeLog() is called",
+                  "oneDNN custom operations are on",
+                  "This TensorFlow binary is optimized to use available CPU instructions",
+                  "To enable the following instructions:")
+
+
+class QuietImport:
+    """A ``sys.meta_path`` finder that runs the first import of ``names`` (TensorFlow) with
+    the process's stderr (file descriptor 2, where C++ writes) through a pipe whose reader
+    thread passes on every line but ``banners``, as it comes (so an error of the import
+    itself is seen at once). Installed once; removes itself at the first such import."""
+
+    def __init__(self, names: tuple[str, ...] = ("tensorflow",), banners: tuple[str, ...] = IMPORT_BANNERS):
+        self.names, self.banners = names, banners
+
+    @classmethod
+    def install(cls, **kw) -> None:
+        import sys
+        if "tensorflow" in sys.modules or any(isinstance(f, cls) for f in sys.meta_path):
+            return
+        sys.meta_path.insert(0, cls(**kw))
+
+    def find_spec(self, name: str, path=None, target=None):
+        import importlib.util
+        import sys
+        if name not in self.names:
+            return None
+        sys.meta_path.remove(self)                 # once, and not for the lookup below
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module) -> None:
+            with self.filtered():
+                run(module)
+        spec.loader.exec_module = exec_module      # this module's loader only
+        return spec
+
+    def filtered(self):
+        import contextlib
+        import sys
+        import threading
+
+        @contextlib.contextmanager
+        def cm():
+            sys.stderr.flush()
+            saved = os.dup(2)
+            read, write = os.pipe()
+            os.dup2(write, 2)
+            os.close(write)
+
+            def pump() -> None:
+                with os.fdopen(read, "rb") as pipe:
+                    for line in pipe:
+                        if not any(b.encode() in line for b in self.banners):
+                            try:
+                                os.write(saved, line)
+                            except OSError:        # stderr closed, or a child kept the pipe past the import
+                                return
+            thread = threading.Thread(target=pump, name="quiet-import", daemon=True)
+            thread.start()
+            try:
+                yield
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)                  # the pipe's last writer gone: the reader ends
+                thread.join(timeout=5)
+                os.close(saved)
+        return cm()
 
 
 #: each vendor's variable that restricts the devices a process sees (its runtime's own list)
