@@ -271,7 +271,7 @@ def id_like_columns(frame, features: list) -> list[str]:
         named = ID_NAMES.fullmatch(str(c).strip()) is not None
         ramp = False
         if len(values) >= ID_MIN_ROWS and pd.api.types.is_integer_dtype(values.dtype):
-            v = values.to_numpy()
+            v = values.to_numpy(dtype=np.float64, na_value=np.nan)      # nullable integers too
             ramp = bool((np.diff(v) == 1).all())
         if (named and values.nunique() == len(values)) or ramp:
             out.append(str(c))
