@@ -286,7 +286,7 @@ def test_regression_csv_without_targets_equals_library(reg_run, tmp_path):
     assert targets is None
     expected = library(reg_run, x)
     for key in ("mean", "std", "var", "aleatoric", "epistemic"):     # the CSV holds float32's shortest text,
-        np.testing.assert_allclose(result[key], expected[key], rtol=1e-6, err_msg=key)   # read in float64
+        np.testing.assert_allclose(result[key], expected[key], rtol=1e-5, err_msg=key)   # read in float64
     P.write_predictions(tmp_path / "p.csv", P.load_run(reg_run), result)
     intervals = [f"{side}_{level}" for level in ("50", "80", "90", "95") for side in ("lower", "upper")]
     assert list(pd.read_csv(tmp_path / "p.csv").columns) == ["mean", "std", "aleatoric_var", "epistemic_var",
