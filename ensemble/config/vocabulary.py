@@ -171,7 +171,11 @@ def suggest(word: object, options) -> str:
     if by_edits and by_edits[0][0] <= max(1, min(2, len(word) // 3)):
         return f" (did you mean '{by_edits[0][1]}'?)"
     close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    if close:
+        return f" (did you mean '{close[0]}'?)"
+    parts = set(word.lower().split("_")) - {""}          # a word in common ('time_budget' -> 'time_limit'),
+    sharing = [o for o in options if parts & set(o.lower().split("_"))]      # when only one option has it
+    return f" (did you mean '{sharing[0]}'?)" if len(sharing) == 1 else ""
 
 
 def check_layer(layer: Any, where: str) -> str | None:

@@ -38,6 +38,11 @@ def test_suggestions_prefer_the_fewest_slips():
     assert suggest("adma", OPTIMIZERS) == " (did you mean 'adam'?)"
     assert suggest("rleu", ACTIVATIONS) == " (did you mean 'relu'?)"
     assert suggest("zzzzzz", OPTIMIZERS) == ""
+    keys = ["strategy", "evaluations", "time_limit", "start_from", "surrogate", "surrogate_ahead"]
+    assert suggest("time_budget", keys) == " (did you mean 'time_limit'?)"     # the one key with a word in common
+    assert suggest("ahead_of_time", keys) == ""                                 # two share a word: no guess
+    assert suggest("surrogate_model", keys) == " (did you mean 'surrogate'?)"
+    assert suggest("budget", keys) == ""
 
 
 #: the search's own settings beside the strategy's: early discarding and weight inheritance, off
