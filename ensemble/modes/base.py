@@ -185,6 +185,11 @@ class Mode:
         it stopped): (seconds, the setting's name), or None."""
         return None
 
+    def starts_from(self, cfg: RunConfig) -> tuple[str, str] | None:
+        """The earlier run this one starts from (its directory, the setting that names it), or
+        None: its networks were chosen on that run's split (``prepare.split_leak_note``)."""
+        return None
+
     def searched_seconds(self, records: list[MemberRecord]) -> float:
         """Of ``search_time_limit``, the seconds earlier jobs spent (their records say)."""
         return 0.0

@@ -128,6 +128,9 @@ class EvolveMode(Mode):
     def search_time_limit(self, cfg: RunConfig) -> tuple[float, str] | None:
         return (cfg.evolve.time_limit, "`evolve.time_limit`") if cfg.evolve.time_limit else None
 
+    def starts_from(self, cfg: RunConfig) -> tuple[str, str] | None:
+        return (cfg.evolve.start_from, "evolve.start_from") if cfg.evolve.start_from else None
+
     def searched_seconds(self, records) -> float:
         """The search's own clock (``SearchSource``: each record's ``search.wall``)."""
         return max((float(r.extra["search"]["wall"]) for r in records if "search" in r.extra), default=0.0)

@@ -15,6 +15,9 @@ from ensemble.sources.base import Decider, Source
 
 
 class PbtMode(Mode):
+    def starts_from(self, cfg: RunConfig) -> tuple[str, str] | None:
+        return (cfg.pbt.start, "pbt.start") if cfg.pbt.start else None
+
     name = "pbt"
     tables = ("pbt",)
     master_may_train = False           # members send each other their weights over MPI: not from a thread

@@ -86,6 +86,9 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
             meta["calibration_holdout"] = share
     if given is not None:
         meta["val_drawn"] = given[1]
+    leak = split_leak_note(cfg, rows)
+    if leak:
+        log.warning(leak)
     from datafeed.prepare import SPLITS, class_notes, outlier_note
     y_all = np.concatenate([arrays[f"y_{s}"] for s in SPLITS])
     for note in (class_notes(y_all, meta["class_names"]) if meta["task"] == "classification"
@@ -117,6 +120,33 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
     mode.preflight(cfg, meta, None, found)
     found.raise_any()
     return arrays, meta, rows
+
+
+def split_leak_note(cfg: RunConfig, rows: dict[str, np.ndarray]) -> str | None:
+    """When this run starts from an earlier one (``Mode.starts_from``) on the same data with
+    another split: how many of this run's test rows the earlier run trained or selected on
+    (its networks were chosen with them: this run's test score flatters them); None if none."""
+    from ensemble.modes import mode_of
+    start = mode_of(cfg).starts_from(cfg)
+    if start is None:
+        return None
+    earlier = RunDirectory(Path(start[0]))
+    try:
+        theirs = earlier.load_splits()
+        same_data = read_saved_config(earlier.path / earlier.CONFIG).data.source == cfg.data.source
+    except (OSError, KeyError, ValueError, ConfigError):
+        return None                               # not a run: the mode's own check says so
+    seen = np.union1d(theirs["train"], theirs["val"])
+    test = np.asarray(rows["test"])
+    size = sum(len(np.asarray(rows[s])) for s in ("train", "val", "test"))
+    if not same_data or size != len(seen) + len(theirs["test"]):      # other rows: nothing to compare
+        return None
+    shared = int(np.isin(test, seen).sum())
+    if not shared:
+        return None
+    return (f"`{start[1]}` {start[0]!r} chose its networks on another split of the same data: {shared} of this run's "
+            f"{len(test)} test rows were its training or validation rows, so this run's test scores flatter them; "
+            "give both runs the same `seed` and split settings (or the data's own split)")
 
 
 BUILD_CHECK_BATCH = 64          # samples the check runs each architecture on (at most one batch)

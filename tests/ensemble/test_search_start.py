@@ -241,3 +241,27 @@ def test_the_console_says_whether_the_best_was_bred(tmp_path, caplog):
         assert "search: best of the first population (4)" in text and said in text
         bred = int(out["search"]["search_best"]["id"][1:]) > 4
         assert ("best evolved after" in text) == bred
+
+
+def test_starting_from_a_run_with_another_split_of_the_same_data_is_said(tmp_path):
+    import numpy as np
+
+    from ensemble.orchestrate.prepare import split_leak_note
+    data = {"source": str(tmp_path / "table.csv"), "label": "y"}
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "config.toml").write_text(dump_toml(resolve_config({"mode": "evolve", "seed": 1, "data": data})))
+    rows = np.random.default_rng(1).permutation(100)
+    np.savez(earlier / "splits.npz", train=np.sort(rows[:70]), val=np.sort(rows[70:85]), test=np.sort(rows[85:]))
+    cfg = resolve_config({"mode": "evolve", "seed": 2, "data": data, "evolve": {"start_from": str(earlier)}})
+    other = np.random.default_rng(2).permutation(100)
+    mine = {"train": np.sort(other[:70]), "val": np.sort(other[70:85]), "test": np.sort(other[85:])}
+    shared = int(np.isin(mine["test"], rows[:85]).sum())
+    note = split_leak_note(cfg, mine)
+    assert shared > 0 and f"{shared} of this run's 15 test rows were its training or validation rows" in note
+    same = {"train": np.sort(rows[:70]), "val": np.sort(rows[70:85]), "test": np.sort(rows[85:])}
+    assert split_leak_note(cfg, same) is None                                      # the same split: fine
+    elsewhere = resolve_config({"mode": "evolve", "data": {**data, "source": str(tmp_path / "other.csv")},
+                                "evolve": {"start_from": str(earlier)}})
+    assert split_leak_note(elsewhere, mine) is None                                # other data: not comparable
+    assert split_leak_note(resolve_config({"mode": "evolve", "data": data}), mine) is None
