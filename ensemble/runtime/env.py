@@ -70,8 +70,12 @@ class QuietImport:
 
         @contextlib.contextmanager
         def cm():
-            sys.stderr.flush()
-            saved = os.dup(2)
+            try:
+                sys.stderr.flush()
+                saved = os.dup(2)
+            except (OSError, ValueError):          # no stderr to filter (closed): import as it is
+                yield
+                return
             read, write = os.pipe()
             os.dup2(write, 2)
             os.close(write)
