@@ -12,6 +12,7 @@ import signal
 import socket
 import stat
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -74,6 +75,31 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process is, so it ends as an interrupt does."""
 
 
+#: a worker rank still running this many seconds after Ctrl-C or SIGTERM leaves anyway: the
+#: KeyboardInterrupt can be lost (raised inside a ``__del__`` that TensorFlow's garbage runs,
+#: "Exception ignored in ... KeyboardInterrupt"), and mpiexec would then kill the rank (exit 9)
+WORKER_STOP_LIMIT = 10 * INTERRUPT_GRACE
+_exit_armed: list[threading.Timer] = []
+
+
+def exit_after(seconds: float, code: int) -> None:
+    """Leave the process with ``code`` ``seconds`` from now, whatever it is doing then (a
+    daemon timer, armed once; the normal way out comes first)."""
+    if _exit_armed:
+        return
+
+    def leave() -> None:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    timer = threading.Timer(seconds, leave)
+    timer.daemon = True
+    timer.start()
+    _exit_armed.append(timer)
+
+
 def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
     """An uncaught exception on any rank prints with its rank and host, then aborts the job.
 
@@ -94,9 +120,18 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
     """
     def on_term(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)   # one is enough: a second (the scheduler signals
-        raise Terminated(f"signal {signum}")            # every process, mpiexec forwards too) cuts no cleanup
+        if world.Get_rank() != 0:                       # every process, mpiexec forwards too) cuts no cleanup
+            exit_after(WORKER_STOP_LIMIT, EXIT_TERMINATED)
+        raise Terminated(f"signal {signum}")
+
+    def on_int(signum, frame):
+        if world.Get_rank() != 0:
+            exit_after(WORKER_STOP_LIMIT, EXIT_INTERRUPTED)
+        raise KeyboardInterrupt
     try:
         signal.signal(signal.SIGTERM, on_term)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, on_int)
     except ValueError:                  # not the main thread (an embedding host): keep its handler
         pass
 

@@ -1,6 +1,6 @@
 """``runtime.env.QuietImport``: TensorFlow's import banners (C++ lines on file descriptor 2)
-filtered, every other line passed on, an import error still raised; in a subprocess, whose
-stderr the test reads."""
+filtered, every other line passed on, an import error still raised; and
+``runtime.mpi.exit_after``; each in a subprocess, whose stderr and status the test reads."""
 
 from __future__ import annotations
 
@@ -36,3 +36,24 @@ def test_the_first_import_is_filtered_once_and_errors_pass(tmp_path):
         assert "BANNER" not in done.stderr and "a real warning\n" in done.stderr
         assert done.stderr.endswith("after the import\n")
         assert ("raised: the library is broken" in done.stderr) == bool(fail)
+
+
+def test_a_rank_whose_interrupt_was_lost_leaves_anyway_with_the_interrupts_status():
+    """``runtime.mpi.exit_after``: armed by a worker's Ctrl-C/SIGTERM handler; a process that
+    swallowed the KeyboardInterrupt (TensorFlow's ``__del__``) and went on still leaves, with
+    130, instead of being killed by mpiexec (exit 9, "BAD TERMINATION")."""
+    script = textwrap.dedent("""
+        import time
+        from ensemble.runtime import mpi
+        mpi.exit_after(0.5, mpi.EXIT_INTERRUPTED)
+        mpi.exit_after(60, 1)                      # armed once: the first stands
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            pass                                   # lost, as in a __del__
+        time.sleep(30)
+        raise SystemExit(0)
+    """)
+    env = {"PYTHONPATH": sys.path[0], "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=25)
+    assert done.returncode == 130, done.stderr
