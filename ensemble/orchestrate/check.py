@@ -108,7 +108,8 @@ def unread_tables(cfg: RunConfig, config_path: str) -> list[str]:
 
 
 def describe_config(cfg: RunConfig, found: Problems) -> None:
-    state = "valid" if not found else f"{len(found)} problem(s), listed at the end"
+    state = ("valid" if not found else f"{len(found)} problem(s), listed at the end; their settings show their "
+             "defaults here")
     print(f"\nConfig: {state}. Run {cfg.name!r}, mode {cfg.mode!r} ({mode_of(cfg).describe(cfg)}), seed {cfg.seed}, "
           f"run directory {os.path.join(cfg.output_dir, cfg.name)}")
 

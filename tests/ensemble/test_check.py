@@ -105,6 +105,7 @@ def test_three_mistakes_are_all_listed(tmp_path, capsys):
     assert "2. `architectures[0].learning_rate` must be > 0, but got -0.1" in problems
     assert f"3. `data.source` file {str(tmp_path / 'no_such_file.npz')!r} does not exist" in problems
     assert "Architectures: not built without the data" in out
+    assert "listed at the end; their settings show their defaults here" in out       # the header's values
 
 
 def test_build_and_data_problems_are_gathered_too(tmp_path, capsys):
