@@ -183,6 +183,18 @@ def outlier_note(y: np.ndarray) -> str | None:
             "check them, or predict a transform of the target (its logarithm) instead")
 
 
+def data_notes(info: dict, arrays: dict, meta: dict) -> list[str]:
+    """What ``ensemble check`` prints and the run logs of data that will train but may mislead:
+    feature columns like row numbers (``readers.id_like_columns``), classes too rare to split
+    or alike but for case (``class_notes``), regression targets far from the rest
+    (``outlier_note``)."""
+    from datafeed.readers import id_like_note
+    y = np.concatenate([arrays[f"y_{s}"] for s in SPLITS])
+    notes = [id_like_note(info["id_like"])] if info.get("id_like") else []
+    notes += class_notes(y, meta["class_names"]) if meta["task"] == "classification" else [outlier_note(y)]
+    return [n for n in notes if n]
+
+
 def split_indices(y: np.ndarray, task: str, val: float, test: float, seed: int) -> dict[str, np.ndarray]:
     """Seeded train/val/test index arrays, stratified by class for classification; the rows
     of a class too rare to be in every split (``rare_classes``) all go to training, where

@@ -164,9 +164,6 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
     if names:
         shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
         print(f"  feature columns: {shown}")
-    if got.info.get("id_like"):
-        from datafeed.readers import id_like_note
-        print(f"  note: {id_like_note(got.info['id_like'])}")
     task_from = "from `data.task`" if data.task != "auto" else "inferred from the labels"
     if data.task == "auto" and meta["task"] == "classification" and np.asarray(y).dtype.kind in "iuf" \
             and meta["n_outputs"] > 10:
@@ -177,16 +174,11 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
                              minlength=meta["n_outputs"])
         print(f"  task: classification ({task_from}), {meta['n_outputs']} classes; samples per class: "
               + _class_counts(meta["class_names"], counts))
-        from datafeed.prepare import class_notes
-        for note in class_notes(np.concatenate([arrays[f"y_{s}"] for s in ("train", "val", "test")]),
-                                meta["class_names"]):
-            print(f"  note: {note}")
     else:
         print(f"  task: regression ({task_from}), {meta['n_outputs']} output(s)")
-        from datafeed.prepare import outlier_note
-        note = outlier_note(np.concatenate([arrays[f"y_{s}"] for s in ("train", "val", "test")]))
-        if note:
-            print(f"  note: {note}")
+    from datafeed.prepare import data_notes
+    for note in data_notes(got.info, arrays, meta):
+        print(f"  note: {note}")
     sizes = meta["sizes"]
     print(f"  splits: train {sizes['train']}, validation {sizes['val']}, test {sizes['test']}, "
           f"{describe_split(meta, data, cfg.seed)}; normalisation {data.normalize!r}, fitted on train")

@@ -67,6 +67,7 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
     from ensemble.modes import mode_of
     from ensemble.task.calibration import holdout_share
     plan = stream_plan(cfg.data)                # the files, when members stream them (issue 33)
+    info: dict = {}                             # what the reader learnt of the columns (``data_notes``)
     if plan is not None:
         check_streaming(cfg)
         arrays, meta, rows = prepare_stream(plan, cfg.data, cfg.seed, given=given[0] if given else None)
@@ -75,11 +76,9 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
         if note:
             log.warning(note)
         got = read_data(cfg.data)               # the split too, where the data gives it
-        if got.info.get("id_like"):
-            from datafeed.readers import id_like_note
-            log.warning(id_like_note(got.info["id_like"]))
         arrays, meta, rows = prepare_with_rows(got.x, got.y, got.info, cfg.data, cfg.seed,
                                                given[0] if given else got.rows)
+        info = {"id_like": got.info.get("id_like")}     # not its per-row arrays: freed with `got`
         del got
         share = holdout_share(cfg.data.calibration_holdout, meta["task"])
         if share:                               # members stop early on the rest (calibration.holdout_rows)
@@ -89,12 +88,9 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
     leak = split_leak_note(cfg, rows)
     if leak:
         log.warning(leak)
-    from datafeed.prepare import SPLITS, class_notes, outlier_note
-    y_all = np.concatenate([arrays[f"y_{s}"] for s in SPLITS])
-    for note in (class_notes(y_all, meta["class_names"]) if meta["task"] == "classification"
-                 else [outlier_note(y_all)]):
-        if note:
-            log.warning(note)
+    from datafeed.prepare import data_notes
+    for note in data_notes(info, arrays, meta):
+        log.warning(note)
     if cfg.data.task == "auto":                 # the task is known now: settings that depend on it
         check_task_settings(cfg, meta["task"], "the labels make this task")
     mode = mode_of(cfg)
