@@ -68,25 +68,29 @@ def will_stream(data: DataSettings, nbytes: int) -> bool:
     return bool(setting)
 
 
+def read_whole(data: DataSettings) -> bool:
+    """``data.source`` is one file of a format that is read whole (a CSV): not a built-in
+    dataset, nor files of a format that can stream (``SHARD_FORMATS``)."""
+    fmt = data.format if data.format != "auto" else SHARD_SUFFIXES.get(Path(data.source).suffix.lower())
+    return data.source not in BUILTINS and not is_many(data.source) and fmt not in SHARD_FORMATS
+
+
 def read_whole_note(data: DataSettings) -> str | None:
     """What to say when ``data.source`` is one file in a format read whole (a CSV, whatever
     ``data.stream`` says) and larger on disk than ``data.memory_share`` of a node's memory:
     rank 0 holds it all (and pandas about twice that while it parses), so the run may not fit.
     None otherwise (a size on disk is a fair floor of the parsed table's)."""
-    if data.source in BUILTINS or is_many(data.source):
-        return None
-    fmt = data.format if data.format != "auto" else SHARD_SUFFIXES.get(Path(data.source).suffix.lower())
-    if fmt in SHARD_FORMATS:
+    if not read_whole(data):
         return None
     try:
         size = Path(data.source).stat().st_size
     except OSError:
         return None                               # its reader says what is wrong
-    limit = float(data.memory_share) * node_memory(data)
-    if size <= limit:
+    node = node_memory(data)
+    if size <= float(data.memory_share) * node:
         return None
     return (f"`data.source` {data.source!r} is {size / 1e9:.1f} GB on disk, more than `data.memory_share` = "
-            f"{float(data.memory_share):g} of a node's {node_memory(data) / 1e9:.1f} GB, and a CSV is read whole "
+            f"{float(data.memory_share):g} of a node's {node / 1e9:.1f} GB, and a CSV is read whole "
             "(it cannot stream): rank 0 may run out of memory. Convert it to Parquet (pandas: "
             "`pd.read_csv(path).to_parquet(path_parquet)`, or several files in chunks) and set `data.source` to "
             "it, which streams; or raise `data.memory_share` (`data.node_memory_gb`) if the nodes hold it")
@@ -100,8 +104,7 @@ def stream_plan(data: DataSettings) -> ShardSet | None:
             raise DataError(f"`data.stream = true`, but `data.source` {data.source!r} is a built-in dataset; "
                             "stream files (npz, npy, HDF5, Parquet) or set `data.stream = false`")
         return None
-    fmt = data.format if data.format != "auto" else SHARD_SUFFIXES.get(Path(data.source).suffix.lower())
-    if setting == "auto" and not is_many(data.source) and fmt not in SHARD_FORMATS:
+    if setting == "auto" and read_whole(data):
         return None                               # a CSV (or another table) is read whole
     try:
         ss = scan_sources(data)
@@ -204,8 +207,7 @@ def memory_plan(data: DataSettings) -> dict | None:
     """What ``--check`` says of the data's size: rows, bytes as float32 and on disk, files,
     the node memory and share, whether it streams and a streaming rank's bytes; None for a
     built-in dataset or a format that is read whole (CSV)."""
-    fmt = data.format if data.format != "auto" else SHARD_SUFFIXES.get(Path(data.source).suffix.lower())
-    if data.source in BUILTINS or (not is_many(data.source) and fmt not in SHARD_FORMATS):
+    if data.source in BUILTINS or read_whole(data):
         return None
     try:
         ss = scan_sources(data)
