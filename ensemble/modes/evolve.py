@@ -14,16 +14,6 @@ from ensemble.sources.base import Decider, GoOn, Source
 SAMPLE_GENOMES = 5
 
 
-def first_population(cfg: RunConfig) -> int | None:
-    """How many genomes the strategy's first population holds (None: it has none, random search)."""
-    from evolve import STRATEGIES
-    cls = STRATEGIES.get(cfg.evolve.strategy)
-    try:
-        return None if cls is None else cls.initial_size(cls.validate_params(dict(cfg.evolve.settings)))
-    except ValueError:
-        return None
-
-
 class EvolveMode(Mode):
     name = "evolve"
     tables = ("evolve", "search")
@@ -75,7 +65,11 @@ class EvolveMode(Mode):
         own = ", ".join(f"{k} {v}" for k, v in ev.to_dict().items()
                         if k not in ("strategy", "evaluations", "time_limit") and v not in ("", None, [], {}))
         text = f"strategy {ev.strategy!r}, budget {' and '.join(budget) or 'none'}" + (f"; {own}" if own else "")
-        first = first_population(cfg)
+        from ensemble.sources.search import first_population
+        try:
+            first = first_population(cfg)
+        except (KeyError, ValueError):             # settings the config check reports
+            first = None
         if ev.evaluations and first and ev.evaluations <= first:
             text += (f". Note: the first population is {first} genomes, so {ev.evaluations} evaluations breed "
                      f"nothing (starting points and random genomes only): raise `evolve.evaluations` above {first}")
@@ -132,8 +126,8 @@ class EvolveMode(Mode):
         return (cfg.evolve.start_from, "evolve.start_from") if cfg.evolve.start_from else None
 
     def searched_seconds(self, records) -> float:
-        """The search's own clock (``SearchSource``: each record's ``search.wall``)."""
-        return max((float(r.extra["search"]["wall"]) for r in records if "search" in r.extra), default=0.0)
+        from ensemble.sources.search import searched_seconds
+        return searched_seconds(records)
 
     def pareto(self, cfg: RunConfig, meta: dict) -> Any:
         from ensemble.sources.search import pareto_objectives

@@ -30,6 +30,7 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -101,6 +102,20 @@ def initial_genomes(cfg: RunConfig, meta: dict, space, first_population: int | N
     return out, known - {g.key() for g in out}
 
 
+def first_population(cfg: RunConfig) -> int | None:
+    """How many genomes the strategy's first population holds (None: it has none, random
+    search). Raises ValueError for settings the strategy refuses."""
+    from evolve import STRATEGIES
+    cls = STRATEGIES[cfg.evolve.strategy]
+    return cls.initial_size(cls.validate_params(dict(cfg.evolve.settings)))
+
+
+def searched_seconds(records: Iterable[MemberRecord]) -> float:
+    """The search's own clock so far, over the run's jobs: the latest ``search.wall`` its
+    records hold (``SearchSource.tell`` writes it)."""
+    return max((float(r.extra["search"]["wall"]) for r in records if "search" in r.extra), default=0.0)
+
+
 def _fitness(record: MemberRecord, metric: str) -> float | None:
     """What the strategy maximises: the validation metric of a member with one (a discarded
     candidate's at low fidelity), signed so that higher is better; else None."""
@@ -151,7 +166,7 @@ class SearchSource:
         cls = STRATEGIES[ev.strategy]
         params = dict(ev.settings)                    # as the strategy declares them, defaults filled in
         self.objectives = params.get("objectives", "metric_params")
-        first = cls.initial_size(cls.validate_params(params))
+        first = first_population(cfg)
         try:
             self.initial, known = initial_genomes(cfg, meta, self.space, first)
         except ConfigError as exc:
@@ -179,7 +194,7 @@ class SearchSource:
         done = self._replay(history)
         searched = [r.extra["search"] for r in done if "search" in r.extra]
         self.count = max([x["evaluation"] for x in searched] + [x["evaluation"] for x in self.reissue], default=0)
-        self.wall0 = time.monotonic() - max([x["wall"] for x in searched], default=0.0)
+        self.wall0 = time.monotonic() - searched_seconds(done)
         self.exhausted = False
         # finished candidates whose kept artifacts were lost: the same genome, id and seed again
         latest = {r.id: r for r in done}
