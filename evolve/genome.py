@@ -98,8 +98,27 @@ def unmemoed(genome: Any) -> dict:
     return {k: v for k, v in genome.__dict__.items() if not k.startswith("_")}
 
 
+class Keyed:
+    """What both kinds of genome (free, structured) share: the content key of their
+    ``to_dict``, made once (``memo``), and a pickled state without what was memoised."""
+
+    def to_dict(self) -> dict:
+        raise NotImplementedError
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def key(self) -> str:
+        """Stable content hash (same in every process and run); made once per genome."""
+        return self.__dict__.get("_key") or memo(self, "_key",
+                                                 hashlib.sha1(self.canonical_json().encode()).hexdigest()[:16])
+
+    def __getstate__(self) -> dict:
+        return unmemoed(self)
+
+
 @dataclass(frozen=True)
-class Genome:
+class Genome(Keyed):
     """Layers plus training hyperparameters; frozen, hashable and picklable."""
 
     layers: tuple[LayerGene, ...]
@@ -145,17 +164,6 @@ class Genome:
         return cls(layers=tuple(LayerGene.from_dict(x) for x in d["layers"]),
                    optimizer=str(d.get("optimizer", "adam")), learning_rate=float(lr),
                    batch_size=bs, reduction=red)
-
-    def canonical_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-    def key(self) -> str:
-        """Stable content hash (same in every process and run); made once per genome."""
-        return self.__dict__.get("_key") or memo(self, "_key",
-                                                 hashlib.sha1(self.canonical_json().encode()).hexdigest()[:16])
-
-    def __getstate__(self) -> dict:
-        return unmemoed(self)
 
     def summary(self, input_shape: tuple[int, ...] | list[int] | None = None) -> str:
         """One line: how the input is treated, the layers in order, the hyperparameters,

@@ -14,12 +14,10 @@ MPI and the journal as a plain dict (``to_dict``/``from_dict``, exact round trip
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from evolve.genome import Genome, LayerGene, memo, unmemoed
+from evolve.genome import Genome, Keyed, LayerGene, memo
 from evolve.space import REDUCTIONS, SearchSpace
 
 #: how a stage begins: as it is, with a strided first conv, or with pooling
@@ -64,7 +62,7 @@ class Stage:
 
 
 @dataclass(frozen=True)
-class StructuredGenome:
+class StructuredGenome(Keyed):
     """Stages, dense widths, shared block settings and training hyperparameters; frozen and hashable.
 
     ``dense``: the dense layers after the reduction (spatial input) or the dense blocks
@@ -166,17 +164,6 @@ class StructuredGenome:
                    activation=d["activation"], norm=d["norm"], residual=d["residual"], dropout=float(rate),
                    reduction=d["reduction"], optimizer=d["optimizer"], learning_rate=float(lr),
                    batch_size=_pos_int("batch_size", d["batch_size"]))
-
-    def canonical_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-    def key(self) -> str:
-        """Stable content hash (same in every process and run); made once per genome."""
-        return self.__dict__.get("_key") or memo(self, "_key",
-                                                 hashlib.sha1(self.canonical_json().encode()).hexdigest()[:16])
-
-    def __getstate__(self) -> dict:
-        return unmemoed(self)
 
     def summary(self, input_shape: tuple[int, ...] | list[int] | None = None) -> str:
         """The lowered genome's one line in the genome notation (docs/search.md), e.g.
