@@ -84,17 +84,16 @@ def check_arrays(x: np.ndarray, y: np.ndarray, names: Sequence[str] = ()) -> Non
     bad = ~np.isfinite(xf)
     if bad.any():
         rows = np.unique(np.nonzero(bad)[0])
-        where = ""
-        flat = bad.reshape(len(bad), -1)
-        if len(names) == flat.shape[1]:
-            per = flat.sum(axis=0)
+        where, empty = "", False
+        per = bad.reshape(len(bad), -1).sum(axis=0)        # non-finite values per column
+        if len(names) == len(per):
             cols = [f"{names[i]!r} ({int(per[i])}{' of ' + str(len(x)) if per[i] == len(x) else ''})"
                     for i in np.flatnonzero(per)]
             where = f" in column(s) {', '.join(cols[:8])}{', ...' if len(cols) > 8 else ''}"
+            empty = bool((per == len(x)).any())
         raise DataError(f"features hold {int(bad.sum())} NaN/inf values{where} (first rows: "
                         f"{rows[:5].tolist()}); clean or impute them before training"
-                        + (", or leave an empty column out with `data.exclude`" if where and
-                           (flat.sum(axis=0) == len(x)).any() else ""))
+                        + (", or leave an empty column out with `data.exclude`" if empty else ""))
 
 
 def split_off(idx: np.ndarray, strata: np.ndarray | None, fraction: float,
