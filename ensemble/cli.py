@@ -14,7 +14,7 @@ import importlib
 import io
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -22,16 +22,11 @@ from pathlib import Path
 class Command:
     module: str                          # its ``main(argv)`` runs the subcommand
     summary: str
-    prefix: tuple[str, ...] = field(default=())   # arguments put before the user's
-
-    def argv(self, rest: list[str]) -> list[str]:
-        return [*self.prefix, *rest]
 
 
 COMMANDS: dict[str, Command] = {
     "run": Command("ensemble.run", "train an ensemble or run a search (under mpirun for more than one rank)"),
-    "check": Command("ensemble.run", "check a config, its data and every network without training",
-                     ("--check",)),
+    "check": Command("ensemble.orchestrate.check", "check a config, its data and every network without training"),
     "status": Command("ensemble.status", "how far a run is: members done, running, queued, ETA"),
     "report": Command("ensemble.report", "write a run's report.html again"),
     "predict": Command("ensemble.predict", "predict with a finished run's ensemble (and its uncertainty)"),
@@ -48,7 +43,8 @@ def usage() -> str:
     lines = ["usage: ensemble COMMAND [ARGS]   (ensemble COMMAND --help for a command's arguments)", "",
              "commands:"]
     lines += [f"  {name:<{width}}  {c.summary}" for name, c in COMMANDS.items()]
-    lines += ["", "Each is also `python -m ensemble.<module>` (check: `python -m ensemble.run CONFIG --check`).",
+    lines += ["", "Each is also `python -m ensemble.<module>` (check: `python -m ensemble.orchestrate.check`,\n"
+              "or `python -m ensemble.run CONFIG --check`).",
               "Under MPI: mpirun -n 4 ensemble run config.toml",
               "Bash completion: eval \"$(ensemble completion)\""]
     return "\n".join(lines)
@@ -81,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ensemble: unknown command {name!r}; the commands are {', '.join(COMMANDS)}\n\n{usage()}",
               file=sys.stderr)
         return 2
-    code = importlib.import_module(command.module).main(command.argv(rest))
+    code = importlib.import_module(command.module).main(rest)
     return int(code or 0)
 
 
@@ -93,7 +89,7 @@ def help_text(name: str) -> str:
     try:
         with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
             command = COMMANDS[name]
-            importlib.import_module(command.module).main(command.argv(["--help"]))
+            importlib.import_module(command.module).main(["--help"])
     finally:
         if previous is None:
             os.environ.pop("COLUMNS", None)

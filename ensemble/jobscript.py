@@ -479,12 +479,6 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
     except ConfigError as exc:
         raise JobScriptError(f"config error in {args.config}: {exc}") from None
     rt = cfg.runtime
-    ranks = args.nodes * (args.gpus_per_node * rt.ranks_per_gpu or args.ranks_per_node)
-    if rt.group_size > 1 and (ranks - 1) % rt.group_size:
-        raise JobScriptError(f"`runtime.group_size` = {rt.group_size} must divide the {ranks - 1} worker ranks "
-                             f"({ranks} ranks less the master); choose --nodes and --gpus-per-node "
-                             "(--ranks-per-node) so that it does, "
-                             "or another group_size")
     cpus = args.cpus_per_rank or rt.threads
     if cpus < rt.threads:
         raise JobScriptError(f"--cpus-per-rank {cpus} is fewer than the config's `runtime.threads` = {rt.threads}: "
@@ -501,13 +495,18 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
         raise JobScriptError(f"--stage-env {args.stage_env!r} must be a node-local folder without double quotes, "
                              "e.g. '$TMPDIR/env' or /dev/shm/env")
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.output_dir) / cfg.name
-    return Job(scheduler=args.scheduler, name=re.sub(r"[^A-Za-z0-9._-]", "_", cfg.name),
+    job = Job(scheduler=args.scheduler, name=re.sub(r"[^A-Za-z0-9._-]", "_", cfg.name),
                config=str((cwd / args.config).resolve()), run_dir=os.path.abspath(cwd / run_dir),
                workdir=str(cwd), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                ranks_per_gpu=rt.ranks_per_gpu, threads=rt.threads, cpus_per_rank=cpus, minutes=minutes,
                python=str(python), account=args.account, queue=args.queue, setup=tuple(args.setup),
                directives=tuple(args.directive), command=command, stage_env=args.stage_env,
                cpu_ranks_per_node=0 if args.gpus_per_node else args.ranks_per_node)
+    if rt.group_size > 1 and (job.ranks - 1) % rt.group_size:
+        raise JobScriptError(f"`runtime.group_size` = {rt.group_size} must divide the {job.ranks - 1} worker ranks "
+                             f"({job.ranks} ranks less the master); choose --nodes and --gpus-per-node "
+                             "(--ranks-per-node) so that it does, or another group_size")
+    return job
 
 
 def main(argv: list[str] | None = None) -> int:

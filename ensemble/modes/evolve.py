@@ -126,7 +126,7 @@ class EvolveMode(Mode):
         return (cfg.evolve.start_from, "evolve.start_from") if cfg.evolve.start_from else None
 
     def searched_seconds(self, records) -> float:
-        from ensemble.sources.search import searched_seconds
+        from ensemble.results.records import searched_seconds
         return searched_seconds(records)
 
     def pareto(self, cfg: RunConfig, meta: dict) -> Any:

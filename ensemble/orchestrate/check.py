@@ -46,6 +46,18 @@ READ_SETTINGS = tuple(f"data.{k}" for k in ("source", "format", "x", "y", "label
 SHAPE_SETTINGS = ("data.reshape",)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``ensemble check CONFIG``: the check alone, with its own arguments (``python -m ensemble.run
+    CONFIG --check`` does the same)."""
+    import argparse
+    p = argparse.ArgumentParser(prog="ensemble check",
+                                description="Check a config, its data and every network without training: "
+                                            "no MPI, no GPU, one process (a login node will do). Exit status "
+                                            "0 when a run would start, 2 with the problems listed.")
+    p.add_argument("config", help="TOML config file")
+    return check_main(p.parse_args(argv).config)
+
+
 def check_main(config_path: str) -> int:
     """Check ``config_path`` as a run would, report, and return the exit status (0 or 2)."""
     set_thread_env(1)                                   # one batch per model: a login node's share
@@ -339,3 +351,7 @@ def finish(problems: list[str], config_path: str) -> int:
         print(f"  {i}. {message}")
     print(f"Fix them and check again: python -m ensemble.run {config_path} --check")
     return EXIT_PROBLEMS
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ensemble.results.events import Event, EventKind
-from ensemble.results.records import WORKER_DIED_KIND, MemberRecord, Status
+from ensemble.results.records import SEARCH, WORKER_DIED_KIND, MemberRecord, Status, search_entry, searched_seconds
 
 #: a member in flight each time a job was lost this many times is given up, however many
 #: others were in flight with it (``read_crashes(..., repeats=REPEATS)``: modes that do not
@@ -101,14 +101,19 @@ def read_crashes(history: Iterable[MemberRecord | Event], repeats: int | None = 
     return CrashBook({i: c for i, c in counts.items() if i not in given_up}, now, repeated & set(now))
 
 
-def with_genomes(records: list[MemberRecord], history: Iterable[MemberRecord | Event]) -> list[MemberRecord]:
-    """Given-up records with the genome their ``issued`` line holds (a search's candidate): a
-    resumed search tells its strategy the failure, and hands the candidate out no more."""
+def with_genomes(records: list[MemberRecord], history: list[MemberRecord | Event]) -> list[MemberRecord]:
+    """Given-up records of a search's candidates with what their ``issued`` line holds: the
+    genome (a resumed search tells its strategy the failure, and hands the candidate out no
+    more) and the ``search`` entry a finished candidate gets (its evaluation, the search's
+    clock so far, no fitness), so that search.csv lists it."""
     if not records:
         return records
-    issued = {str(x.data.get("id")): x.data.get("genome") for x in history
-              if isinstance(x, Event) and x.kind is EventKind.ISSUED}
-    return [r.replace(genome=issued[r.id]) if issued.get(r.id) is not None else r for r in records]
+    issued = {str(x.data.get("id")): x.data for x in history
+              if isinstance(x, Event) and x.kind is EventKind.ISSUED and x.data.get("genome") is not None}
+    wall = searched_seconds(x for x in history if isinstance(x, MemberRecord))
+    return [r.replace(genome=issued[r.id]["genome"],
+                      extra={**r.extra, SEARCH: search_entry(int(issued[r.id]["evaluation"]), wall, None)})
+            if r.id in issued else r for r in records]
 
 
 def handed_event(member_id: str, now: float) -> dict[str, Any]:

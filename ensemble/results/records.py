@@ -69,6 +69,22 @@ def helped_fields(helpers: int, seconds: float) -> dict:
     """A helped member's record fields (``HELPERS``, ``HELPER_SECONDS``); {} if it had none."""
     return {HELPERS: helpers, HELPER_SECONDS: round(seconds, 3)} if helpers else {}
 
+#: the record key of a search's candidate (mode "evolve"): ``search_entry``
+SEARCH = "search"
+
+
+def search_entry(evaluation: int, wall: float, fitness: float | None) -> dict:
+    """A search candidate's ``SEARCH`` entry: its evaluation (the number in its id), the
+    search's clock when it ended (seconds, over the run's jobs) and the fitness its strategy was
+    told (None: failed)."""
+    return {"evaluation": evaluation, "wall": round(wall, 3), "fitness": fitness}
+
+
+def searched_seconds(records: Iterable[MemberRecord]) -> float:
+    """The search's own clock so far, over the run's jobs: the latest ``wall`` of its records'
+    ``SEARCH`` entries."""
+    return max((float(r.extra[SEARCH]["wall"]) for r in records if SEARCH in r.extra), default=0.0)
+
 #: the fields ``MemberRecord`` reads from a JSON line itself; every other key is kept in ``extra``
 _FIELDS = ("id", "status", "arch", "seed", "val", "test", "epochs", "params", "train_seconds", "rank", "host",
            "started", "ended", "dispatched", "received", "error", "discarded", "genome", "summary", "costs")

@@ -34,7 +34,7 @@ import numpy as np
 from ensemble.config import ConfigError, RunConfig, read_saved_config
 from ensemble.config.vocabulary import PROPER_SCORES
 from ensemble.results.events import Event, EventKind
-from ensemble.results.records import Counts, MemberRecord, Status, as_records, latest
+from ensemble.results.records import SEARCH, Counts, MemberRecord, Status, as_records, latest
 from ensemble.results.rundir import DAMAGED_FIX, RunDirectory
 from ensemble.results.selection import rank_members
 from ensemble.results.timeline import as_events, run_stats
@@ -337,7 +337,7 @@ def plot_search(view: RunView):
     and against wall time since the run began; candidates discarded early (a low-fidelity
     value, not a result) and failures at the bottom, as ticks and crosses."""
     metric = view.metric
-    if not any("search" in r.extra for r in view.records) or not metric:      # a search's candidates
+    if not any(SEARCH in r.extra for r in view.records) or not metric:      # a search's candidates
         return None
     evaluated = sorted(view.final, key=lambda r: r.received or 0.0)
     t0 = _t0(view)

@@ -30,14 +30,13 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from ensemble.config import ConfigError, RunConfig
 from ensemble.results.events import Event, EventKind
-from ensemble.results.records import MemberRecord
+from ensemble.results.records import SEARCH, MemberRecord, search_entry, searched_seconds
 from ensemble.results.rundir import RunDirectory
 from ensemble.sources.base import Hooks
 from ensemble.sources.members import derive_seed
@@ -108,12 +107,6 @@ def first_population(cfg: RunConfig) -> int | None:
     from evolve import STRATEGIES
     cls = STRATEGIES[cfg.evolve.strategy]
     return cls.initial_size(cls.validate_params(dict(cfg.evolve.settings)))
-
-
-def searched_seconds(records: Iterable[MemberRecord]) -> float:
-    """The search's own clock so far, over the run's jobs: the latest ``search.wall`` its
-    records hold (``SearchSource.tell`` writes it)."""
-    return max((float(r.extra["search"]["wall"]) for r in records if "search" in r.extra), default=0.0)
 
 
 def _fitness(record: MemberRecord, metric: str) -> float | None:
@@ -192,8 +185,10 @@ class SearchSource:
         self.genomes: dict[str, object] = {}
         self.reissue: deque[dict] = deque()       # issued lines of candidates out when the run stopped
         done = self._replay(history)
-        searched = [r.extra["search"] for r in done if "search" in r.extra]
-        self.count = max([x["evaluation"] for x in searched] + [x["evaluation"] for x in self.reissue], default=0)
+        # the next candidate's number: after every one issued or finished (a given-up one included)
+        self.count = max([int(x.data["evaluation"]) for x in history
+                          if isinstance(x, Event) and x.kind is EventKind.ISSUED]
+                         + [r.extra[SEARCH]["evaluation"] for r in done if SEARCH in r.extra], default=0)
         self.wall0 = time.monotonic() - searched_seconds(done)
         self.exhausted = False
         # finished candidates whose kept artifacts were lost: the same genome, id and seed again
@@ -314,8 +309,7 @@ class SearchSource:
         """A candidate ended (a discarded one is a low-fidelity evaluation): the strategy
         learns its fitness; the record gets its ``search`` entry (evaluation, wall, fitness)."""
         fitness = _fitness(record, self.metric)
-        entry = {"evaluation": int(record.id[1:]), "wall": round(time.monotonic() - self.wall0, 3),
-                 "fitness": fitness}
+        entry = search_entry(int(record.id[1:]), time.monotonic() - self.wall0, fitness)
         if record.id in self.retraining:                # the strategy was told when it first finished
             self.retraining.discard(record.id)
         else:
@@ -323,19 +317,19 @@ class SearchSource:
             if record.status.ranked:
                 self.ids_by_key[genome.key()] = record.id
             self.strategy.tell(genome, fitness, self._objectives(record))
-        return record.replace(extra={**record.extra, "search": entry})
+        return record.replace(extra={**record.extra, SEARCH: entry})
 
     def finish(self, records: list[MemberRecord]) -> dict:
         """Write search.csv (the report draws it); print initial population vs search best."""
         import pandas as pd
-        rows = sorted((r for r in records if "search" in r.extra), key=lambda r: r.extra["search"]["wall"])
+        rows = sorted((r for r in records if SEARCH in r.extra), key=lambda r: r.extra[SEARCH]["wall"])
         best, table = -math.inf, []
         sign = 1 if higher_is_better(self.metric) else -1      # fitness is maximised: undo the sign
         for r in rows:
-            fit = r.extra["search"]["fitness"]
+            fit = r.extra[SEARCH]["fitness"]
             if r.status.ranked and fit is not None:            # the best so far counts full evaluations only
                 best = max(best, fit)
-            table.append({"evaluation": r.extra["search"]["evaluation"], "wall_seconds": r.extra["search"]["wall"],
+            table.append({"evaluation": r.extra[SEARCH]["evaluation"], "wall_seconds": r.extra[SEARCH]["wall"],
                           "id": r.id, "status": r.status.value,
                           f"val_{self.metric}": None if fit is None else sign * fit,
                           f"best_val_{self.metric}": None if best == -math.inf else sign * best,
@@ -364,15 +358,15 @@ class SearchSource:
     def compare(self, rows: list[MemberRecord]) -> dict:
         """Best of the initial population (its starting points and random genomes) against the
         best the search found."""
-        ok = [r for r in rows if r.extra["search"]["fitness"] is not None and r.status.ranked]
+        ok = [r for r in rows if r.extra[SEARCH]["fitness"] is not None and r.status.ranked]
         if self.population_size is None:          # random search: no initial population to beat
             return {}
-        initial = [r for r in ok if r.extra["search"]["evaluation"] <= self.population_size]
+        initial = [r for r in ok if r.extra[SEARCH]["evaluation"] <= self.population_size]
         if not ok or not initial:
             return {}
 
         def pick(rs: list[MemberRecord]) -> MemberRecord:
-            return max(rs, key=lambda r: (r.extra["search"]["fitness"], -r.extra["search"]["evaluation"]))
+            return max(rs, key=lambda r: (r.extra[SEARCH]["fitness"], -r.extra[SEARCH]["evaluation"]))
         a, b = pick(initial), pick(ok)
         out = {"metric": self.metric, "initial_best": {"id": a.id, "val": a.val[self.metric],
                                                       "test": a.test[self.metric], "genome": a.summary},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +39,21 @@ def test_a_subcommand_runs_its_module_with_the_same_arguments(tmp_path, capsys, 
     first = capsys.readouterr()
     assert code == status.main([missing]) != 0
     assert first == capsys.readouterr()                       # the same words, both ways
-    assert cli.COMMANDS["check"].argv(["c.toml"]) == ["--check", "c.toml"]
+
+
+def test_check_has_its_own_arguments_and_runs_as_run_check_does(tmp_path, capsys):
+    """``ensemble check --help`` is the check's own usage (it showed the run's), and ``ensemble
+    check CONFIG`` reports as ``python -m ensemble.run CONFIG --check`` does."""
+    from ensemble import run
+    text = cli.help_text("check")
+    assert text.startswith("usage: ensemble check") and "--resume" not in text
+    config = tmp_path / "bad.toml"
+    config.write_text('mode = "nonsense"\n')
+    code = cli.main(["check", str(config)])
+    first = capsys.readouterr().out
+    assert code == run.main([str(config), "--check"]) == 2
+    timeless = functools.partial(re.sub, r"\d+\.\d+ s\b", "T s")       # "read in 1.6 s"
+    assert timeless(first) == timeless(capsys.readouterr().out) and "mode" in first
 
 
 def test_the_reference_page_is_generated_from_the_parsers():

@@ -249,3 +249,9 @@ def test_a_candidate_given_up_after_lost_jobs_is_told_failed_and_not_handed_out_
     run(resumed, more, FakeExecutor(1, 2))
     assert out[0] not in {x["id"] for x in more}             # never handed out again
     assert {x["id"] for x in more if "event" not in x} >= set(out[1:])
+    # every candidate out given up (lost together, REPEATS times): the next is numbered after
+    # them all, never with the number of one given up (it was, and the journal had two e0002s)
+    every = with_genomes(CrashBook({}, out).records(), history)
+    assert all(r.extra["search"]["evaluation"] == int(r.id[1:]) for r in every)   # a row in search.csv
+    again = SearchSource(config(name), META, rundir(tmp_path / "k"), history + every)
+    assert not again.reissue and again.next_spec()["id"] == f"e{max(int(i[1:]) for i in out) + 1:04d}"

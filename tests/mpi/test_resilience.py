@@ -272,6 +272,48 @@ def test_evolve_run_survives_failed_candidates(tmp_path):
     assert not {m["id"] for m in ens["members"]} & {"e0002", "e0004"}
 
 
+@pytest.mark.long          # make test-long: four jobs of a search
+def test_a_search_candidate_that_kills_its_worker_is_given_up_and_the_search_finishes(tmp_path):
+    """A search's candidate e0002 ends its worker process in every job (os._exit: an
+    out-of-memory kill, a segfault). A search hands its candidates out again in order (no
+    quarantine), so the resumed jobs are lost too, until e0002 (and whoever was in flight with
+    it each time) is given up at its third lost job; the next --resume finishes the budget with
+    every other candidate trained once, and the strategy was told the failure."""
+    cfg = write_config(tmp_path, with_faults("""
+        mode = "evolve"
+        seed = 5
+        [data]
+        source = "digits"
+        [train]
+        epochs = 2
+        [evolve]
+        evaluations = 7
+        population_size = 3
+        sample_size = 2
+        [search]
+        max_depth = 2
+        units = [8, 16]
+    """))
+    run_dir = tmp_path / "run"
+    args = ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)]
+    fault = faults.env(e0002="exit")
+    lost = [run_mpi(3, args, env=fault).returncode]
+    while lost[-1] != 0 and len(lost) < 5:
+        lost.append(run_mpi(3, [*args, "--resume"], env=fault).returncode)
+    assert lost[-1] == 0 and len(lost) <= 4, lost            # three lost jobs at most, then the end
+    records = [r for r in read_journal(run_dir / "journal.jsonl") if "id" in r]
+    given_up = [r for r in records if r["status"] == Status.FAILED.value]
+    assert "e0002" in {r["id"] for r in given_up}
+    assert {r["error"]["kind"] for r in given_up} == {"worker_died"}
+    ids = [r["id"] for r in records]
+    assert len(ids) == len(set(ids)) == 7                   # every candidate once: none retrained
+    search = pd.read_csv(run_dir / "search.csv")
+    assert len(search) == 7 and set(search.loc[search["status"] == Status.FAILED.value, "id"]) == \
+        {r["id"] for r in given_up}
+    ens = json.loads((run_dir / "ensemble.json").read_text())
+    assert not {m["id"] for m in ens["members"]} & {r["id"] for r in given_up}
+
+
 def test_too_many_failures_stop_the_run_with_a_summary(tmp_path):
     cfg = write_config(tmp_path, with_faults(CONFIG.replace("max_failed_share = 0.9", "max_failed_share = 0.5")))
     run_dir = tmp_path / "run"
