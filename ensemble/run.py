@@ -98,7 +98,10 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     # Rank 0 reads, checks and prepares; everyone learns the outcome before going on.
     arrays, status, lock = None, None, None
     if rank == 0:
+        from ensemble.modes import unread_tables
         from ensemble.orchestrate.prepare import prepare_run
+        for note in unread_tables(cfg, args.config):   # [evolve] in a pbt config: said, as check says it
+            log.warning(f"config: {note}")
         try:
             mode_of(cfg).before_prepare(cfg, args)      # mode "online": the simulation's first samples
             arrays, meta, run_dir, lock = prepare_run(cfg, args)

@@ -26,4 +26,26 @@ def mode_of(cfg: RunConfig) -> Mode:
     return MODES[cfg.mode]
 
 
-__all__ = ["MODES", "Mode", "RunContext", "make_trainer", "mode_of"]
+def unread_tables(cfg: RunConfig, config_path: str) -> list[str]:
+    """Tables the config file sets that its mode does not read (``Mode.tables``, and
+    ``[[architectures]]`` in a mode that builds none): each a line naming the mode that would.
+    ``check`` notes them, and rank 0 warns of them at a run's start."""
+    import tomllib
+
+    try:
+        with open(config_path, "rb") as f:
+            given = set(tomllib.load(f))
+    except (OSError, ValueError):
+        return []
+    mode, notes = mode_of(cfg), []
+    for other in MODES.values():
+        for table in other.tables:
+            if table in given and table not in mode.tables:
+                notes.append(f"[{table}] is set, but mode {cfg.mode!r} does not read it (mode {other.name!r} "
+                             f"does: `mode = \"{other.name}\"`?)")
+    if "architectures" in given and not mode.uses_architectures:
+        notes.append(f"[[architectures]] is set, but mode {cfg.mode!r} does not build them (it searches its own)")
+    return notes
+
+
+__all__ = ["MODES", "Mode", "RunContext", "make_trainer", "mode_of", "unread_tables"]

@@ -35,7 +35,7 @@ import time
 from ensemble.config import ConfigError, Problems, RunConfig, load_config
 from ensemble.config.schema import check_task_settings
 from ensemble.config.vocabulary import OPTIMIZER_SLOTS, VALUE_BYTES
-from ensemble.modes import mode_of
+from ensemble.modes import mode_of, unread_tables
 from ensemble.orchestrate.prepare import BUILD_CHECK_BATCH
 from ensemble.runtime.env import configure_tensorflow, set_thread_env
 
@@ -95,28 +95,6 @@ def check_main(config_path: str) -> int:
         describe_memory(cfg, prepared[0], members, prepared[1].get("rank_bytes"))
     describe_runtime(cfg)
     return finish(found.messages, config_path)
-
-
-def unread_tables(cfg: RunConfig, config_path: str) -> list[str]:
-    """Tables the config sets that its mode does not read (``Mode.tables``, and
-    ``[[architectures]]`` in a mode that builds none): each a line naming the mode that would."""
-    import tomllib
-
-    from ensemble.modes import MODES
-    try:
-        with open(config_path, "rb") as f:
-            given = set(tomllib.load(f))
-    except (OSError, ValueError):
-        return []
-    mode, notes = mode_of(cfg), []
-    for other in MODES.values():
-        for table in other.tables:
-            if table in given and table not in mode.tables:
-                notes.append(f"[{table}] is set, but mode {cfg.mode!r} does not read it (mode {other.name!r} "
-                             f"does: `mode = \"{other.name}\"`?)")
-    if "architectures" in given and not mode.uses_architectures:
-        notes.append(f"[[architectures]] is set, but mode {cfg.mode!r} does not build them (it searches its own)")
-    return notes
 
 
 def describe_config(cfg: RunConfig, found: Problems) -> None:

@@ -212,7 +212,7 @@ def test_the_exit_status_is_the_runs_config_error():
 def test_tables_of_another_mode_are_noted_naming_the_mode_that_reads_them(tmp_path):
     """A config with [evolve] and [search] but no `mode = "evolve"`: check passed it silently and
     the run ignored the search; now each is a note (not a problem: the config is valid)."""
-    from ensemble.orchestrate.check import unread_tables
+    from ensemble.modes import unread_tables
     path = tmp_path / "c.toml"
     path.write_text(textwrap.dedent("""
         [data]

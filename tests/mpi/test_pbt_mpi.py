@@ -51,9 +51,11 @@ def test_a_copied_member_predicts_as_its_donor_and_no_state_goes_through_rank_0(
     # learning rates so small that training after the copy changes nothing visible: the
     # receiver must then predict what its donor predicts, to float tolerance
     cfg = write(tmp_path, rounds=2, low=1e-10, high=1e-10)
+    cfg.write_text(cfg.read_text() + "[evolve]\nevaluations = 5\n")      # a table pbt does not read
     run_dir = tmp_path / "run"
     proc = run_mpi(4, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)], timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[evolve] is set, but mode 'pbt' does not read it" in proc.stderr     # as check says it
     lineage = pd.read_csv(run_dir / "pbt.csv")
     assert sorted(lineage["round"].unique()) == [1, 2] and len(lineage) == 6
     copied = lineage[lineage["copied_from"].notna()]
