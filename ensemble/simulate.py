@@ -212,8 +212,14 @@ def main(argv: list[str] | None = None) -> int:
         return fast_rows(cfg, args)
     from datafeed.prepare import prepare_with_rows
     from datafeed.splits import read_data
+    from ensemble.modes import mode_of
     from ensemble.orchestrate.simulate import simulate
     from ensemble.results.rundir import RunDirectory
+    if mode_of(cfg).writes_source and not Path(cfg.data.source).exists():
+        print(f"data error: `data.source` {cfg.data.source!r} does not exist yet: mode {cfg.mode!r} writes it from "
+              "the simulation's first samples at a run's start, and the simulator needs its shapes; simulate "
+              "after a run has started, or with samples there", file=sys.stderr)
+        return 3
     try:
         got = read_data(cfg.data)
         data, meta, _ = prepare_with_rows(got.x, got.y, got.info, cfg.data, cfg.seed, got.rows)

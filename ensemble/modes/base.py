@@ -86,6 +86,10 @@ class Mode:
     #: given up when it is the only one in flight at its second lost job, or at its
     #: ``crashes.REPEATS``-th with others (which of them killed its worker is not known)
     quarantines: ClassVar[bool] = True
+    #: whether the run writes ``data.source`` itself when it does not exist yet (mode "online":
+    #: the simulation's first ``online.warmup`` samples), so that ``check`` and ``simulate``,
+    #: which run no simulation, may meet it missing
+    writes_source: ClassVar[bool] = False
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         """The run's Source and Decider (the same object when the mode's rounds are both)."""

@@ -48,6 +48,7 @@ class OnlineMode(Mode):
     name = "online"
     tables = ("online",)
     takes_helpers = False              # the data keeps coming: no last members
+    writes_source = True               # the first `online.warmup` samples, unless it exists
 
     def before_prepare(self, cfg: RunConfig, args: Any) -> None:
         """Rank 0, before the data is read: link to the simulation, start receiving, and write

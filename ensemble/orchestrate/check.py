@@ -111,6 +111,11 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
     if not found.ok(*READ_SETTINGS):
         print("\nData: not read until the [data] settings above are fixed.")
         return None
+    if mode_of(cfg).writes_source and data.source and not os.path.exists(data.source):
+        print(f"\nData: {data.source} does not exist yet: the run writes it from the simulation's first "
+              f"samples (mode {cfg.mode!r}); the data checks need a run's first samples (check again after "
+              "a run has started, or put samples there).")
+        return None
     from datafeed.prepare import prepare_with_rows
     from datafeed.readers import DataError, detect_format
     from datafeed.splits import describe_split, read_data

@@ -229,3 +229,19 @@ def test_tables_of_another_mode_are_noted_naming_the_mode_that_reads_them(tmp_pa
     assert len(notes) == 2 and all('`mode = "evolve"`?' in n for n in notes)
     assert unread_tables(cfg.replace(mode="evolve"), str(path)) == [
         "[[architectures]] is set, but mode 'evolve' does not build them (it searches its own)"]
+
+
+def test_an_online_config_whose_source_the_run_will_write_is_no_problem(tmp_path, capsys):
+    """Mode "online" writes `data.source` from the simulation's first samples: the example's
+    config, checked before any run, was "1 problem: does not exist" (exit 2); a missing file
+    under another mode stays a problem, and the simulator says why it needs the file."""
+    from ensemble import simulate
+    text = (ROOT / "examples" / "heat_online.toml").read_text()
+    config = write(tmp_path, text.replace('source = "', f'source = "{tmp_path}/not-yet/', 1), "online.toml")
+    assert check_main(str(config)) == 0
+    out = capsys.readouterr().out
+    assert "does not exist yet: the run writes it" in out and "No problems found" in out
+    assert simulate.main([str(config), "--workers", "8"]) == 3
+    assert "does not exist yet" in capsys.readouterr().err
+    other = write(tmp_path, 'mode = "ensemble"\n[data]\nsource = "missing.npz"\n', "plain.toml")
+    assert check_main(str(other)) == EXIT_PROBLEMS
