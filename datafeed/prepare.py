@@ -128,9 +128,10 @@ def split_off(idx: np.ndarray, strata: np.ndarray | None, fraction: float,
 RARE_CLASS_ROWS = 3
 
 
-def rare_classes(y: np.ndarray) -> np.ndarray:
-    """Class codes with at least one and fewer than ``RARE_CLASS_ROWS`` rows."""
-    counts = np.bincount(y)
+def rare_classes(y: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+    """Class codes with at least one and fewer than ``RARE_CLASS_ROWS`` rows (``counts``: the
+    bincount of ``y``, when the caller has it)."""
+    counts = np.bincount(y) if counts is None else counts
     return np.flatnonzero((counts > 0) & (counts < RARE_CLASS_ROWS))
 
 
@@ -151,10 +152,10 @@ def class_notes(y: np.ndarray, class_names: Sequence[str]) -> list[str]:
 
 def rare_note(y: np.ndarray, class_names: Sequence[str]) -> str | None:
     """What ``check`` and the run say of ``rare_classes`` (None when there are none)."""
-    rare = rare_classes(np.asarray(y))
+    counts = np.bincount(np.asarray(y))
+    rare = rare_classes(y, counts)
     if not len(rare):
         return None
-    counts = np.bincount(y)
     listed = ", ".join(f"{class_names[c]!r} ({counts[c]} row{'s' if counts[c] > 1 else ''})" for c in rare[:8])
     return (f"class(es) {listed}{', ...' if len(rare) > 8 else ''} have fewer than {RARE_CLASS_ROWS} rows: a random "
             "split keeps them all in training, so validation and test never score them; gather more rows of "
