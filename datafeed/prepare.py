@@ -138,7 +138,7 @@ def rare_classes(y: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
 def class_notes(y: np.ndarray, class_names: Sequence[str]) -> list[str]:
     """What ``check`` and the run say of the classes: too rare to split (``rare_note``), and
     labels that differ only by case or spaces ("cat", "cat ", "Cat": three classes)."""
-    notes = [rare_note(y, class_names)]
+    notes = [rare_note(y, class_names), empty_note(y, class_names)]
     groups: dict[str, list[str]] = {}
     for name in map(str, class_names):
         groups.setdefault(" ".join(name.split()).lower(), []).append(name)
@@ -148,6 +148,21 @@ def class_notes(y: np.ndarray, class_names: Sequence[str]) -> list[str]:
         notes.append(f"labels that differ only by case or spaces are different classes: {listed}; if each group "
                      "is one class, write its label one way in the data")
     return [n for n in notes if n]
+
+
+def empty_note(y: np.ndarray, class_names: Sequence[str]) -> str | None:
+    """Classes without a row: integer labels counting from 0 with gaps keep their numbers
+    (``encode_labels``), so {0, 2, 5} makes 6 classes, 3 of them empty, which the networks
+    then predict now and then. None when every class has rows."""
+    counts = np.bincount(np.asarray(y), minlength=len(class_names))
+    empty = np.flatnonzero(counts == 0)
+    if not len(empty):
+        return None
+    listed = ", ".join(repr(class_names[c]) for c in empty[:8]) + (", ..." if len(empty) > 8 else "")
+    return (f"{len(empty)} of {len(class_names)} classes have no rows ({listed}): integer labels counting from 0 "
+            "keep their numbers as classes, so the networks have outputs for classes never seen, and may predict "
+            "them; if the numbers are not every class there is, number the classes present 0, 1, 2, ... "
+            "(np.unique(y, return_inverse=True)[1]) or use names")
 
 
 def rare_note(y: np.ndarray, class_names: Sequence[str]) -> str | None:
@@ -191,6 +206,9 @@ def data_notes(info: dict, arrays: dict, meta: dict) -> list[str]:
     from datafeed.readers import id_like_note
     y = np.concatenate([arrays[f"y_{s}"] for s in SPLITS])
     notes = [id_like_note(info["id_like"])] if info.get("id_like") else []
+    if meta.get("label_form") == ONE_HOT:
+        notes.append(f"the targets are one-hot rows: read as the classes 0..{meta['n_outputs'] - 1} (the index "
+                     "of each row's 1)")
     notes += class_notes(y, meta["class_names"]) if meta["task"] == "classification" else [outlier_note(y)]
     return [n for n in notes if n]
 
@@ -309,6 +327,34 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
     return arrays, meta, {s: idx[s].astype(np.int64) for s in SPLITS}
 
 
+#: ``meta["label_form"]`` of classification targets given as one-hot rows (``plain_labels``)
+ONE_HOT = "one-hot"
+
+
+def is_one_hot(y: np.ndarray) -> bool:
+    """Rows of 0s and 1s with a single 1 each, in two or more columns: class labels one-hot."""
+    if y.ndim != 2 or y.shape[1] < 2 or y.dtype.kind not in "iufb" or not len(y):
+        return False
+    values = np.asarray(y, dtype=np.float64)
+    return bool(np.isin(values, (0.0, 1.0)).all() and (values.sum(axis=1) == 1).all())
+
+
+def plain_labels(y: np.ndarray, setting: str) -> tuple[np.ndarray, str | None]:
+    """Labels as one value a sample, where the file gives them otherwise: bytes decoded (h5py
+    reads strings as bytes: classes were named "b'cat'"), an (n, 1) column of labels made (n,),
+    one-hot rows made their class index (unless ``data.task`` is "regression"). Returns the
+    targets and their form (``ONE_HOT``, or None)."""
+    if y.dtype.kind == "S" or (y.dtype.kind == "O" and len(y) and all(isinstance(v, bytes) for v in y.flat)):
+        y = np.array([v.decode("utf-8", "replace") for v in y.flat]).reshape(y.shape)
+    if setting == "regression":
+        return y, None
+    if y.ndim == 2 and y.shape[1] == 1 and (setting == "classification" or y.dtype.kind in "iubUSO"):
+        return y[:, 0], None
+    if is_one_hot(y):
+        return np.argmax(y, axis=1).astype(np.int64), ONE_HOT
+    return y, None
+
+
 def prepare_targets(y: np.ndarray, info: dict, data: DataSettings) -> tuple[np.ndarray, dict]:
     """The task, and the targets encoded for it (class codes, or float32 values), checked;
     returns (targets, metadata so far). Shared by the in-memory and the streaming path."""
@@ -317,8 +363,12 @@ def prepare_targets(y: np.ndarray, info: dict, data: DataSettings) -> tuple[np.n
         raise DataError(f"the targets ({'`data.label`' if data.label else '`data.y`'}) are missing in "
                         f"{len(missing)} of {len(y)} rows (first rows, counted from 0: {missing[:5].tolist()}); "
                         "drop those rows or fill them in")
-    task = str(info["task"]) if data.task == "auto" and info.get("task") else infer_task(y, data.task)
+    given = str(info["task"]) if data.task == "auto" and info.get("task") else data.task
+    y, form = plain_labels(y, given)
+    task = infer_task(y, given)
     meta: dict = {"task": task, "feature_names": info.get("feature_names", []), "split_from": split_from(data)}
+    if form:
+        meta["label_form"] = form
     if task == "classification":
         if y.dtype.kind == "f" and len(y) and not np.all(np.mod(y, 1) == 0) and len(np.unique(y)) > len(y) // 2:
             raise DataError(f"`data.task` is \"classification\", but the labels are fractional numbers with "

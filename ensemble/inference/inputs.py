@@ -253,18 +253,27 @@ def encode_targets(run: EnsembleRun, y: np.ndarray, n: int, source: str = "the i
         if not np.isfinite(y).all():
             raise UnusableTargets(f"{source}: targets hold infinite values")
         return y.reshape(n) if run.n_outputs == 1 else y.reshape(n, run.n_outputs)
-    y = y.reshape(n) if y.ndim == 2 and y.shape[1] == 1 else y
+    from datafeed.prepare import ONE_HOT, plain_labels
     names = run.class_names
+    y, form = plain_labels(y, "classification")          # bytes decoded, (n, 1) flat, one-hot to indices
+    if form == ONE_HOT and names != [str(i) for i in range(len(names))]:
+        raise UnusableTargets(f"{source}: the targets are one-hot rows, but this ensemble's classes are "
+                              f"{', '.join(names[:6])}{', ...' if len(names) > 6 else ''}: which column is which "
+                              "class is not known; pass the class names")
     lookup = {name: i for i, name in enumerate(names)}
     numbered = any(name.lstrip("-").isdigit() for name in names)     # then a number is a class name only
+    if not numbered and y.dtype.kind in "iuf" and len(y):
+        order = ", ".join(f"{i}: {name!r}" for i, name in enumerate(names[:6])) + (", ..." if len(names) > 6 else "")
+        raise UnusableTargets(f"{source}: the targets are numbers, but this ensemble's classes are names "
+                              f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}): which number is which "
+                              f"class is not known; pass the names (if the numbers count the classes in this "
+                              f"order, {order}: np.asarray(ens.class_names)[y])")
     values, inverse = np.unique(y, return_inverse=True)
     codes, unknown = [], []
     for v in values:
         key = _class_key(v)
         if key in lookup or str(v) in lookup:       # str(v): "3.0", as runs trained before named such classes
             codes.append(lookup[key] if key in lookup else lookup[str(v)])
-        elif not numbered and y.dtype.kind in "iuf" and float(v).is_integer() and 0 <= v < len(names):
-            codes.append(int(v))                                  # class indices, as training used them
         else:
             unknown.append(key)
     if unknown:

@@ -412,3 +412,32 @@ def test_several_targets_are_named_in_the_metadata(tmp_path):
     data = data_cfg(source=str(tmp_path / "d.csv"), label=["t1", "t2"])
     _, meta = prepare(*read_dataset(data), data, seed=0)
     assert meta["target_names"] == ["t1", "t2"] and meta["n_outputs"] == 2
+
+
+def test_one_hot_labels_a_label_column_and_bytes_are_classes(tmp_path, xy):
+    """One-hot rows were a 3-output regression (task "auto") or refused with advice to make
+    them one ("classification"); an (n, 1) label column was refused as "not one value per
+    sample"; HDF5 strings (bytes) named the classes "b'cat'"."""
+    from datafeed.prepare import data_notes, prepare_with_rows
+    x, y = xy
+    expected, _ = prepare(x, y, {}, data_cfg(), 1)
+    for task in ("auto", "classification"):
+        arrays, meta, _ = prepare_with_rows(x, np.eye(3, dtype=np.int64)[y], {}, data_cfg(task=task), 1, None)
+        assert meta["task"] == "classification" and meta["class_names"] == ["0", "1", "2"]
+        assert (arrays["y_test"] == expected["y_test"]).all() and meta["label_form"] == "one-hot"
+        assert any("one-hot rows" in n for n in data_notes({}, arrays, meta))
+    _, meta, _ = prepare_with_rows(x, np.eye(3)[y], {}, data_cfg(task="regression"), 1, None)
+    assert meta["task"] == "regression" and meta["n_outputs"] == 3            # asked for: kept
+    arrays, meta, _ = prepare_with_rows(x, y[:, None], {}, data_cfg(), 1, None)
+    assert meta["task"] == "classification" and (arrays["y_test"] == expected["y_test"]).all()
+    names = np.array([b"cat", b"dog", b"eel"], dtype=object)[y]
+    for labels in (names, names.astype("S3")):
+        _, meta, _ = prepare_with_rows(x, labels, {}, data_cfg(), 1, None)
+        assert meta["class_names"] == ["cat", "dog", "eel"]
+
+
+def test_integer_labels_with_gaps_are_noted_with_their_empty_classes():
+    from datafeed.prepare import class_notes
+    notes = class_notes(np.array([0, 2, 5] * 10), [str(i) for i in range(6)])
+    assert len(notes) == 1 and notes[0].startswith("3 of 6 classes have no rows ('1', '3', '4')")
+    assert class_notes(np.array([0, 1, 2] * 10), ["0", "1", "2"]) == []

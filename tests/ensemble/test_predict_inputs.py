@@ -149,6 +149,30 @@ def test_class_names_that_are_numbers_match_only_as_numbers(tmp_path):
         P.encode_targets(run, np.array([1, 3]), 2)
 
 
+def test_numbers_for_classes_that_are_names_are_refused_with_the_order(tmp_path):
+    """Classes blob, hstripe, vstripe (trained on names): a user's own codes 0=hstripe, 1=vstripe,
+    2=blob were taken for indices into the sorted names, and every image scored wrong (accuracy
+    0.0, no warning). Numbers are refused, the classes' order named; names still score."""
+    x = np.random.default_rng(0).normal(size=(60, 2)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x, y=np.array(["hstripe", "vstripe", "blob"] * 20))
+    make_run(tmp_path / "run", {"source": str(tmp_path / "d.npz"), "task": "classification"},
+             [{"id": "m-000", "weight": 1.0}])
+    run = P.load_run(tmp_path / "run")
+    assert run.class_names == ["blob", "hstripe", "vstripe"]
+    assert P.encode_targets(run, np.array(["vstripe", "blob"]), 2).tolist() == [2, 0]
+    with pytest.raises(P.PredictError, match=r"numbers, but this ensemble's classes are names .*0: 'blob', "
+                                             r"1: 'hstripe', 2: 'vstripe'"):
+        P.encode_targets(run, np.array([0, 1, 2]), 3)
+    with pytest.raises(P.PredictError, match="one-hot rows, but this ensemble's classes are blob"):
+        P.encode_targets(run, np.eye(3, dtype=int), 3)
+    assert P.encode_targets(run, np.array([b"vstripe", b"blob"]), 2).tolist() == [2, 0]     # h5py's strings
+    np.savez(tmp_path / "n.npz", x=x, y=np.array([0, 1, 2] * 20))
+    make_run(tmp_path / "numbered", {"source": str(tmp_path / "n.npz"), "task": "classification"},
+             [{"id": "m-000", "weight": 1.0}])
+    numbered = P.load_run(tmp_path / "numbered")
+    assert P.encode_targets(numbered, np.eye(3, dtype=int)[[2, 0]], 2).tolist() == [2, 0]      # one-hot: indices
+
+
 def test_a_missing_column_and_an_extra_one_fail_naming_the_missing(base, rows, tmp_path):
     """The acceptance case: the count is right, the names are not."""
     run = P.load_run(base / "cls")
