@@ -93,7 +93,8 @@ def check_arrays(x: np.ndarray, y: np.ndarray, names: Sequence[str] = ()) -> Non
             empty = bool((per == len(x)).any())
         raise DataError(f"features hold {int(bad.sum())} NaN/inf values{where} (first rows: "
                         f"{rows[:5].tolist()}); clean or impute them before training"
-                        + (", or leave an empty column out with `data.exclude`" if empty else ""))
+                        + (", or leave an empty column out with `data.exclude`" if empty else "")
+                        + " (an HDF5/NetCDF fill value, `_FillValue` or `missing_value`, counts as NaN)")
 
 
 def split_off(idx: np.ndarray, strata: np.ndarray | None, fraction: float,

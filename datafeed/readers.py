@@ -19,7 +19,7 @@ import numpy as np
 Reader = Callable[..., tuple[np.ndarray, np.ndarray | None, dict]]
 READERS: dict[str, Reader] = {}
 SUFFIXES = {".npz": "npz", ".npy": "npy", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
-            ".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5"}
+            ".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5", ".nc": "hdf5", ".nc4": "hdf5"}   # NetCDF-4 is HDF5
 BUILTINS = ("digits", "iris", "wine", "breast_cancer", "diabetes", "california_housing_small")
 
 
@@ -215,6 +215,26 @@ def read_npy(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np
     return np.load(src, mmap_mode="r"), np.load(ypath, mmap_mode="r"), {}
 
 
+#: the attributes that mark a dataset's missing values (NetCDF and the CF conventions): a value
+#: equal to one is no measurement (NetCDF's default float fill is 9.97e36)
+FILL_ATTRIBUTES = ("_FillValue", "missing_value")
+
+
+def hdf5_values(dataset, selection: Any = ()) -> np.ndarray:
+    """``dataset[selection]`` of an HDF5/NetCDF dataset, its fill values (``FILL_ATTRIBUTES``)
+    made NaN (integers become float64), so that they are found as missing, not learnt as
+    numbers: 1% of pixels at 9.97e36 took a run from accuracy 1.0 to 0.32, unsaid."""
+    values = np.asarray(dataset[selection])
+    marks = [np.asarray(dataset.attrs[a]).ravel() for a in FILL_ATTRIBUTES if a in dataset.attrs]
+    if not marks or values.dtype.kind not in "iuf":
+        return values
+    hit = np.isin(values, np.concatenate(marks))
+    if hit.any():
+        values = values.astype(values.dtype if values.dtype.kind == "f" else np.float64)
+        values[hit] = np.nan
+    return values
+
+
 @reader("hdf5")
 def read_hdf5(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     import h5py
@@ -227,7 +247,7 @@ def read_hdf5(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, n
                 f.visit(lambda n, names=names, f=f: names.append("/" + n) if isinstance(f[n], h5py.Dataset) else None)
                 raise DataError(f"`data.{key}` names HDF5 dataset {getattr(data, key)!r}, but "
                                 f"{data.source!r} holds {', '.join(names) or 'no datasets'}")
-            out.append(f[getattr(data, key)][()])
+            out.append(hdf5_values(f[getattr(data, key)]))
     return out[0], (out[1] if len(out) > 1 else None), {}
 
 

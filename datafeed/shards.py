@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from datafeed.readers import SUFFIXES, DataError, DataSettings, feature_columns, one_line
+from datafeed.readers import SUFFIXES, DataError, DataSettings, feature_columns, hdf5_values, one_line
 
 #: the formats a shard may have (NetCDF-4 files are HDF5 files)
 SHARD_FORMATS = ("npz", "npy", "hdf5", "parquet")
-SHARD_SUFFIXES = {**{k: v for k, v in SUFFIXES.items() if v in SHARD_FORMATS}, ".nc": "hdf5", ".nc4": "hdf5"}
+SHARD_SUFFIXES = {k: v for k, v in SUFFIXES.items() if v in SHARD_FORMATS}
 
 
 def is_many(source: str) -> bool:
@@ -317,12 +317,11 @@ def read_rows(ss: ShardSet, i: int, start: int, stop: int, want_x: bool = True,
     x = y = None
     if ss.fmt == "hdf5":
         f = _open_hdf5(s.path)
+        rows = () if ss.per_sample else slice(start, stop)
+        x = hdf5_values(f[ss.x], rows) if want_x else None
+        y = hdf5_values(f[ss.y], rows) if want_y and ss.y in f else None
         if ss.per_sample:
-            x = f[ss.x][()][None] if want_x else None
-            y = np.asarray(f[ss.y][()])[None] if want_y and ss.y in f else None
-        else:
-            x = f[ss.x][start:stop] if want_x else None
-            y = f[ss.y][start:stop] if want_y and ss.y in f else None
+            x, y = (None if a is None else a[None] for a in (x, y))
     elif ss.fmt == "npz":
         with np.load(s.path, allow_pickle=False) as f:
             if want_x:

@@ -96,8 +96,11 @@ def match_columns(run: EnsembleRun, columns: Iterable, source: str, label: str |
         features = names                         # picked by name, in training order
     else:
         features = [c for c in columns if c not in labels and c not in keep]
-        log.info("%s: the ensemble was trained on arrays without column names, so the input's %d columns "
-                 "other than the targets and --keep ones are its features, in file order", source, len(features))
+        named = features != [str(i) for i in range(len(features))]      # not a frame's default 0, 1, 2, ...
+        (log.warning if named else log.info)(
+            "%s: the ensemble was trained on arrays without column names, so the input's %d columns other than "
+            "the targets and --keep ones are its features, taken by position in their order, not by name",
+            source, len(features))
     used = set(features) | set(keep) | set(labels)
     ignored = [c for c in columns if c not in used]
     if ignored:
@@ -190,17 +193,19 @@ def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input")
     the same size when the run reshaped its data (``data.reshape``), whose raw form is not kept.
     """
     from datafeed.prepare import apply_normalizer, feature_array
-    x = np.asarray(x)
+    masked = isinstance(x, np.ma.MaskedArray)         # netCDF4's arrays: masked entries are no values
+    x = np.ma.filled(x.astype(np.float64), np.nan) if masked else np.asarray(x)
     shape = run.input_shape
-    if x.ndim == 1 and len(x) == int(np.prod(shape)) > 1:
-        x = x[None]                               # one sample, flat: ens.predict(row)
+    width = int(np.prod(shape))
+    if (x.ndim == 1 and len(x) == width > 1) or (tuple(x.shape) == tuple(shape) and x[0].size != width):
+        x = x[None]                               # one sample, flat or shaped as in training: ens.predict(img)
     if x.ndim == 0 or len(x) == 0:
         raise PredictError(f"{source} holds no samples (features of shape {list(x.shape)})")
     if x.dtype.kind not in "iufb":
         raise PredictError(f"{source}: features must be numbers, but have dtype {x.dtype}"
                            + ("; a table's columns go in a CSV/Parquet file or a DataFrame, matched by name"
                               if x.dtype.kind in "SUO" else ""))
-    sample, width = tuple(x.shape[1:]), int(np.prod(shape))
+    sample = tuple(x.shape[1:])
     if int(np.prod(sample)) != width:
         raise PredictError(f"{source} has {int(np.prod(sample))} features per sample (shape {list(sample)}), "
                            f"but the ensemble was trained on {width} (input shape {list(shape)}); give the "
@@ -213,8 +218,9 @@ def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input")
     bad = ~np.isfinite(x.reshape(len(x), -1).astype(np.float64))
     if bad.any():
         rows = np.unique(np.nonzero(bad)[0])
-        raise PredictError(f"{source}: features hold {int(bad.sum())} NaN/inf values (first rows: "
-                           f"{rows[:5].tolist()}); clean or impute them first")
+        raise PredictError(f"{source}: features hold {int(bad.sum())} NaN/inf values"
+                           f"{' or masked entries' if masked else ''} (first rows: {rows[:5].tolist()}); clean "
+                           "or impute them first")
     x = feature_array(x).reshape((len(x), *shape))     # float32 only once normalised, as in training
     return np.ascontiguousarray(apply_normalizer(x, run.shift, run.scale))
 

@@ -335,3 +335,29 @@ def test_predicting_on_the_training_file_is_recognised(tmp_path):
     run = SimpleNamespace(config=SimpleNamespace(data=SimpleNamespace(source=str(tmp_path / "train.csv"))))
     assert P._is_training_file(f"{tmp_path}/./train.csv", run)
     assert not P._is_training_file(str(tmp_path / "new.csv"), run) and not P._is_training_file("test", run)
+
+
+def test_one_sample_shaped_as_in_training_is_one_sample_and_masked_entries_are_missing(caplog):
+    """An image (16, 16, 1) given alone was read as 16 samples of (16, 1) and refused; a masked
+    array (what netCDF4 returns) lost its mask and its fill values were predicted on."""
+    from types import SimpleNamespace
+
+    from ensemble.inference.inputs import data_input, prepare_features
+    data = SimpleNamespace(reshape=[], label="")
+    run = SimpleNamespace(input_shape=[4, 4, 1], shift=np.zeros((4, 4, 1)), scale=np.ones((4, 4, 1)),
+                          config=SimpleNamespace(data=data), meta={"feature_names": []})
+    img = np.arange(16.0).reshape(4, 4, 1)
+    assert prepare_features(run, img).shape == (1, 4, 4, 1)
+    assert prepare_features(run, np.stack([img] * 3)).shape == (3, 4, 4, 1)
+    masked = np.ma.masked_array(np.stack([img, img]), mask=np.stack([img, img]) > 14)
+    with pytest.raises(P.PredictError, match="NaN/inf values or masked entries"):
+        prepare_features(run, masked)
+    assert prepare_features(run, np.ma.masked_array(np.stack([img]))).shape == (1, 4, 4, 1)    # none masked
+    flat = SimpleNamespace(input_shape=[3], shift=np.zeros(3), scale=np.ones(3), config=SimpleNamespace(data=data),
+                           meta={"feature_names": []})
+    with caplog.at_level(logging.INFO):
+        data_input(flat, pd.DataFrame(np.ones((2, 3))))                 # a frame's own 0, 1, 2: said quietly
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        data_input(flat, pd.DataFrame(np.ones((2, 3)), columns=["c", "a", "b"]))
+    assert "taken by position in their order, not by name" in caplog.records[-1].getMessage()
+    assert caplog.records[-1].levelno == logging.WARNING
