@@ -33,6 +33,26 @@ class Ensemble:
     def __init__(self, run_dir: str | Path):
         self._run: EnsembleRun = load_run(run_dir)
         self._models: dict = {}
+        self._written = self._stamp()
+
+    def _stamp(self) -> int | None:
+        """When the run's ``ensemble.json`` was written (ns): a run directory written again since
+        ``load`` (``--overwrite``, ``reselect``) holds other splits, members or weights."""
+        try:
+            from ensemble.results.rundir import RunDirectory
+            return (self.path / RunDirectory.ENSEMBLE).stat().st_mtime_ns
+        except OSError:
+            return None
+
+    def _current(self) -> None:
+        """Refuse to read the run directory's files again when they are no longer the ones this
+        handle loaded (a notebook cell re-run with ``overwrite=True`` left an older handle
+        reading the new run's test rows against its own models, unsaid)."""
+        if self._stamp() != self._written:
+            from ensemble.inference.load import PredictError
+            raise PredictError(f"{str(self.path)!r} was written again since it was loaded (a run with "
+                               "--overwrite, or reselect): its splits and members are not this handle's; "
+                               f"load it again: ensemble.load({str(self.path)!r})")
 
     # -- what the run is -----------------------------------------------------------------
     @property
@@ -85,6 +105,8 @@ class Ensemble:
     # -- using it ------------------------------------------------------------------------
     def predict_details(self, x) -> dict[str, np.ndarray]:
         """Every per-sample quantity of the ensemble on raw features ``x`` (see ``combine``)."""
+        if not self._models:                           # its models are read from the run directory now
+            self._current()
         return predict_arrays(self._run, data_input(self._run, x).x, models=self._models)
 
     def predict(self, x) -> tuple[np.ndarray, np.ndarray]:
@@ -98,6 +120,8 @@ class Ensemble:
         """The predictions as a DataFrame with the same columns ``python -m ensemble.predict``
         writes; ``keep`` names input columns to carry through (a DataFrame's ids)."""
         got = data_input(self._run, data, label, keep)
+        if not self._models:
+            self._current()
         result = predict_arrays(self._run, got.x, models=self._models)
         return prediction_frame(self._run, result, got.y, got.kept, index=getattr(data, "index", None))
 
@@ -120,9 +144,10 @@ class Ensemble:
         (``data.memory_share`` of ``data.node_memory_gb``): use ``data_batches`` or
         ``predict_split`` for that."""
         from ensemble.inference.streamed import is_streamed, raw_batches, split_nbytes
+        self._current()
         if not is_streamed(self._run):
             from ensemble.inference.load import run_split
-            return run_split(self.path, self.config, split)
+            return run_split(self.path, self.config, self._run.meta, split)
         from datafeed.streaming import will_stream
         if will_stream(self.config.data.replace(stream="auto"), split_nbytes(self._run, split)):
             from ensemble.inference.load import PredictError
@@ -137,6 +162,7 @@ class Ensemble:
         targets) pairs in row order; a run whose data streamed reads them from its files a
         chunk at a time (about 4 MiB each), never the whole split (``rows`` is then unused)."""
         from ensemble.inference.streamed import is_streamed, raw_batches
+        self._current()
         if is_streamed(self._run):
             yield from raw_batches(self._run, split)
             return
@@ -151,6 +177,7 @@ class Ensemble:
         predictions written as they come, so a split larger than memory works; only the few
         numbers a row the metrics need are kept."""
         from ensemble.inference.streamed import is_streamed, predict_split
+        self._current()
         batches = None
         if not is_streamed(self._run):
             from ensemble.inference.load import run_arrays

@@ -140,28 +140,21 @@ def load_run(run_dir: str | Path) -> EnsembleRun:
 
 
 
-def run_split(run_dir: str | Path, config: RunConfig, split: str) -> tuple[np.ndarray, np.ndarray]:
+def run_split(run_dir: str | Path, config: RunConfig, meta: dict, split: str) -> tuple[np.ndarray, np.ndarray]:
     """One of the run's splits ("train", "val" or "test") as its data holds it: (raw features,
     targets), the rows ``splits.npz`` records, the data read as the run read it
     (``datafeed.splits.read_data``). Raises ``PredictError`` when the run has no
-    ``splits.npz`` or the data is not what it was made for."""
-    from datafeed.readers import DataError
-    from datafeed.splits import read_data
+    ``splits.npz`` or the data is not what it was made for (checked as ``run_arrays`` checks
+    it: a file rewritten with its rows in another order gave the run's training rows as its
+    "test" split, unsaid)."""
     rd = RunDirectory(Path(run_dir))
     if split not in ("train", "val", "test"):
         raise ValueError(f"split must be 'train', 'val' or 'test', but got {split!r}")
     if not (rd.path / rd.SPLITS).is_file():
         raise PredictError(f"{str(rd.path / rd.SPLITS)!r} does not exist: the run was written before splits "
                            "were saved")
-    try:
-        got = read_data(config.data)
-    except (OSError, DataError) as exc:
-        raise PredictError(f"cannot read the run's data {config.data.source!r} again: {exc}") from None
-    rows = rd.load_splits()[split]
-    if rows.size and rows.max() >= len(got.x):
-        raise PredictError(f"the data {config.data.source!r} has {len(got.x)} rows, fewer than the run's split "
-                           "refers to: it is not the data the run trained on")
-    return np.asarray(got.x)[rows], np.asarray(got.y)[rows]
+    got, _, rows = _read_checked(rd, config, meta)
+    return np.asarray(got.x)[rows[split]], np.asarray(got.y)[rows[split]]
 
 
 def run_arrays(run_dir: str | Path, config: RunConfig, meta: dict) -> dict[str, np.ndarray]:
@@ -173,26 +166,35 @@ def run_arrays(run_dir: str | Path, config: RunConfig, meta: dict) -> dict[str, 
     from its seed. A run whose data streamed gets its targets, rows and normalisation only
     (``inference.streamed.run_targets``; its features are read a chunk at a time there).
     Raises ``PredictError`` when the data is not the file the run trained on."""
-    from datafeed.prepare import prepare_with_rows
-    from datafeed.readers import DataError
-    from datafeed.splits import read_data
     if meta.get("stream"):                         # never read whole: the targets (features: inference.streamed)
         from ensemble.inference.streamed import run_targets
         return run_targets(run_dir, config, meta)
-    rd = RunDirectory(Path(run_dir))
+    return _read_checked(RunDirectory(Path(run_dir)), config, meta)[1]
+
+
+def _read_checked(rd: RunDirectory, config: RunConfig, meta: dict):
+    """(what ``read_data`` read, the prepared arrays, the split's rows) of the run's data,
+    checked to be the data the run trained on: the same split sizes and task, and the
+    normalisation ``normalization.npz`` holds (fitted on the training rows: other rows there,
+    or other values, give another)."""
+    from datafeed.prepare import prepare_with_rows
+    from datafeed.readers import DataError
+    from datafeed.splits import read_data
     data = config.data
     try:
         got = read_data(data)
         rows = rd.load_splits() if (rd.path / rd.SPLITS).is_file() else got.rows
-        arrays, fresh, _ = prepare_with_rows(got.x, got.y, got.info, data, config.seed, rows)
+        arrays, fresh, drawn = prepare_with_rows(got.x, got.y, got.info, data, config.seed, rows)
     except (OSError, DataError, ValueError) as exc:
         raise PredictError(f"cannot read the run's data {data.source!r} again: {exc}") from None
     shift, scale = rd.load_normalization()
-    same = (fresh.get("sizes") == meta.get("sizes") and fresh.get("task") == meta.get("task")
-            and arrays["x_mean"].shape == shift.shape and np.allclose(arrays["x_mean"], shift)
-            and np.allclose(arrays["x_scale"], scale))
-    if not same:
-        raise PredictError(f"the data {data.source!r} is not what the run trained on (its split sizes "
-                           f"{fresh.get('sizes')} vs {meta.get('sizes')}, or its normalisation differs from "
-                           "normalization.npz); use the file the run was trained on")
-    return arrays
+    if fresh.get("sizes") != meta.get("sizes") or fresh.get("task") != meta.get("task"):
+        raise PredictError(f"the data {data.source!r} is not what the run trained on: its split sizes "
+                           f"{fresh.get('sizes')} and task {fresh.get('task')!r}, the run's {meta.get('sizes')} and "
+                           f"{meta.get('task')!r}; use the file the run was trained on")
+    if arrays["x_mean"].shape != shift.shape or not (np.allclose(arrays["x_mean"], shift)
+                                                     and np.allclose(arrays["x_scale"], scale)):
+        raise PredictError(f"the data {data.source!r} is not what the run trained on: its training rows "
+                           "normalise otherwise than normalization.npz says (other values, or the rows in "
+                           "another order); use the file the run was trained on")
+    return got, arrays, drawn

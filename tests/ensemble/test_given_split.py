@@ -83,7 +83,7 @@ def test_the_run_records_the_given_rows_and_every_later_reader_reads_them(tmp_pa
     else:
         assert splits["val"].tolist() == given["val"].tolist()
         assert splits["train"].tolist() == given["train"].tolist()
-    x_test, y_test = run_split(run_dir, cfg, "test")              # ensemble.load(run).data("test")
+    x_test, y_test = run_split(run_dir, cfg, meta, "test")        # ensemble.load(run).data("test")
     assert np.allclose(x_test, frame[["a", "b", "c"]].to_numpy()[given["test"]])
     assert y_test.tolist() == frame["label"].to_numpy()[given["test"]].tolist()
     again = run_arrays(run_dir, cfg, meta)                        # predict --data test, reselect
@@ -192,3 +192,21 @@ def test_a_run_on_separate_files_trains_and_its_notebook_api_reads_the_test_file
     codes = np.unique(table["label"], return_inverse=True)[1][45:].tolist()
     assert got["predict_y"] == codes and got["scored_y"] == codes
     assert "split given by separate files (`data.test_source`)" in proc.stdout + proc.stderr   # the start line
+
+
+def test_the_data_rewritten_with_its_rows_in_another_order_is_refused_by_every_reader(tmp_path, table):
+    """``ensemble.load(run).data("test")`` checked the row count only: the same samples written
+    in another order gave the run's training rows as its test split, unsaid (``predict --data
+    test`` refused them). Every reader now checks the normalisation too."""
+    from ensemble.inference.load import PredictError
+    table.to_csv(tmp_path / "all.csv", index=False)
+    cfg = config(tmp_path, {"source": "all.csv"})
+    args = argparse.Namespace(run_dir=str(tmp_path / "run"), resume=False, overwrite=False)
+    _, meta, rd, lock = prepare_run(cfg, args)
+    lock.release()
+    x_test, _ = run_split(rd.path, cfg, meta, "test")
+    assert np.allclose(x_test, table[["a", "b", "c"]].to_numpy()[np.load(rd.path / RunDirectory.SPLITS)["test"]])
+    table.iloc[::-1].to_csv(tmp_path / "all.csv", index=False)                 # the same rows, reversed
+    for read in (lambda: run_split(rd.path, cfg, meta, "test"), lambda: run_arrays(rd.path, cfg, meta)):
+        with pytest.raises(PredictError, match="normalise otherwise than normalization.npz says"):
+            read()

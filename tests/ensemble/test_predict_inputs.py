@@ -361,3 +361,24 @@ def test_one_sample_shaped_as_in_training_is_one_sample_and_masked_entries_are_m
         data_input(flat, pd.DataFrame(np.ones((2, 3)), columns=["c", "a", "b"]))
     assert "taken by position in their order, not by name" in caplog.records[-1].getMessage()
     assert caplog.records[-1].levelno == logging.WARNING
+
+
+def test_a_handle_refuses_its_run_directory_once_written_again(tmp_path):
+    """A notebook cell re-run with ``overwrite=True`` left the older handle reading the new
+    run's files (its test rows, its models) against its own summary and weights, unsaid."""
+    import os
+
+    import ensemble
+    make_run(tmp_path / "run", {"source": "iris"}, [{"id": "m-000", "weight": 1.0}])
+    ens = ensemble.load(tmp_path / "run")
+    x = np.ones((2, 4))
+    first = ens.predict(x)[0]
+    later = (tmp_path / "run" / "ensemble.json").stat().st_mtime_ns + 10**9
+    os.utime(tmp_path / "run" / "ensemble.json", ns=(later, later))
+    np.testing.assert_array_equal(ens.predict(x)[0], first)      # its models are in memory: still its own
+    with pytest.raises(P.PredictError, match="was written again since it was loaded"):
+        ens.data("test")
+    fresh = ensemble.load(tmp_path / "run")
+    with pytest.raises(P.PredictError, match="was written again since it was loaded"):
+        os.utime(tmp_path / "run" / "ensemble.json", ns=(later + 1, later + 1))
+        fresh.predict(x)                                          # none read yet: they would be the new run's
