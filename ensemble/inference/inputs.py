@@ -222,7 +222,33 @@ def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input")
                            f"{' or masked entries' if masked else ''} (first rows: {rows[:5].tolist()}); clean "
                            "or impute them first")
     x = feature_array(x).reshape((len(x), *shape))     # float32 only once normalised, as in training
-    return np.ascontiguousarray(apply_normalizer(x, run.shift, run.scale))
+    x = np.ascontiguousarray(apply_normalizer(x, run.shift, run.scale))
+    far_note(x, run.config.data.normalize, source)
+    return x
+
+
+#: a normalised feature this many training spreads (standard deviations, or min-max ranges)
+#: outside the training data makes its sample "far": the networks extrapolate there
+FAR_SPREADS = 10.0
+
+
+def far_note(x: np.ndarray, normalize: str, source: str) -> None:
+    """Warn of samples with a feature ``FAR_SPREADS`` training spreads outside the training
+    data (``data.normalize`` "standard": from the mean; "minmax": beyond the range): an
+    ensemble of small networks extrapolates there with confidence, so its spread does not
+    say that it does not know (inputs x10 got probability 1.0 and no epistemic part)."""
+    if normalize not in ("standard", "minmax") or not len(x):
+        return
+    flat = x.reshape(len(x), -1)
+    reach = np.abs(flat) if normalize == "standard" else np.maximum(-flat, flat - 1.0)
+    worst = reach.max(axis=1)
+    rows = np.flatnonzero(worst > FAR_SPREADS)
+    if len(rows):
+        log.warning("%s: %d of %d samples have a feature more than %g training %s outside the training data "
+                    "(up to %.3g; first rows: %s): the networks extrapolate there, and their spread does not say "
+                    "how little they know", source, len(rows), len(x), FAR_SPREADS,
+                    "standard deviations" if normalize == "standard" else "ranges", float(worst.max()),
+                    rows[:5].tolist())
 
 
 class UnusableTargets(PredictError):

@@ -343,7 +343,7 @@ def test_one_sample_shaped_as_in_training_is_one_sample_and_masked_entries_are_m
     from types import SimpleNamespace
 
     from ensemble.inference.inputs import data_input, prepare_features
-    data = SimpleNamespace(reshape=[], label="")
+    data = SimpleNamespace(reshape=[], label="", normalize="standard")
     run = SimpleNamespace(input_shape=[4, 4, 1], shift=np.zeros((4, 4, 1)), scale=np.ones((4, 4, 1)),
                           config=SimpleNamespace(data=data), meta={"feature_names": []})
     img = np.arange(16.0).reshape(4, 4, 1)
@@ -355,12 +355,18 @@ def test_one_sample_shaped_as_in_training_is_one_sample_and_masked_entries_are_m
     assert prepare_features(run, np.ma.masked_array(np.stack([img]))).shape == (1, 4, 4, 1)    # none masked
     flat = SimpleNamespace(input_shape=[3], shift=np.zeros(3), scale=np.ones(3), config=SimpleNamespace(data=data),
                            meta={"feature_names": []})
+    caplog.clear()
     with caplog.at_level(logging.INFO):
         data_input(flat, pd.DataFrame(np.ones((2, 3))))                 # a frame's own 0, 1, 2: said quietly
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
         data_input(flat, pd.DataFrame(np.ones((2, 3)), columns=["c", "a", "b"]))
     assert "taken by position in their order, not by name" in caplog.records[-1].getMessage()
     assert caplog.records[-1].levelno == logging.WARNING
+    caplog.clear()
+    prepare_features(flat, np.array([[1.0, -2.0, 3.0], [0.5, 40.0, 0.0], [9.0, 9.0, 9.0]]))
+    far = [r.getMessage() for r in caplog.records if "outside the training data" in r.getMessage()]
+    assert len(far) == 1 and "1 of 3 samples have a feature more than 10 training standard deviations" in far[0]
+    assert "up to 40" in far[0] and "first rows: [1]" in far[0]
 
 
 def test_a_handle_refuses_its_run_directory_once_written_again(tmp_path):
