@@ -25,6 +25,7 @@ leaderboard, config) and ``ensemble.run_config(config)`` (a small run in this pr
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 
@@ -43,7 +44,7 @@ def run_config(config: dict | str | Path, run_dir: str | Path | None = None, *, 
     against the working directory). The run is the one ``python -m ensemble.run`` makes:
     same run directory, journal and ensemble, the members trained one after another here.
     For a small config: a notebook's first look, a test, a tutorial. Raises ``RuntimeError``
-    with the run's exit code when it fails (the log above says why).
+    with the run's exit code and its last error line when it fails.
     """
     from ensemble.config import load_config, locate, resolve_config
     from ensemble.run import main
@@ -55,7 +56,25 @@ def run_config(config: dict | str | Path, run_dir: str | Path | None = None, *, 
     argv = [name] + (["--run-dir", str(run_dir)] if run_dir is not None else [])
     argv += ["--resume"] * resume + ["--overwrite"] * overwrite
     made: list[str] = []
-    code = main(argv, config=cfg, made=made)
+    errors = _Errors()                                 # what the run said when it stopped, for the exception
+    logger = logging.getLogger("ensemble")
+    logger.addHandler(errors)
+    try:
+        code = main(argv, config=cfg, made=made)
+    finally:
+        logger.removeHandler(errors)
     if code != 0 or not made:
-        raise RuntimeError(f"the run of {name} failed with exit code {code}; its log above says why")
+        why = f": {errors.said[-1]}" if errors.said else "; its log above says why"
+        raise RuntimeError(f"the run of {name} failed with exit code {code}{why}")
     return load(made[0])
+
+
+class _Errors(logging.Handler):
+    """The error lines a run logs (``run_config`` raises with the last)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.said: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.said.append(record.getMessage())

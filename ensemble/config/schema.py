@@ -650,7 +650,13 @@ def _check_value(path: str, spec: Key, value: Any) -> Any:
     if isinstance(value, bool) and bool not in spec.types or not isinstance(value, spec.types):
         names = " or ".join({int: "an integer", float: "a number", str: "a string", bool: "true/false",
                             list: "a list", dict: "a table"}[t] for t in spec.types)
-        _fail(path, f"must be {names}, but got {value!r} ({type(value).__name__})")
+        if hasattr(value, "shape") and hasattr(value, "dtype"):       # an array given for a file
+            _fail(path, f"must be {names}, but got an array of shape {list(value.shape)}"
+                  + ("; a file's path: save arrays with np.savez(path, x=x, y=y) and give the path"
+                     if path == "data.source" else ""))
+        shown = repr(value)
+        shown = shown if len(shown) <= 200 else shown[:200] + "..."
+        _fail(path, f"must be {names}, but got {shown} ({type(value).__name__})")
     if isinstance(value, float) and not math.isfinite(value):
         _fail(path, f"must be finite, but got {value!r}")
     if spec.check:

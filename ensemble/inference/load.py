@@ -88,6 +88,16 @@ def load_run(run_dir: str | Path) -> EnsembleRun:
     """Read a run directory's ensemble, data description and normalisation; check the members."""
     path = Path(run_dir)
     rd = RunDirectory(path)
+    if path.is_file():
+        hint = ""
+        if path.suffix.lower() == ".toml":              # the config, not its run: name where it went
+            try:
+                from ensemble.config import load_config
+                cfg = load_config(path)
+                hint = f" ({Path(cfg.output_dir) / cfg.name}, unless it ran with --run-dir or was suffixed -2, -3, ...)"
+            except Exception:                           # noqa: BLE001 - only a hint
+                hint = ""
+        raise PredictError(f"{str(path)!r} is a file, not a run directory; pass the directory its run wrote{hint}")
     if not path.is_dir():
         raise PredictError(f"run directory {str(path)!r} does not exist; pass the directory that "
                            "`python -m ensemble.run` wrote (runs/<name>, or its --run-dir)")
