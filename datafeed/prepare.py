@@ -199,18 +199,49 @@ def outlier_note(y: np.ndarray) -> str | None:
             "check them, or predict a transform of the target (its logarithm) instead")
 
 
+def constant_note(y: np.ndarray, names: Sequence[str] = ()) -> str | None:
+    """What ``check`` and the run say of regression targets with one value in every row: their
+    R^2 is undefined (reported 0, which pulls down the run's mean R^2) and they teach nothing."""
+    y = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
+    same = np.flatnonzero((y == y[:1]).all(axis=0)) if len(y) else []
+    if not len(same):
+        return None
+    if y.shape[1] == 1:
+        return (f"the target is {y[0, 0]:.6g} in every row: there is nothing to learn; check `data.label` / "
+                "`data.y`")
+    named = [names[j] if len(names) == y.shape[1] else str(j) for j in same]
+    listed = ", ".join(f"{n!r} (always {y[0, j]:.6g})" for n, j in zip(named, same))
+    return (f"target(s) {listed} take one value in every row: there is nothing to learn there, their R^2 is "
+            "undefined (reported 0, and averaged into the run's r2); leave them out of `data.label` / `data.y`")
+
+
+def channels_note(input_shape: Sequence[int]) -> str | None:
+    """A sample shaped like a channels-first image ([3, 64, 64]: few leading channels, a larger
+    square after them): Keras's convolutions take channels last, and would read it as 3 rows
+    of 64 pixels with 64 channels, unsaid."""
+    shape = list(input_shape)
+    if len(shape) == 3 and shape[0] <= 4 and min(shape[1:]) >= 4 * shape[0] and shape[2] >= 8:
+        return (f"samples of shape {shape} look channels-first (images of {shape[1]}x{shape[2]} with {shape[0]} "
+                f"channel(s)?): Keras's convolutions take channels last and read them as {shape[0]} rows of "
+                f"{shape[1]} pixels with {shape[2]} channels; if so, store them as np.moveaxis(x, 1, -1)")
+    return None
+
+
 def data_notes(info: dict, arrays: dict, meta: dict) -> list[str]:
     """What ``ensemble check`` prints and the run logs of data that will train but may mislead:
     feature columns like row numbers (``readers.id_like_columns``), classes too rare to split
     or alike but for case (``class_notes``), regression targets far from the rest
-    (``outlier_note``)."""
+    (``outlier_note``) or the same in every row (``constant_note``), samples shaped like
+    channels-first images (``channels_note``)."""
     from datafeed.readers import id_like_note
     y = np.concatenate([arrays[f"y_{s}"] for s in SPLITS])
     notes = [id_like_note(info["id_like"])] if info.get("id_like") else []
+    notes.append(channels_note(meta.get("input_shape", ())))
     if meta.get("label_form") == ONE_HOT:
         notes.append(f"the targets are one-hot rows: read as the classes 0..{meta['n_outputs'] - 1} (the index "
                      "of each row's 1)")
-    notes += class_notes(y, meta["class_names"]) if meta["task"] == "classification" else [outlier_note(y)]
+    notes += class_notes(y, meta["class_names"]) if meta["task"] == "classification" else \
+        [outlier_note(y), constant_note(y, meta.get("target_names", ()))]
     return [n for n in notes if n]
 
 

@@ -469,3 +469,19 @@ def test_integer_labels_with_gaps_are_noted_with_their_empty_classes():
     notes = class_notes(np.array([0, 2, 5] * 10), [str(i) for i in range(6)])
     assert len(notes) == 1 and notes[0].startswith("3 of 6 classes have no rows ('1', '3', '4')")
     assert class_notes(np.array([0, 1, 2] * 10), ["0", "1", "2"]) == []
+
+
+def test_a_constant_regression_target_is_noted():
+    from datafeed.prepare import constant_note
+    rng = np.random.default_rng(0)
+    y = np.column_stack([rng.normal(size=50), np.full(50, 3.0)])
+    note = constant_note(y, ["t1", "t2"])
+    assert note.startswith("target(s) 't2' (always 3) take one value in every row")
+    assert constant_note(y[:, :1]) is None and constant_note(np.full(20, 1.5)).startswith("the target is 1.5 in every row")
+
+
+def test_samples_shaped_like_channels_first_images_are_noted():
+    from datafeed.prepare import channels_note
+    assert "np.moveaxis(x, 1, -1)" in channels_note([3, 16, 16]) and channels_note([1, 32, 32])
+    for shape in ([16, 16, 3], [16, 16, 1], [8, 8, 8], [3, 5, 100], [64], [3, 16]):
+        assert channels_note(shape) is None, shape
