@@ -85,6 +85,9 @@ def leaderboard(records: Records, metric: str) -> pd.DataFrame:
 
 
 #: leaderboard columns of whole numbers (pandas writes them as floats, 2410.0, once a row lacks them)
+#: the most frequent class's test accuracy (its share of the test rows) from which the console
+#: calls the classes imbalanced, when the ensemble does no better than answering that class
+IMBALANCED_SHARE = 0.5
 INTEGER_COLUMNS = ("rank", "params", "epochs", "seed", "mpi_rank", "discarded_at_epoch")
 
 
@@ -359,10 +362,14 @@ def format_comparison(summary: dict) -> str:
         lines.append(f"  target {name}: test " + "  ".join(f"{k} {metric_text(v)}" for k, v in values.items()))
     major = summary.get("majority")
     if major and "accuracy" in ens and ens["accuracy"] <= major["test_accuracy"]:
+        imbalanced = major["test_accuracy"] >= IMBALANCED_SHARE
         lines.append(f"warning: answering the most frequent class ({major['class']!r}) for every row scores test "
                      f"accuracy {metric_text(major['test_accuracy'])}, and the ensemble "
-                     f"{metric_text(ens['accuracy'])}: with classes this imbalanced accuracy says little; compare "
-                     "the log loss (`ensemble.metric = \"log_loss\"` also ranks members by it)")
+                     f"{metric_text(ens['accuracy'])}: " + (
+                         "with classes this imbalanced accuracy says little; compare the log loss "
+                         "(`ensemble.metric = \"log_loss\"` also ranks members by it)" if imbalanced else
+                         "the networks learnt nothing usable from the features: check the features and labels "
+                         "(`ensemble check`), the inputs' scale, or train longer"))
     sel = summary.get("selection")
     if sel:
         how = f"top {sel.get('k') or sel['picks']}, equal weights" if sel["method"] == "top_k" else sel["method"]

@@ -477,7 +477,8 @@ def test_a_constant_regression_target_is_noted():
     y = np.column_stack([rng.normal(size=50), np.full(50, 3.0)])
     note = constant_note(y, ["t1", "t2"])
     assert note.startswith("target(s) 't2' (always 3) take one value in every row")
-    assert constant_note(y[:, :1]) is None and constant_note(np.full(20, 1.5)).startswith("the target is 1.5 in every row")
+    assert constant_note(y[:, :1]) is None
+    assert constant_note(np.full(20, 1.5)).startswith("the target is 1.5 in every row")
 
 
 def test_samples_shaped_like_channels_first_images_are_noted():

@@ -370,8 +370,13 @@ def test_the_console_warns_when_the_most_frequent_class_scores_the_ensembles_acc
                "members": [{"id": "mlp-001"}], "majority": {"class": "0", "test_accuracy": 0.9778}}
     text = format_comparison(summary)
     assert "warning: answering the most frequent class ('0') for every row scores test accuracy 0.9778" in text
+    assert "with classes this imbalanced accuracy says little" in text
     summary["majority"]["test_accuracy"] = 0.6
     assert "most frequent class" not in format_comparison(summary)
+    summary["ensemble"]["test"] = {"accuracy": 0.32, "log_loss": 1.1}        # balanced classes, nothing learnt
+    summary["majority"]["test_accuracy"] = 0.37
+    text = format_comparison(summary)
+    assert "learnt nothing usable from the features" in text and "imbalanced" not in text
 
 
 def test_several_regression_targets_get_their_own_test_metrics():
