@@ -105,8 +105,12 @@ class EvolveMode(Mode):
                    "optimizer state alone",
                    f"  a seeded sample of {SAMPLE_GENOMES} genomes (not the search's own first candidates) follows"]
         if len(shape) == 2 and space.spatial:
-            heading.insert(1, f"  samples of shape {list(shape)} are read as {shape[0]} steps of {shape[1]} channels "
-                              f"(1-D convolutions); for images set `data.reshape = {[*shape, 1]}`")
+            heading.insert(1, f"  samples of shape {list(shape)} are read as {shape[0]} steps of {shape[1]} "
+                              f"channel(s) (1-D convolutions); for images set `data.reshape = {[*shape, 1]}`")
+        elif len(shape) == 1 and shape[0] >= 16 and not meta.get("feature_names"):      # arrays, not a table
+            heading.insert(1, f"  samples are flat ({shape[0]} values): the search tries dense networks; if the values "
+                              f"are ordered (a spectrum, a signal), `data.reshape = {[shape[0], 1]}` lets it try "
+                              "1-D convolutions")
         rng = np.random.default_rng(cfg.seed)
         samples = []
         for n in range(1, SAMPLE_GENOMES + 1):

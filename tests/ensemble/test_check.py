@@ -92,7 +92,7 @@ def test_an_evolve_config_on_two_axes_says_they_are_steps_and_channels(tmp_path,
     """)
     assert check_main(str(cfg)) == 0
     out = capsys.readouterr().out
-    assert ("samples of shape [8, 8] are read as 8 steps of 8 channels (1-D convolutions); for images set "
+    assert ("samples of shape [8, 8] are read as 8 steps of 8 channel(s) (1-D convolutions); for images set "
             "`data.reshape = [8, 8, 1]`") in out
     assert "a genome at that cap needs" in out
 
