@@ -326,11 +326,16 @@ def scorable_targets(run: EnsembleRun, y: np.ndarray | None, n: int, source: str
         return None
 
 
-def _cli_error(exc: Exception) -> PredictError:
-    """A reader's message in the command line's words (--data, --x, ... for data.source, data.x, ...)."""
+def _cli_error(exc: Exception, given: Iterable[str] = ()) -> PredictError:
+    """A reader's message in the command line's words (--data, --x, ... for data.source, data.x,
+    ...); an option not ``given`` is the run's own setting, and said so ("`data.x` (the run's;
+    --x names another)")."""
     msg = str(exc)
     for setting, option in _CLI_NAMES.items():
-        msg = msg.replace(setting, option)
+        if option in given or not option.startswith("--") or option == "--data":
+            msg = msg.replace(setting, option)
+        else:
+            msg = msg.replace(setting, f"{setting} (the run's setting; {option} names another)")
     return PredictError(msg)
 
 
@@ -360,7 +365,8 @@ def load_input(run: EnsembleRun, source: str, fmt: str | None = None, x: str | N
             return frame_input(run, frame, name, data.label, keep)
         x_raw, y_raw, _ = read_dataset(data, require_y=False)
     except DataError as exc:
-        raise _cli_error(exc) from None
+        given = [option for option, value in (("--x", x), ("--y", y), ("--label", label)) if value is not None]
+        raise _cli_error(exc, given) from None
     if x_raw.dtype.names:                        # a compound dataset / structured array: named fields
         return frame_input(run, structured_frame(x_raw, name), name, data.label, keep, y_raw)
     if keep:

@@ -337,8 +337,11 @@ def test_bad_inputs_give_clear_errors(cls_run, reg_run, tmp_path):
     with pytest.raises(P.PredictError, match=r"10 features per sample .* trained on 64"):
         P.read_input(run, str(tmp_path / "narrow.npz"))
     np.savez(tmp_path / "named.npz", feats=np.zeros((5, 64)))
-    with pytest.raises(P.PredictError, match=r"--x names array 'x'.*feats"):
+    with pytest.raises(P.PredictError, match=r"`data.x` \(the run's setting; --x names another\) names array "
+                                             r"'x'.*feats"):               # no --x was given: the run's data.x
         P.read_input(run, str(tmp_path / "named.npz"))
+    with pytest.raises(P.PredictError, match=r"--x names array 'x2'.*feats"):
+        P.read_input(run, str(tmp_path / "named.npz"), x="x2")
     assert P.read_input(run, str(tmp_path / "named.npz"), x="feats")[0].shape == (5, 64)
     np.savez(tmp_path / "labels.npz", x=np.zeros((2, 64)), y=np.array(["3", "cat"]))
     assert P.read_input(run, str(tmp_path / "labels.npz"))[1] is None        # predicted, not scored: warned
