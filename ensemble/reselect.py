@@ -122,13 +122,12 @@ def _reselect(run_dir: str | Path, overrides: dict) -> dict:
         artifacts.close()
     kept = {k: old[k] for k in ("run", "search", "kept", "rehearsal", "baseline") if k in old}
     summary.update(kept)
+    changed = any(old.get(k) != summary.get(k) for k in ("members", "calibration"))
     summary["reselected"] = {"previous": backup, "settings": {k: getattr(ens, k) for k in (
         "method", "k", "metric", "selection_metric", "calibration")}, "pool": len(with_models),
-        "n_finished": len(finished_records(records)), "seconds": round(time.perf_counter() - t0, 3)}
+        "n_finished": len(finished_records(records)), "changed": changed,
+        "seconds": round(time.perf_counter() - t0, 3)}
     rd.write_json(rd.ENSEMBLE, summary)
-    stale = rd.stale_exports()
-    if stale:
-        log.warning(stale)
     return summary
 
 
@@ -146,7 +145,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     log.info(format_comparison(summary))
     log.info(f"wrote {Path(args.run_dir) / 'ensemble.json'} (the previous one: "
-             f"{summary['reselected']['previous']})")
+             f"{summary['reselected']['previous']})" + ("" if summary["reselected"]["changed"] else
+                                                        "; the same members, weights and calibration"))
+    from ensemble.results.rundir import RunDirectory
+    stale = RunDirectory(Path(args.run_dir)).stale_exports() if summary["reselected"]["changed"] else None
+    if stale:                                        # last, under the table: not scrolled away
+        log.warning(stale)
     from ensemble.results.report import report_line
     log.info(report_line(args.run_dir))
     return 0

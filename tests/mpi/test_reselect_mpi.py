@@ -68,12 +68,18 @@ def test_reselect_writes_a_new_ensemble_and_keeps_the_old(tmp_path):
     assert "ensemble.onnx in" in proc.stderr and "hold(s) the previous ensemble" in proc.stderr
     third = json.loads((run_dir / "ensemble.json").read_text())
     assert third["selection"]["metric"] == "accuracy" and third["reselected"]["previous"] == "ensemble-2.json"
+    assert third["reselected"]["changed"]
+    proc = reselect(str(run_dir), "--method", "greedy", "--selection-metric", "accuracy")    # the same again
+    assert proc.returncode == 0, proc.stderr
+    assert "the same members, weights and calibration" in proc.stdout and "hold(s) the previous" not in proc.stderr
+    fourth = json.loads((run_dir / "ensemble.json").read_text())
+    assert not fourth["reselected"]["changed"] and fourth["members"] == third["members"]
 
     proc = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=120)
     assert proc.returncode == 0, proc.stderr        # a spare link of a job chain: the reselected one is kept
-    assert json.loads((run_dir / "ensemble-3.json").read_text()) == third
+    assert json.loads((run_dir / "ensemble-4.json").read_text()) == fourth
     assert "reselected" not in json.loads((run_dir / "ensemble.json").read_text())
-    assert "is kept as ensemble-3.json" in proc.stderr + proc.stdout
+    assert "is kept as ensemble-4.json" in proc.stderr + proc.stdout
 
     proc = reselect(str(run_dir), "--calibration", "conformal")
     assert proc.returncode == 2 and "--calibration" in proc.stderr and "classification" in proc.stderr
