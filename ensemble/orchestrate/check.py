@@ -312,7 +312,7 @@ def describe_memory(cfg: RunConfig, arrays: dict, members: list[dict], stream_by
 def _bytes(n: float) -> str:
     for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
         if n >= size:
-            return f"{n / size:,.1f} {unit}"
+            return f"{n / size:.3g} {unit}" if n / size < 1000 else f"{n / size:,.0f} {unit}"    # not 1e+03
     return f"{int(n)} B"
 
 
