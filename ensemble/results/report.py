@@ -253,52 +253,75 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(value) if np.isfinite(value) else float("nan")
 
 
+#: the outputs of a multi-target regression the report draws, a row of panels each
+PLOTTED_OUTPUTS = 4
+
+
 def plot_regression(view: RunView):
     """Predicted against true with the 90% intervals, and |error| against predicted spread
-    (a useful spread grows with the error: the rank correlation says how much)."""
+    (a useful spread grows with the error: the rank correlation says how much); a row per
+    output (the first ``PLOTTED_OUTPUTS`` of several targets), named by its target."""
     t = view.test
     if view.task != "regression" or not t or "mean" not in t:
         return None
-    def first(a: np.ndarray) -> np.ndarray:
-        return a if a.ndim == 1 else a[:, 0]
-    y, mean, std = first(np.asarray(t["y"], float)), first(t["mean"]), first(t["std"])
-    lower = first(t["lower_90"]) if "lower_90" in t else mean - 1.645 * std
-    upper = first(t["upper_90"]) if "upper_90" in t else mean + 1.645 * std
+    outputs = 1 if np.ndim(t["mean"]) == 1 else int(np.shape(t["mean"])[1])
+    rows = min(outputs, PLOTTED_OUTPUTS)
+    names = (view.meta or {}).get("target_names") or [str(j) for j in range(outputs)]
     curve = ((view.summary or {}).get("calibration") or {}).get("coverage_curve")
-    fig = _figure(13.5 if curve else 9.5, 4.2)
-    axes = fig.subplots(1, 3 if curve else 2)
-    ax1, ax2 = axes[0], axes[1]
+    fig = _figure(13.5 if curve else 9.5, 4.2 * rows)
+    axes = np.atleast_2d(fig.subplots(rows, 3 if curve else 2))
     if curve:
-        _coverage_curve(axes[2], curve, (view.summary or {}).get("calibration", {}).get("method", "none"))
-    inside = (y >= lower) & (y <= upper)
-    ax1.errorbar(y, mean, yerr=[mean - lower, upper - mean], fmt="none", ecolor="#bbb", lw=0.8, zorder=1)
-    ax1.scatter(y[inside], mean[inside], s=10, color="#1f77b4", label="true value inside the 90% interval",
-                zorder=2)
-    ax1.scatter(y[~inside], mean[~inside], s=12, color="#d62728", label="outside", zorder=2)
-    lo, hi = float(min(y.min(), mean.min())), float(max(y.max(), mean.max()))
-    ax1.plot([lo, hi], [lo, hi], color="#999", ls="--", lw=1)
+        _coverage_curve(axes[0, 2], curve, (view.summary or {}).get("calibration", {}).get("method", "none"))
+        for ax in axes[1:, 2]:
+            ax.axis("off")
     r2 = (view.summary or {}).get("ensemble", {}).get("test", {}).get("r2")
-    ax1.set(xlabel="true", ylabel="ensemble mean (90% interval)",
-            title=f"Predicted against true: {inside.mean():.0%} inside the 90% intervals"
-                  + (f"\nR² {r2:.3f}" if r2 is not None else ""))
+    per_target = (view.summary or {}).get("per_target") or {}
+    for j in range(rows):
+        def column(a, j=j) -> np.ndarray:
+            a = np.asarray(a, dtype=float)
+            return a if a.ndim == 1 else a[:, j]
+        y, mean, std = column(t["y"]), column(t["mean"]), column(t["std"])
+        lower = column(t["lower_90"]) if "lower_90" in t else mean - 1.645 * std
+        upper = column(t["upper_90"]) if "upper_90" in t else mean + 1.645 * std
+        own_r2 = (per_target.get(names[j]) or {}).get("r2") if outputs > 1 else r2
+        _predicted_against_true(axes[j, 0], y, mean, lower, upper, own_r2,
+                                f"target {names[j]}: " if outputs > 1 else "")
+        _error_against_spread(axes[j, 1], y, mean, std)
+    if outputs > rows:
+        fig.suptitle(f"the first {rows} of {outputs} targets", fontsize=8)
+    return fig
+
+
+def _predicted_against_true(ax, y, mean, lower, upper, r2, prefix: str) -> None:
+    inside = (y >= lower) & (y <= upper)
+    ax.errorbar(y, mean, yerr=[mean - lower, upper - mean], fmt="none", ecolor="#bbb", lw=0.8, zorder=1)
+    ax.scatter(y[inside], mean[inside], s=10, color="#1f77b4", label="true value inside the 90% interval",
+               zorder=2)
+    ax.scatter(y[~inside], mean[~inside], s=12, color="#d62728", label="outside", zorder=2)
+    lo, hi = float(min(y.min(), mean.min())), float(max(y.max(), mean.max()))
+    ax.plot([lo, hi], [lo, hi], color="#999", ls="--", lw=1)
+    ax.set(xlabel="true", ylabel="ensemble mean (90% interval)",
+           title=f"{prefix}Predicted against true: {inside.mean():.0%} inside the 90% intervals"
+                 + (f"\nR² {r2:.3f}" if r2 is not None else ""))
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+
+
+def _error_against_spread(ax, y, mean, std) -> None:
     err = np.abs(y - mean)
     rho = spearman(std, err)
-    ax2.scatter(std, err, s=10, color="#1f77b4", alpha=0.7, label="test sample")
+    ax.scatter(std, err, s=10, color="#1f77b4", alpha=0.7, label="test sample")
     order = np.argsort(std)
     chunks = np.array_split(order, min(10, max(1, len(order) // 10)))
-    ax2.plot([std[c].mean() for c in chunks], [err[c].mean() for c in chunks], "o-", color="#ff7f0e",
-             label="mean |error| per spread decile")
+    ax.plot([std[c].mean() for c in chunks], [err[c].mean() for c in chunks], "o-", color="#ff7f0e",
+            label="mean |error| per spread decile")
     grid = np.linspace(0, float(std.max()) * 1.05, 50)
-    ax2.plot(grid, grid * math.sqrt(2 / math.pi), color="#999", ls="--", lw=1,
-             label="expected if Gaussian and calibrated")
-    ax2.set(xlabel="predicted standard deviation", ylabel="|error|",
-            title=f"Error against predicted spread\nSpearman rank correlation {rho:.2f}")
-    for ax in (ax1, ax2):
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    if t["mean"].ndim > 1:
-        fig.suptitle(f"first of {t['mean'].shape[1]} outputs", fontsize=8)
-    return fig
+    ax.plot(grid, grid * math.sqrt(2 / math.pi), color="#999", ls="--", lw=1,
+            label="expected if Gaussian and calibrated")
+    ax.set(xlabel="predicted standard deviation", ylabel="|error|",
+           title=f"Error against predicted spread\nSpearman rank correlation {rho:.2f}")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
 
 
 def _coverage_curve(ax, curve: dict, method: str) -> None:

@@ -118,6 +118,23 @@ def test_regression_report_has_intervals_and_spread_plots(tmp_path):
     assert "on test mse: ensemble 0.9100, baseline 0.9500" in page
 
 
+def test_a_regression_of_several_targets_draws_a_row_per_target(tmp_path):
+    """It drew the first target only ("first of 3 outputs")."""
+    run = make_run(tmp_path / "run", "regression")
+    rd = RunDirectory(run)
+    rng = np.random.default_rng(1)
+    y = rng.normal(size=(60, 3))
+    std = rng.uniform(0.2, 1.0, size=(60, 3))
+    mean = y + rng.normal(size=(60, 3)) * std
+    rd.write_npz(rd.TEST_PREDICTIONS, y=y, mean=mean, std=std, lower_90=mean - 1.6 * std, upper_90=mean + 1.6 * std)
+    data = json.loads((run / rd.DATA).read_text())
+    (run / rd.DATA).write_text(json.dumps({**data, "target_names": ["temp", "flux", "rain"]}))
+    fig = R.plot_regression(R.read_view(run))
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(fig.axes) == 6 and [t.split(":")[0] for t in titles[::2]] == ["target temp", "target flux",
+                                                                             "target rain"]
+
+
 def test_one_architectures_cost_plot_draws_no_empty_legend(tmp_path):
     """Members of one architecture share every cost: each panel is one column with no labelled
     points, and an empty legend() call warned on every such run's console."""
