@@ -26,6 +26,7 @@ the ensemble side, is logged and the last good one kept.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -38,6 +39,8 @@ from ensemble.runtime import coupling, mpi
 
 log = logging.getLogger(__name__)
 
+#: how long a stream closed as Python exits waits for the ensemble side's goodbye
+CLOSE_AT_EXIT_SECONDS = 20.0
 #: default: sample messages per rank in flight (``online.in_flight`` is the ensemble config's word for it)
 IN_FLIGHT = 4
 
@@ -225,6 +228,14 @@ class Stream:
         self.closed = True
         return self.stats
 
+    def close_at_exit(self) -> None:
+        """``connect`` registers this to run as the interpreter exits: a simulation that ends
+        without ``close()`` (forgotten, or an exception that ended its script) is closed here, so
+        that the ensemble side finishes instead of waiting for it for ever."""
+        if not self.closed:
+            self._say("the simulation ended without stream.close(): closed as Python exits")
+            self.close(timeout=CLOSE_AT_EXIT_SECONDS)
+
     def __enter__(self) -> Stream:
         return self
 
@@ -250,4 +261,6 @@ def connect(comm=None, in_flight: int = IN_FLIGHT, threads: int = 1, buckets: tu
         raise PredictError("online.connect(): this job runs one program; start the ensemble beside it, "
                            "`mpirun -n S python sim.py : -n E python -m ensemble.run config.toml` with "
                            "`mode = \"online\"`")
-    return Stream(app, inter, in_flight, threads, buckets, background)
+    stream = Stream(app, inter, in_flight, threads, buckets, background)
+    atexit.register(stream.close_at_exit)
+    return stream

@@ -118,6 +118,19 @@ def test_failing_member_never_stops_the_simulation_and_early_end_resumes(tmp_pat
 
 
 @pytest.mark.long          # make test-long: beside the clean MPMD job above
+def test_a_simulation_that_ends_without_close_ends_the_job(tmp_path):
+    """Every simulation rank left without ``stream.close()``: the ensemble side waited for their
+    goodbye for ever (the job hung until killed). Now the stream closes itself as Python
+    exits, says so, and the ensemble side finishes and keeps what it trained."""
+    write_config(tmp_path)
+    out = mpmd(tmp_path, ["--stop-after", "40", "--no-close"], [], timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "ended without stream.close(): closed as Python exits" in out.stderr
+    run = RunDirectory(tmp_path / "runs" / "onl")
+    assert json.loads((run.path / run.ENSEMBLE).read_text())["online"]["simulation_closed"]
+
+
+@pytest.mark.long          # make test-long: beside the clean MPMD job above
 def test_a_publish_that_fails_never_stops_the_simulation(tmp_path):
     """A publication that fails for real (the simulation's rank 0 puts a directory where
     ``ensemble.json`` goes once it has loaded generation 1): the ensemble side says so and
