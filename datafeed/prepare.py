@@ -387,6 +387,30 @@ def plain_labels(y: np.ndarray, setting: str) -> tuple[np.ndarray, str | None]:
     return y, None
 
 
+def data_changed(then: dict, now: dict, norm_then: tuple[np.ndarray, np.ndarray],
+                 norm_now: tuple[np.ndarray, np.ndarray]) -> str | None:
+    """Why the data prepared ``now`` is not the data a run was made with (``then``: its
+    ``data.json``; the norms: (shift, scale), its ``normalization.npz``), or None: the same
+    files (their number and rows, when streamed), split sizes, task and classes, and the same
+    normalisation (fitted on the training rows: other rows there, or other values, give
+    another). ``--resume``, ``ensemble.load(run).data`` and ``predict --data test`` ask it."""
+    a, b = then.get("stream"), now.get("stream")
+    if (a is None) != (b is None) or (a and b and (a["rows"] != b["rows"] or a["sample_shape"] != b["sample_shape"])):
+        def files(st):
+            return "read whole" if st is None else f"{len(st['rows'])} files of {sum(st['rows'])} rows"
+        return f"its files are not the same ({files(b)} now, {files(a)} then)"
+    if then.get("sizes") != now.get("sizes") or then.get("task") != now.get("task"):
+        return (f"its split sizes {now.get('sizes')} and task {now.get('task')!r} are not the run's "
+                f"{then.get('sizes')} and {then.get('task')!r}")
+    if then.get("class_names") != now.get("class_names"):
+        return f"its classes {now.get('class_names')} are not the run's {then.get('class_names')}"
+    (shift, scale), (shift_now, scale_now) = norm_then, norm_now
+    if np.shape(shift) != np.shape(shift_now) or not (np.allclose(shift, shift_now) and np.allclose(scale, scale_now)):
+        return ("its training rows normalise otherwise than the run's normalization.npz says (other values, or "
+                "the rows in another order)")
+    return None
+
+
 def prepare_targets(y: np.ndarray, info: dict, data: DataSettings) -> tuple[np.ndarray, dict]:
     """The task, and the targets encoded for it (class codes, or float32 values), checked;
     returns (targets, metadata so far). Shared by the in-memory and the streaming path."""

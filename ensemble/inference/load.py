@@ -197,14 +197,9 @@ def _read_checked(rd: RunDirectory, config: RunConfig, meta: dict):
         arrays, fresh, drawn = prepare_with_rows(got.x, got.y, got.info, data, config.seed, rows)
     except (OSError, DataError, ValueError) as exc:
         raise PredictError(f"cannot read the run's data {data.source!r} again: {exc}") from None
-    shift, scale = rd.load_normalization()
-    if fresh.get("sizes") != meta.get("sizes") or fresh.get("task") != meta.get("task"):
-        raise PredictError(f"the data {data.source!r} is not what the run trained on: its split sizes "
-                           f"{fresh.get('sizes')} and task {fresh.get('task')!r}, the run's {meta.get('sizes')} and "
-                           f"{meta.get('task')!r}; use the file the run was trained on")
-    if arrays["x_mean"].shape != shift.shape or not (np.allclose(arrays["x_mean"], shift)
-                                                     and np.allclose(arrays["x_scale"], scale)):
-        raise PredictError(f"the data {data.source!r} is not what the run trained on: its training rows "
-                           "normalise otherwise than normalization.npz says (other values, or the rows in "
-                           "another order); use the file the run was trained on")
+    from datafeed.prepare import data_changed
+    why = data_changed(meta, fresh, rd.load_normalization(), (arrays["x_mean"], arrays["x_scale"]))
+    if why:
+        raise PredictError(f"the data {data.source!r} is not what the run trained on: {why}; use the file the "
+                           "run was trained on")
     return got, arrays, drawn

@@ -25,12 +25,21 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
     keeps the split it was made with (its ``splits.npz``), whatever draws a split now."""
     lock = None
     try:
-        given = None
+        given, then = None, None
         if args.resume:                         # locked first: the run's own split is read from it
             path, lock = choose_run_dir(cfg, args)
             check_same_run(cfg, RunDirectory(path))
             given = saved_split(RunDirectory(path))
+            then = made_with(RunDirectory(path))
         arrays, meta, rows = prepare_checked(cfg, given)
+        if then is not None:                    # the data its members were trained and scored on?
+            from datafeed.prepare import data_changed
+            from datafeed.readers import DataError
+            why = data_changed(then[0], meta, then[1], (arrays["x_mean"], arrays["x_scale"]))
+            if why:
+                raise DataError(f"--resume: the data {cfg.data.source!r} is not what the run was trained on: "
+                                f"{why}; resume with the data the run started with, or start a new run (its "
+                                "finished members were scored on the other rows)")
         if lock is None:                        # after every check: --overwrite deletes the old run
             path, lock = choose_run_dir(cfg, args)
         run_dir = RunDirectory(path)
@@ -44,6 +53,14 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
             lock.release()
         raise
     return arrays, meta, run_dir, lock
+
+
+def made_with(run_dir: RunDirectory) -> tuple[dict, tuple[np.ndarray, np.ndarray]] | None:
+    """A resumed run's ``data.json`` and normalisation, before they are written again; None for
+    a run that holds neither (it stopped before its data was prepared)."""
+    if not ((run_dir.path / run_dir.DATA).is_file() and (run_dir.path / run_dir.NORMALIZATION).is_file()):
+        return None
+    return json.loads((run_dir.path / run_dir.DATA).read_text()), run_dir.load_normalization()
 
 
 def saved_split(run_dir: RunDirectory) -> tuple[dict[str, np.ndarray], bool] | None:

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from datafeed.prepare import fit_normalizer
 from ensemble.config import locate, resolve_config
 from ensemble.inference.load import run_arrays, run_split
 from ensemble.orchestrate.check import EXIT_PROBLEMS, check_main
@@ -109,6 +110,8 @@ def test_a_resumed_run_keeps_the_split_it_was_made_with(tmp_path, table, way):
     other = {"train": np.sort([*made["train"][2:], *swap_in]), "val": made["val"],
              "test": np.sort([*made["test"][2:], *swap_out])}
     rd.write_npz(rd.SPLITS, **other, split_from=np.array(meta["split_from"]))
+    rd.save_normalization(                                          # and normalised on its own training rows
+        *fit_normalizer(table[["a", "b", "c"]].to_numpy()[other["train"]], "standard"))
     arrays, again, rd, lock = prepare_run(cfg, argparse.Namespace(run_dir=str(rd.path), resume=True,
                                                                    overwrite=False))
     lock.release()
@@ -118,6 +121,10 @@ def test_a_resumed_run_keeps_the_split_it_was_made_with(tmp_path, table, way):
     assert again["val_drawn"] == meta["val_drawn"] and again["sizes"] == meta["sizes"]
     table.iloc[:N // 2].to_csv(tmp_path / "all.csv", index=False)       # not the data the run was made on
     with pytest.raises(ValueError, match="has 30 rows"):
+        prepare_run(cfg, argparse.Namespace(run_dir=str(rd.path), resume=True, overwrite=False))
+    table.iloc[::-1].to_csv(tmp_path / "all.csv", index=False)      # the same rows, in another order
+    with pytest.raises(ValueError, match="--resume: the data .* is not what the run was trained on: its training "
+                                         "rows normalise otherwise"):
         prepare_run(cfg, argparse.Namespace(run_dir=str(rd.path), resume=True, overwrite=False))
     table.to_csv(tmp_path / "all.csv", index=False)                 # the refused resume left no lock behind
     prepare_run(cfg, argparse.Namespace(run_dir=str(rd.path), resume=False, overwrite=True))[3].release()
@@ -208,5 +215,29 @@ def test_the_data_rewritten_with_its_rows_in_another_order_is_refused_by_every_r
     assert np.allclose(x_test, table[["a", "b", "c"]].to_numpy()[np.load(rd.path / RunDirectory.SPLITS)["test"]])
     table.iloc[::-1].to_csv(tmp_path / "all.csv", index=False)                 # the same rows, reversed
     for read in (lambda: run_split(rd.path, cfg, meta, "test"), lambda: run_arrays(rd.path, cfg, meta)):
-        with pytest.raises(PredictError, match="normalise otherwise than normalization.npz says"):
+        with pytest.raises(PredictError, match="normalise otherwise than the run's normalization.npz says"):
             read()
+
+
+def test_a_streamed_run_resumed_on_other_files_is_refused(tmp_path):
+    """A shard added between a streamed run and its --resume: the resume said nothing, the
+    split's row numbers pointed at other rows, and members trained before and after were
+    scored on different rows and selected together (``predict --data test`` refused it)."""
+    rng = np.random.default_rng(0)
+    (tmp_path / "shards").mkdir()
+    for i in range(4):
+        x = rng.normal(size=(50, 3))
+        np.savez(tmp_path / "shards" / f"part_{i:03d}.npz", x=x, y=x[:, 0] + 0.1 * rng.normal(size=50))
+    cfg = config(tmp_path, {"source": "shards/*.npz", "stream": True, "label": ""})
+    args = argparse.Namespace(run_dir=str(tmp_path / "run"), resume=False, overwrite=False)
+    _, meta, rd, lock = prepare_run(cfg, args)
+    lock.release()
+    assert meta["stream"]["rows"] == [50] * 4
+    (rd.path / rd.JOURNAL).touch()
+    again = argparse.Namespace(run_dir=str(rd.path), resume=True, overwrite=False)
+    prepare_run(cfg, again)[3].release()                               # the same files: resumed
+    x = rng.normal(size=(50, 3))
+    np.savez(tmp_path / "shards" / "part_001b.npz", x=x, y=x[:, 0])
+    with pytest.raises(ValueError, match=r"--resume: .* its files are not the same \(5 files of 250 rows now, "
+                                         r"4 files of 200 rows then\)"):
+        prepare_run(cfg, again)
