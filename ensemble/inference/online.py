@@ -121,8 +121,8 @@ class Stream:
         kind = msg["kind"]
         if kind == coupling.ACK:
             self.window.acked(msg["seq"], msg["taken"])
-            if msg.get("error") and msg["error"] not in self._refusals:
-                self._refusals.add(msg["error"])
+            if msg.get("error") and coupling.refusal_kind(msg["error"]) not in self._refusals:
+                self._refusals.add(coupling.refusal_kind(msg["error"]))
                 self._say(f"the ensemble side refused a batch ({msg['error']}); it is counted in "
                           "`dropped_remote`, and later batches of the same kind are refused too")
         elif kind == coupling.GENERATION:

@@ -80,6 +80,12 @@ def _length(x) -> int:
         return 1
 
 
+def refusal_kind(error: str) -> str:
+    """What a refused batch's reason says without its counts ("...: the batch is refused (3 of
+    its 32, ...)"): the two ends say each kind of refusal once, not once a batch."""
+    return error.split(" (")[0]
+
+
 class Inlet:
     """The ensemble master's end of the link: a thread that receives the simulation's
     messages on ``inter`` and answers them. ``take(rank, seq, x, y) -> taken`` is called
@@ -134,7 +140,7 @@ class Inlet:
             except (ValueError, TypeError) as exc:    # a batch the buffer cannot hold: refused, said, counted
                 taken, error = 0, f"{type(exc).__name__}: {exc}"
                 self.refused += _length(msg["x"])
-                if error != self.refused_error:
+                if refusal_kind(error) != refusal_kind(self.refused_error or ""):     # said once a kind
                     log.warning(f"online: a batch from simulation rank {rank} was refused ({error}); "
                                 "the link goes on")
                 self.refused_error = error

@@ -68,6 +68,12 @@ class ReplayBuffer:
         x, y = np.asarray(x), np.asarray(y)
         if len(x) != len(y):
             raise ValueError(f"a batch of {len(x)} inputs but {len(y)} targets")
+        for what, a in (("inputs", x), ("targets", y)):      # one such sample makes every later member NaN
+            if a.dtype.kind in "fc" and len(a):
+                bad = ~np.isfinite(a.reshape(len(a), -1)).all(axis=1)
+                if bad.any():
+                    raise ValueError(f"samples with NaN/inf {what}: the batch is refused ({int(bad.sum())} of its "
+                                     f"{len(a)}, first rows {np.flatnonzero(bad)[:5].tolist()}); send finite samples")
         n = len(x)
         self.counts.offered += n
         if self.when_behind == "drop":

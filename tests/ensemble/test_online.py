@@ -200,13 +200,17 @@ def test_a_batch_of_another_shape_is_refused_and_said_and_the_link_goes_on(caplo
     inlet = coupling.Inlet(inter, lambda rank, seq, x, y: buffer.offer(x, y, rank, seq))
     try:
         wide = (np.zeros((3, 7), np.float32), np.zeros(3, np.float32))
+        nan = batch(8, 4)                 # NaN samples: taken, they made every later member fail (nan_loss)
+        nan[0][1, 0] = np.nan
         with inlet.lock:
-            for seq, (x, y) in enumerate((batch(0, 4), wide, batch(4, 4))):
+            for seq, (x, y) in enumerate((batch(0, 4), wide, nan, batch(4, 4))):
                 inlet._handle({"kind": coupling.SAMPLES, "seq": seq, "sent": 0.0, "x": x, "y": y}, 0)
         acks = [m for m, _, _ in inter.sent if m["kind"] == coupling.ACK]
-        assert [a["taken"] for a in acks] == [4, 0, 4]
+        assert [a["taken"] for a in acks] == [4, 0, 0, 4]
         assert "error" not in acks[0] and "shape" in acks[1]["error"]
-        assert inlet.refused == 3 and inlet.error is None and not inlet.closed.is_set()
+        assert "samples with NaN/inf inputs: the batch is refused (1 of its 4, first rows [1])" in acks[2]["error"]
+        assert np.isfinite(buffer.x[:8]).all()
+        assert inlet.refused == 7 and inlet.error is None and not inlet.closed.is_set()
         assert "was refused" in caplog.text
     finally:
         inlet.stop()
