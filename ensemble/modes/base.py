@@ -174,6 +174,10 @@ class Mode:
             samples.append(Sample(arch.name, where, spec, f"{arch.members} member(s)", what, arch))
         return [], samples
 
+    def launch(self, config_path: str) -> str:
+        """The command that runs a config of this mode (``check``'s last line)."""
+        return f"mpirun -n P python -m ensemble.run {config_path}"
+
     def ranks_hint(self, cfg: RunConfig) -> str:
         """What ``--check`` adds to its line about ``mpirun -n P`` (the ranks the mode wants)."""
         n, g = self.expected_members(cfg), cfg.runtime.group_size

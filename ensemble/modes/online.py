@@ -76,8 +76,11 @@ class OnlineMode(Mode):
                     snap = buffer.snapshot()
                     break
                 if inlet.closed.is_set():
-                    raise ConfigError(f"the simulation closed after sending {buffer.size} samples, fewer than "
-                                      f"`online.warmup` = {on.warmup}: lower it, or let the simulation send more")
+                    refused = (f" ({inlet.refused} more were refused: {inlet.refused_error})"
+                               if inlet.refused else "")
+                    raise ConfigError(f"the simulation closed after sending {buffer.size} usable samples{refused}, "
+                                      f"fewer than `online.warmup` = {on.warmup}: lower it, or let the simulation "
+                                      "send more")
             if time.monotonic() - noted > WARMUP_NOTE_SECONDS:
                 log.info(f"online: {buffer.size} of {want} warm-up samples so far")
                 noted = time.monotonic()
@@ -132,8 +135,11 @@ class OnlineMode(Mode):
                       group: Any = None, comm: Any = None) -> Trainer:
         return OneByOne(OnlineTrainer(data, meta, run_dir, rank, group))
 
+    def launch(self, config_path: str) -> str:
+        return f"mpirun -n S python sim.py : -n E python -m ensemble.run {config_path}"
+
     def ranks_hint(self, cfg: RunConfig) -> str:
-        return "; run it beside a simulation: mpirun -n S python sim.py : -n E python -m ensemble.run CONFIG"
+        return "; run it beside a simulation: " + self.launch("CONFIG")
 
 
 class OnlineTrainer:

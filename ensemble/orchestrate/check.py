@@ -94,7 +94,7 @@ def check_main(config_path: str) -> int:
     if prepared is not None:
         describe_memory(cfg, prepared[0], members, prepared[1].get("rank_bytes"))
     describe_runtime(cfg)
-    return finish(found.messages, config_path)
+    return finish(found.messages, config_path, mode.launch(config_path))
 
 
 def describe_config(cfg: RunConfig, found: Problems) -> None:
@@ -324,10 +324,11 @@ def describe_runtime(cfg: RunConfig) -> None:
     print(line + mode_of(cfg).ranks_hint(cfg) + ".")
 
 
-def finish(problems: list[str], config_path: str) -> int:
-    """Print the problems, numbered, or the all-clear; the exit status."""
+def finish(problems: list[str], config_path: str, launch: str = "") -> int:
+    """Print the problems, numbered, or the all-clear with the command that runs it
+    (``Mode.launch``); the exit status."""
     if not problems:
-        print(f"\nNo problems found. Submit it: mpirun -n P python -m ensemble.run {config_path}")
+        print(f"\nNo problems found. Submit it: {launch or 'mpirun -n P python -m ensemble.run ' + config_path}")
         return 0
     print(f"\n{len(problems)} problem(s) found:")
     for i, message in enumerate(problems, 1):

@@ -241,6 +241,7 @@ def test_an_online_config_whose_source_the_run_will_write_is_no_problem(tmp_path
     assert check_main(str(config)) == 0
     out = capsys.readouterr().out
     assert "does not exist yet: the run writes it" in out and "No problems found" in out
+    assert f"Submit it: mpirun -n S python sim.py : -n E python -m ensemble.run {config}" in out
     assert simulate.main([str(config), "--workers", "8"]) == 3
     assert "does not exist yet" in capsys.readouterr().err
     other = write(tmp_path, 'mode = "ensemble"\n[data]\nsource = "missing.npz"\n', "plain.toml")
