@@ -9,6 +9,7 @@ results per second is measured by scripts/bench_hierarchy.py, not asserted here.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -128,7 +129,10 @@ def test_kill_9_mid_run_then_resume_trains_every_member_exactly_once(tmp_path, s
 
     proc = run_mpi(9, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"resuming with {len(before)} finished" in proc.stdout
+    said = re.search(r"resuming with (\d+) finished", proc.stdout)
+    # the killed sub-masters' own journals are absorbed first: members they had journalled and
+    # not yet forwarded count too (the top journal read right after the kill may lack them)
+    assert said and int(said.group(1)) >= len(before), proc.stdout[-2000:]
     after = ok_ids(run_dir)
     assert len(after) == len(set(after)) == total                     # nothing lost, nothing journalled twice
     resumed = after[len(before):]
