@@ -394,11 +394,10 @@ def data_changed(then: dict, now: dict, norm_then: tuple[np.ndarray, np.ndarray]
     files (their number and rows, when streamed), split sizes, task and classes, and the same
     normalisation (fitted on the training rows: other rows there, or other values, give
     another). ``--resume``, ``ensemble.load(run).data`` and ``predict --data test`` ask it."""
-    a, b = then.get("stream"), now.get("stream")
-    if (a is None) != (b is None) or (a and b and (a["rows"] != b["rows"] or a["sample_shape"] != b["sample_shape"])):
-        def files(st):
-            return "read whole" if st is None else f"{len(st['rows'])} files of {sum(st['rows'])} rows"
-        return f"its files are not the same ({files(b)} now, {files(a)} then)"
+    a, b = then.get("stream"), now.get("stream")     # both streamed (a job on a node with less memory may
+    if a and b and (a["rows"] != b["rows"] or a["sample_shape"] != b["sample_shape"]):    # stream what one read whole)
+        return (f"its files are not the same ({len(b['rows'])} files of {sum(b['rows'])} rows now, "
+                f"{len(a['rows'])} files of {sum(a['rows'])} rows then)")
     if then.get("sizes") != now.get("sizes") or then.get("task") != now.get("task"):
         return (f"its split sizes {now.get('sizes')} and task {now.get('task')!r} are not the run's "
                 f"{then.get('sizes')} and {then.get('task')!r}")

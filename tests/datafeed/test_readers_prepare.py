@@ -486,3 +486,16 @@ def test_samples_shaped_like_channels_first_images_are_noted():
     assert "np.moveaxis(x, 1, -1)" in channels_note([3, 16, 16]) and channels_note([1, 32, 32])
     for shape in ([16, 16, 3], [16, 16, 1], [8, 8, 8], [3, 5, 100], [64], [3, 16]):
         assert channels_note(shape) is None, shape
+
+
+def test_data_changed_names_what_differs_and_not_how_it_is_read():
+    from datafeed.prepare import data_changed
+    norm = (np.zeros(3), np.ones(3))
+    meta = {"sizes": {"train": 6, "val": 2, "test": 2}, "task": "classification", "class_names": ["a", "b"]}
+    streamed = {**meta, "stream": {"rows": [5, 5], "sample_shape": [3]}}
+    assert data_changed(meta, meta, norm, norm) is None
+    assert data_changed(meta, streamed, norm, norm) is None        # a node with less memory streams it: the same
+    more = {**streamed, "stream": {"rows": [5, 5, 5], "sample_shape": [3]}}
+    assert "3 files of 15 rows now, 2 files of 10 rows then" in data_changed(streamed, more, norm, norm)
+    assert "classes ['a', 'c']" in data_changed(meta, {**meta, "class_names": ["a", "c"]}, norm, norm)
+    assert "normalise otherwise" in data_changed(meta, meta, norm, (np.ones(3), np.ones(3)))

@@ -171,6 +171,10 @@ def test_numbers_for_classes_that_are_names_are_refused_with_the_order(tmp_path)
              [{"id": "m-000", "weight": 1.0}])
     numbered = P.load_run(tmp_path / "numbered")
     assert P.encode_targets(numbered, np.eye(3, dtype=int)[[2, 0]], 2).tolist() == [2, 0]      # one-hot: indices
+    np.savez(tmp_path / "h.npz", x=x, y=np.array([0.5, 1.5, 2.5] * 20))          # fractional numbers as classes
+    make_run(tmp_path / "halves", {"source": str(tmp_path / "h.npz"), "task": "classification"},
+             [{"id": "m-000", "weight": 1.0}])
+    assert P.encode_targets(P.load_run(tmp_path / "halves"), np.array([2.5, 0.5]), 2).tolist() == [2, 0]
 
 
 def test_a_missing_column_and_an_extra_one_fail_naming_the_missing(base, rows, tmp_path):
