@@ -186,7 +186,7 @@ class SearchSource:
         self.reissue: deque[dict] = deque()       # issued lines of candidates out when the run stopped
         done = self._replay(history)
         # the next candidate's number: after every one issued or finished (a given-up one included)
-        self.count = max([int(x.data["evaluation"]) for x in history
+        self.count = max([int(x.data.get("evaluation", 0)) for x in history
                           if isinstance(x, Event) and x.kind is EventKind.ISSUED]
                          + [r.extra[SEARCH]["evaluation"] for r in done if SEARCH in r.extra], default=0)
         self.wall0 = time.monotonic() - searched_seconds(done)
