@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 def result_line(result: MemberRecord, done: int, total: int | None, metric: str, elapsed: float) -> str:
-    head = f"[{done:>4}/{total if total else '?'}] {result.id:<24}"
+    head = f"[{done:>4}{'/' + str(total) if total else ''}] {result.id:<24}"          # no total: open-ended
     if result.status.evaluated:
         val = result.val.get(metric, float("nan"))
         body = (f"val {metric} {metric_text(val)}  {result.epochs or 0:>3} epochs  {result.params or 0:>8} params  "
@@ -123,7 +123,7 @@ class Progress:
         now = self.clock() if now is None else now
         elapsed = max(now - self.t0, 1e-9)
         rate = self.new / elapsed
-        text = f"[{self.done}/{self.total or '?'}] {self.failed} failed, {rate:.1f} members/s"
+        text = f"[{self.done}{'/' + str(self.total) if self.total else ''}] {self.failed} failed, {rate:.1f} members/s"
         if self.first_start is not None and now > self.first_start:
             text += f", utilisation {100 * self.trained / (self.workers * (now - self.first_start)):.0f}%"
         return text + self.eta(rate, now) + f"  +{_duration(elapsed)}"

@@ -273,8 +273,8 @@ class MasterSession:
         from datafeed.splits import describe_split
         log.info(f"run {self.run_dir.path}: {self.meta['task']} on {self.meta['sizes']} samples (split "
                  f"{describe_split(self.meta, self.cfg.data, self.cfg.seed)}), "
-                 f"{total or '?'} member{'s' if total != 1 else ''}, "
-                 f"{workers} {'group' if rt.group_size > 1 else 'worker'}{'s' if workers != 1 else ''}"
+                 + (f"{total} member{'s' if total != 1 else ''}, " if total else "members until it is ended, ")
+                 + f"{workers} {'group' if rt.group_size > 1 else 'worker'}{'s' if workers != 1 else ''}"
                  f"{' of ' + str(rt.group_size) + ' ranks' if rt.group_size > 1 else ''}"
                  f"{' (serial)' if self.serial else ''}{' and the master' if self.master_trains else ''}"
                  + (f", resuming with {done} finished (state read in {resume_seconds:.1f} s)"

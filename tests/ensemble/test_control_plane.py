@@ -342,3 +342,12 @@ def test_derive_seed_is_numpys_seed_sequence():
     for parts in cases:
         want = int(np.random.SeedSequence(list(parts)).generate_state(1)[0]) & 0x7FFFFFFF
         assert derive_seed(*parts) == want, parts
+
+
+def test_a_result_line_of_an_open_ended_run_shows_no_total():
+    """Mode "online" has no total: its lines read "[   2/?]" and its start "? members"."""
+    from ensemble.orchestrate.progress import result_line
+    from ensemble.results.records import MemberRecord, Status
+    record = MemberRecord("o-00002", Status.OK, val={"mse": 0.5})
+    assert result_line(record, 2, None, "mse", 1.0).startswith("[   2] o-00002")
+    assert result_line(record, 2, 40, "mse", 1.0).startswith("[   2/40] o-00002")
