@@ -198,10 +198,11 @@ class Stream:
         return self.ensemble()
 
     # -- the end ------------------------------------------------------------------------------
-    def close(self, timeout: float = 60.0) -> StreamStats:
+    def close(self, timeout: float = 60.0, take_loading: bool = True) -> StreamStats:
         """This rank is done: its messages delivered, the ensemble side told (it finishes,
         publishes once more and keeps what it trained). Waits at most ``timeout`` seconds
-        for the ensemble side's goodbye."""
+        for the ensemble side's goodbye; ``take_loading``: and for a generation being loaded
+        (not as Python exits, when TensorFlow may already be going)."""
         if self.closed:
             return self.stats
         end = time.monotonic() + timeout
@@ -220,7 +221,7 @@ class Stream:
             sleep = min(sleep * 2, 0.02)
         if not (self._bye or self._ended):
             self._say(f"the ensemble side did not answer close() within {timeout:.0f} s")
-        if self._loading is not None:
+        if self._loading is not None and take_loading:
             self._loading.join(timeout=max(0.0, end - time.monotonic()))
             if self._loaded is not None:
                 self._take_loaded()
@@ -234,7 +235,7 @@ class Stream:
         that the ensemble side finishes instead of waiting for it for ever."""
         if not self.closed:
             self._say("the simulation ended without stream.close(): closed as Python exits")
-            self.close(timeout=CLOSE_AT_EXIT_SECONDS)
+            self.close(timeout=CLOSE_AT_EXIT_SECONDS, take_loading=False)   # nothing will use it now
 
     def __enter__(self) -> Stream:
         return self

@@ -100,6 +100,13 @@ def exit_after(seconds: float, code: int) -> None:
     _exit_armed.append(timer)
 
 
+def _leads() -> bool:
+    """Whether this process is rank 0 of its own program: the master (in an MPMD job, the
+    ensemble program's rank 0 is not COMM_WORLD's, which is the simulation's: on Ctrl-C the
+    master took itself for a worker, could be cut short, and the resume line was never said)."""
+    return (_coupled["app"] if _coupled else world).Get_rank() == 0
+
+
 def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
     """An uncaught exception on any rank prints with its rank and host, then aborts the job.
 
@@ -120,12 +127,12 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
     """
     def on_term(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)   # one is enough: a second (the scheduler signals
-        if world.Get_rank() != 0:                       # every process, mpiexec forwards too) cuts no cleanup
+        if not _leads():                                # every process, mpiexec forwards too) cuts no cleanup
             exit_after(WORKER_STOP_LIMIT, EXIT_TERMINATED)
         raise Terminated(f"signal {signum}")
 
     def on_int(signum, frame):
-        if world.Get_rank() != 0:
+        if not _leads():
             exit_after(WORKER_STOP_LIMIT, EXIT_INTERRUPTED)
         raise KeyboardInterrupt
     try:
@@ -147,7 +154,7 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
         except Exception:               # noqa: BLE001 - never a second error on the way out
             pass
         if issubclass(kind, KeyboardInterrupt):
-            if world.Get_rank() == 0:
+            if _leads():
                 try:
                     line = interrupted() if interrupted else "interrupted"
                 except Exception:       # noqa: BLE001 - never a traceback on the way out
@@ -160,7 +167,7 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
                 # INTERRUPT_GRACE, by when rank 0 has closed its journal and status.json (it
                 # takes milliseconds), and rank 0 after them, so the job's status is theirs, 130
                 _let_go_of_the_launcher()
-                time.sleep(INTERRUPT_GRACE * (2 if world.Get_rank() == 0 else 1))
+                time.sleep(INTERRUPT_GRACE * (2 if _leads() else 1))
             os._exit(EXIT_TERMINATED if issubclass(kind, Terminated) else EXIT_INTERRUPTED)
         full = _disk_full(value)
         if full is not None:            # the storage's fault, not the code's: one line with the way on

@@ -131,6 +131,36 @@ def test_a_simulation_that_ends_without_close_ends_the_job(tmp_path):
 
 
 @pytest.mark.long          # make test-long: beside the clean MPMD job above
+def test_ctrl_c_on_an_mpmd_job_stops_the_master_as_the_master_and_says_how_to_resume(tmp_path):
+    """In an MPMD job the ensemble's master is not COMM_WORLD's rank 0 (the simulation's is):
+    on Ctrl-C it took itself for a worker (cut short after its stop limit) and never said the
+    resume line. It now leads its own program's stop, says the line, and the run resumes."""
+    import os
+    import signal
+    import time
+    write_config(tmp_path)
+    cmd = [mpiexec(), "-n", "2", sys.executable, SIM, str(tmp_path / "sim"), "--max-seconds", "120",
+           "--generations", "1000", ":", "-n", "3", sys.executable, "-m", "ensemble.run", str(tmp_path / "online.toml")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=importable(OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    run = RunDirectory(tmp_path / "runs" / "onl")
+    try:
+        end = time.monotonic() + 200
+        while not (run.path / run.ENSEMBLE).is_file():                # a generation published: mid-run
+            assert proc.poll() is None and time.monotonic() < end, "no generation was published"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGINT)                            # Ctrl-C: mpiexec forwards it to every rank
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert f"interrupted; `--resume` continues: the same command with `--run-dir {run.path} --resume`" in err, \
+        err[-3000:]
+    assert any(json.loads(line).get("event") == "interrupted" for line in (run.path / run.JOURNAL).open())
+
+
+@pytest.mark.long          # make test-long: beside the clean MPMD job above
 def test_a_publish_that_fails_never_stops_the_simulation(tmp_path):
     """A publication that fails for real (the simulation's rank 0 puts a directory where
     ``ensemble.json`` goes once it has loaded generation 1): the ensemble side says so and
