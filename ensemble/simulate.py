@@ -131,6 +131,19 @@ def cost_model(value: str, mode: str):
     return MasterCost(result_us * 1e-6, dispatch_us * 1e-6)
 
 
+def assumptions(cfg, args) -> str:
+    """What the table's figures rest on, said above it: the members' durations and the
+    master's cost (a reader took "23% at 20,000 workers" for a forecast of their own run)."""
+    from ensemble.orchestrate.simulate import cost_source
+    members = (f"members replayed from {args.replay}" if getattr(args, "replay", None) else
+               f"members of made-up duration: log-normal, median {cfg.rehearsal.seconds:g} s, spread "
+               f"{cfg.rehearsal.spread:g} (`[rehearsal]`, or --seconds/--spread; --replay a run's journal for "
+               "its own)")
+    cost = {"measured": "the master's own code timed here", "model": cost_source(cfg.mode)}.get(
+        args.master_cost, f"{args.master_cost} us a result, a dispatch")
+    return f"assumed: {members}; master cost: {cost}"
+
+
 def fast_rows(cfg, args) -> int:
     """``--engine fast``: one row per worker count (``orchestrate.fastsim``)."""
     import time
@@ -139,10 +152,14 @@ def fast_rows(cfg, args) -> int:
     from ensemble.orchestrate import fastsim
     from ensemble.runtime.tail import AUTO_HELPERS
     rt = cfg.runtime
+    if not mode_of(cfg).one_shot_members:
+        raise SystemExit(f"--engine fast models independent members (modes ensemble and evolve); mode {cfg.mode!r} "
+                         "does not train so: leave out --engine fast (the default engine runs its own master code)")
     cost = cost_model(args.master_cost, cfg.mode)
     if cost is None:
         raise SystemExit("--engine fast models the master: give --master-cost model or RESULT_US,DISPATCH_US")
     if not args.json:
+        print(assumptions(cfg, args))
         print(f"{'workers':>8} {'members':>9} {'utilisation':>12} {'master busy':>12} {'members/s':>10} "
               f"{'simulated':>10} {'real s':>8}")
     for workers in args.workers:
@@ -227,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"data error: {exc}", file=sys.stderr)
         return 3
     if not args.json:
+        print(assumptions(cfg, args))
         print(f"{'workers':>8} {'members':>9} {'utilisation':>12} {'master busy':>12} {'members/s':>10} "
               f"{'simulated':>10} {'journal MB':>11} {'real s':>8}")
     for workers in args.workers:

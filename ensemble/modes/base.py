@@ -90,6 +90,9 @@ class Mode:
     #: the simulation's first ``online.warmup`` samples), so that ``check`` and ``simulate``,
     #: which run no simulation, may meet it missing
     writes_source: ClassVar[bool] = False
+    #: whether its members are independent one-shot jobs, as ``simulate --engine fast`` models
+    #: them (a population trains in synchronous rounds; an online run has no list of members)
+    one_shot_members: ClassVar[bool] = True
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         """The run's Source and Decider (the same object when the mode's rounds are both)."""

@@ -48,6 +48,7 @@ class OnlineMode(Mode):
     name = "online"
     tables = ("online",)
     takes_helpers = False              # the data keeps coming: no last members
+    one_shot_members = False           # no list of members: they come as long as the simulation runs
     writes_source = True               # the first `online.warmup` samples, unless it exists
 
     def before_prepare(self, cfg: RunConfig, args: Any) -> None:

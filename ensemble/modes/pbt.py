@@ -23,6 +23,7 @@ class PbtMode(Mode):
     master_may_train = False           # members send each other their weights over MPI: not from a thread
     reads_streams = False              # train.population gathers its batches from the arrays in memory
     takes_helpers = False              # rounds, not last members
+    one_shot_members = False           # synchronous rounds of the whole population
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         from ensemble.sources.population import PopulationSource

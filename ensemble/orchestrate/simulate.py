@@ -76,6 +76,12 @@ class MasterCost:
 MASTER_COST_US: dict[str, tuple[float, float]] = {"ensemble": (232.0, 58.0), "evolve": (376.0, 802.0)}
 
 
+def cost_source(mode: str) -> str:
+    """Which mode's measured master cost ``master_cost(mode)`` uses, in words."""
+    return (f"the {mode} mode's measured model" if mode in MASTER_COST_US else
+            f"the ensemble mode's measured model (the {mode} mode's master was not measured)")
+
+
 def master_cost(mode: str) -> MasterCost:
     """The recorded cost model of ``mode``'s master (ensemble's for a mode not measured)."""
     result_us, dispatch_us = MASTER_COST_US.get(mode, MASTER_COST_US["ensemble"])

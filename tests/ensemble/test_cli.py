@@ -135,3 +135,18 @@ def test_the_fast_engine_simulates_the_configs_own_members(capsys):
     assert main(["configs/digits.toml", "--workers", "4", "--engine", "fast"]) == 0
     row = capsys.readouterr().out.splitlines()[-1].split()
     assert row[:2] == ["4", "8"]                          # 4 workers, the config's 8 members (4 MLPs + 4 CNNs)
+
+
+def test_simulate_says_what_it_assumed_and_the_fast_engine_refuses_a_population(capsys):
+    """A new user read "23% utilisation at 20,000 workers" of a PBT config as a forecast: the
+    fast engine had modelled one-shot members (no rounds) and the master's cost was the
+    ensemble mode's, unsaid."""
+    from ensemble.simulate import main
+    assert main(["configs/digits.toml", "--workers", "4", "--engine", "fast"]) == 0
+    said = capsys.readouterr().out.splitlines()[0]
+    assert said.startswith("assumed: members of made-up duration: log-normal, median")
+    assert "the ensemble mode's measured model" in said
+    with pytest.raises(SystemExit, match="--engine fast models independent members .* mode 'pbt'"):
+        main(["configs/digits_pbt.toml", "--workers", "4", "--engine", "fast"])
+    from ensemble.orchestrate.simulate import cost_source
+    assert cost_source("pbt") == "the ensemble mode's measured model (the pbt mode's master was not measured)"
