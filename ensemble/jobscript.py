@@ -71,6 +71,7 @@ class Job:
     command: str = ""          # the ensemble.jobscript command line that wrote the script
     stage_env: str | None = None    # node-local folder the environment is copied to first (runtime/stage.py)
     cpu_ranks_per_node: int = 0     # CPU-only nodes (gpus_per_node = 0): --ranks-per-node
+    master_trains: str = ""         # why the master trains members or not, for the script's comment
 
     @property
     def ranks_per_node(self) -> int:
@@ -340,8 +341,7 @@ def render_job_script(job: Job) -> str:
         *s.directives(job),
         f"# python -m ensemble.run for the config {job.name!r} on {job.hardware}: {job.ranks} ranks,",
         f"# {per_gpu}, {job.cpus_per_rank} core(s) each. Rank 0, the master, shares node 0 with the workers",
-        f"# and has {device} like them, on which it trains members too (runtime.master_trains = \"auto\"),",
-        "# so nothing idles (with runtime.group_size > 1 the master trains nothing).",
+        f"# and has {device} like them; {job.master_trains}.",
         "# Submitting this script again continues the same run (--resume) until it is done; on a",
         "# finished run a job selects the ensemble again and ends. Written by",
         f"#   {job.command}",
@@ -454,6 +454,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def master_trains_text(cfg, gpus_per_node: int) -> str:
+    """Whether the job's master trains members beside its loop, and why (``run.trains_on_master``
+    decides it at the run's start from the same settings), for the script's comment."""
+    from ensemble.modes import mode_of
+    setting, mode = cfg.runtime.master_trains, mode_of(cfg)
+    if not mode.master_may_train:
+        device = "GPU" if gpus_per_node else "core"
+        return f"it trains nothing in mode {cfg.mode!r} (its members talk MPI), so its {device} idles"
+    if setting != "auto":
+        return ("it trains members too (runtime.master_trains = true)" if setting else
+                "it trains nothing (runtime.master_trains = false), so its device idles")
+    if cfg.runtime.group_size > 1:
+        return "it trains nothing (runtime.group_size > 1: members are groups)"
+    if not gpus_per_node:
+        return ("on CPU-only nodes it trains nothing: its core runs the scheduling loop "
+                "(runtime.master_trains = \"auto\")")
+    return "it trains members on its GPU too (runtime.master_trains = \"auto\"), so nothing idles"
+
+
 def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
     """Check the request against the config and make the ``Job``; ``JobScriptError`` says what
     to change. Everything the queue wait would otherwise reveal is checked here."""
@@ -501,7 +520,8 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
                ranks_per_gpu=rt.ranks_per_gpu, threads=rt.threads, cpus_per_rank=cpus, minutes=minutes,
                python=str(python), account=args.account, queue=args.queue, setup=tuple(args.setup),
                directives=tuple(args.directive), command=command, stage_env=args.stage_env,
-               cpu_ranks_per_node=0 if args.gpus_per_node else args.ranks_per_node)
+               cpu_ranks_per_node=0 if args.gpus_per_node else args.ranks_per_node,
+               master_trains=master_trains_text(cfg, args.gpus_per_node))
     if rt.group_size > 1 and (job.ranks - 1) % rt.group_size:
         raise JobScriptError(f"`runtime.group_size` = {rt.group_size} must divide the {job.ranks - 1} worker ranks "
                              f"({job.ranks} ranks less the master); choose --nodes and --gpus-per-node "

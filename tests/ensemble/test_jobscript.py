@@ -110,6 +110,7 @@ def test_each_scheduler_gets_its_directives_launcher_and_the_run(scheduler, tmp_
     assert "export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 " \
            "TF_NUM_INTEROP_THREADS=1" in lines
     assert "2 node(s) x 4 GPU(s): 8 ranks" in text and "Rank 0, the master, shares node 0" in text
+    assert "it trains members on its GPU too" in text
     assert os.access(script, os.X_OK) and not (here / f"tiny.{scheduler}.submit.sh").exists()
     out = capsys.readouterr().out
     submit = jobscript.SCHEDULERS[scheduler].submit_once.format(f"tiny.{scheduler}.sh")
@@ -148,6 +149,7 @@ def test_cpu_only_nodes_get_their_ranks_and_no_gpu_request(scheduler, tmp_path, 
     assert CPU_LAUNCH[scheduler] in lines
     assert "gpu" not in "\n".join(line for line in lines if not line.startswith("#")).replace("gpu-affinity", "")
     assert "on 2 CPU-only node(s) x 16 rank(s): 32 ranks," in text and "no GPUs, 3 core(s) each" in text
+    assert "on CPU-only nodes it trains nothing" in text and "trains members" not in text   # it said it did
     staging = next(line for line in lines if line.startswith(CPU_LAUNCH[scheduler].split()[0]))
     assert "32" not in staging and "16" not in staging    # the staging launch: one rank a node
     if scheduler == "slurm":
@@ -404,3 +406,17 @@ def test_a_stage_env_with_a_double_quote_is_refused(tmp_path, monkeypatch, capsy
     code, _ = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "2",
                        "--stage-env", 'a"b')
     assert code == 2 and "--stage-env" in capsys.readouterr().err
+
+
+def test_the_masters_part_is_said_as_the_mode_and_settings_decide_it():
+    """Every script said the master trains members too, also in mode pbt (it never does) and
+    on CPU-only nodes ("auto" does not there)."""
+    from ensemble.config import resolve_config
+    layers = [{"type": "Dense", "units": 4}]
+    pbt = resolve_config({"mode": "pbt", "architectures": [{"layers": layers}]})
+    plain = resolve_config({"architectures": [{"layers": layers}]})
+    assert "trains nothing in mode 'pbt'" in jobscript.master_trains_text(pbt, 4)
+    assert "trains members on its GPU too" in jobscript.master_trains_text(plain, 4)
+    assert "CPU-only nodes it trains nothing" in jobscript.master_trains_text(plain, 0)
+    grouped = plain.replace(runtime=plain.runtime.replace(group_size=2))
+    assert "group_size > 1" in jobscript.master_trains_text(grouped, 4)
