@@ -35,6 +35,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -529,6 +530,19 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
     return job
 
 
+def mpich_wheel(python: str) -> str | None:
+    """The version of the MPICH wheel from PyPI that ``python``'s environment holds (its mpi4py
+    then runs on it, not on the site's MPI), or None: none, or a python this machine cannot run."""
+    if not Path(python).exists():
+        return None
+    try:
+        out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('mpich'))"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -549,6 +563,12 @@ def main(argv: list[str] | None = None) -> int:
         chain.chmod(0o755)
         written.append(chain)
     rel = [os.path.relpath(p, cwd) for p in written]
+    wheel = mpich_wheel(job.python)
+    if wheel:
+        print(f"warning: {job.python}'s mpi4py runs on the MPICH wheel from PyPI ({wheel}, the local default): under "
+              f"the cluster's launcher its ranks would each start alone; build mpi4py against the site's MPI "
+              "(docs/cluster.md: MPICC=$(which mpicc) pip install --no-binary=mpi4py mpi4py) and pass that "
+              "environment's python with --python", file=sys.stderr)
     print(f"wrote {' and '.join(rel)}: {job.scheduler}, {job.nodes} node(s) x {job.ranks_per_node} ranks = "
           f"{job.ranks} ranks, {job.walltime} each job, run directory {job.run_dir}")
     print(f"check the config first:  python -m ensemble.run {shlex.quote(args.config)} --check")

@@ -420,3 +420,17 @@ def test_the_masters_part_is_said_as_the_mode_and_settings_decide_it():
     assert "CPU-only nodes it trains nothing" in jobscript.master_trains_text(plain, 0)
     grouped = plain.replace(runtime=plain.runtime.replace(group_size=2))
     assert "group_size > 1" in jobscript.master_trains_text(grouped, 4)
+
+
+def test_a_python_on_the_mpich_wheel_is_warned_of(tmp_path, monkeypatch, capsys):
+    """This venv's mpi4py runs on the MPICH wheel from PyPI: a job script with it would start
+    every rank alone under srun; it was written without a word."""
+    import importlib.metadata
+    try:
+        wheel = importlib.metadata.version("mpich")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("this environment has no MPICH wheel")
+    assert jobscript.mpich_wheel(sys.executable) == wheel
+    code, _ = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "1")
+    assert code == 0 and "runs on the MPICH wheel from PyPI" in capsys.readouterr().err
+    assert jobscript.mpich_wheel(str(tmp_path / "no-python")) is None
