@@ -89,5 +89,6 @@ class PbtMode(Mode):
     def status_lines(self, section: dict) -> list[str]:
         p = section
         return [f"population: round {p['round']} of {p['rounds'] or '?'} done"
-                + (f", best {p['best']} val {p['metric']} {p['value']:.4f}, {p['copies']} copies so far"
+                + (f", best {p['best']} val {p['metric']} {p['value']:.4f} (its round's score), {p['copies']} "
+                   "copies so far"
                    if "best" in p else "")]
