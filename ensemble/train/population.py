@@ -90,6 +90,15 @@ def _state_variables(model) -> list:
     return weights + list(model.optimizer.variables)
 
 
+def reseed(model, seed: int) -> None:
+    """Set the model's random streams (its dropout layers' seed generators, which a member's
+    state leaves out) from ``seed``: each round starts them afresh, so a member resumed after a
+    round draws what the uninterrupted run drew (it drew from its first round's streams)."""
+    streams = [v for v in model.variables if "seed_generator" in v.path]
+    for i, v in enumerate(streams):
+        v.assign(np.array([(seed + 7919 * i) % 2**31, 0], dtype=v.dtype))
+
+
 def set_state(model, arrays: list[np.ndarray]) -> None:
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
@@ -209,6 +218,9 @@ def train_population_member(spec: dict, data: Mapping[str, np.ndarray], meta: di
         if stopped:
             break
         t_round = time.monotonic()
+        # every round from its own seed: a member resumed after round k trains round k + 1 with
+        # the random numbers (its dropout masks) the uninterrupted run used
+        reseed(member.model, (spec["seed"] + 104729 * round_) % 2**31)
         E = pbt["round_epochs"]
         train_ds = make_dataset(data["x_train"], model_y, idx, int(member.hparams["batch_size"]),
                                 (spec["seed"] + 7919 * round_) % 2**31, y_transform=y_tf, shard=shard)

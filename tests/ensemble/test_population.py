@@ -219,7 +219,8 @@ def test_the_report_draws_the_population_and_status_counts_rounds(tmp_path):
     (tmp_path / "config.toml").write_text(dump_toml(config()))
     status = run_status(tmp_path, JournalTail(tmp_path / "journal.jsonl"))
     assert status["pbt"]["round"] == 2 and status["pbt"]["rounds"] == 3 and status["pbt"]["best"] == "pbt-000"
-    assert "population: round 2 of 3 done, best pbt-000 val accuracy 0.9200 (its round's score), 2 copies" in format_status(status)
+    assert ("population: round 2 of 3 done, best pbt-000 val accuracy 0.9200 (its round's score), 2 copies"
+            in format_status(status))
 
 
 def test_a_population_can_start_from_an_evolve_runs_best_candidates(tmp_path):

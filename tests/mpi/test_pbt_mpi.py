@@ -92,6 +92,9 @@ def test_a_copied_member_predicts_as_its_donor_and_no_state_goes_through_rank_0(
 @pytest.mark.long                       # make test-long: kept out of make test's 12 minutes
 def test_killed_during_a_round_resumes_after_the_last_journalled_one(tmp_path):
     cfg = write(tmp_path, rounds=6, low=1e-4, high=3e-2)
+    dense = 'layers = [{type = "Dense", units = 16, activation = "relu"}]'
+    assert dense in cfg.read_text()                      # dropout: training draws random numbers
+    cfg.write_text(cfg.read_text().replace(dense, dense[:-1] + ', {type = "Dropout", rate = 0.3}]'))
     run_dir = tmp_path / "run"
     journal = run_dir / "journal.jsonl"
     kill_when(4, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
@@ -116,6 +119,14 @@ def test_killed_during_a_round_resumes_after_the_last_journalled_one(tmp_path):
     assert len(records) == 3 and {r["status"] for r in records} == {"ok"}
     assert {r["epochs"] for r in records} == {6}
     assert "resume: the population continues after round" in proc.stdout + proc.stderr
+    # the same population uninterrupted: every round after the kill scores as it did (each round
+    # trains from its own seed; a resumed member trained its next round from its first one's)
+    whole = tmp_path / "whole"
+    assert run_mpi(4, ["-m", "ensemble.run", str(cfg), "--run-dir", str(whole)], timeout=240).returncode == 0
+    uninterrupted = pd.read_csv(whole / "pbt.csv").sort_values(["round", "id"]).reset_index(drop=True)
+    mine = lineage.sort_values(["round", "id"]).reset_index(drop=True)
+    score = [c for c in mine.columns if c.startswith("val_")][0]
+    np.testing.assert_allclose(mine[score], uninterrupted[score], rtol=1e-4)
 
 
 MIXED = """
