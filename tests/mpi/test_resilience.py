@@ -242,22 +242,27 @@ def test_a_member_that_kills_its_worker_is_given_up_at_its_second_crash(tmp_path
     assert "mlp-001" not in {m["id"] for m in ens["members"]}
 
 
+#: a small search of the fault tests (``top``: top-level keys before the tables)
+SEARCH = """
+mode = "evolve"
+{top}
+[data]
+source = "digits"
+[train]
+epochs = 2
+[evolve]
+evaluations = {evaluations}
+population_size = 3
+sample_size = 2
+[search]
+max_depth = 2
+units = [8, 16]
+"""
+
+
 @pytest.mark.long          # make test-long: an ensemble's failed members above take the same path
 def test_evolve_run_survives_failed_candidates(tmp_path):
-    cfg = write_config(tmp_path, with_faults("""
-        mode = "evolve"
-        [data]
-        source = "digits"
-        [train]
-        epochs = 2
-        [evolve]
-        evaluations = 6
-        population_size = 3
-        sample_size = 2
-        [search]
-        max_depth = 2
-        units = [8, 16]
-    """))
+    cfg = write_config(tmp_path, with_faults(SEARCH.format(top="", evaluations=6)))
     run_dir = tmp_path / "run"
     proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
                    env=faults.env(e0002="raise", e0004="nan"))
@@ -279,21 +284,7 @@ def test_a_search_candidate_that_kills_its_worker_is_given_up_and_the_search_fin
     quarantine), so the resumed jobs are lost too, until e0002 (and whoever was in flight with
     it each time) is given up at its third lost job; the next --resume finishes the budget with
     every other candidate trained once, and the strategy was told the failure."""
-    cfg = write_config(tmp_path, with_faults("""
-        mode = "evolve"
-        seed = 5
-        [data]
-        source = "digits"
-        [train]
-        epochs = 2
-        [evolve]
-        evaluations = 7
-        population_size = 3
-        sample_size = 2
-        [search]
-        max_depth = 2
-        units = [8, 16]
-    """))
+    cfg = write_config(tmp_path, with_faults(SEARCH.format(top="seed = 5", evaluations=7)))
     run_dir = tmp_path / "run"
     args = ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)]
     fault = faults.env(e0002="exit")
