@@ -184,7 +184,8 @@ class Mode:
     def ranks_hint(self, cfg: RunConfig) -> str:
         """What ``--check`` adds to its line about ``mpirun -n P`` (the ranks the mode wants)."""
         n, g = self.expected_members(cfg), cfg.runtime.group_size
-        return f"; -n {1 + n * g} trains all {n} members at once" if n else ""
+        return (f"; -n {1 + n * g} trains all {n} members at once" if n > 1 else
+                f"; -n {1 + g} trains its member" if n else "")
 
     def pareto(self, cfg: RunConfig, meta: dict) -> Any:
         """record -> objectives for a multi-objective search whose Pareto front keeps its

@@ -172,8 +172,10 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
     else:
         print(f"  task: regression ({task_from}), {meta['n_outputs']} output(s)")
     from datafeed.prepare import data_notes
-    for note in data_notes(got.info, arrays, meta):
-        print(f"  note: {note}")
+    from ensemble.results.selection import few_rows_note
+    for note in [*data_notes(got.info, arrays, meta), few_rows_note(meta["sizes"]["val"])]:
+        if note:
+            print(f"  note: {note}")
     sizes = meta["sizes"]
     print(f"  splits: train {sizes['train']}, validation {sizes['val']}, test {sizes['test']}, "
           f"{describe_split(meta, data, cfg.seed)}; normalisation {data.normalize!r}, fitted on train")
@@ -333,7 +335,7 @@ def finish(problems: list[str], config_path: str, launch: str = "") -> int:
     print(f"\n{len(problems)} problem(s) found:")
     for i, message in enumerate(problems, 1):
         print(f"  {i}. {message}")
-    print(f"Fix them and check again: python -m ensemble.run {config_path} --check")
+    print(f"Fix them and check again: ensemble check {config_path}")
     return EXIT_PROBLEMS
 
 

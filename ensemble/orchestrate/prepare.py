@@ -106,8 +106,10 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
     if leak:
         log.warning(leak)
     from datafeed.prepare import data_notes
-    for note in data_notes(info, arrays, meta):
-        log.warning(note)
+    from ensemble.results.selection import few_rows_note
+    for note in [*data_notes(info, arrays, meta), few_rows_note(meta["sizes"]["val"])]:
+        if note:
+            log.warning(note)
     if cfg.data.task == "auto":                 # the task is known now: settings that depend on it
         check_task_settings(cfg, meta["task"], "the labels make this task")
     mode = mode_of(cfg)

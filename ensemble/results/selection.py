@@ -41,7 +41,7 @@ from ensemble.task.metrics import (
 )
 
 __all__ = ["bagged_selection", "choose_ensemble", "shrunk_selection", "effective_size", "ensemble_score",
-           "greedy_selection", "rank_key", "rank_members", "select", "top_k"]
+           "few_rows_note", "greedy_selection", "rank_key", "rank_members", "select", "top_k"]
 
 # An addition must beat the current ensemble by more than this relative margin,
 # so float noise from re-averaging identical predictions never counts as a gain.
@@ -669,6 +669,16 @@ def _auto(cv: dict[str, dict], higher: bool, base: str) -> tuple[str, str]:
         return best, f"beats {base} selection out of fold by {z:.1f} standard errors"
     return base, (f"no other selection beats {base} out of fold by more than {limit:.1f} standard errors "
                   f"(the best, {best}, by {max(z, 0.0):.1f})")
+
+
+def few_rows_note(n_val: int) -> str | None:
+    """What ``check`` and the run say of a validation split too small to choose an ensemble on
+    (``choose_ensemble`` then averages the k best, ranked on those few rows); None otherwise."""
+    if n_val >= MIN_CV_ROWS:
+        return None
+    return (f"the validation split holds {n_val} row(s): too few to choose the ensemble on (at least {MIN_CV_ROWS}), "
+            "so it averages the k best members, ranked on those rows, and the validation metrics are mostly chance; "
+            "raise `data.val_fraction`, or give more rows")
 
 
 def depart_z(configs: int) -> float:

@@ -13,6 +13,7 @@ from ensemble.results.selection import (
     bagged_selection,
     choose_ensemble,
     effective_size,
+    few_rows_note,
     greedy_selection,
     k_grid,
     rank_members,
@@ -323,6 +324,12 @@ def test_auto_with_few_validation_rows_averages_the_k_best():
     choice = choose_ensemble(pool, y, "log_loss", k=3)
     assert choice["method"] == "top_k" and len(choice["weights"]) == 3 and choice["cv"] is None
     assert "too few" in choice["why"]
+    assert "12 row(s)" in few_rows_note(len(y)) and "data.val_fraction" in few_rows_note(len(y))
+
+
+def test_few_rows_note_only_where_auto_cannot_cross_validate():
+    pool, y = planted_pool(n=40)
+    assert few_rows_note(len(y)) is None and choose_ensemble(pool, y, "log_loss", k=3)["cv"] is not None
 
 
 def test_k_grid():
