@@ -229,13 +229,18 @@ def channels_note(input_shape: Sequence[int]) -> str | None:
 
 def data_notes(info: dict, arrays: dict, meta: dict) -> list[str]:
     """What ``ensemble check`` prints and the run logs of data that will train but may mislead:
-    feature columns like row numbers (``readers.id_like_columns``), classes too rare to split
+    feature columns like row numbers (``readers.id_like_columns``), text columns read as categories
+    (``readers.categories_note``) and values of them another split's file holds that training lacks,
+    classes too rare to split
     or alike but for case (``class_notes``), regression targets far from the rest
     (``outlier_note``) or the same in every row (``constant_note``), samples shaped like
     channels-first images (``channels_note``)."""
-    from datafeed.readers import id_like_note
+    from datafeed.readers import categories_note, id_like_note
     y = np.concatenate([arrays[f"y_{s}"] for s in SPLITS])
     notes = [id_like_note(info["id_like"])] if info.get("id_like") else []
+    if info.get("categories"):
+        notes.append(categories_note(info["categories"]))
+    notes += info.get("unseen_notes") or []
     notes.append(channels_note(meta.get("input_shape", ())))
     if meta.get("label_form") == ONE_HOT:
         notes.append(f"the targets are one-hot rows: read as the classes 0..{meta['n_outputs'] - 1} (the index "
@@ -422,6 +427,8 @@ def prepare_targets(y: np.ndarray, info: dict, data: DataSettings) -> tuple[np.n
     y, form = plain_labels(y, given)
     task = infer_task(y, given)
     meta: dict = {"task": task, "feature_names": info.get("feature_names", []), "split_from": split_from(data)}
+    if info.get("categories"):                  # the text columns one-hot encoded (readers.one_hot)
+        meta["categories"] = info["categories"]
     if form:
         meta["label_form"] = form
     if task == "classification":

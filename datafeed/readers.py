@@ -312,17 +312,28 @@ def target_values(frame, columns: list) -> np.ndarray:
     return (frame[columns[0]] if len(columns) == 1 else frame[columns]).to_numpy()
 
 
+def _odd_cells(values) -> np.ndarray:
+    """Rows of a text column whose cells are not numbers, when they are few (a typo, a unit, a
+    stray "n/a" in a column of numbers); empty when the column is text throughout."""
+    import pandas as pd
+    odd = pd.to_numeric(values.astype(str).str.strip(), errors="coerce").isna() & values.notna()
+    return np.nonzero(odd.to_numpy())[0] if 0 < odd.sum() <= max(1, len(values) // 10) else np.zeros(0, int)
+
+
+def _quoted(name: Any) -> str:
+    """A column name as a TOML string."""
+    return '"' + str(name).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def not_numeric(frame, columns: list) -> str:
     """Why ``columns`` of ``frame`` cannot be features: a column of numbers with a few cells that
-    are not (a typo, a unit, a stray "n/a") is named with those cells' rows and values; columns of
-    text (categories) are to be dropped or encoded."""
-    import pandas as pd
+    are not is named with those cells' rows and values; columns of text with too many distinct
+    values to be categories (dates, free text, identifiers) are to be dropped or encoded."""
     parts, text = [], []
     for c in columns:
         values = frame[c]
-        odd = pd.to_numeric(values.astype(str).str.strip(), errors="coerce").isna() & values.notna()
-        if 0 < odd.sum() <= max(1, len(values) // 10):
-            rows = np.nonzero(odd.to_numpy())[0]
+        rows = _odd_cells(values)
+        if len(rows):
             cells = ", ".join(f"row {r}: {values.iloc[r]!r}" for r in rows[:3])
             parts.append(f"column {c!r} holds numbers but for {len(rows)} cell(s) that are not ({cells}"
                          f"{', ...' if len(rows) > 3 else ''}; rows counted from 0 after the header): "
@@ -331,9 +342,84 @@ def not_numeric(frame, columns: list) -> str:
             text.append(c)
     if text:
         example = next(iter(frame[text[0]].dropna()), None)
-        parts.append(f"feature columns {text} are not numeric (such as {example!r} in {text[0]!r}); drop them "
-                     "with `data.features`, or encode them as numbers")
+        counts = ", ".join(f"{c!r} {frame[c].nunique()}" for c in text[:4])
+        parts.append(f"feature columns {text} are not numeric (such as {example!r} in {text[0]!r}) and have too "
+                     f"many distinct values to be categories (distinct values: {counts}; at most "
+                     f"{MAX_CATEGORIES}, each in 2 rows or more on average); leave them out with "
+                     f"`data.exclude = [{', '.join(map(_quoted, text))}]`, or encode them as numbers "
+                     "(a date as days since a start, say)")
     return "; ".join(parts)
+
+
+#: a text column with at most this many distinct values (and at least two rows per value on
+#: average) is a categorical feature: one 0/1 input per value (``one_hot``)
+MAX_CATEGORIES = 32
+#: the input of value v of categorical column c is named "c=v" (``data.json`` ``feature_names``)
+CATEGORY_SEP = "="
+
+
+def categorical_columns(frame, columns: list) -> dict[str, list[str]]:
+    """The text ``columns`` of ``frame`` that are categories (``MAX_CATEGORIES``), each with its
+    values as text, sorted; a column of numbers with a few odd cells is none (``not_numeric``)."""
+    out = {}
+    for c in columns:
+        values = frame[c].dropna().astype(str).str.strip()
+        distinct = sorted(set(values) - {""})
+        if distinct and len(distinct) <= MAX_CATEGORIES and 2 * len(distinct) <= len(values) \
+                and not len(_odd_cells(frame[c])):
+            out[str(c)] = distinct
+    return out
+
+
+def category_inputs(column: str, values: Iterable[str]) -> list[str]:
+    """The names of a categorical column's inputs, one per value."""
+    return [f"{column}{CATEGORY_SEP}{v}" for v in values]
+
+
+def one_hot(frame, features: list, categories: dict[str, list[str]]) -> tuple[Any, list[str], dict[str, list[str]]]:
+    """``frame[features]`` with each column of ``categories`` replaced, where it stood, by a 0/1
+    column per value (``category_inputs``); a missing cell is 0 in all of them, and so is a value
+    the categories lack (returned, per column, sorted: a value training never saw).
+    Returns (the frame, its column names, the unseen values)."""
+    import pandas as pd
+    parts, names, unseen = {}, [], {}
+    for c in features:
+        if str(c) not in categories:
+            parts[str(c)] = frame[c]
+            names.append(str(c))
+            continue
+        values = frame[c].astype("string").str.strip()
+        known = categories[str(c)]
+        new = sorted(set(values.dropna()) - set(known) - {""})
+        if new:
+            unseen[str(c)] = new
+        for v, name in zip(known, category_inputs(str(c), known)):
+            parts[name] = (values == v).fillna(False).to_numpy(dtype=np.float64)
+            names.append(name)
+    return pd.DataFrame(parts, index=frame.index), names, unseen
+
+
+def table_columns(feature_names: Iterable[str], categories: dict[str, list[str]] | None) -> list[str]:
+    """The table columns a run's inputs came from: ``feature_names`` with each categorical
+    column's inputs folded back into the column, where its first input stands."""
+    inputs = {name: c for c, values in (categories or {}).items() for name in category_inputs(c, values)}
+    return list(dict.fromkeys(inputs.get(n, n) for n in map(str, feature_names)))
+
+
+def categories_note(categories: dict[str, list[str]]) -> str:
+    """What ``check`` and the run say of the categorical columns they encoded."""
+    listed = "; ".join(f"{c!r}: {len(v)} ({', '.join(map(repr, v[:5]))}{', ...' if len(v) > 5 else ''})"
+                       for c, v in categories.items())
+    return (f"text column(s) read as categories, one 0/1 input per value (a missing cell: all 0): {listed}; "
+            "a value not seen in training is all 0 when predicting (warned)")
+
+
+def unseen_note(unseen: dict[str, list[str]], where: str) -> str:
+    """What is said of categorical values that training never saw (all 0 in their inputs)."""
+    listed = "; ".join(f"{c!r}: {', '.join(map(repr, v[:5]))}{', ...' if len(v) > 5 else ''}"
+                       for c, v in unseen.items())
+    return (f"{where} holds values the training rows' categories lack ({listed}): their inputs are all 0, "
+            "as for a missing cell; the networks know nothing of them")
 
 
 def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
@@ -356,12 +442,23 @@ def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.n
     x = frame[features]
     import pandas as pd
     bad = [c for c in features if not pd.api.types.is_numeric_dtype(x[c].dtype)]    # bool and nullable too
+    known = getattr(data, "categories", None)         # another split's file: the training file's categories
+    categories = categorical_columns(x, bad) if known is None else \
+        {str(c): known[str(c)] for c in features if str(c) in known}
+    bad = [c for c in bad if str(c) not in categories]
     if bad:
         raise DataError(not_numeric(x, bad))
+    names, unseen = list(map(str, features)), {}
+    if categories:
+        x, names, unseen = one_hot(x, features, categories)
     y = target_values(frame, labels) if has_label else None
-    info: dict = {"feature_names": list(map(str, features))}
+    info: dict = {"feature_names": names}
+    if categories:
+        info["categories"] = categories
+    if unseen:
+        info["unseen_categories"] = unseen
     if not data.features and require_y:
-        info["id_like"] = id_like_columns(x, features)     # said by check and the run (``id_like_note``)
+        info["id_like"] = id_like_columns(x, names)     # said by check and the run (``id_like_note``)
     if split and split in frame.columns:
         info["split_values"] = frame[split].to_numpy()      # each row's split, read by datafeed.splits
     return x.to_numpy(dtype=np.float64, na_value=np.nan), y, info      # float32 only once normalised

@@ -301,6 +301,15 @@ def _scan_parquet(p: Path, data: DataSettings, require_y: bool) -> Shard:
     missing = [c for c in features if c not in cols]
     if missing:
         raise DataError(f"`data.features` names columns {missing} that file {str(p)!r} of `data.source` lacks")
+    import pyarrow.types as pat
+    text = [c for c in features if not (pat.is_integer(t := f.schema_arrow.field(c).type) or pat.is_floating(t)
+                                        or pat.is_boolean(t) or pat.is_decimal(t))]
+    if text:
+        raise DataError(f"feature column(s) {', '.join(map(repr, text[:8]))} of file {str(p)!r} of `data.source` "
+                        f"are not numbers ({f.schema_arrow.field(text[0]).type}): Parquet files read as shards take "
+                        "numeric features only (one table file reads text columns of few values as categories); "
+                        "encode them as numbers in the files (one 0/1 column per category), or leave them out "
+                        "with `data.exclude`")
     groups = tuple(f.metadata.row_group(i).num_rows for i in range(f.num_row_groups))
     ytype = f.schema_arrow.field(data.label).type.to_pandas_dtype() if data.label in cols else None
     return Shard(str(p), int(f.metadata.num_rows), (len(features),), "<f4", (),

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from datafeed.readers import DataError, DataSettings, detect_format, one_line, read_dataset
+from datafeed.readers import DataError, DataSettings, detect_format, one_line, read_dataset, unseen_note
 
 #: how the split is made; recorded in data.json and splits.npz as ``split_from``
 SPLIT_FROM = ("random", "sources", "column", "indices")
@@ -187,6 +187,7 @@ def _read_like(data: DataSettings, fmt: str, setting: str, path: str, x0: np.nda
     """One split's own file, read with the training file's settings and checked against it."""
     where = f"`data.{setting}` {path!r}"
     other = _Source(data, path)
+    other.categories = info0.get("categories") or {}    # encoded as the training file's (readers.one_hot)
     try:
         other_fmt = detect_format(other)
         if other_fmt == fmt:
@@ -197,6 +198,8 @@ def _read_like(data: DataSettings, fmt: str, setting: str, path: str, x0: np.nda
     if other_fmt != fmt:
         raise DataError(f"{where} is {other_fmt}, but `data.source` is {fmt}: give every split in one format")
     x, y = np.asarray(x), np.asarray(y)
+    if info.get("unseen_categories"):
+        info0.setdefault("unseen_notes", []).append(unseen_note(info["unseen_categories"], where))
     names0, names = info0.get("feature_names"), info.get("feature_names")
     if names0 and names is not None and names != names0:
         missing, extra = [c for c in names0 if c not in names], [c for c in names if c not in names0]

@@ -84,7 +84,8 @@ def match_columns(run: EnsembleRun, columns: Iterable, source: str, label: str |
                            f"are {_some(columns, 20)}")
     labels = label_columns(label) if label is not None else []
     labels = labels if all(c in columns for c in labels) else []
-    names = [str(n) for n in run.meta.get("feature_names") or []]
+    from datafeed.readers import table_columns
+    names = table_columns(run.meta.get("feature_names") or [], run.meta.get("categories"))
     if names:
         missing = [n for n in names if n not in columns]
         if missing:
@@ -125,14 +126,22 @@ def frame_input(run: EnsembleRun, frame, source: str = "the DataFrame", label: s
     by_name = {str(c): c for c in frame.columns}
     if len(frame) == 0:
         raise PredictError(f"{source} has its columns but no rows: nothing to predict")
+    categories = run.meta.get("categories") or {}
     bad = [f"{f!r} ({frame[by_name[f]].dtype})" for f in cols.features
-           if not pd.api.types.is_numeric_dtype(frame[by_name[f]])]
+           if f not in categories and not pd.api.types.is_numeric_dtype(frame[by_name[f]])]
     if bad:
         raise PredictError(f"{source}: column(s) {', '.join(bad[:8])} are not numeric, but the ensemble takes "
                            "them as features" + ("" if run.meta.get("feature_names") else
                                                  " (it was trained on arrays without column names, so every "
                                                  "column but the targets and --keep ones is a feature)"))
-    x_raw = frame[[by_name[f] for f in cols.features]].to_numpy(dtype=np.float64, na_value=np.nan)
+    x_frame = frame[[by_name[f] for f in cols.features]]
+    if categories:                               # one 0/1 input per category, as in training
+        from datafeed.readers import one_hot, unseen_note
+        x_frame.columns = cols.features
+        x_frame, _, unseen = one_hot(x_frame, cols.features, categories)
+        if unseen:
+            log.warning("%s", unseen_note(unseen, source))
+    x_raw = x_frame.to_numpy(dtype=np.float64, na_value=np.nan)
     x = prepare_features(run, x_raw, source)
     if cols.labels:
         y = target_values(frame, [by_name[c] for c in cols.labels])

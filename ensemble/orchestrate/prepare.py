@@ -95,7 +95,8 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
         got = read_data(cfg.data)               # the split too, where the data gives it
         arrays, meta, rows = prepare_with_rows(got.x, got.y, got.info, cfg.data, cfg.seed,
                                                given[0] if given else got.rows)
-        info = {"id_like": got.info.get("id_like")}     # not its per-row arrays: freed with `got`
+        info = {k: got.info.get(k) for k in ("id_like", "categories", "unseen_notes")}    # not its per-row
+        # arrays: freed with `got`
         del got
         share = holdout_share(cfg.data.calibration_holdout, meta["task"])
         if share:                               # members stop early on the rest (calibration.holdout_rows)

@@ -286,17 +286,47 @@ def test_prepare_with_rows_gives_the_split_as_row_indices():
 
 def test_a_stray_text_cell_is_named_not_its_column(tmp_path):
     """One typo in a column of numbers names the cell (it said the column was not numeric and to
-    drop it); a column of categories is to be dropped or encoded."""
+    drop it); a text column of too many values to be categories is to be left out or encoded."""
     rng = np.random.default_rng(0)
     frame = pd.DataFrame(rng.normal(size=(40, 2)), columns=["a", "b"]).astype(object)
     frame.loc[7, "b"] = "abc"
     frame["colour"] = ["red", "blue"] * 20
+    frame["when"] = pd.date_range("2020-01-01", periods=40).strftime("%Y-%m-%d")
     frame["y"] = [0, 1] * 20
     frame.to_csv(tmp_path / "d.csv", index=False)
     with pytest.raises(DataError) as err:
         read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="y"))
     assert "column 'b' holds numbers but for 1 cell(s) that are not (row 7: 'abc'" in str(err.value)
-    assert "feature columns ['colour'] are not numeric (such as 'red' in 'colour'); drop them" in str(err.value)
+    assert "feature columns ['when'] are not numeric (such as '2020-01-01' in 'when') and have too many" \
+        in str(err.value)
+    assert '`data.exclude = ["when"]`' in str(err.value) and "colour" not in str(err.value)
+
+
+def test_text_columns_of_few_values_are_categories_one_input_each(tmp_path):
+    """A text column of few values (a site, a material) is one 0/1 input per value, where the
+    column stood; a missing cell is 0 in all of them; another split's file is encoded with the
+    training file's categories, a value they lack all 0 and noted. It was refused."""
+    from datafeed.prepare import data_notes, prepare_with_rows
+    from datafeed.splits import read_data
+    frame = pd.DataFrame({"t": np.arange(30.0), "site": ["b", "a", "c"] * 10, "p": np.ones(30),
+                          "y": np.arange(30.0) % 2})
+    frame.loc[4, "site"] = None
+    frame.to_csv(tmp_path / "train.csv", index=False)
+    x, y, info = read_dataset(data_cfg(source=str(tmp_path / "train.csv"), label="y"))
+    assert info["feature_names"] == ["t", "site=a", "site=b", "site=c", "p"]
+    assert info["categories"] == {"site": ["a", "b", "c"]}
+    np.testing.assert_array_equal(x[:5, 1:4], [[0, 1, 0], [1, 0, 0], [0, 0, 1], [0, 1, 0], [0, 0, 0]])
+    test = frame.iloc[:10].copy()
+    test["site"] = ["a", "d"] * 5                  # "d": never in training
+    test[["p", "site", "t", "y"]].to_csv(tmp_path / "test.csv", index=False)     # columns in another order
+    data = data_cfg(source=str(tmp_path / "train.csv"), label="y", test_source=str(tmp_path / "test.csv"))
+    got = read_data(data)
+    assert got.info["feature_names"] == info["feature_names"]
+    np.testing.assert_array_equal(got.x[30:32, 1:4], [[1, 0, 0], [0, 0, 0]])
+    arrays, meta, _ = prepare_with_rows(got.x, got.y, got.info, data, 0, got.rows)
+    assert meta["categories"] == {"site": ["a", "b", "c"]}
+    notes = " ".join(data_notes(got.info, arrays, meta))
+    assert "read as categories" in notes and "'site': 'd'" in notes and "test.csv" in notes
 
 
 @pytest.mark.parametrize("sep, decimal", [(";", "."), (";", ","), ("\t", "."), ("|", ".")])

@@ -168,6 +168,19 @@ def test_parquet_shards_are_read_by_column_name_and_other_columns_are_refused(tm
     assert read_dataset(data_cfg(source=str(tmp_path), label="label", features=list("abc")))[0].shape == (33, 3)
 
 
+def test_a_text_column_of_parquet_shards_is_refused_by_name(tmp_path):
+    """Shards cannot agree on categories file by file: a text feature is refused at the scan,
+    naming the column and the way out (it failed reading rows: could not convert 'C' to float)."""
+    for i, (x, y) in enumerate(blocks(2, rows=10)):
+        frame = pd.DataFrame(x, columns=list("abcd"))
+        frame["site"], frame["label"] = (["A", "C"] * len(y))[:len(y)], y
+        frame.to_parquet(tmp_path / f"p{i}.parquet")
+    with pytest.raises(DataError, match=r"column\(s\) 'site' of file .*p0\.parquet.* are not numbers .*data.exclude"):
+        read_dataset(data_cfg(source=str(tmp_path), label="label", task="regression"))
+    assert read_dataset(data_cfg(source=str(tmp_path), label="label", task="regression",
+                                 exclude=["site"]))[0].shape[1] == 4
+
+
 def test_a_glob_of_csv_files_says_to_join_them_or_use_parquet(tmp_path):
     for i in range(2):
         pd.DataFrame({"a": [1.0, 2.0], "y": [0, 1]}).to_csv(tmp_path / f"t{i}.csv", index=False)

@@ -392,3 +392,27 @@ def test_a_handle_refuses_its_run_directory_once_written_again(tmp_path):
     with pytest.raises(P.PredictError, match="was written again since it was loaded"):
         os.utime(tmp_path / "run" / "ensemble.json", ns=(later + 1, later + 1))
         fresh.predict(x)                                          # none read yet: they would be the new run's
+
+
+def test_a_run_trained_with_categories_encodes_new_rows_as_in_training(tmp_path, caplog):
+    """A run whose table had a text column of few values (one input per value): new rows give the
+    column as text, in any column order; a value training never saw is all 0, warned; the
+    column missing is named as the table's column, not as its inputs."""
+    rng = np.random.default_rng(0)
+    train = pd.DataFrame({"a": rng.normal(size=60), "site": ["x", "y", "z"] * 20})
+    train["label"] = np.where(train["a"] > 0, "pos", "neg")
+    train.to_csv(tmp_path / "train.csv", index=False)
+    make_run(tmp_path / "run", {"source": str(tmp_path / "train.csv")}, [{"id": "m-000", "weight": 1.0}])
+    run = P.load_run(tmp_path / "run")
+    assert run.meta["feature_names"] == ["a", "site=x", "site=y", "site=z"]
+    new = pd.DataFrame({"site": ["z", "x", "w"], "a": [0.5, -1.0, 0.0]})
+    with caplog.at_level(logging.WARNING):
+        got = P.data_input(run, new)
+    norm = np.load(tmp_path / "run" / "normalization.npz")
+    raw = np.array([[0.5, 0, 0, 1], [-1.0, 1, 0, 0], [0.0, 0, 0, 0]])
+    np.testing.assert_allclose(got.x, (raw - norm["shift"]) / norm["scale"], rtol=1e-6)
+    assert "'site': 'w'" in caplog.text and "all 0" in caplog.text
+    new.to_csv(tmp_path / "new.csv", index=False)
+    np.testing.assert_allclose(P.load_input(run, str(tmp_path / "new.csv")).x, got.x)
+    with pytest.raises(P.PredictError, match=r"lacks 1 of the 2 columns .*: 'site'"):
+        P.data_input(run, new[["a"]])
