@@ -45,9 +45,11 @@ class Ensemble:
             return None
 
     def _current(self) -> None:
-        """Refuse to read the run directory's files again when they are no longer the ones this
+        """Refuse to answer for the run directory once its files are no longer the ones this
         handle loaded (a notebook cell re-run with ``overwrite=True`` left an older handle
-        reading the new run's test rows against its own models, unsaid)."""
+        reading the new run's test rows against its own models, unsaid; after ``reselect`` a
+        handle that had predicted went on answering with the ensemble it replaced): every
+        prediction, table and metric asks."""
         if self._stamp() != self._written:
             from ensemble.inference.load import PredictError
             raise PredictError(f"{str(self.path)!r} was written again since it was loaded (a run with "
@@ -72,11 +74,13 @@ class Ensemble:
     @property
     def summary(self) -> dict:
         """``ensemble.json``: selection, calibration, test and validation metrics, run figures."""
+        self._current()
         return self._run.summary
 
     @property
     def metrics(self) -> dict:
         """The ensemble's metrics on the run's test split (``ensemble.json``)."""
+        self._current()
         return self._run.summary["ensemble"]["test"]
 
     @property
@@ -87,12 +91,14 @@ class Ensemble:
     def members(self):
         """The chosen members: id, weight (summing to 1), model file; a DataFrame."""
         import pandas as pd
+        self._current()
         return pd.DataFrame([{"id": m.id, "weight": m.weight, "model": m.model_path} for m in self._run.members])
 
     @property
     def leaderboard(self):
         """Every member the run trained, ranked by the validation metric (``leaderboard.csv``)."""
         import pandas as pd
+        self._current()
         return pd.read_csv(self.path / "leaderboard.csv")
 
     def journal(self):
@@ -100,13 +106,13 @@ class Ensemble:
         import pandas as pd
 
         from ensemble.results.rundir import RunDirectory
+        self._current()
         return pd.json_normalize(RunDirectory(self.path).read_journal())
 
     # -- using it ------------------------------------------------------------------------
     def predict_details(self, x) -> dict[str, np.ndarray]:
         """Every per-sample quantity of the ensemble on raw features ``x`` (see ``combine``)."""
-        if not self._models:                           # its models are read from the run directory now
-            self._current()
+        self._current()
         return predict_arrays(self._run, data_input(self._run, x).x, models=self._models)
 
     def predict(self, x) -> tuple[np.ndarray, np.ndarray]:
@@ -119,9 +125,8 @@ class Ensemble:
     def predict_frame(self, data, keep=(), label: str | None = None):
         """The predictions as a DataFrame with the same columns ``python -m ensemble.predict``
         writes; ``keep`` names input columns to carry through (a DataFrame's ids)."""
+        self._current()
         got = data_input(self._run, data, label, keep)
-        if not self._models:
-            self._current()
         result = predict_arrays(self._run, got.x, models=self._models)
         return prediction_frame(self._run, result, got.y, got.kept, index=getattr(data, "index", None))
 
@@ -134,6 +139,7 @@ class Ensemble:
         """Write the ensemble as one model that takes raw features: "keras", "saved_model"
         or "onnx" (``inference.export.export_model``; docs/export.md)."""
         from ensemble.inference.export import export_model
+        self._current()
         return export_model(self._run, path, format)
 
     def data(self, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
@@ -188,6 +194,8 @@ class Ensemble:
         return metrics
 
     def __repr__(self) -> str:
+        if self._stamp() != self._written:
+            return f"<Ensemble {self.path.name}: written again since loaded; load it again>"
         s = self._run.summary
         metric = s.get("metric")
         value = s.get("ensemble", {}).get("test", {}).get(metric)

@@ -375,7 +375,8 @@ def test_one_sample_shaped_as_in_training_is_one_sample_and_masked_entries_are_m
 
 def test_a_handle_refuses_its_run_directory_once_written_again(tmp_path):
     """A notebook cell re-run with ``overwrite=True`` left the older handle reading the new
-    run's files (its test rows, its models) against its own summary and weights, unsaid."""
+    run's files (its test rows, its models) against its own summary and weights, unsaid; after
+    ``reselect``, a handle that had predicted went on answering with the replaced ensemble."""
     import os
 
     import ensemble
@@ -385,9 +386,12 @@ def test_a_handle_refuses_its_run_directory_once_written_again(tmp_path):
     first = ens.predict(x)[0]
     later = (tmp_path / "run" / "ensemble.json").stat().st_mtime_ns + 10**9
     os.utime(tmp_path / "run" / "ensemble.json", ns=(later, later))
-    np.testing.assert_array_equal(ens.predict(x)[0], first)      # its models are in memory: still its own
-    with pytest.raises(P.PredictError, match="was written again since it was loaded"):
-        ens.data("test")
+    assert first.shape == (2, 3)
+    for use in (lambda: ens.predict(x), lambda: ens.members, lambda: ens.metrics, lambda: ens.data("test"),
+                lambda: ens.predict_frame(x)):
+        with pytest.raises(P.PredictError, match="was written again since it was loaded"):
+            use()                                                 # its models in memory are not the run's now
+    assert "written again since loaded" in repr(ens) and ens.task == "classification"
     fresh = ensemble.load(tmp_path / "run")
     with pytest.raises(P.PredictError, match="was written again since it was loaded"):
         os.utime(tmp_path / "run" / "ensemble.json", ns=(later + 1, later + 1))
