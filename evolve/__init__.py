@@ -18,13 +18,13 @@ from evolve.decode import Analysis, analyse, check, count_params, decode
 from evolve.genome import Genome, LayerGene
 from evolve.operators import crossover, mutate, random_genome, tournament
 from evolve.repair import repair
-from evolve.space import SearchSpace
+from evolve.space import SearchSpace, SpaceError
 from evolve.strategies import STRATEGIES, STRATEGY_PARAMS, Setting, Strategy, make_strategy
 from evolve.structured import Stage, StructuredGenome, genome_from_dict
 from evolve.templates import templates
 
 __all__ = [
-    "Analysis", "Genome", "LayerGene", "STRATEGIES", "STRATEGY_PARAMS", "SearchSpace", "Setting", "Stage",
+    "Analysis", "Genome", "LayerGene", "STRATEGIES", "STRATEGY_PARAMS", "SearchSpace", "Setting", "SpaceError", "Stage",
     "Strategy", "StructuredGenome", "analyse", "check", "count_params", "crossover", "decode",
     "genome_from_dict", "make_strategy", "mutate", "random_genome", "repair", "templates", "tournament",
 ]

@@ -105,9 +105,29 @@ def _choices(key: str, v: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _rate_range(key: str, v: Any, lo: float | None, below: float | None) -> tuple[float, float]:
+    """A [min, max] range of rates: 0 <= min <= max < 1 (``lo`` 0, ``below`` 1: dropout) or
+    0 < min <= max (``lo`` None: a learning rate)."""
+    items = _as_list(key, v, "two rates [min, max]")
+    a, b = (_as_float(key, x) for x in items) if len(items) == 2 else (math.nan, math.nan)
+    if lo is not None and not lo <= a <= b < below:
+        raise ValueError(f"{_name(key)} must be [min, max] with {lo:g} <= min <= max < {below:g}, but got {v!r}")
+    if lo is None and not 0.0 < a <= b:
+        raise ValueError(f"{_name(key)} must be [min, max] with 0 < min <= max, but got {v!r}")
+    return a, b
+
+
 def _int_choices(key: str, v: Any) -> tuple[int, ...]:
     items = _as_list(key, v, "positive integers")
     return tuple(sorted({_as_int(key, x) for x in items}))
+
+
+class SpaceError(ValueError):
+    """Every problem of a ``[search]`` table (``problems``), one per line when printed."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
 
 
 @dataclass(frozen=True)
@@ -185,90 +205,98 @@ class SearchSpace:
 
     @classmethod
     def from_config(cls, d: Mapping[str, Any] | None, input_rank: int) -> "SearchSpace":
-        """Validate the ``[search]`` table; ``input_rank`` is the rank of one sample."""
-        d = dict(d or {})
+        """Validate the ``[search]`` table; ``input_rank`` is the rank of one sample. Every
+        problem at once: raises ``SpaceError`` listing them."""
         if isinstance(input_rank, bool) or input_rank not in (1, 2, 3, 4):
-            raise ValueError("evolve needs samples of rank 1 (vectors), 2 (sequences), "
-                             f"3 (images) or 4 (volumes), but the input rank is {input_rank!r}")
+            raise SpaceError(["evolve needs samples of rank 1 (vectors), 2 (sequences), "
+                              f"3 (images) or 4 (volumes), but the input rank is {input_rank!r}"])
+        errors: list[str] = []
+        kw = cls._parse(dict(d or {}), input_rank, errors)
+        if errors:
+            raise SpaceError(errors)
+        return cls(**kw)
+
+    @classmethod
+    def problems(cls, d: Mapping[str, Any] | None) -> list[str]:
+        """What is wrong with the ``[search]`` table whatever the data (the checks that need the
+        samples' rank are left to ``from_config``): for the config's own check."""
+        errors: list[str] = []
+        cls._parse(dict(d or {}), None, errors)
+        return errors
+
+    @classmethod
+    def _parse(cls, d: dict, input_rank: int | None, errors: list[str]) -> dict[str, Any]:
+        """The keyword arguments of a space from ``d``, each problem appended to ``errors`` (a key
+        found wrong is left at its default, so the checks after it still run); ``input_rank``
+        None leaves out the checks that need it."""
         unknown = sorted(set(d) - cls.KEYS)
         if unknown:
-            raise ValueError(f"{_name(unknown[0])} is not a search setting; "
-                             f"allowed keys are {sorted(cls.KEYS)}")
+            errors.append(f"{_name(unknown[0])} is not a search setting; allowed keys are {sorted(cls.KEYS)}")
         kw: dict[str, Any] = {"input_rank": input_rank}
-        lt = _choices("layer_types", d.get("layer_types", default_layer_types(input_rank)),
-                      LAYER_TYPES)
-        if input_rank == 1 and SPATIAL_TYPES & set(lt):
-            bad = sorted(SPATIAL_TYPES & set(lt))[0]
-            raise ValueError(f"{_name('layer_types')} entry {bad!r} needs samples of rank 2-4 "
-                             "(sequences, images, volumes), but the input samples are "
-                             "flat vectors (rank 1)")
-        if not {"conv", "dense"} & set(lt):
-            raise ValueError(f"{_name('layer_types')} needs at least one of 'conv', 'dense', "
-                             f"but got {list(lt)}")
+        rank = 2 if input_rank is None else input_rank          # the default layer types of spatial data
+
+        def take(key: str, parse: Any) -> None:
+            if key in d:
+                try:
+                    kw[key] = parse(d[key])
+                except ValueError as exc:
+                    errors.append(str(exc))
+
+        lt = default_layer_types(rank)
+        if "layer_types" in d:
+            try:
+                lt = _choices("layer_types", d["layer_types"], LAYER_TYPES)
+                if not {"conv", "dense"} & set(lt):
+                    raise ValueError(f"{_name('layer_types')} needs at least one of 'conv', 'dense', "
+                                     f"but got {list(lt)}")
+                if input_rank == 1 and SPATIAL_TYPES & set(lt):
+                    bad = sorted(SPATIAL_TYPES & set(lt))[0]
+                    raise ValueError(f"{_name('layer_types')} entry {bad!r} needs samples of rank 2-4 "
+                                     "(sequences, images, volumes), but the input samples are flat vectors (rank "
+                                     "1): give them their shape with `data.reshape` (for signals of 64 values, "
+                                     "[64, 1]), or leave the spatial types out")
+            except ValueError as exc:
+                errors.append(str(exc))
+                lt = default_layer_types(rank)
         kw["layer_types"] = lt
-        if "min_depth" in d:
-            kw["min_depth"] = _as_int("min_depth", d["min_depth"])
-        min_depth = kw.get("min_depth", cls.min_depth)
-        if "max_depth" in d:
-            kw["max_depth"] = _as_int("max_depth", d["max_depth"], lo=0)
-        max_depth = kw.get("max_depth", cls.max_depth)
+        take("min_depth", lambda v: _as_int("min_depth", v))
+        take("max_depth", lambda v: _as_int("max_depth", v, lo=0))
+        min_depth, max_depth = kw.get("min_depth", cls.min_depth), kw.get("max_depth", cls.max_depth)
         if max_depth < min_depth:
-            raise ValueError(f"{_name('max_depth')} must be >= {_name('min_depth')} "
-                             f"({min_depth}), but got {max_depth}")
+            errors.append(f"{_name('max_depth')} must be >= {_name('min_depth')} ({min_depth}), but got {max_depth}")
         for key in ("units", "filters"):
-            if key in d:
-                kw[key] = _int_range(key, d[key])
+            take(key, lambda v, key=key: _int_range(key, v))
         for key in ("kernel_sizes", "strides", "pool_sizes", "batch_size"):
-            if key in d:
-                kw[key] = _int_choices(key, d[key])
+            take(key, lambda v, key=key: _int_choices(key, v))
         if "pool_sizes" in kw and min(kw["pool_sizes"]) < 2:
-            raise ValueError(f"{_name('pool_sizes')} entries must be >= 2, "
-                             f"but got {list(kw['pool_sizes'])}")
-        if "activations" in d:
-            kw["activations"] = _choices("activations", d["activations"], ACTIVATIONS)
-        if "optimizers" in d:
-            kw["optimizers"] = _choices("optimizers", d["optimizers"], OPTIMIZERS)
-        if "reductions" in d:
-            kw["reductions"] = _choices("reductions", d["reductions"], REDUCTIONS)
-        if "dropout" in d:
-            items = _as_list("dropout", d["dropout"], "two rates [min, max]")
-            lo, hi = (_as_float("dropout", x) for x in items) if len(items) == 2 else (-1, -1)
-            if not 0.0 <= lo <= hi < 1.0:
-                raise ValueError(f"{_name('dropout')} must be [min, max] with "
-                                 f"0 <= min <= max < 1, but got {d['dropout']!r}")
-            kw["dropout"] = (lo, hi)
-        if "learning_rate" in d:
-            items = _as_list("learning_rate", d["learning_rate"], "two rates [min, max]")
-            lo, hi = (_as_float("learning_rate", x) for x in items) if len(items) == 2 else (0, 0)
-            if not 0.0 < lo <= hi:
-                raise ValueError(f"{_name('learning_rate')} must be [min, max] with "
-                                 f"0 < min <= max, but got {d['learning_rate']!r}")
-            kw["learning_rate"] = (lo, hi)
+            errors.append(f"{_name('pool_sizes')} entries must be >= 2, but got {list(kw.pop('pool_sizes'))}")
+        take("activations", lambda v: _choices("activations", v, ACTIVATIONS))
+        take("optimizers", lambda v: _choices("optimizers", v, OPTIMIZERS))
+        take("reductions", lambda v: _choices("reductions", v, REDUCTIONS))
+        take("dropout", lambda v: _rate_range("dropout", v, 0.0, 1.0))
+        take("learning_rate", lambda v: _rate_range("learning_rate", v, None, None))
         if "skip_connections" in d:
-            if not isinstance(d["skip_connections"], bool):
-                raise ValueError(f"{_name('skip_connections')} must be true or false, "
-                                 f"but got {d['skip_connections']!r}")
-            kw["skip_connections"] = d["skip_connections"]
-        if "max_params" in d:
-            kw["max_params"] = _as_int("max_params", d["max_params"])
+            if isinstance(d["skip_connections"], bool):
+                kw["skip_connections"] = d["skip_connections"]
+            else:
+                errors.append(f"{_name('skip_connections')} must be true or false, but got {d['skip_connections']!r}")
+        take("max_params", lambda v: _as_int("max_params", v))
         if "space" in d:
-            if d["space"] not in SPACES:
-                raise ValueError(f"{_name('space')} must be one of {', '.join(map(repr, SPACES))}, "
-                                 f"but got {d['space']!r}")
-            kw["space"] = d["space"]
+            if d["space"] in SPACES:
+                kw["space"] = d["space"]
+            else:
+                errors.append(f"{_name('space')} must be one of {', '.join(map(repr, SPACES))}, but got {d['space']!r}")
         for key, lo in (("stages", 1), ("blocks", 1), ("dense_layers", 0)):
-            if key in d:
-                kw[key] = _count_range(key, d[key], lo)
-        if kw.get("space") == "structured":
+            take(key, lambda v, key=key, lo=lo: _count_range(key, v, lo))
+        if kw.get("space") == "structured" and input_rank is not None:
             need = "conv" if input_rank > 1 else "dense"
             if need not in lt:
-                raise ValueError(f"{_name('space')} \"structured\" on samples of rank {input_rank} builds "
-                                 f"{need} blocks, so {_name('layer_types')} must include {need!r}, "
-                                 f"but got {list(lt)}")
-            if input_rank > 1 and "dense" not in lt and kw.get("dense_layers", cls.dense_layers)[0] > 0:
-                raise ValueError(f"{_name('dense_layers')} asks for at least one dense layer, but "
-                                 f"{_name('layer_types')} has no 'dense': {list(lt)}")
-        return cls(**kw)
+                errors.append(f"{_name('space')} \"structured\" on samples of rank {input_rank} builds "
+                              f"{need} blocks, so {_name('layer_types')} must include {need!r}, but got {list(lt)}")
+            elif input_rank > 1 and "dense" not in lt and kw.get("dense_layers", cls.dense_layers)[0] > 0:
+                errors.append(f"{_name('dense_layers')} asks for at least one dense layer, but "
+                              f"{_name('layer_types')} has no 'dense': {list(lt)}")
+        return kw
 
     def to_config(self) -> dict:
         """The resolved ``[search]`` table (JSON/TOML-able), defaults filled in."""

@@ -779,6 +779,9 @@ def resolve_dict(raw: dict, *, source: str = "config", saved: bool = False,
             found.add(f"unknown setting `search.{key}`{suggest(key, SearchSpace.KEYS)}; "
                       f"allowed here: {', '.join(sorted(SearchSpace.KEYS))}", f"search.{key}")
     cfg["search"] = {k: v for k, v in cfg["search"].items() if k in SearchSpace.KEYS}
+    if cfg["mode"] == "evolve" or not found.ok("mode"):     # the values too, before the data is read (its rank: later)
+        for problem in SearchSpace.problems(cfg["search"]):
+            found.add(problem, "search")
     if cfg["mode"] == "evolve" and "space" not in cfg["search"]:
         # written into the run's config, so a resume searches the genome its journal holds:
         # runs written before `search.space` defaulted to "auto" searched the free genome

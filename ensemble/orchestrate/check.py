@@ -98,8 +98,8 @@ def check_main(config_path: str) -> int:
 
 
 def describe_config(cfg: RunConfig, found: Problems) -> None:
-    state = ("valid" if not found else f"{len(found)} problem(s), listed at the end; their settings show their "
-             "defaults here")
+    state = ("valid" if not found else f"{len(found)} problem(s) in its settings, listed at the end with any the "
+             "data and networks add; those settings show their defaults here")
     print(f"\nConfig: {state}. Run {cfg.name!r}, mode {cfg.mode!r} ({mode_of(cfg).describe(cfg)}), seed {cfg.seed}, "
           f"run directory {os.path.join(cfg.output_dir, cfg.name)}")
 

@@ -53,11 +53,11 @@ def _genome_key(genome: dict) -> str:
 
 def search_space(cfg: RunConfig, meta: dict):
     """The validated search space for this data; errors name the `search.*` key."""
-    from evolve import SearchSpace
+    from evolve import SearchSpace, SpaceError
     try:
         return SearchSpace.from_config(dict(cfg.search), input_rank=len(meta["input_shape"]))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    except SpaceError as exc:
+        raise ConfigError(*exc.problems) from None
 
 
 def check_search(cfg: RunConfig, meta: dict) -> None:

@@ -105,7 +105,8 @@ def test_three_mistakes_are_all_listed(tmp_path, capsys):
     assert "2. `architectures[0].learning_rate` must be > 0, but got -0.1" in problems
     assert f"3. `data.source` file {str(tmp_path / 'no_such_file.npz')!r} does not exist" in problems
     assert "Architectures: not built without the data" in out
-    assert "listed at the end; their settings show their defaults here" in out       # the header's values
+    assert "listed at the end with any the data and networks add; those settings show their defaults here" \
+        in out                                                                          # the header's values
 
 
 def test_build_and_data_problems_are_gathered_too(tmp_path, capsys):
@@ -246,3 +247,25 @@ def test_an_online_config_whose_source_the_run_will_write_is_no_problem(tmp_path
     assert "does not exist yet" in capsys.readouterr().err
     other = write(tmp_path, 'mode = "ensemble"\n[data]\nsource = "missing.npz"\n', "plain.toml")
     assert check_main(str(other)) == EXIT_PROBLEMS
+
+
+def test_search_problems_are_listed_with_the_others_before_the_data(tmp_path, capsys):
+    """A `[search]` value was checked only once every other setting and the data were right, and
+    one at a time."""
+    cfg = write(tmp_path, """
+mode = "evolve"
+[data]
+source = "no_such_file.npz"
+[train]
+epochs = 0
+[evolve]
+evaluations = 4
+[search]
+units = [64, 16]
+dropout = [0.0, 1.2]
+""")
+    assert check_main(str(cfg)) == EXIT_PROBLEMS
+    problems = capsys.readouterr().out.split("problem(s) found:")[1]
+    for text in ("`train.epochs` must be", "`search.units` must be [min, max] with min <= max",
+                 "`search.dropout` must be [min, max]", "does not exist"):
+        assert text in problems

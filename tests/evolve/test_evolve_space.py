@@ -66,3 +66,20 @@ def test_conv_on_flat_input_is_rejected():
 def test_bad_input_rank(rank):
     with pytest.raises(ValueError, match="rank"):
         SearchSpace.from_config({}, input_rank=rank)
+
+
+def test_every_problem_of_a_search_table_is_listed_at_once():
+    """``check`` listed one `search.*` problem a run (five edits to see five): all of them now,
+    and those that need no data before the data is read (``problems``)."""
+    from evolve.space import SpaceError
+    d = {"units": [64, 16], "dropout": [0.0, 1.2], "layer_types": ["conv", "lstm"],
+         "learning_rate": [0.1, 0.001], "pool_sizes": [1]}
+    with pytest.raises(SpaceError) as e:
+        SearchSpace.from_config(d, input_rank=1)
+    keys = ["units", "dropout", "layer_types", "learning_rate", "pool_sizes"]
+    assert len(e.value.problems) == 5 and all(any(f"`search.{k}`" in p for p in e.value.problems) for k in keys)
+    assert SearchSpace.problems(d) == e.value.problems
+    flat = SearchSpace.problems({"layer_types": ["conv", "dense"]})      # needs the rank: left to from_config
+    assert flat == []
+    with pytest.raises(SpaceError, match=r"data.reshape"):
+        SearchSpace.from_config({"layer_types": ["conv", "dense"]}, input_rank=1)
