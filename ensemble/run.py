@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     stamps = {"main": round(job_started, 3)}            # start-up phases (results.timeline)
     if args.check:
         from ensemble.orchestrate.check import check_main
-        return check_main(args.config)
+        return check_main(args.config, resume=args.resume, run_dir=args.run_dir)
     from ensemble.runtime.env import set_thread_env
     set_thread_env(config.runtime.threads if config is not None else configured_threads(args.config))
     from ensemble.config import ConfigError, load_config

@@ -55,11 +55,17 @@ def main(argv: list[str] | None = None) -> int:
                                             "no MPI, no GPU, one process (a login node will do). Exit status "
                                             "0 when a run would start, 2 with the problems listed.")
     p.add_argument("config", help="TOML config file")
-    return check_main(p.parse_args(argv).config)
+    p.add_argument("--resume", action="store_true",
+                   help="also check that the run --resume would continue was made with these settings")
+    p.add_argument("--run-dir", help="with --resume: the run to continue (default: as --resume finds it)")
+    args = p.parse_args(argv)
+    return check_main(args.config, resume=args.resume, run_dir=args.run_dir)
 
 
-def check_main(config_path: str) -> int:
-    """Check ``config_path`` as a run would, report, and return the exit status (0 or 2)."""
+def check_main(config_path: str, resume: bool = False, run_dir: str | None = None) -> int:
+    """Check ``config_path`` as a run would, report, and return the exit status (0 or 2);
+    ``resume`` (``ensemble.run CONFIG --resume --check``): also that the run ``--resume`` would
+    continue (``run_dir``, else this config's) was made with these settings."""
     set_thread_env(1)                                   # one batch per model: a login node's share
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")  # and no GPU taken (or waited for)
     print(f"Checking {config_path}: nothing is trained, no MPI.")
@@ -70,6 +76,8 @@ def check_main(config_path: str) -> int:
         return finish(exc.problems, config_path)
     mode = mode_of(cfg)
     describe_config(cfg, found)
+    if resume:
+        check_resume(cfg, run_dir, found)
     for note in unread_tables(cfg, config_path):
         print(f"  note: {note}")
     prepared = check_data(cfg, found)
@@ -94,7 +102,27 @@ def check_main(config_path: str) -> int:
     if prepared is not None:
         describe_memory(cfg, prepared[0], members, prepared[1].get("rank_bytes"))
     describe_runtime(cfg)
-    return finish(found.messages, config_path, mode.launch(config_path))
+    again = config_path + (" --resume" if resume else "") + (f" --run-dir {run_dir}" if resume and run_dir else "")
+    return finish(found.messages, again, mode.launch(again))
+
+
+def check_resume(cfg: RunConfig, run_dir: str | None, found: Problems) -> None:
+    """What ``--resume`` would refuse before training: no run to continue, or one made with other
+    settings (``prepare.check_same_run``)."""
+    from pathlib import Path
+
+    from ensemble.orchestrate.prepare import check_same_run, run_to_resume
+    from ensemble.results.rundir import RunDirectory
+    try:
+        path = Path(run_dir) if run_dir else run_to_resume(Path(cfg.output_dir) / cfg.name)
+        if not RunDirectory(path).has_journal():
+            raise ConfigError(f"--resume: {str(path)!r} holds no journal.jsonl to resume from; start the run "
+                              "without --resume")
+        check_same_run(cfg, path)
+        print(f"Resume: {str(path)!r}, made with these settings")
+    except ConfigError as exc:
+        for problem in exc.problems:
+            found.add(problem)
 
 
 def describe_config(cfg: RunConfig, found: Problems) -> None:

@@ -241,11 +241,35 @@ def check_same_run(cfg: RunConfig, run_dir: RunDirectory | Path) -> None:
     if not saved_path.exists():
         return
     saved, given = read_saved_config(saved_path).to_dict(), cfg.to_dict()
-    for key in RESULT_SETTINGS:
-        if _comparable(key, saved[key]) != _comparable(key, given[key]):
-            raise ConfigError(f"--resume: `{key}` differs from the run's saved config.toml in "
-                              f"{str(run_dir.path)!r}; resume with the config the run started with "
-                              "(only [runtime] settings may change)")
+    changed = [line for key in RESULT_SETTINGS
+               for line in _differences(key, _comparable(key, saved[key]), _comparable(key, given[key]))]
+    if changed:
+        shown = "; ".join(changed[:8]) + (f"; and {len(changed) - 8} more" if len(changed) > 8 else "")
+        raise ConfigError(f"--resume: the config differs from the run's saved config.toml in {str(run_dir.path)!r}: "
+                          f"{shown}. Resume with the config the run started with (only [runtime] settings may "
+                          "change; its config.toml is a copy), or start a new run without --resume")
+
+
+def _differences(key: str, then, now) -> list[str]:
+    """Each setting under ``key`` whose value differs, as "`key`: then -> now" (leaves of tables;
+    a list of tables, such as the architectures, compared table by table)."""
+    if then == now:
+        return []
+    if isinstance(then, dict) and isinstance(now, dict):
+        return [line for k in dict.fromkeys([*then, *now])
+                for line in _differences(f"{key}.{k}", then.get(k, _ABSENT), now.get(k, _ABSENT))]
+    if isinstance(then, list) and isinstance(now, list) and len(then) == len(now) \
+            and all(isinstance(v, dict) for v in [*then, *now]):
+        return [line for i, (a, b) in enumerate(zip(then, now)) for line in _differences(f"{key}[{i}]", a, b)]
+    return [f"`{key}` {_shown(then)} in the run, {_shown(now)} now"]
+
+
+_ABSENT = object()
+
+
+def _shown(value) -> str:
+    text = "(not set)" if value is _ABSENT else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _comparable(key: str, value):

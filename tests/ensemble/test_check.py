@@ -269,3 +269,35 @@ dropout = [0.0, 1.2]
     for text in ("`train.epochs` must be", "`search.units` must be [min, max] with min <= max",
                  "`search.dropout` must be [min, max]", "does not exist"):
         assert text in problems
+
+
+def test_check_with_resume_names_every_setting_the_run_was_not_made_with(tmp_path, capsys):
+    """`ensemble run X.toml --resume --check` said "No problems found" for a config whose resume
+    was then refused, one table a try."""
+    from ensemble.config import dump_toml, load_config
+    from ensemble.orchestrate.check import main
+    cfg = write(tmp_path, f"""
+name = "r"
+output_dir = "{tmp_path / 'runs'}"
+[data]
+source = "iris"
+[train]
+epochs = 2
+[[architectures]]
+members = 1
+layers = [{{type = "Dense", units = 4}}]
+""")
+    run = tmp_path / "runs" / "r"
+    assert main([str(cfg), "--resume"]) == EXIT_PROBLEMS                     # nothing to resume yet
+    assert "holds no journal.jsonl" in capsys.readouterr().out
+    run.mkdir(parents=True)
+    (run / "config.toml").write_text(dump_toml(load_config(cfg)))
+    (run / "journal.jsonl").write_text("")
+    assert main([str(cfg), "--resume"]) == 0
+    assert f"Resume: {str(run)!r}, made with these settings" in capsys.readouterr().out
+    cfg.write_text(cfg.read_text().replace("epochs = 2", "epochs = 5").replace("units = 4", "units = 8"))
+    assert main([str(cfg), "--resume", "--run-dir", str(run)]) == EXIT_PROBLEMS
+    out = capsys.readouterr().out
+    assert "`train.epochs` 2 in the run, 5 now" in out
+    assert "`architectures[0].layers[0].units` 4 in the run, 8 now" in out
+    assert f"check again: ensemble check {cfg} --resume --run-dir {run}" in out

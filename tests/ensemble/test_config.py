@@ -133,8 +133,20 @@ def test_resume_refuses_a_changed_config(tmp_path):
     check_same_run(cfg, tmp_path)                                    # unchanged: fine
     check_same_run(cfg.replace(runtime=cfg.runtime.replace(threads=2)), tmp_path)   # runtime may change
     changed = resolve_config(bad(train__epochs=3))
-    with pytest.raises(ConfigError, match="`train` differs from the run's saved config.toml"):
+    with pytest.raises(ConfigError, match="differs from the run's saved config.toml"):
         check_same_run(changed, tmp_path)
+    # every setting that differs, with both values (it named the table, one a try)
+    both = resolve_config(bad(train__epochs=3, seed=5))
+    with pytest.raises(ConfigError) as err:
+        check_same_run(both, tmp_path)
+    text = str(err.value)
+    assert f"`train.epochs` {cfg.train.epochs!r} in the run, 3 now" in text
+    assert f"`seed` {cfg.seed!r} in the run, 5 now" in text
+    layers = cfg.to_dict()["architectures"]
+    layers[0]["members"] = layers[0]["members"] + 1
+    more = resolve_config({**cfg.to_dict(), "architectures": layers})
+    with pytest.raises(ConfigError, match=r"`architectures\[0\]\.members` \d+ in the run, \d+ now"):
+        check_same_run(more, tmp_path)
 
 
 def test_builder_module_beside_the_config_is_found_from_any_folder(tmp_path, monkeypatch):
