@@ -201,7 +201,11 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
         print(f"  task: regression ({task_from}), {meta['n_outputs']} output(s)")
     from datafeed.prepare import data_notes
     from ensemble.results.selection import few_rows_note
-    for note in [*data_notes(got.info, arrays, meta), few_rows_note(meta["sizes"]["val"])]:
+    from ensemble.task import get_task
+    from ensemble.task.metrics import scales_note
+    for note in [*data_notes(got.info, arrays, meta), few_rows_note(meta["sizes"]["val"]),
+                 scales_note(get_task(meta["task"]).default_metric(cfg.ensemble.metric), arrays["y_train"],
+                             meta.get("target_names", ()))]:
         if note:
             print(f"  note: {note}")
     sizes = meta["sizes"]

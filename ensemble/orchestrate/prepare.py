@@ -108,7 +108,11 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
         log.warning(leak)
     from datafeed.prepare import data_notes
     from ensemble.results.selection import few_rows_note
-    for note in [*data_notes(info, arrays, meta), few_rows_note(meta["sizes"]["val"])]:
+    from ensemble.task import get_task
+    from ensemble.task.metrics import scales_note
+    for note in [*data_notes(info, arrays, meta), few_rows_note(meta["sizes"]["val"]),
+                 scales_note(get_task(meta["task"]).default_metric(cfg.ensemble.metric), arrays["y_train"],
+                             meta.get("target_names", ()))]:
         if note:
             log.warning(note)
     if cfg.data.task == "auto":                 # the task is known now: settings that depend on it

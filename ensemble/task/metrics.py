@@ -13,7 +13,7 @@ paid twice (and a 100,000-member rehearsal, a hundred thousand times).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 from types import MappingProxyType
 
@@ -48,6 +48,7 @@ __all__ = [
     "regression_metrics",
     "regression_mixture",
     "score",
+    "scales_note",
     "score_unchecked",
 ]
 
@@ -256,6 +257,30 @@ def _mse(y: np.ndarray, mean: np.ndarray) -> float:
 
 def _mae(y: np.ndarray, mean: np.ndarray) -> float:
     return float(np.mean(np.abs(y - mean)))
+
+
+#: targets whose spreads differ by more than this factor make "mse"/"mae" about the widest (``scales_note``)
+SCALE_RATIO = 10.0
+
+
+def scales_note(metric: str, y: np.ndarray, names: Sequence[str] = ()) -> str | None:
+    """What ``check`` and the run say when a multi-target regression ranks on "mse" or "mae", which
+    average the targets in their own units, and the targets' spreads differ by more than
+    ``SCALE_RATIO``: the ranking (and a search's fitness) is then about the widest target alone."""
+    y = np.asarray(y, dtype=np.float64)
+    if metric not in ("mse", "mae") or y.ndim != 2 or y.shape[1] < 2 or len(y) < 2:
+        return None
+    sd = y.std(axis=0)
+    if not np.all(np.isfinite(sd)) or sd.min() <= 0 or sd.max() / sd.min() <= SCALE_RATIO:
+        return None
+    label = (lambda j: repr(names[j])) if len(names) == y.shape[1] else str
+    power = 2 if metric == "mse" else 1
+    share = sd.max() ** power / float(np.sum(sd ** power))
+    return (f"the targets' spreads differ {sd.max() / sd.min():,.0f}-fold (standard deviation "
+            f"{', '.join(f'{label(j)} {v:.3g}' for j, v in enumerate(sd))}): `{metric}` averages them in their own "
+            f"units, so {label(int(np.argmax(sd)))} makes {share:.0%} of it, and the ranking, the selection and a "
+            "search's fitness are about that target alone; set `ensemble.metric = \"r2\"` (the mean of the "
+            "targets' R^2) to weigh them alike")
 
 
 def regression_metrics(

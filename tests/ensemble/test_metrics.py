@@ -258,3 +258,14 @@ def test_metrics_too_small_or_too_large_for_4_decimals_show_4_significant_figure
     assert metric_text(3.2e-13) == "3.2e-13" and metric_text(25134940491.9672) == "2.513e+10"
     assert metric_text(0.00042) == "0.00042" and metric_text(float("nan")) == "nan"
     assert metric_text(0.5, 12) == "      0.5000" and len(metric_text(2.5e10, 12)) == 12
+
+
+def test_scales_note_names_the_target_that_mse_is_about():
+    """A two-target regression ranked on mse was about its wider target alone, unsaid."""
+    from ensemble.task.metrics import scales_note
+    rng = np.random.default_rng(0)
+    y = np.stack([rng.normal(0, 1, 200), rng.normal(0, 40, 200)], axis=1)
+    note = scales_note("mse", y, ["gap", "modulus"])
+    assert "'modulus' makes 100% of it" in note and 'ensemble.metric = "r2"' in note
+    assert scales_note("r2", y) is None and scales_note("mse", y[:, :1]) is None
+    assert scales_note("mse", np.stack([y[:, 0], 3 * y[:, 0]], axis=1)) is None     # within SCALE_RATIO
