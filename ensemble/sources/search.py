@@ -35,13 +35,15 @@ from typing import Any
 import numpy as np
 
 from ensemble.config import ConfigError, RunConfig
+from ensemble.config.vocabulary import PROPER_SCORES
 from ensemble.results.events import Event, EventKind
 from ensemble.results.records import SEARCH, MemberRecord, search_entry, searched_seconds
 from ensemble.results.rundir import RunDirectory
+from ensemble.results.selection import rank_members
 from ensemble.sources.base import Hooks
 from ensemble.sources.members import derive_seed
 from ensemble.task import get_task
-from ensemble.task.metrics import higher_is_better, metric_text
+from ensemble.task.metrics import higher_is_better, metric_task, metric_text
 
 log = logging.getLogger(__name__)
 
@@ -365,8 +367,8 @@ class SearchSource:
         if not ok or not initial:
             return {}
 
-        def pick(rs: list[MemberRecord]) -> MemberRecord:
-            return max(rs, key=lambda r: (r.extra[SEARCH]["fitness"], -r.extra[SEARCH]["evaluation"]))
+        def pick(rs: list[MemberRecord]) -> MemberRecord:     # as the leaderboard ranks: ties by the proper score
+            return rank_members(rs, self.metric, PROPER_SCORES[metric_task(self.metric)])[0]
         a, b = pick(initial), pick(ok)
         out = {"metric": self.metric, "initial_best": {"id": a.id, "val": a.val[self.metric],
                                                       "test": a.test[self.metric], "genome": a.summary},

@@ -255,3 +255,17 @@ def test_a_candidate_given_up_after_lost_jobs_is_told_failed_and_not_handed_out_
     assert all(r.extra["search"]["evaluation"] == int(r.id[1:]) for r in every)   # a row in search.csv
     again = SearchSource(config(name), META, rundir(tmp_path / "k"), history + every)
     assert not again.reissue and again.next_spec()["id"] == f"e{max(int(i[1:]) for i in out) + 1:04d}"
+
+
+def test_the_search_line_names_the_best_candidate_as_the_leaderboard_ranks_it(tmp_path):
+    """Candidates tied on the metric (val accuracy 1.0): the console's "search: best ..." named the
+    earliest, the leaderboard (and the ensemble) the one of better log loss, a bred one."""
+    from ensemble.results.records import SEARCH, search_entry
+    source = SearchSource(config("regularized"), META, rundir(tmp_path), [])
+    n = source.population_size + 2
+    rows = [MemberRecord.from_json({"id": f"e{i:04d}", "status": "ok", "summary": "net",
+                                    "val": {"accuracy": 1.0, "log_loss": 0.5 if i < n else 0.01},
+                                    "test": {"accuracy": 1.0}, SEARCH: search_entry(i, float(i), 1.0)})
+            for i in range(1, n + 1)]
+    out = source.compare(rows)
+    assert out["initial_best"]["id"] == "e0001" and out["search_best"]["id"] == f"e{n:04d}"
