@@ -278,7 +278,13 @@ def fit_temperature(y: np.ndarray, proba: np.ndarray, seed: int = 0) -> dict[str
         held = {"scaled": scaled / len(y), "unscaled": plain / len(y)}
         if not held["scaled"] < held["unscaled"]:
             t = 1.0
-    return {"method": "temperature", "temperature": t, "held_out_log_loss": held}
+    out: dict[str, Any] = {"method": "temperature", "temperature": t, "held_out_log_loss": held}
+    errors = int(np.sum(proba.argmax(axis=1) != y))
+    if t == 1.0 and errors < MIN_ERRORS and _log_loss(y, proba, 0.5) < _log_loss(y, proba, 1.0):
+        out["why"] = (f"the validation rows hold {errors} misclassified row(s), fewer than {MIN_ERRORS}: a sharper "
+                      "temperature (T < 1) is not fitted on so few, since with every row right more confidence "
+                      "always looks better there, and a test split's first error is then punished hard")
+    return out
 
 
 def apply_temperature(stats: dict, calibration: dict | None) -> dict:

@@ -113,10 +113,13 @@ def test_temperature_never_sharpens_on_a_validation_split_with_too_few_errors():
     y = rng.integers(0, 3, 60)
     proba = np.full((60, 3), 0.1)
     proba[np.arange(60), y] = 0.8
-    assert C.fit_temperature(y, proba)["temperature"] == 1.0
-    wrong = y.copy()
+    kept = C.fit_temperature(y, proba)
+    assert kept["temperature"] == 1.0
+    assert "0 misclassified row(s), fewer than 5" in kept["why"]       # the reason said (it said "did not lower
+    wrong = y.copy()                                                    # the log loss of held-out rows")
     wrong[: C.MIN_ERRORS] = (y[: C.MIN_ERRORS] + 1) % 3      # 8% wrong at 80% confidence: underconfident
-    assert C.fit_temperature(wrong, proba)["temperature"] < 1.0     # with enough errors it may sharpen
+    sharper = C.fit_temperature(wrong, proba)
+    assert sharper["temperature"] < 1.0 and "why" not in sharper      # with enough errors it may sharpen
 
 
 def test_auto_keeps_t_1_on_too_few_validation_rows_to_check_a_temperature():
