@@ -361,12 +361,12 @@ def coverage_se(level: float, seeds: list[tuple[int | None, int]]) -> float:
     calibration rows a 95% interval's coverage varies by 3 points from one calibration set to
     the next (taken as the measure for variance scaling too). ``seeds``: (calibration rows or
     None, test rows) per seed."""
+    from ensemble.task.calibration import coverage_spread
     var = 0.0
     for m, n in seeds:
         var += level * (1.0 - level) / n
         if m:
-            k = min(m, math.ceil((m + 1) * level - 1e-9))
-            var += k * (m + 1 - k) / ((m + 1) ** 2 * (m + 2))
+            var += coverage_spread(level, m) ** 2
     return math.sqrt(var) / len(seeds)
 
 

@@ -26,7 +26,7 @@ from ensemble.results.rundir import RunDirectory
 from ensemble.results.selection import choose_ensemble, rank_members
 from ensemble.task import get_task
 from ensemble.task.calibration import apply as apply_calibration
-from ensemble.task.calibration import coverage_curve, holdout_rows, rows_of
+from ensemble.task.calibration import coverage_curve, coverage_spread, holdout_rows, rows_of
 from ensemble.task.calibration import fit as fit_calibration
 from ensemble.task.metrics import (
     COVERAGE_LEVELS,
@@ -384,6 +384,11 @@ def format_comparison(summary: dict) -> str:
         lines.append(f"test coverage of the {cal.get('method', 'none')} intervals: "
                      + "  ".join(f"{k[8:]}% {ens[k]:.2f}" for k in levels)
                      + (f"   (uncalibrated: {raw})" if raw and cal.get("method") != "none" else ""))
+        if cal.get("method") in ("conformal", "variance_scaling") and cal.get("rows"):
+            spread = coverage_spread(0.9, cal["rows"])
+            lines.append(f"  fitted on {cal['rows']} validation rows: from one such set of rows to another, a 90% "
+                         f"interval covers 0.90 of new rows on average, give or take {spread:.2f} (more rows, "
+                         "`data.val_fraction`, narrow that)")
     if cal.get("method") == "temperature" and cal["temperature"] == 1.0:
         lines.append("temperature scaling: kept T = 1 (" + (cal.get("why") or "a fitted temperature did not lower "
                                                            "the log loss of held-out validation rows") + ")")

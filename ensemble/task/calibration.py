@@ -77,6 +77,14 @@ def holdout_rows(n: int, share: float) -> tuple[np.ndarray, np.ndarray]:
     return np.setdiff1d(every, kept), kept
 
 
+def coverage_spread(level: float, m: int) -> float:
+    """The standard deviation of a split-conformal interval's coverage over calibration sets of
+    ``m`` rows: given them it is Beta(k, m + 1 - k), k = ceil((m + 1) level) (Vovk 2012; Angelopoulos
+    and Bates 2021, section 3.2): 45 rows move a 95% interval's coverage by 3 points either way."""
+    k = min(m, math.ceil((m + 1) * level - 1e-9))
+    return math.sqrt(k * (m + 1 - k) / ((m + 1) ** 2 * (m + 2)))
+
+
 def rows_of(stats: dict, rows: np.ndarray, n: int) -> dict:
     """Per-sample ``stats`` (arrays of ``n`` rows) at ``rows``; other entries as they are."""
     return {k: (v[rows] if isinstance(v, np.ndarray) and v.ndim and len(v) == n else v) for k, v in stats.items()}

@@ -401,3 +401,16 @@ def test_several_regression_targets_get_their_own_test_metrics():
     text = format_comparison({"ensemble": {"test": test}, "best_member": {"id": "a", "test": test}, "metric": "mse",
                               "members": [{"id": "a"}], "per_target": got})
     assert "  target temp: test mse " in text and "  target flux: test mse " in text
+
+
+def test_the_console_says_how_much_a_conformal_interval_moves_with_its_calibration_rows():
+    """A user saw calibrated intervals cover 0.83 of 120 test rows against 0.96 uncalibrated, on 60
+    calibration rows, with nothing saying how far that goes by chance."""
+    from ensemble.results.summary import format_comparison
+    from ensemble.task.calibration import coverage_spread
+    test = {"mse": 1.0, "nll": 1.5, "coverage50": 0.5, "coverage80": 0.8, "coverage90": 0.83, "coverage95": 0.9}
+    summary = {"ensemble": {"test": test}, "best_member": {"id": "m", "test": test}, "metric": "mse",
+               "members": [{"id": "m"}], "calibration": {"method": "conformal", "rows": 60}}
+    assert "fitted on 60 validation rows" in format_comparison(summary)
+    assert f"give or take {coverage_spread(0.9, 60):.2f}" in format_comparison(summary)
+    assert 0.035 < coverage_spread(0.9, 60) < 0.04 and coverage_spread(0.9, 5000) < 0.005
