@@ -46,7 +46,7 @@ def test_check_has_its_own_arguments_and_runs_as_run_check_does(tmp_path, capsys
     check CONFIG`` reports as ``python -m ensemble.run CONFIG --check`` does."""
     from ensemble import run
     text = cli.help_text("check")
-    assert text.startswith("usage: ensemble check") and "--resume" not in text
+    assert text.startswith("usage: ensemble check") and "--overwrite" not in text and "--resume" in text
     config = tmp_path / "bad.toml"
     config.write_text('mode = "nonsense"\n')
     code = cli.main(["check", str(config)])
