@@ -6,9 +6,9 @@ reports its validation metric and waits; once the whole population has reported,
 master decides every member's next step at once (synchronous rounds, as LTFB):
 
 - exploit: which members copy which (``exploit_pairs``): "truncation" (PBT: the worst
-  ``fraction`` copy a random member of the best ``fraction``), "tournament" (LTFB: random
-  pairs, the loser copies the winner) or "none"; a member whose loss turned NaN copies a
-  good member under every rule;
+  ``fraction`` copy a random member of the best ``fraction`` that scored better than they did),
+  "tournament" (LTFB: random pairs, the loser copies the winner; a tie copies nothing) or "none";
+  a member whose loss turned NaN copies a good member under every rule;
 - explore: the copy's hyperparameters are perturbed or drawn anew (``explore``);
 - the donor is told to send its weights and optimizer state to the receiver's rank and
   the receiver to take them: the state goes worker to worker, never through rank 0.
@@ -67,8 +67,9 @@ def exploit_pairs(scores: dict[str, float], rule: str, fraction: float,
     pairs: list[tuple[str, str]] = []
     if rule == "truncation" and len(good) >= 2:
         for receiver in good[len(good) - n_top:]:
-            if receiver not in top:
-                pairs.append((receiver, top[int(rng.integers(len(top)))]))
+            better = [d for d in top if scores[d] > scores[receiver]]    # a tie copies nothing (it only
+            if receiver not in top and better:                           # took away a member's own weights)
+                pairs.append((receiver, better[int(rng.integers(len(better)))]))
     elif rule == "tournament" and len(good) >= 2:
         order = [good[i] for i in rng.permutation(len(good))]
         for a, b in zip(order[0::2], order[1::2]):

@@ -36,6 +36,16 @@ def test_truncation_copies_the_worst_fraction_from_the_best():
     assert {d for _, d in pairs} <= {"m6", "m7"}
 
 
+def test_truncation_copies_only_from_a_member_that_scored_better():
+    """Three members all at validation accuracy 1.0 still copied one another every round (the
+    population lost its diversity for nothing)."""
+    assert exploit_pairs({"a": 1.0, "b": 1.0, "c": 1.0}, "truncation", 0.34, np.random.default_rng(0)) == []
+    scores = {"a": 0.9, "b": 0.9, "c": 0.8, "d": 0.9}
+    for seed in range(20):
+        pairs = exploit_pairs(scores, "truncation", 0.5, np.random.default_rng(seed))
+        assert all(scores[d] > scores[r] for r, d in pairs) and [r for r, _ in pairs] == ["c"]
+
+
 def test_tournament_pairs_members_and_the_loser_copies_the_winner():
     scores = {f"m{i}": float(i) for i in range(6)}
     pairs = exploit_pairs(scores, "tournament", 0.25, np.random.default_rng(3))
