@@ -311,10 +311,13 @@ def format_status(s: dict) -> str:
     if c["issued"] > c["ended"] + (s["running"] or 0):
         text += f" ({c['issued']} handed out)"
     lines.append(text)
+    apart = s.get("mode") not in MODES or MODES[s["mode"]].members_end_apart
     if state in ("stopped", "silent", "failed") and s["left"]:
-        lines.append(f"{s['left']} of {total} members not trained yet; --resume trains them")
+        lines.append(f"{s['left']} of {total} members not trained yet; --resume trains them" if apart else
+                     f"{s['left']} of {total} members not finished; --resume continues them from their last round")
     rates = [r for r in (f"{s['recent_members_per_second']:.2f}/s recently" if s["recent_members_per_second"] else "",
-                         f"{s['members_per_second']:.2f}/s this job" if s["members_per_second"] else "") if r]
+                         f"{s['members_per_second']:.2f}/s this job" if s["members_per_second"] else "") if r
+             and apart]
     if rates or s["eta_seconds"] is not None:
         lines.append("rate: " + (", ".join(rates) or "?")
                      + (f"; ETA {_duration(s['eta_seconds'])}" if s["eta_seconds"] is not None else "")

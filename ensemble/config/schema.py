@@ -364,7 +364,8 @@ SCHEMA = Table({
                           doc="seconds after which no new round starts (the run's own `runtime.time_limit` "
                               "counts too); unset: `rounds` alone"),
         "exploit": Key((str,), "truncation", _one_of(*PBT_EXPLOIT),
-                       doc="\"truncation\" (PBT): the worst `fraction` copy a member of the best `fraction`; "
+                       doc="\"truncation\" (PBT): the worst `fraction` copy a member of the best `fraction` that "
+                           "scored better; "
                            "\"tournament\" (LTFB): random pairs, the loser copies the winner; \"none\": members "
                            "train independently (the control a benchmark compares with); a member whose loss "
                            "turned NaN copies a good one under every rule"),

@@ -201,9 +201,10 @@ class PbtConfig(Section):
     #: seconds after which no new round starts (the run's own `runtime.time_limit` counts too); unset:
     #: `rounds` alone
     time_limit: float | None
-    #: "truncation" (PBT): the worst `fraction` copy a member of the best `fraction`; "tournament" (LTFB):
-    #: random pairs, the loser copies the winner; "none": members train independently (the control a
-    #: benchmark compares with); a member whose loss turned NaN copies a good one under every rule
+    #: "truncation" (PBT): the worst `fraction` copy a member of the best `fraction` that scored better;
+    #: "tournament" (LTFB): random pairs, the loser copies the winner; "none": members train independently
+    #: (the control a benchmark compares with); a member whose loss turned NaN copies a good one under every
+    #: rule
     exploit: str
     #: truncation: the share of the population that copies, and the share it copies from
     fraction: float

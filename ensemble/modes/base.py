@@ -93,6 +93,9 @@ class Mode:
     #: whether its members are independent one-shot jobs, as ``simulate --engine fast`` models
     #: them (a population trains in synchronous rounds; an online run has no list of members)
     one_shot_members: ClassVar[bool] = True
+    #: whether its members end one by one through the run, so that members a second and members
+    #: left say how it goes (``ensemble status``); a population's end together at its last round
+    members_end_apart: ClassVar[bool] = True
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         """The run's Source and Decider (the same object when the mode's rounds are both)."""

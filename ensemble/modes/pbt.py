@@ -24,6 +24,7 @@ class PbtMode(Mode):
     reads_streams = False              # train.population gathers its batches from the arrays in memory
     takes_helpers = False              # rounds, not last members
     one_shot_members = False           # synchronous rounds of the whole population
+    members_end_apart = False          # all at the last round: its progress is in rounds (status_lines)
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         from ensemble.sources.population import PopulationSource

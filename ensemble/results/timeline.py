@@ -182,7 +182,8 @@ def format_stats(stats: dict) -> str:
         if "total" in phases:
             text += f"; launch to first member training {phases['total']['slowest']:.1f} s"
     costs = stats.get("member_costs")
-    if costs:
+    if costs and any(costs[name]["total"] > 0 for name in ("build", "first_epoch", "epochs")):   # not PBT's
+        # members, whose training is in their rounds: their records hold only the last predict and write
         text += "\nmember time, mean of " + str(costs["members"]) + ": " + ", ".join(
             f"{name.replace('_', ' ')} {costs[name]['mean']:.2f} s ({100 * costs[name]['share']:.0f}%)"
             for name in COST_PHASES if costs[name]["total"] > 0)

@@ -59,6 +59,10 @@ def test_the_run_summary_averages_the_phases_and_skips_records_without_them():
     assert "member time, mean of 2: build 1.00 s (12%), first epoch 2.00 s (25%), epochs 4.00 s (50%)" in line
     assert "validation inside the epochs 0.75 s" in line
     assert "; 1 trained on a kept model (no tracing)" in line
+    pbt = member_costs([{"status": Status.OK.value, "costs": {"predict": 0.01, "write": 0.02}}] * 3)
+    line = format_stats({"members": 3, "workers": 3, "utilisation": 0.9, "startup_seconds": 1.0,
+                         "members_per_second": 1.0, "member_costs": pbt})
+    assert "member time" not in line          # PBT's records: the last predict and write, not their training
 
 
 class Ticks:

@@ -321,6 +321,10 @@ def test_a_stopped_run_says_what_is_left_for_resume(tmp_path):
     s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1020.0)
     assert (s["running"], s["queued"], s["left"], s["eta_seconds"]) == (0, None, 6, None)
     assert "6 of 12 members not trained yet; --resume trains them" in S.format_status(s)
+    pbt = {**s, "mode": "pbt", "recent_members_per_second": 1176.4, "members_per_second": 2.0}
+    text = S.format_status(pbt)                 # a population: every member ends at the last round
+    assert "6 of 12 members not finished; --resume continues them from their last round" in text
+    assert "/s recently" not in text and "not trained yet" not in text
 
 
 def test_an_unreadable_config_is_no_reason_to_fail(tmp_path):
