@@ -77,10 +77,11 @@ def trained_keys(run_path: str, meta: dict) -> frozenset[str]:
     return frozenset(keys)
 
 
-def start_genomes(run_path: str, meta: dict, space, count: int) -> list:
+def start_genomes(run_path: str, meta: dict, space, count: int, origins: list | None = None) -> list:
     """``evolve.start_from``: the best ``count`` distinct genomes of the earlier search, each
     moved into this run's search ``space`` (``evolve.repair``; one it cannot hold is passed
-    over). Raises ``ConfigError`` when none fits."""
+    over); ``origins``, when given, receives each one's id in the earlier run. Raises
+    ``ConfigError`` when none fits."""
     from evolve import genome_from_dict, repair
     earlier = earlier_search(run_path, "evolve.start_from", meta, "\"\" to start from random genomes")
     shape, n_outputs = tuple(meta["input_shape"]), meta["n_outputs"]
@@ -93,6 +94,8 @@ def start_genomes(run_path: str, meta: dict, space, count: int) -> list:
         if genome is not None and genome.key() not in keys:
             out.append(genome)
             keys.add(genome.key())
+            if origins is not None:
+                origins.append(record.id)
         if len(out) >= count:
             break
     if not out:

@@ -92,14 +92,23 @@ def initial_genomes(cfg: RunConfig, meta: dict, space, first_population: int | N
     shape, n_outputs = tuple(meta["input_shape"]), meta["n_outputs"]
     out: list = []
     known: frozenset[str] = frozenset()
+    origins: list = []
     if cfg.evolve.start_from and earlier:
         from ensemble.sources.earlier import start_genomes, trained_keys
-        out += start_genomes(cfg.evolve.start_from, meta, space, max(1, size // 2))
+        out += start_genomes(cfg.evolve.start_from, meta, space, max(1, size // 2), origins)
         known = trained_keys(cfg.evolve.start_from, meta)
     if cfg.evolve.templates:
         keys = {g.key() for g in out} | known
         out += [g for g in templates(space, shape, n_outputs, meta["task"]) if g.key() not in keys]
     out = out[:size]
+    if out:
+        n = len(origins)
+        log.info("search: the first population starts from "
+                 + ", ".join(part for part in (
+                     f"{n} genome(s) of {cfg.evolve.start_from} (`evolve.start_from`: its {', '.join(origins)}, "
+                     f"here e0001{f'-e{n:04d}' if n > 1 else ''})" if n else "",
+                     f"{len(out) - n} template(s) (`evolve.templates`)" if len(out) > n else "") if part)
+                 + (", then random genomes" if size > len(out) else ""))
     return out, known - {g.key() for g in out}
 
 

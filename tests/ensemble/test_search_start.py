@@ -7,6 +7,7 @@ the config check; a search started from an earlier run resumes with every candid
 from __future__ import annotations
 
 import json
+import logging
 import textwrap
 import time
 import zlib
@@ -93,15 +94,19 @@ def test_the_first_candidates_are_the_templates_for_the_input(tmp_path):
         json.dumps(g.to_dict(), sort_keys=True) for g in templates(search_space(config(), META), (8, 8, 1), 10)}
 
 
-def test_a_search_starts_from_an_earlier_runs_best_genomes(tmp_path, earlier):
+def test_a_search_starts_from_an_earlier_runs_best_genomes(tmp_path, earlier, caplog):
     records = [x for x in read_lines(earlier / "journal.jsonl") if "event" not in x]
     best = sorted(records, key=lambda x: (-x["val"]["accuracy"], x["id"]))
     lines: list[dict] = []
+    caplog.set_level(logging.INFO)
     source = SearchSource(config(start_from=str(earlier)), META, RunDirectory(tmp_path / "next"), [])
     drive(source, lines)
     first = issued_genomes(lines)
     starts = [r["genome"] for r in best][:2]                   # half the first population of 4
     assert first[:2] == starts
+    # and the log says which they are (it said nothing: a user could only tell from the genomes)
+    assert (f"starts from 2 genome(s) of {earlier} (`evolve.start_from`: its {best[0]['id']}, {best[1]['id']}, "
+            "here e0001-e0002)") in caplog.text
     # then nothing the earlier run trained (its templates, its random genomes: the same seed drew them)
     trained = {json.dumps(r["genome"], sort_keys=True) for r in records}
     assert not {json.dumps(g, sort_keys=True) for g in first[2:]} & trained
@@ -227,7 +232,6 @@ def test_the_config_line_notes_a_budget_within_the_first_population_and_no_empty
 
 
 def test_the_console_says_whether_the_best_was_bred(tmp_path, caplog):
-    import logging
     caplog.set_level(logging.INFO)
     for evaluations, said in ((4, "the search ended within its first population (4 of 4)"),
                               (10, "search: best")):
