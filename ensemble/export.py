@@ -32,6 +32,15 @@ def _format_of(out: str | None) -> str:
     return "onnx" if suffix == ".onnx" else "saved_model" if not suffix else "keras"
 
 
+#: other spellings of a format a user may give (``--format savedmodel``)
+ALIASES = {"savedmodel": "saved_model", "tf": "saved_model", "tf_saved_model": "saved_model", "h5": "keras"}
+
+
+def _format_name(value: str) -> str:
+    name = value.strip().lower().replace("-", "_")
+    return ALIASES.get(name, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ensemble.export",
                                 description="Write a finished run's ensemble as one model that takes raw "
@@ -42,9 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", nargs="?", metavar="OUT",
                    help="the file (.keras, .onnx) or directory (SavedModel) to write; default: in RUN_DIR, "
                         + ", ".join(f"{f}: {n}" for f, n in DEFAULT_NAMES.items()))
-    p.add_argument("--format", dest="fmt", choices=list(DEFAULT_NAMES),
+    p.add_argument("--format", dest="fmt", choices=list(DEFAULT_NAMES), type=_format_name,
                    help="what to write (default: from OUT's suffix: .onnx onnx, none saved_model, else keras)")
     args = p.parse_intermixed_args(argv)            # OUT after --format too
+    import os
+
+    from ensemble.runtime.env import set_thread_env
+    set_thread_env(os.cpu_count() or 1)             # and TensorFlow's import banners filtered, as predict's
     fmt = args.fmt or _format_of(args.out)
     out = args.out or str(Path(args.run_dir) / DEFAULT_NAMES[fmt])
     from ensemble.inference.export import export_model

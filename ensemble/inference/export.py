@@ -140,9 +140,13 @@ def export_model(run: EnsembleRun | str | Path, path: str | Path, fmt: str = "ke
     keras_format = "tf_saved_model" if fmt == "saved_model" else "onnx"
 
     def write(target: Path) -> None:
+        import warnings
+
         import tensorflow as tf
         spec = [tf.TensorSpec((None, *raw_input_shape(run)), tf.float32, name="features")]
-        model.export(str(target), format=keras_format, verbose=False, input_signature=spec)
+        with warnings.catch_warnings():              # Keras's tf2onnx patch probing numpy: not the user's
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"keras\.src\.export")
+            model.export(str(target), format=keras_format, verbose=False, input_signature=spec)
 
     if fmt == "onnx":
         return atomic_write(path, write)

@@ -150,3 +150,10 @@ def test_simulate_says_what_it_assumed_and_the_fast_engine_refuses_a_population(
         main(["configs/digits_pbt.toml", "--workers", "4", "--engine", "fast"])
     from ensemble.orchestrate.simulate import cost_source
     assert cost_source("pbt") == "the ensemble mode's measured model (the pbt mode's master was not measured)"
+
+
+def test_export_takes_other_spellings_of_a_format():
+    """`--format savedmodel` was refused (the accepted name is saved_model)."""
+    from ensemble.export import _format_name
+    assert {_format_name(v) for v in ("savedmodel", "SavedModel", "saved-model", "tf")} == {"saved_model"}
+    assert _format_name("ONNX") == "onnx" and _format_name("keras") == "keras"
