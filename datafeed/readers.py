@@ -312,7 +312,7 @@ def target_values(frame, columns: list) -> np.ndarray:
     return (frame[columns[0]] if len(columns) == 1 else frame[columns]).to_numpy()
 
 
-def _odd_cells(values) -> np.ndarray:
+def odd_cells(values) -> np.ndarray:
     """Rows of a text column whose cells are not numbers, when they are few (a typo, a unit, a
     stray "n/a" in a column of numbers); empty when the column is text throughout."""
     import pandas as pd
@@ -332,7 +332,7 @@ def not_numeric(frame, columns: list) -> str:
     parts, text = [], []
     for c in columns:
         values = frame[c]
-        rows = _odd_cells(values)
+        rows = odd_cells(values)
         if len(rows):
             cells = ", ".join(f"row {r}: {values.iloc[r]!r}" for r in rows[:3])
             parts.append(f"column {c!r} holds numbers but for {len(rows)} cell(s) that are not ({cells}"
@@ -366,7 +366,7 @@ def categorical_columns(frame, columns: list) -> dict[str, list[str]]:
         values = frame[c].dropna().astype(str).str.strip()
         distinct = sorted(set(values) - {""})
         if distinct and len(distinct) <= MAX_CATEGORIES and 2 * len(distinct) <= len(values) \
-                and not len(_odd_cells(frame[c])):
+                and not len(odd_cells(frame[c])):
             out[str(c)] = distinct
     return out
 
@@ -428,9 +428,15 @@ def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.n
     has_label = not absent
     if require_y and not has_label:
         near = [repr(c) for c in frame.columns if str(c).strip().lower() in {a.strip().lower() for a in absent}]
+        how = "spaces or case differ"
+        if not near:                              # a misspelling: "modulos" for "modulus"
+            import difflib
+            columns = {str(c).lower(): str(c) for c in frame.columns}
+            near = [repr(columns[m]) for a in absent for m in difflib.get_close_matches(a.lower(), columns, 1, 0.75)]
+            how = "did you mean it?"
         raise DataError(f"`data.label` names column{'s' if len(absent) > 1 else ''} {', '.join(map(repr, absent))}, "
                         f"but the file has columns {one_line(', '.join(map(repr, frame.columns)))}"
-                        + (f"; the nearest is {', '.join(near)} (spaces or case differ)" if near else ""))
+                        + (f"; the nearest is {', '.join(near)} ({how})" if near else ""))
     if require_y and split and split not in frame.columns:
         raise DataError(f"`data.split_column` names column {split!r}, but {data.source!r} has columns "
                         f"{one_line(', '.join(map(str, frame.columns)))}; name the column that says train/val/test")

@@ -127,11 +127,17 @@ def frame_input(run: EnsembleRun, frame, source: str = "the DataFrame", label: s
     if len(frame) == 0:
         raise PredictError(f"{source} has its columns but no rows: nothing to predict")
     categories = run.meta.get("categories") or {}
-    bad = [f"{f!r} ({frame[by_name[f]].dtype})" for f in cols.features
-           if f not in categories and not pd.api.types.is_numeric_dtype(frame[by_name[f]])]
-    if bad:
-        raise PredictError(f"{source}: column(s) {', '.join(bad[:8])} are not numeric, but the ensemble takes "
-                           "them as features" + ("" if run.meta.get("feature_names") else
+    text = [f for f in cols.features if f not in categories and not pd.api.types.is_numeric_dtype(frame[by_name[f]])]
+    if text:
+        from datafeed.readers import odd_cells
+        cells = {f: odd_cells(frame[by_name[f]]) for f in text}
+        typos = "; ".join(f"column {f!r} holds numbers but for " + ", ".join(
+            f"row {r}: {frame[by_name[f]].iloc[r]!r}" for r in cells[f][:3]) for f in text if len(cells[f]))
+        bad = [f"{f!r} ({frame[by_name[f]].dtype})" for f in text]
+        raise PredictError(f"{source}: " + (typos + " (rows counted from 0 after the header); correct those cells"
+                                            if typos else
+                                            f"column(s) {', '.join(bad[:8])} are not numeric, but the ensemble takes "
+                                            "them as features") + ("" if run.meta.get("feature_names") else
                                                  " (it was trained on arrays without column names, so every "
                                                  "column but the targets and --keep ones is a feature)"))
     x_frame = frame[[by_name[f] for f in cols.features]]
@@ -227,9 +233,13 @@ def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input")
     bad = ~np.isfinite(x.reshape(len(x), -1).astype(np.float64))
     if bad.any():
         rows = np.unique(np.nonzero(bad)[0])
+        names = [str(n) for n in run.meta.get("feature_names") or []]
+        per = bad.sum(axis=0)
+        where = (" in column(s) " + ", ".join(f"{names[j]!r} ({int(per[j])})" for j in np.flatnonzero(per)[:8])
+                 if len(names) == bad.shape[1] else "")
         raise PredictError(f"{source}: features hold {int(bad.sum())} NaN/inf values"
-                           f"{' or masked entries' if masked else ''} (first rows: {rows[:5].tolist()}); clean "
-                           "or impute them first")
+                           f"{' or masked entries' if masked else ''}{where} (first rows, counted from 0: "
+                           f"{rows[:5].tolist()}); clean or impute them first")
     x = feature_array(x).reshape((len(x), *shape))     # float32 only once normalised, as in training
     x = np.ascontiguousarray(apply_normalizer(x, run.shift, run.scale))
     far_note(x, run.config.data.normalize, source)

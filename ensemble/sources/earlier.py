@@ -35,6 +35,9 @@ def earlier_search(run_path: str, setting: str, meta: dict, instead: str) -> Ear
     path = Path(run_path)
     rd = RunDirectory(path)
     where = f"`{setting}` {run_path!r}"
+    if not path.exists():
+        raise ConfigError(f"{where} does not exist (a relative path is taken from the config file's folder); "
+                          f"give a mode \"evolve\" run's directory, or {instead}")
     if not (path / rd.JOURNAL).is_file() or not (path / rd.CONFIG).is_file():
         raise ConfigError(f"{where} is not a run directory (no {rd.JOURNAL} and {rd.CONFIG} there); give a "
                           f"mode \"evolve\" run's directory, or {instead}")

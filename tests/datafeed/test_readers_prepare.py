@@ -529,3 +529,10 @@ def test_data_changed_names_what_differs_and_not_how_it_is_read():
     assert "3 files of 15 rows now, 2 files of 10 rows then" in data_changed(streamed, more, norm, norm)
     assert "classes ['a', 'c']" in data_changed(meta, {**meta, "class_names": ["a", "c"]}, norm, norm)
     assert "normalise otherwise" in data_changed(meta, meta, norm, (np.ones(3), np.ones(3)))
+
+
+def test_a_misspelt_label_column_gets_the_nearest_name(tmp_path):
+    frame = pd.DataFrame({"a": np.arange(20.0), "modulus": np.arange(20.0)})
+    frame.to_csv(tmp_path / "d.csv", index=False)
+    with pytest.raises(DataError, match=r"the nearest is 'modulus' \(did you mean it\?\)"):
+        read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="modulos"))

@@ -420,3 +420,18 @@ def test_a_run_trained_with_categories_encodes_new_rows_as_in_training(tmp_path,
     np.testing.assert_allclose(P.load_input(run, str(tmp_path / "new.csv")).x, got.x)
     with pytest.raises(P.PredictError, match=r"lacks 1 of the 2 columns .*: 'site'"):
         P.data_input(run, new[["a"]])
+
+
+def test_a_gap_or_a_typo_in_new_rows_is_named_by_column_and_row(base, rows):
+    """One NaN cell refused the file without naming its column; a stray text cell named the column
+    as "not numeric", not the cell."""
+    run = P.load_run(base / "cls")
+    frame = shuffled_table(rows)
+    frame.loc[3, "c"] = np.nan
+    with pytest.raises(P.PredictError, match=r"1 NaN/inf values in column\(s\) 'c' \(1\) \(first rows, counted "
+                                             r"from 0: \[3\]\)"):
+        P.data_input(run, frame)
+    frame = shuffled_table(rows).astype({"b": object})
+    frame.loc[2, "b"] = "abc"
+    with pytest.raises(P.PredictError, match=r"column 'b' holds numbers but for row 2: 'abc'"):
+        P.data_input(run, frame)

@@ -133,7 +133,9 @@ def bad_runs(tmp_path, earlier) -> dict[str, tuple[str, str]]:
     """A wrong `start_from`: (the directory, what its error says)."""
     cfg = config()
     ensemble_cfg = resolve_config({"mode": "ensemble", "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]})
-    return {"missing": (str(tmp_path / "nowhere"), "is not a run directory"),
+    (tmp_path / "plain").mkdir()
+    return {"missing": (str(tmp_path / "nowhere"), "does not exist"),
+            "not a run": (str(tmp_path / "plain"), "is not a run directory"),
             "ensemble": (str(write_run(tmp_path / "ens", ensemble_cfg, [])), "is a mode 'ensemble' run"),
             "shape": (str(write_run(tmp_path / "shape", cfg, read_lines(earlier / "journal.jsonl"),
                                     {**META, "input_shape": [64]})),
@@ -141,7 +143,7 @@ def bad_runs(tmp_path, earlier) -> dict[str, tuple[str, str]]:
             "empty": (str(write_run(tmp_path / "empty", cfg, [])), "has no finished candidates yet")}
 
 
-@pytest.mark.parametrize("case", ["missing", "ensemble", "shape", "empty"])
+@pytest.mark.parametrize("case", ["missing", "not a run", "ensemble", "shape", "empty"])
 def test_a_bad_start_from_is_one_line_naming_the_setting(tmp_path, earlier, case):
     run, says = bad_runs(tmp_path, earlier)[case]
     cfg = config(start_from=run)
@@ -200,7 +202,7 @@ def test_a_resume_whose_earlier_run_is_gone_goes_on_without_it(tmp_path, earlier
     lines: list[dict] = []
     drive(SearchSource(cfg, META, RunDirectory(tmp_path / "killed"), []), lines, kill_after=3)
     shutil.rmtree(earlier)
-    with pytest.raises(ConfigError, match="is not a run directory"):          # a new search: refused
+    with pytest.raises(ConfigError, match="does not exist"):                   # a new search: refused
         SearchSource(cfg, META, RunDirectory(tmp_path / "new"), [])
     resumed = SearchSource(cfg, META, RunDirectory(tmp_path / "killed"), history_of(lines))
     assert "the search goes on without the starting points" in caplog.text
