@@ -69,9 +69,10 @@ def encode_labels(y: np.ndarray, class_names: list[str] | None) -> tuple[np.ndar
     return codes.astype(np.int64), [str(v) for v in values]
 
 
-def check_arrays(x: np.ndarray, y: np.ndarray, names: Sequence[str] = ()) -> None:
+def check_arrays(x: np.ndarray, y: np.ndarray, names: Sequence[str] = (), impute: str = "none") -> None:
     """Reject data no network can train on, naming what is wrong (``names``: a table's feature
-    columns, named with the non-finite values they hold)."""
+    columns, named with the non-finite values they hold); with ``impute`` (``data.impute``)
+    other than "none", missing values (NaN) pass: ``impute_features`` fills them."""
     if len(x) != len(y):
         raise DataError(f"features and targets differ in length: x has {len(x)} samples, y has "
                         f"{len(y)}; check `data.x` / `data.y` (or `data.label`)")
@@ -81,7 +82,7 @@ def check_arrays(x: np.ndarray, y: np.ndarray, names: Sequence[str] = ()) -> Non
     if x.dtype.kind not in "iufb":
         raise DataError(f"features must be numeric, but have dtype {x.dtype}")
     xf = np.asarray(x, dtype=np.float64)
-    bad = ~np.isfinite(xf)
+    bad = np.isinf(xf) if impute != "none" else ~np.isfinite(xf)
     if bad.any():
         rows = np.unique(np.nonzero(bad)[0])
         where, empty = "", False
@@ -91,8 +92,11 @@ def check_arrays(x: np.ndarray, y: np.ndarray, names: Sequence[str] = ()) -> Non
                     for i in np.flatnonzero(per)]
             where = f" in column(s) {', '.join(cols[:8])}{', ...' if len(cols) > 8 else ''}"
             empty = bool((per == len(x)).any())
-        raise DataError(f"features hold {int(bad.sum())} NaN/inf values{where} (first rows: "
-                        f"{rows[:5].tolist()}); clean or impute them before training"
+        raise DataError(f"features hold {int(bad.sum())} {'inf' if impute != 'none' else 'NaN/inf'} values{where} "
+                        f"(first rows: {rows[:5].tolist()}); clean "
+                        + ("them before training" if impute != "none" else
+                           "or impute them before training, or set `data.impute = \"median\"` to fill the missing "
+                           "ones with their feature's training median")
                         + (", or leave an empty column out with `data.exclude`" if empty else "")
                         + " (an HDF5/NetCDF fill value, `_FillValue` or `missing_value`, counts as NaN)")
 
@@ -241,6 +245,7 @@ def data_notes(info: dict, arrays: dict, meta: dict) -> list[str]:
     if info.get("categories"):
         notes.append(categories_note(info["categories"]))
     notes += info.get("unseen_notes") or []
+    notes.append(impute_note(meta.get("impute")))
     notes.append(channels_note(meta.get("input_shape", ())))
     if meta.get("label_form") == ONE_HOT:
         notes.append(f"the targets are one-hot rows: read as the classes 0..{meta['n_outputs'] - 1} (the index "
@@ -350,10 +355,13 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
     instead of drawing one; its ``val`` None: drawn from its train rows (``draw_validation``)."""
     x = np.asarray(x)
     y = np.asarray(y)
-    check_arrays(x, y, info.get("feature_names") or ())
+    names = info.get("feature_names") or ()
+    check_arrays(x, y, names, data.impute)
     y, meta = prepare_targets(y, info, data)
     x = reshape_features(feature_array(x), data.reshape)
     idx = choose_rows(y, meta, data, seed, rows)
+    if data.impute != "none":
+        x, meta["impute"] = impute_features(x, idx["train"], data.impute, names)
     shift, scale = fit_normalizer(x[idx["train"]], data.normalize)
     arrays = {"x_mean": shift, "x_scale": scale}
     for split in SPLITS:
@@ -362,6 +370,41 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
     meta["input_shape"] = list(x.shape[1:])
     meta["sizes"] = {s: int(len(idx[s])) for s in SPLITS}
     return arrays, meta, {s: idx[s].astype(np.int64) for s in SPLITS}
+
+
+def impute_features(x: np.ndarray, train: np.ndarray, method: str,
+                    names: Sequence[str] = ()) -> tuple[np.ndarray, dict]:
+    """``data.impute``: the missing values (NaN) of ``x`` filled with their feature's ``method``
+    ("median") over the ``train`` rows. Returns the features and what ``data.json`` keeps (the
+    fill values, for ``predict``; the count filled per feature). A feature missing in every
+    training row is an error naming it."""
+    flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    missing = np.isnan(flat)
+    train_missing = missing[train].all(axis=0)
+    if train_missing.any():
+        which = [repr(names[j]) if len(names) == flat.shape[1] else str(j) for j in np.flatnonzero(train_missing)]
+        raise DataError(f"feature(s) {', '.join(which[:8])} are missing in every training row: `data.impute` has "
+                        "nothing to fill them from; leave them out with `data.exclude`")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)            # all-NaN slices: none left (refused above)
+        fill = np.nanmedian(flat[train], axis=0)
+    fill = np.where(np.isnan(fill), 0.0, fill)
+    filled = np.where(missing, fill[None, :], flat)
+    return filled.reshape(x.shape).astype(x.dtype, copy=False), \
+        {"method": method, "values": fill.tolist(), "filled": int(missing.sum()),
+         "per_feature": {(names[j] if len(names) == flat.shape[1] else str(j)): int(c)
+                         for j, c in enumerate(missing.sum(axis=0)) if c}}
+
+
+def impute_note(impute: dict | None) -> str | None:
+    """What ``check`` and the run say of the values ``data.impute`` filled."""
+    if not impute or not impute.get("filled"):
+        return None
+    per = impute.get("per_feature", {})
+    listed = ", ".join(f"{k!r} ({v})" for k, v in list(per.items())[:8]) + (", ..." if len(per) > 8 else "")
+    return (f"`data.impute = \"{impute['method']}\"` filled {impute['filled']} missing value(s) with their feature's "
+            f"training {impute['method']}: {listed}")
 
 
 #: ``meta["label_form"]`` of classification targets given as one-hot rows (``plain_labels``)

@@ -227,6 +227,10 @@ def prepare_stream(ss: ShardSet, data: DataSettings, seed: int, normalise: bool 
     ``normalise=False`` (``--check``) skips the pass over the training rows (shift 0, scale 1);
     ``given``: the split to use (a resumed run's own), instead of the data's or a drawn one."""
     large_blocks_to_the_os()
+    if data.impute != "none":
+        raise DataError(f"`data.impute = \"{data.impute}\"` fills missing features of data read whole, but "
+                        f"`data.source` {data.source!r} streams (`data.stream`): fill them in the files, or set "
+                        "`data.stream = false` if the data fits in memory")
     y = read_targets(ss)
     if y is None:
         raise DataError(f"`data.y`: the files of `data.source` {data.source!r} hold no targets")

@@ -272,6 +272,10 @@ SCHEMA = Table({
         "normalize": Key((str,), "standard", _one_of("standard", "minmax", "none"),
                          doc="per-feature scaling fitted on the training split only: \"standard\" (mean 0, "
                              "std 1), \"minmax\" (0 to 1) or \"none\""),
+        "impute": Key((str,), "none", _one_of("none", "median"),
+                      doc="features missing in some rows (NaN, an empty cell): \"none\" refuses them, naming the "
+                          "columns; \"median\" fills each with its feature's median over the training rows, and "
+                          "`predict` fills new rows the same (said); data read whole only"),
         "reshape": Key((list,), None, _shape, nullable=True,
                        doc="the shape of one sample, e.g. [8, 8, 1] for Conv2D layers on 64 pixels; "
                            "unset: as read"),

@@ -66,6 +66,10 @@ class DataConfig(Section):
     #: per-feature scaling fitted on the training split only: "standard" (mean 0, std 1), "minmax" (0 to 1)
     #: or "none"
     normalize: str
+    #: features missing in some rows (NaN, an empty cell): "none" refuses them, naming the columns; "median"
+    #: fills each with its feature's median over the training rows, and `predict` fills new rows the same
+    #: (said); data read whole only
+    impute: str
     #: the shape of one sample, e.g. [8, 8, 1] for Conv2D layers on 64 pixels; unset: as read
     reshape: tuple[Any, ...] | None
     #: with many files (`source` a folder or a glob): each file holds one sample (a volume) rather than

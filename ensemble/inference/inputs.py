@@ -230,6 +230,15 @@ def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input")
             and not run.config.data.reshape:
         raise PredictError(f"{source} has samples of shape {list(sample)}, but the ensemble was trained on "
                            f"input shape {list(shape)}; give samples of that shape or flat ({width} values)")
+    impute = run.meta.get("impute")
+    if impute:                                   # data.impute: missing values filled as in training
+        flat = x.reshape(len(x), -1).astype(np.float64)
+        gaps = np.isnan(flat)
+        if gaps.any():
+            fill = np.asarray(impute["values"], dtype=np.float64)
+            x = np.where(gaps, fill[None, :], flat).reshape(x.shape)
+            log.warning("%s: %d missing value(s) in %d row(s) filled with their feature's training %s "
+                        "(`data.impute`)", source, int(gaps.sum()), int(gaps.any(axis=1).sum()), impute["method"])
     bad = ~np.isfinite(x.reshape(len(x), -1).astype(np.float64))
     if bad.any():
         rows = np.unique(np.nonzero(bad)[0])

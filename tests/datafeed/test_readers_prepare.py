@@ -536,3 +536,30 @@ def test_a_misspelt_label_column_gets_the_nearest_name(tmp_path):
     frame.to_csv(tmp_path / "d.csv", index=False)
     with pytest.raises(DataError, match=r"the nearest is 'modulus' \(did you mean it\?\)"):
         read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="modulos"))
+
+
+def test_impute_median_fills_missing_features_from_the_training_rows_only(tmp_path):
+    """`data.impute = "median"`: NaN features were refused outright (a user had to impute by hand
+    and repeat it exactly before every predict); now each is its feature's training median."""
+    from datafeed.prepare import impute_note, prepare_with_rows
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 3))
+    x[:, 1] += 10.0
+    x[[3, 7, 11], 1] = np.nan
+    y = rng.normal(size=60)
+    with pytest.raises(DataError, match=r"3 NaN/inf values .*set `data.impute = \"median\"`"):
+        prepare_with_rows(x, y, {"feature_names": ["a", "b", "c"]}, data_cfg(source="digits", task="regression"), 0)
+    data = data_cfg(source="digits", task="regression", impute="median", normalize="none")
+    arrays, meta, rows = prepare_with_rows(x, y, {"feature_names": ["a", "b", "c"]}, data, 0)
+    median = np.nanmedian(x[rows["train"], 1])
+    assert meta["impute"]["values"][1] == pytest.approx(median) and meta["impute"]["filled"] == 3
+    filled = np.concatenate([arrays[f"x_{s}"] for s in ("train", "val", "test")])
+    order = np.concatenate([rows[s] for s in ("train", "val", "test")])
+    np.testing.assert_allclose(filled[np.isin(order, [3, 7, 11]), 1], median, rtol=1e-6)
+    assert "filled 3 missing value(s) with their feature's training median: 'b' (3)" in impute_note(meta["impute"])
+    x[:, 2] = np.nan                                                  # nothing to fill from
+    with pytest.raises(DataError, match=r"feature\(s\) 'c' are missing in every training row"):
+        prepare_with_rows(x, y, {"feature_names": ["a", "b", "c"]}, data, 0)
+    x[:, 2], x[5, 0] = 0.0, np.inf                                    # inf is no gap: still refused
+    with pytest.raises(DataError, match=r"1 inf values"):
+        prepare_with_rows(x, y, {"feature_names": ["a", "b", "c"]}, data, 0)

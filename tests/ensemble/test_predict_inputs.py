@@ -435,3 +435,19 @@ def test_a_gap_or_a_typo_in_new_rows_is_named_by_column_and_row(base, rows):
     frame.loc[2, "b"] = "abc"
     with pytest.raises(P.PredictError, match=r"column 'b' holds numbers but for row 2: 'abc'"):
         P.data_input(run, frame)
+
+
+def test_a_run_with_impute_fills_new_rows_as_in_training(tmp_path, caplog):
+    frame = pd.DataFrame({"a": np.arange(40.0), "b": np.r_[np.nan, np.arange(39.0) * 2]})
+    frame["label"] = np.where(frame["a"] > 20, "hi", "lo")
+    frame.to_csv(tmp_path / "train.csv", index=False)
+    make_run(tmp_path / "run", {"source": str(tmp_path / "train.csv"), "impute": "median"},
+             [{"id": "m-000", "weight": 1.0}])
+    run = P.load_run(tmp_path / "run")
+    fill = run.meta["impute"]["values"]
+    new = pd.DataFrame({"a": [1.0, np.nan], "b": [np.nan, 4.0]})
+    with caplog.at_level(logging.WARNING):
+        got = P.data_input(run, new).x
+    expected = P.data_input(run, pd.DataFrame({"a": [1.0, fill[0]], "b": [fill[1], 4.0]})).x
+    np.testing.assert_allclose(got, expected)
+    assert "2 missing value(s) in 2 row(s) filled with their feature's training median" in caplog.text
