@@ -455,7 +455,25 @@ def data_changed(then: dict, now: dict, norm_then: tuple[np.ndarray, np.ndarray]
     if np.shape(shift) != np.shape(shift_now) or not (np.allclose(shift, shift_now) and np.allclose(scale, scale_now)):
         return ("its training rows normalise otherwise than the run's normalization.npz says (other values, or "
                 "the rows in another order)")
+    if then.get(TARGETS_DIGEST) and now.get(TARGETS_DIGEST) and then[TARGETS_DIGEST] != now[TARGETS_DIGEST]:
+        return ("its targets are not the run's (a label or target value changed, or the rows are in another "
+                "order), though the features may be the same")
     return None
+
+
+#: ``data.json``'s digest of the encoded targets in the file's row order (``targets_digest``)
+TARGETS_DIGEST = "targets_digest"
+
+
+def targets_digest(y: np.ndarray) -> str:
+    """A digest of encoded targets (class codes, or float32 values) in row order: a resume, ``predict
+    --data test`` and ``ensemble.load(run).data`` compare it (``data_changed``)."""
+    import hashlib
+    a = np.ascontiguousarray(y)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{a.dtype.str}{a.shape}".encode())
+    h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def prepare_targets(y: np.ndarray, info: dict, data: DataSettings) -> tuple[np.ndarray, dict]:
@@ -496,6 +514,7 @@ def prepare_targets(y: np.ndarray, info: dict, data: DataSettings) -> tuple[np.n
             names = label_columns(data.label) if data.label else []
             meta["target_names"] = names if len(names) == meta["n_outputs"] else \
                 [str(j) for j in range(meta["n_outputs"])]
+    meta[TARGETS_DIGEST] = targets_digest(y)
     return y, meta
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from pathlib import Path
 
 from ensemble.config import ConfigError, Problems, RunConfig, load_config
 from ensemble.config.schema import check_task_settings
@@ -76,13 +77,14 @@ def check_main(config_path: str, resume: bool = False, run_dir: str | None = Non
         return finish(exc.problems, config_path)
     mode = mode_of(cfg)
     describe_config(cfg, found)
-    if resume:
-        check_resume(cfg, run_dir, found)
+    resumed = check_resume(cfg, run_dir, found) if resume else None
     for note in unread_tables(cfg, config_path):
         print(f"  note: {note}")
     prepared = check_data(cfg, found)
     if prepared is not None:
         mode.preflight(cfg, prepared[1], None, found)
+    if prepared is not None and resumed is not None:
+        resumed_data(cfg, resumed, *prepared, found)
     members: list[dict] = []
     if prepared is None:
         print("\nArchitectures: not built without the data (their input shape and outputs come from it).")
@@ -106,11 +108,9 @@ def check_main(config_path: str, resume: bool = False, run_dir: str | None = Non
     return finish(found.messages, again, mode.launch(again))
 
 
-def check_resume(cfg: RunConfig, run_dir: str | None, found: Problems) -> None:
+def check_resume(cfg: RunConfig, run_dir: str | None, found: Problems) -> Path | None:
     """What ``--resume`` would refuse before training: no run to continue, or one made with other
-    settings (``prepare.check_same_run``)."""
-    from pathlib import Path
-
+    settings (``prepare.check_same_run``). Returns the run it would continue, when there is one."""
     from ensemble.orchestrate.prepare import check_same_run, run_to_resume
     from ensemble.results.rundir import RunDirectory
     try:
@@ -120,9 +120,26 @@ def check_resume(cfg: RunConfig, run_dir: str | None, found: Problems) -> None:
                               "without --resume")
         check_same_run(cfg, path)
         print(f"Resume: {str(path)!r}, made with these settings")
+        return path
     except ConfigError as exc:
         for problem in exc.problems:
             found.add(problem)
+    return None
+
+
+def resumed_data(cfg: RunConfig, path: Path, arrays: dict, meta: dict, found: Problems) -> None:
+    """``--resume``'s check of the data against the run's own (``datafeed.prepare.data_changed``)."""
+    from datafeed.prepare import data_changed
+    from ensemble.orchestrate.prepare import made_with
+    from ensemble.results.rundir import RunDirectory
+    then = made_with(RunDirectory(path))
+    if then is None:
+        return
+    now = then[1] if meta.get("stream") or "x_mean" not in arrays else (arrays["x_mean"], arrays["x_scale"])
+    why = data_changed(then[0], meta, then[1], now)     # streamed: check skips the pass that normalises
+    if why:
+        found.add(f"--resume: the data {cfg.data.source!r} is not what the run in {str(path)!r} was trained on: "
+                  f"{why}; resume with the data the run started with, or start a new run", "data.source")
 
 
 def describe_config(cfg: RunConfig, found: Problems) -> None:

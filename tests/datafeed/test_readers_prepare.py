@@ -531,6 +531,22 @@ def test_data_changed_names_what_differs_and_not_how_it_is_read():
     assert "normalise otherwise" in data_changed(meta, meta, norm, (np.ones(3), np.ones(3)))
 
 
+def test_data_changed_sees_labels_changed_under_the_same_features():
+    """A resume after every label moved by one class (the images kept) went through: the finished
+    members' scores were from the old labels, the new ones' from the new, side by side."""
+    from datafeed.prepare import data_changed
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(60, 4)), np.arange(60) % 3
+    data = data_cfg(source="digits")
+    arrays, then = prepare(x, y, {}, data, seed=0)
+    norm = (arrays["x_mean"], arrays["x_scale"])
+    assert data_changed(then, prepare(x, y, {}, data, seed=0)[1], norm, norm) is None
+    moved = prepare(x, (y + 1) % 3, {}, data, seed=0)[1]
+    assert "its targets are not the run's" in data_changed(then, moved, norm, norm)
+    older = {k: v for k, v in then.items() if k != "targets_digest"}       # a run made before the digest
+    assert data_changed(older, moved, norm, norm) is None
+
+
 def test_a_misspelt_label_column_gets_the_nearest_name(tmp_path):
     frame = pd.DataFrame({"a": np.arange(20.0), "modulus": np.arange(20.0)})
     frame.to_csv(tmp_path / "d.csv", index=False)

@@ -301,3 +301,41 @@ layers = [{{type = "Dense", units = 4}}]
     assert "`train.epochs` 2 in the run, 5 now" in out
     assert "`architectures[0].layers[0].units` 4 in the run, 8 now" in out
     assert f"check again: ensemble check {cfg} --resume --run-dir {run}" in out
+
+
+def test_check_with_resume_sees_the_labels_changed(tmp_path, capsys):
+    """`ensemble check X --resume` said "No problems found" for data whose labels changed since the
+    run began (the resume then mixed scores of two datasets)."""
+    import numpy as np
+
+    from ensemble.orchestrate.check import main
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(90, 4)), np.arange(90) % 3
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    cfg = write(tmp_path, f"""
+name = "r"
+output_dir = "{tmp_path / 'runs'}"
+[data]
+source = "d.npz"
+[[architectures]]
+members = 1
+layers = [{{type = "Dense", units = 4}}]
+""")
+    from datafeed.prepare import prepare_with_rows
+    from datafeed.splits import read_data
+    from ensemble.config import dump_toml, load_config
+    from ensemble.results.rundir import RunDirectory
+    loaded = load_config(cfg)
+    got = read_data(loaded.data)
+    arrays, meta, _ = prepare_with_rows(got.x, got.y, got.info, loaded.data, loaded.seed, got.rows)
+    run = RunDirectory(tmp_path / "runs" / "r")
+    run.path.mkdir(parents=True)
+    run.write_text(run.CONFIG, dump_toml(loaded))
+    run.write_text(run.JOURNAL, "")
+    run.write_json(run.DATA, meta)
+    run.save_normalization(arrays["x_mean"], arrays["x_scale"])
+    assert main([str(cfg), "--resume"]) == 0
+    capsys.readouterr()
+    np.savez(tmp_path / "d.npz", x=x, y=(y + 1) % 3)
+    assert main([str(cfg), "--resume"]) == EXIT_PROBLEMS
+    assert "was trained on: its" in capsys.readouterr().out          # its targets, or its split's rows
