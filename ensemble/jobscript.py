@@ -73,6 +73,8 @@ class Job:
     stage_env: str | None = None    # node-local folder the environment is copied to first (runtime/stage.py)
     cpu_ranks_per_node: int = 0     # CPU-only nodes (gpus_per_node = 0): --ranks-per-node
     master_trains: str = ""         # why the master trains members or not, for the script's comment
+    left_out: int = 0               # rank slots (GPUs) launched without a rank, so that runtime.group_size
+                                    # divides the workers (``group_fit``)
 
     @property
     def ranks_per_node(self) -> int:
@@ -87,8 +89,8 @@ class Job:
     def one_per_node(self) -> Job:
         """The same job with one rank a node (the staging launch)."""
         if self.gpus_per_node:
-            return replace(self, gpus_per_node=1, ranks_per_gpu=1)
-        return replace(self, cpu_ranks_per_node=1)
+            return replace(self, gpus_per_node=1, ranks_per_gpu=1, left_out=0)
+        return replace(self, cpu_ranks_per_node=1, left_out=0)
 
     @property
     def hardware(self) -> str:
@@ -97,8 +99,14 @@ class Job:
         return f"{self.nodes} CPU-only node(s) x {self.cpu_ranks_per_node} rank(s)"
 
     @property
-    def ranks(self) -> int:
+    def slots(self) -> int:
+        """Ranks the nodes hold: one per GPU (or ``ranks_per_gpu``), or ``--ranks-per-node``."""
         return self.nodes * self.ranks_per_node
+
+    @property
+    def ranks(self) -> int:
+        """Ranks launched: every slot but those ``left_out``."""
+        return self.slots - self.left_out
 
     @property
     def walltime(self) -> str:
@@ -211,7 +219,7 @@ def lsf_launcher(job: Job) -> list[str]:
     (``-c``), ``-r`` sets per node, each rank bound to its cores (``-b packed:C``); on CPU-only
     nodes one set per rank, with no GPU (``-g 0``)."""
     k, sets = (job.ranks_per_gpu, job.gpus_per_node) if job.gpus_per_node else (1, job.cpu_ranks_per_node)
-    return ["jsrun", "-n", str(job.nodes * sets), "-r", str(sets), "-a", str(k),
+    return ["jsrun", "-n", str(job.nodes * sets - job.left_out // k), "-r", str(sets), "-a", str(k),
             "-c", str(job.cpus_per_rank * k), "-g", str(int(job.gpus_per_node > 0)), "-b",
             f"packed:{job.cpus_per_rank}"]
 
@@ -341,6 +349,8 @@ def render_job_script(job: Job) -> str:
         "#!/bin/bash",
         *s.directives(job),
         f"# python -m ensemble.run for the config {job.name!r} on {job.hardware}: {job.ranks} ranks,",
+        *([f"# ({job.left_out} slot(s) of the last node left empty: runtime.group_size divides the "
+           f"{job.ranks - 1} workers only so),"] if job.left_out else []),
         f"# {per_gpu}, {job.cpus_per_rank} core(s) each. Rank 0, the master, shares node 0 with the workers",
         f"# and has {device} like them; {job.master_trains}.",
         "# Submitting this script again continues the same run (--resume) until it is done; on a",
@@ -523,11 +533,25 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
                directives=tuple(args.directive), command=command, stage_env=args.stage_env,
                cpu_ranks_per_node=0 if args.gpus_per_node else args.ranks_per_node,
                master_trains=master_trains_text(cfg, args.gpus_per_node))
-    if rt.group_size > 1 and (job.ranks - 1) % rt.group_size:
-        raise JobScriptError(f"`runtime.group_size` = {rt.group_size} must divide the {job.ranks - 1} worker ranks "
-                             f"({job.ranks} ranks less the master); choose --nodes and --gpus-per-node "
-                             "(--ranks-per-node) so that it does, or another group_size")
-    return job
+    return group_fit(job, rt.group_size)
+
+
+def group_fit(job: Job, group: int) -> Job:
+    """``runtime.group_size`` > 1: the master trains nothing, and the workers (every rank but it) form
+    groups of ``group``; one rank per GPU leaves N x G - 1 workers, which an even group never divides,
+    so the launch leaves the last node's (N x G - 1) mod group slots empty (their GPUs idle, with the
+    master's: one group's worth)."""
+    if group <= 1:
+        return job
+    if job.slots - 1 < group:
+        raise JobScriptError(f"`runtime.group_size` = {group} needs at least {group} worker ranks beside the master, "
+                             f"but {job.hardware} hold {job.slots} ranks; ask for more --nodes, or a smaller group_size")
+    spare = (job.slots - 1) % group
+    if spare and job.ranks_per_gpu > 1 and job.gpus_per_node:
+        raise JobScriptError(f"`runtime.group_size` = {group} must divide the {job.slots - 1} worker ranks "
+                             f"({job.slots} ranks less the master) with `runtime.ranks_per_gpu` = {job.ranks_per_gpu}; "
+                             "choose --nodes and --gpus-per-node so that it does, or another group_size")
+    return replace(job, left_out=spare)
 
 
 def mpich_wheel(python: str) -> str | None:
@@ -569,7 +593,8 @@ def main(argv: list[str] | None = None) -> int:
               f"the cluster's launcher its ranks would each start alone; build mpi4py against the site's MPI "
               "(docs/cluster.md: MPICC=$(which mpicc) pip install --no-binary=mpi4py mpi4py) and pass that "
               "environment's python with --python", file=sys.stderr)
-    print(f"wrote {' and '.join(rel)}: {job.scheduler}, {job.nodes} node(s) x {job.ranks_per_node} ranks = "
+    print(f"wrote {' and '.join(rel)}: {job.scheduler}, {job.nodes} node(s) x {job.ranks_per_node} ranks"
+          + (f" less {job.left_out} (runtime.group_size)" if job.left_out else "") + " = "
           f"{job.ranks} ranks, {job.walltime} each job, run directory {job.run_dir}")
     print(f"check the config first:  python -m ensemble.run {shlex.quote(args.config)} --check")
     if args.chain:

@@ -157,10 +157,21 @@ def test_cpu_only_nodes_get_their_ranks_and_no_gpu_request(scheduler, tmp_path, 
     assert "2 node(s) x 16 ranks = 32 ranks" in capsys.readouterr().out
 
 
-def test_cpu_only_ranks_must_suit_the_group_size(tmp_path, monkeypatch, capsys):
-    code, _ = generate(tmp_path, monkeypatch, "--scheduler", "pbs", "--nodes", "1", "--gpus-per-node", "0",
-                       "--ranks-per-node", "4", runtime="group_size = 2\n")
-    assert code == 2 and "must divide the 3 worker ranks" in capsys.readouterr().err
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs", "lsf", "flux"])
+def test_an_even_group_size_leaves_slots_of_the_last_node_empty(tmp_path, monkeypatch, capsys, scheduler):
+    """One rank per GPU leaves N x G - 1 workers, which group_size = 2 never divides: every job
+    script was refused ("choose --nodes and --gpus-per-node so that it does", which none could)."""
+    code, text = generate(tmp_path, monkeypatch, "--scheduler", scheduler, "--nodes", "4", "--gpus-per-node", "4",
+                          runtime="group_size = 4\n")
+    assert code == 0
+    script = next(text.glob("*.sh")).read_text()
+    assert "13 ranks" in script and "(3 slot(s) of the last node left empty" in script
+    launch = {"slurm": "--ntasks=13 ", "pbs": "mpiexec -n 13 ", "lsf": "jsrun -n 13 ", "flux": " -n 13 "}[scheduler]
+    assert launch in script
+    assert "4 node(s) x 4 ranks less 3 (runtime.group_size) = 13 ranks" in capsys.readouterr().out
+    code, _ = generate(tmp_path, monkeypatch, "--scheduler", scheduler, "--nodes", "1", "--gpus-per-node", "4",
+                       runtime="group_size = 4\n")
+    assert code == 2 and "needs at least 4 worker ranks beside the master" in capsys.readouterr().err
 
 
 def test_another_python_is_used_as_given(tmp_path, monkeypatch):
@@ -222,10 +233,10 @@ def test_a_config_that_does_not_validate_or_exist_is_named(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     assert jobscript.main(["missing.toml", "--scheduler", "pbs", "--nodes", "1", "--gpus-per-node", "4"]) == 2
     assert "config error in missing.toml: config file 'missing.toml' does not exist" in capsys.readouterr().err
-    write_config(tmp_path, runtime="group_size = 2\n")
+    write_config(tmp_path, runtime="group_size = 4\n")
     assert jobscript.main(["tiny.toml", "--scheduler", "pbs", "--nodes", "1", "--gpus-per-node", "4"]) == 2
-    assert "`runtime.group_size` = 2 must divide the 3 worker ranks" in capsys.readouterr().err
-    assert jobscript.main(["tiny.toml", "--scheduler", "pbs", "--nodes", "1", "--gpus-per-node", "3"]) == 0
+    assert "`runtime.group_size` = 4 needs at least 4 worker ranks" in capsys.readouterr().err
+    assert jobscript.main(["tiny.toml", "--scheduler", "pbs", "--nodes", "1", "--gpus-per-node", "5"]) == 0
     (tmp_path / "tiny.toml").write_text("[train]\nepocs = 3\n")
     assert jobscript.main(["tiny.toml", "--scheduler", "pbs", "--nodes", "1", "--gpus-per-node", "3"]) == 2
     assert "unknown setting `train.epocs`" in capsys.readouterr().err
