@@ -545,7 +545,8 @@ def group_fit(job: Job, group: int) -> Job:
         return job
     if job.slots - 1 < group:
         raise JobScriptError(f"`runtime.group_size` = {group} needs at least {group} worker ranks beside the master, "
-                             f"but {job.hardware} hold {job.slots} ranks; ask for more --nodes, or a smaller group_size")
+                             f"but {job.hardware} hold {job.slots} ranks; ask for more --nodes, or a smaller "
+                             "group_size")
     spare = (job.slots - 1) % group
     if spare and job.ranks_per_gpu > 1 and job.gpus_per_node:
         raise JobScriptError(f"`runtime.group_size` = {group} must divide the {job.slots - 1} worker ranks "
