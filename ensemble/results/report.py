@@ -37,6 +37,7 @@ from ensemble.results.events import Event, EventKind
 from ensemble.results.records import SEARCH, Counts, MemberRecord, Status, as_records, latest
 from ensemble.results.rundir import DAMAGED_FIX, RunDirectory
 from ensemble.results.selection import rank_members
+from ensemble.results.summary import selection_how
 from ensemble.results.timeline import as_events, run_stats
 from ensemble.task import get_task
 from ensemble.task.metrics import higher_is_better, metric_task, metric_text
@@ -606,8 +607,10 @@ def _notes(view: RunView) -> str:
     items = []
     sel = s.get("selection")
     if sel:
-        items.append(f"Selection: {sel['method']} on validation {sel['metric']} {sel['val_score']:.4f} "
-                     f"(best member alone {sel['best_member']['val_score']:.4f}); effective size "
+        single = html.escape(str(sel["best_member"].get("id", "?")))
+        items.append(f"Selection: {html.escape(selection_how(sel))} on validation {sel['metric']} "
+                     f"{sel['val_score']:.4f} (best single member on it: {single} "
+                     f"{sel['best_member']['val_score']:.4f}); effective size "
                      f"{sel['effective_size']:.2f} of {sel['picks']} members"
                      + (f" ({html.escape(sel['why'])})" if sel.get("why") else ""))
     cal = s.get("calibration")
@@ -641,11 +644,9 @@ def _networks(view: RunView) -> str:
     best networks on validation and the ensemble's members with their weights and each
     one's architecture in the genome notation (docs/search.md), which the plots do not show."""
     metric = view.metric
-    ranked = [r for r in view.final if r.status.ranked and metric and r.val.get(metric) is not None]
-    if not ranked:
+    ranked = [r for r in view.ranked() if r.status.ranked and metric and r.val.get(metric) is not None]
+    if not ranked:                              # as the leaderboard ranks them: ties by the proper score
         return ""
-    higher = higher_is_better(metric)
-    ranked.sort(key=lambda r: (-r.val[metric] if higher else r.val[metric], r.id))
     weights = {m["id"]: float(m.get("weight", 0.0)) for m in (view.summary or {}).get("members", [])}
     shown = ranked[:LISTED] + [r for r in ranked[LISTED:] if r.id in weights]
     out = ["<h2>Networks</h2>"]
@@ -661,7 +662,7 @@ def _networks(view: RunView) -> str:
         f"<tr><td>{html.escape(r.id)}</td><td>{metric_text(r.val[metric])}</td>"
         f"<td>{metric_text(r.test[metric]) if r.test.get(metric) is not None else ''}</td>"
         f"<td>{f'{weights[r.id]:.3f}' if r.id in weights else ''}</td>"
-        f"<td style='text-align:left'><code>{html.escape(r.summary or '')}</code></td></tr>" for r in shown)
+        f"<td style='text-align:left'><code>{html.escape(r.summary or r.arch or '')}</code></td></tr>" for r in shown)
     out.append(f"<p>The {min(LISTED, len(ranked))} best on validation {html.escape(metric)}"
                + (" and every ensemble member" if len(shown) > min(LISTED, len(ranked)) else "")
                + f" (of {len(ranked)}); weight: the member's in the ensemble.</p>"

@@ -331,6 +331,11 @@ def finalize(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta: dict
     return summary
 
 
+def selection_how(sel: dict) -> str:
+    """The selection method as the console and the report name it ("top 3, equal weights", "shrunk")."""
+    return f"top {sel.get('k') or sel['picks']}, equal weights" if sel["method"] == "top_k" else sel["method"]
+
+
 def format_comparison(summary: dict) -> str:
     """The console table: ensemble against the best single member on the test split, then
     how the ensemble was chosen (effective size) and what its uncertainty is worth
@@ -339,7 +344,8 @@ def format_comparison(summary: dict) -> str:
     keys = [k for k in ens if k in best]
     lines = [f"{'test split':<28}" + "".join(f"{k:>12}" for k in keys)]
     n = len(summary["members"])
-    members = f"ensemble ({n} member{'s' if n != 1 else ''})"
+    members = (f"ensemble ({n} members)" if n != 1 else       # a one-member ensemble names its member
+               f"ensemble (1 member: {summary['members'][0]['id']})" if summary["members"] else "ensemble (1 member)")
     lines.append(f"{members:<28}" + "".join(metric_text(ens[k], 12) for k in keys))
     lines.append(f"{'best member ' + str(summary['best_member']['id']):<28}"
                  + "".join(metric_text(best[k], 12) for k in keys))
@@ -372,9 +378,13 @@ def format_comparison(summary: dict) -> str:
                          "(`ensemble check`), the inputs' scale, or train longer"))
     sel = summary.get("selection")
     if sel:
-        how = f"top {sel.get('k') or sel['picks']}, equal weights" if sel["method"] == "top_k" else sel["method"]
+        how = selection_how(sel)
+        single = sel["best_member"]
         lines.append(f"selection: {how} on validation {sel['metric']} {metric_text(sel['val_score'])} "
-                     f"(best member {metric_text(sel['best_member']['val_score'])}); effective size "
+                     f"(best single member on it: {single.get('id', '?')} {metric_text(single['val_score'])}"
+                     + (f"; the leaderboard's best, {summary['best_member']['id']}, is best on {summary['metric']}"
+                        if single.get("id") not in (None, summary["best_member"]["id"]) else "")
+                     + "); effective size "
                      f"{sel['effective_size']:.2f} of {n} members" + (f" ({sel['why']})" if sel.get("why") else ""))
     cal = summary.get("calibration") or {}
     before = (cal.get("before") or {}).get("test", {})

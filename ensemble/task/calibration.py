@@ -289,9 +289,9 @@ def fit_temperature(y: np.ndarray, proba: np.ndarray, seed: int = 0) -> dict[str
     out: dict[str, Any] = {"method": "temperature", "temperature": t, "held_out_log_loss": held}
     errors = int(np.sum(proba.argmax(axis=1) != y))
     if t == 1.0 and errors < MIN_ERRORS and _log_loss(y, proba, 0.5) < _log_loss(y, proba, 1.0):
-        out["why"] = (f"the validation rows hold {errors} misclassified row(s), fewer than {MIN_ERRORS}: a sharper "
-                      "temperature (T < 1) is not fitted on so few, since with every row right more confidence "
-                      "always looks better there, and a test split's first error is then punished hard")
+        out["why"] = (f"sharper would fit validation better, but it holds {errors} misclassified row(s), fewer than "
+                      f"{MIN_ERRORS}: on so few errors more confidence always looks better, and the test split's "
+                      "errors are then punished hard")
     return out
 
 

@@ -115,7 +115,7 @@ def test_temperature_never_sharpens_on_a_validation_split_with_too_few_errors():
     proba[np.arange(60), y] = 0.8
     kept = C.fit_temperature(y, proba)
     assert kept["temperature"] == 1.0
-    assert "0 misclassified row(s), fewer than 5" in kept["why"]       # the reason said (it said "did not lower
+    assert "holds 0 misclassified row(s), fewer than 5" in kept["why"]       # the reason said (it said "did not lower
     wrong = y.copy()                                                    # the log loss of held-out rows")
     wrong[: C.MIN_ERRORS] = (y[: C.MIN_ERRORS] + 1) % 3      # 8% wrong at 80% confidence: underconfident
     sharper = C.fit_temperature(wrong, proba)

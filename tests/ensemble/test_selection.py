@@ -414,3 +414,19 @@ def test_the_console_says_how_much_a_conformal_interval_moves_with_its_calibrati
     assert "fitted on 60 validation rows" in format_comparison(summary)
     assert f"give or take {coverage_spread(0.9, 60):.2f}" in format_comparison(summary)
     assert 0.035 < coverage_spread(0.9, 60) < 0.04 and coverage_spread(0.9, 5000) < 0.005
+
+
+def test_the_console_names_a_one_member_ensemble_and_the_selections_own_best_member():
+    """A one-member ensemble (cnn-004, best on validation log loss) beside "best member cnn-002" (best
+    on accuracy), and the selection line quoting cnn-004's score as "best member": a reader took the
+    ensemble for cnn-002 scoring worse than itself."""
+    from ensemble.results.summary import format_comparison
+    test = {"accuracy": 0.65, "log_loss": 0.9}
+    best = {"id": "cnn-002", "test": {"accuracy": 0.67, "log_loss": 1.0}}
+    summary = {"ensemble": {"test": test}, "best_member": best,
+               "metric": "accuracy", "members": [{"id": "cnn-004"}],
+               "selection": {"method": "top_k", "k": 1, "picks": 1, "metric": "log_loss", "val_score": 0.8,
+                             "best_member": {"id": "cnn-004", "val_score": 0.8}, "effective_size": 1.0}}
+    text = format_comparison(summary)
+    assert "ensemble (1 member: cnn-004)" in text
+    assert "(best single member on it: cnn-004 0.8000; the leaderboard's best, cnn-002, is best on accuracy)" in text
