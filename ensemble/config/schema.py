@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -862,6 +863,14 @@ def check_tracking(tracking: dict, found: Problems) -> None:
         if tracking[key] and importlib.util.find_spec(package) is None and found.ok(f"tracking.{key}"):
             found.add(f"`tracking.{key}` = {tracking[key]!r} needs the Python package {package!r}, which is not "
                       'installed: pip install "mpi-ensemble[tracking]" (or leave it unset)', f"tracking.{key}")
+    uri = str(tracking["mlflow"])
+    file_store = uri.startswith("file:") or (uri and "://" not in uri and not uri.startswith("databricks"))
+    if file_store and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true") \
+            and found.ok("tracking.mlflow"):
+        found.add(f"`tracking.mlflow` = {uri!r} is a file store, which MLflow 3 refuses (every write would be "
+                  "retried, then dropped); use a database, \"sqlite:////abs/path/mlflow.db\", or a server, "
+                  "\"http://host:5000\" (or set MLFLOW_ALLOW_FILE_STORE=true where your MLflow still takes one)",
+                  "tracking.mlflow")
 
 
 def check_pbt(cfg: dict, found: Problems) -> None:

@@ -275,6 +275,18 @@ def test_a_missing_extra_is_a_config_error_naming_it(monkeypatch, key, value):
     assert not config().tracking.tensorboard and config().tracking.mlflow == ""     # off: nothing is needed
 
 
+@pytest.mark.parametrize("uri", ["file:///tmp/mlruns", "/tmp/mlruns", "mlruns"])
+def test_an_mlflow_file_store_is_a_config_error(monkeypatch, uri):
+    """MLflow 3 refuses a file store: `check` passed it, and the run retried every write, waited its
+    finish_seconds and dropped them."""
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(ConfigError, match=r"`tracking.mlflow` = .* is a file store, which MLflow 3 refuses"):
+        config(mlflow=uri)
+    assert config(mlflow="sqlite:////tmp/m.db").tracking.mlflow == "sqlite:////tmp/m.db"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    assert config(mlflow=uri).tracking.mlflow == uri
+
+
 @needs_tb
 def test_a_writer_that_dies_stops_tracking_with_one_warning(tmp_path, caplog):
     tracking = Tracking(config(tensorboard=True), tmp_path, {"task": "classification"})
