@@ -99,13 +99,15 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
     arrays, status, lock = None, None, None
     if rank == 0:
         from ensemble.modes import unread_tables
-        from ensemble.orchestrate.prepare import prepare_run
+        from ensemble.orchestrate.prepare import RunDirError, prepare_run
         for note in unread_tables(cfg, args.config):   # [evolve] in a pbt config: said, as check says it
             log.warning(f"config: {note}")
         try:
             mode_of(cfg).before_prepare(cfg, args)      # mode "online": the simulation's first samples
             arrays, meta, run_dir, lock = prepare_run(cfg, args)
             status = ("ok", meta, str(run_dir.path))
+        except RunDirError as exc:                      # in use, another run there, nothing to resume
+            status = ("error", f"run directory: {exc}", EXIT_CONFIG)
         except ConfigError as exc:                      # a setting that does not suit the data: the config's
             status = ("error", f"config error in {args.config}: {exc}", EXIT_CONFIG)
         except ValueError as exc:

@@ -293,12 +293,12 @@ def choose_run_dir(cfg: RunConfig, args: argparse.Namespace) -> tuple[Path, RunL
         if not args.run_dir:
             run_dir = run_to_resume(run_dir)
         if not RunDirectory(run_dir).has_journal():
-            raise ConfigError(f"--resume: {str(run_dir)!r} holds no journal.jsonl to resume from; "
+            raise RunDirError(f"--resume: {str(run_dir)!r} holds no journal.jsonl to resume from; "
                               "start the run without --resume")
         return run_dir, take_lock(run_dir)
     if args.overwrite and run_dir.exists():
         if not is_run_directory(run_dir):
-            raise ConfigError(f"--overwrite: {str(run_dir)!r} is not a run directory of ensemble.run (no "
+            raise RunDirError(f"--overwrite: {str(run_dir)!r} is not a run directory of ensemble.run (no "
                               "config.toml with journal.jsonl or data.json in it), so it is not deleted; "
                               "choose another --run-dir or `name`, or remove the folder yourself")
         lock = take_lock(run_dir)                   # not while another job writes it
@@ -316,7 +316,7 @@ def choose_run_dir(cfg: RunConfig, args: argparse.Namespace) -> tuple[Path, RunL
     lock = take_lock(run_dir)
     if RunDirectory(run_dir).has_journal():          # checked under the lock: a run another job began
         lock.release()
-        raise ConfigError(f"{'--run-dir ' if args.run_dir else ''}{str(run_dir)!r} already holds a run; add "
+        raise RunDirError(f"{'--run-dir ' if args.run_dir else ''}{str(run_dir)!r} already holds a run; add "
                           "--resume to continue it or --overwrite to replace it")
     return run_dir, lock
 
@@ -336,7 +336,7 @@ def run_to_resume(base: Path) -> Path:
     unfinished = [r for r in runs if (read_heartbeat(r) or {}).get("state") != "done"
                   or not (r / RunDirectory.ENSEMBLE).is_file()]
     if len(unfinished) > 1:
-        raise ConfigError(f"--resume: {len(unfinished)} runs of {base.name!r} are unfinished ("
+        raise RunDirError(f"--resume: {len(unfinished)} runs of {base.name!r} are unfinished ("
                           + ", ".join(map(str, unfinished)) + "); say which with --run-dir")
     chosen = unfinished[0] if unfinished else runs[-1] if runs else base
     if chosen != base:
@@ -352,11 +352,16 @@ def is_run_directory(path: Path) -> bool:
         RunDirectory.CONFIG in names and bool({RunDirectory.JOURNAL, RunDirectory.DATA} & names))
 
 
+class RunDirError(ConfigError):
+    """The run directory will not do (in use by another job, holds another run, nothing to
+    resume): not a mistake in the config, and said as such."""
+
+
 def take_lock(run_dir: Path) -> RunLock:
-    """This job's lock on ``run_dir``; another job's lock is a ``ConfigError`` naming it."""
+    """This job's lock on ``run_dir``; another job's lock is a ``RunDirError`` naming it."""
     lock = RunLock(run_dir)
     try:
         lock.acquire()
     except RunLocked as exc:
-        raise ConfigError(str(exc)) from None
+        raise RunDirError(str(exc)) from None
     return lock

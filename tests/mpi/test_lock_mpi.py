@@ -62,6 +62,8 @@ def test_two_resumes_of_one_killed_run_one_refuses_the_other_trains_each_member_
     refused = [err for job, (_, err) in zip(jobs, outs) if job.returncode != 0]
     assert codes[0] == 0 and codes[1] != 0, outs
     assert len(refused) == 1 and "is in use by ensemble.run on host" in refused[0], refused
+    assert "run directory: " in refused[0] and "config error" not in refused[0]     # not the config's mistake
+    assert refused[0].count("is in use by") == 1                                      # said once, not per rank
     ok = Counter(r["id"] for r in map(json.loads, journal.read_text().splitlines())
                  if r.get("status") == "ok")
     assert len(ok) == MEMBERS and set(ok.values()) == {1}, ok        # every member exactly once
