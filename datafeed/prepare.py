@@ -461,6 +461,16 @@ def data_changed(then: dict, now: dict, norm_then: tuple[np.ndarray, np.ndarray]
     return None
 
 
+def target_setting(data: DataSettings) -> str:
+    """The setting that names the targets: `data.label` for a table's column, else `data.y`."""
+    from datafeed.readers import detect_format
+    try:
+        table = detect_format(data) in ("csv", "parquet")
+    except DataError:
+        table = bool(data.label) and not data.y
+    return "`data.label`" if table else "`data.y`"
+
+
 #: ``data.json``'s digest of the encoded targets in the file's row order (``targets_digest``)
 TARGETS_DIGEST = "targets_digest"
 
@@ -481,7 +491,7 @@ def prepare_targets(y: np.ndarray, info: dict, data: DataSettings) -> tuple[np.n
     returns (targets, metadata so far). Shared by the in-memory and the streaming path."""
     missing = missing_rows(y) if len(y) else []
     if len(missing):
-        raise DataError(f"the targets ({'`data.label`' if data.label else '`data.y`'}) are missing in "
+        raise DataError(f"the targets ({target_setting(data)}) are missing in "
                         f"{len(missing)} of {len(y)} rows (first rows, counted from 0: {missing[:5].tolist()}); "
                         "drop those rows or fill them in")
     given = str(info["task"]) if data.task == "auto" and info.get("task") else data.task

@@ -330,6 +330,10 @@ def stage_lines(job: Job) -> list[str]:
         "# The Python environment, read once from the shared file system by rank 0 and copied to each",
         "# node's local storage, so that no rank imports TensorFlow from the shared file system (docs/hpc.md)",
         f"STAGED=\"{job.stage_env}\"",
+        *[f"[[ -n \"${{{name}:-}}\" ]] || {{ echo \"--stage-env {job.stage_env.replace('$', chr(92) + '$')}: "
+          f"\\${name} is not set in this job; "
+          f"name a node-local folder that is\" >&2; exit 1; }}"
+          for name in dict.fromkeys(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", job.stage_env))],
         f"{' '.join(map(shlex.quote, SCHEDULERS[job.scheduler].launcher(job.one_per_node)))} \\",
         f"    \"$PYTHON\" -S -P {shlex.quote(str(script))} --to \"$STAGED\"",
         "PYTHON=\"$STAGED/python\"",
@@ -597,6 +601,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {' and '.join(rel)}: {job.scheduler}, {job.nodes} node(s) x {job.ranks_per_node} ranks"
           + (f" less {job.left_out} (runtime.group_size)" if job.left_out else "") + " = "
           f"{job.ranks} ranks, {job.walltime} each job, run directory {job.run_dir}")
+    if job.gpus_per_node and args.cpus_per_rank is None and job.cpus_per_rank == 1:
+        print("note: each rank is bound to 1 core (the config's runtime.threads = 1); a GPU node has several cores "
+              "per GPU (7 on Frontier and Summit, 8 on Polaris and Aurora): --cpus-per-rank gives each rank its share")
     print(f"check the config first:  python -m ensemble.run {shlex.quote(args.config)} --check")
     if args.chain:
         print(f"submit {args.chain} job(s), each after the one before ends:  bash {shlex.quote(rel[1])}")

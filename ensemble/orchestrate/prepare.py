@@ -196,9 +196,12 @@ def check_world(cfg: RunConfig, workers: int) -> None:
     if cfg.runtime.sub_masters not in (0, "auto"):      # a master hierarchy's sub-masters are not workers
         from ensemble.orchestrate.submasters import check_hierarchy
         workers -= check_hierarchy(cfg, workers, found)
-    if g > 1 and (workers == 0 or workers % g):
+    if g > 1 and workers == 0:
+        found.add(f"`runtime.group_size` = {g}: the job has no worker ranks (mpirun -n P gives P-1 workers besides "
+                  f"the master); start it with -n {1 + g} or more", "runtime.group_size")
+    elif g > 1 and workers % g:
         found.add(f"`runtime.group_size` must divide the {workers} worker ranks (mpirun -n P gives P-1 workers "
-                  f"besides the master), but got {g}", "runtime.group_size")
+                  f"besides the master), but got {g}; e.g. -n {1 + g * max(1, workers // g)}", "runtime.group_size")
     else:
         mode_of(cfg).preflight(cfg, None, max(1, workers // g), found)
     found.raise_any()

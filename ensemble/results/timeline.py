@@ -95,12 +95,12 @@ def run_stats(records: Iterable[MemberRecord | Mapping[str, Any]], events: Itera
     training = available = working = startup = 0.0
     master_busy = master_cpu = master_wall = 0.0
     sub_busy: list[float] = []                    # each sub-master's busy share (its own share's dispatch)
-    workers, syncs, segments = 0, 0, 0
+    workers, syncs, segments, group = 0, 0, 0, 1
     for seg, close, mine in _segments(records, events):
         if not mine:
             continue
         segments += 1
-        workers = seg.data["workers"]
+        workers, group = seg.data["workers"], int(seg.data.get("group_size") or 1)
         first = min(r.started for r in mine)
         last = max(r.received for r in mine)
         span = max(last - first, 1e-9)
@@ -120,7 +120,7 @@ def run_stats(records: Iterable[MemberRecord | Mapping[str, Any]], events: Itera
                      if s.get("master_wall_seconds") and s.get("master_busy_seconds") is not None]
     if not n:
         return {}
-    out = {"members": n, "failed": failed, "workers": workers, "segments": segments,
+    out = {"members": n, "failed": failed, "workers": workers, "group_size": group, "segments": segments,
            "utilisation": round(training / available, 4) if available else None,
            "startup_seconds": round(startup, 3), "training_seconds": round(training, 3),
            "dispatch_seconds": round(working, 3),
@@ -166,7 +166,9 @@ def format_stats(stats: dict) -> str:
     """The console line for ``run_stats`` (and one for the start-up phases when there are any)."""
     if not stats:
         return "run: no timed members"
-    text = (f"run: {stats['members']} members on {stats['workers']} workers, utilisation "
+    w, g = stats["workers"], stats.get("group_size", 1)
+    on = f"{w} member group{'s' if w != 1 else ''} of {g} ranks" if g > 1 else f"{w} worker{'s' if w != 1 else ''}"
+    text = (f"run: {stats['members']} members on {on}, utilisation "
             f"{100 * stats['utilisation']:.1f}%, startup {stats['startup_seconds']:.1f} s, "
             f"{stats['members_per_second']:.2f} members/s")
     if "master_busy_share" in stats:

@@ -242,6 +242,9 @@ def test_missing_targets_are_refused_naming_the_rows(tmp_path, kind, task):
     x, y, info = read_dataset(data)
     with pytest.raises(DataError, match=r"`data.label`\) are missing in 2 of 40 rows .*\[4, 9\]\); drop those rows"):
         prepare(x, y, info, data, seed=0)
+    np.savez(tmp_path / "d.npz", x=x, y=y)                   # arrays: the targets are `data.y` (it said data.label)
+    with pytest.raises(DataError, match=r"\(`data.y`\) are missing in 2 of 40 rows"):
+        prepare(x, y, info, data_cfg(source=str(tmp_path / "d.npz"), task=task), seed=0)
 
 
 def test_missing_targets_of_nullable_columns_are_found():

@@ -106,3 +106,12 @@ def test_a_config_that_decides_while_members_train_cannot_have_sub_masters():
     assert check_hierarchy(pbt, 8, found) == 0
     assert found.messages == ['`runtime.sub_masters = 2` cannot be used: mode "pbt" needs its master while members '
                               'train; set `runtime.sub_masters = 0`']
+
+
+def test_a_group_size_with_no_workers_or_workers_it_does_not_divide_names_the_ranks_to_start():
+    """-n 1 with group_size 2 said "must divide the 0 worker ranks ... but got 2" (2 divides 0)."""
+    with pytest.raises(ConfigError, match=r"group_size` = 2: the job has no worker ranks .* start it with -n 3"):
+        check_world(cfg_with(group_size=2), 0)
+    with pytest.raises(ConfigError, match=r"must divide the 3 worker ranks .* but got 2; e.g. -n 3"):
+        check_world(cfg_with(group_size=2), 3)
+    check_world(cfg_with(group_size=2), 4)

@@ -411,6 +411,11 @@ def test_a_staged_environment_is_copied_first_and_the_run_starts_from_it(tmp_pat
     assert run == (f"--nodes=2 --ntasks=4 --ntasks-per-node=2 --cpus-per-task=1 --cpu-bind=cores --gpus-per-task=1 "
                    f"--gpu-bind=closest /node/tmp/env/python -m ensemble.run {here / 'tiny.toml'} "
                    f"--run-dir {here / 'runs' / 'tiny'}")
+    env.pop("TMPDIR")                       # a variable the job lacks: it staged to /env (and ran from there)
+    (here / "launches.txt").unlink()
+    done = subprocess.run([BASH, str(here / "tiny.slurm.sh")], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and "--stage-env $TMPDIR/env: $TMPDIR is not set in this job" in done.stderr
+    assert not (here / "launches.txt").exists()
 
 
 def test_a_stage_env_with_a_double_quote_is_refused(tmp_path, monkeypatch, capsys):

@@ -63,6 +63,10 @@ def test_the_run_summary_averages_the_phases_and_skips_records_without_them():
     line = format_stats({"members": 3, "workers": 3, "utilisation": 0.9, "startup_seconds": 1.0,
                          "members_per_second": 1.0, "member_costs": pbt})
     assert "member time" not in line          # PBT's records: the last predict and write, not their training
+    assert "run: 3 members on 3 workers," in line
+    grouped = format_stats({"members": 5, "workers": 1, "group_size": 2, "utilisation": 0.9, "startup_seconds": 1.0,
+                            "members_per_second": 1.0})
+    assert "run: 5 members on 1 member group of 2 ranks," in grouped            # it said "on 1 workers"
 
 
 class Ticks:

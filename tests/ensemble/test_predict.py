@@ -349,7 +349,7 @@ def test_bad_inputs_give_clear_errors(cls_run, reg_run, tmp_path):
         P.encode_targets(run, np.array(["3", "cat"]), 2)
     nan = np.zeros((3, 10), dtype=np.float32)
     nan[1, 2] = np.nan
-    with pytest.raises(P.PredictError, match=r"NaN/inf values \(first rows: \[1\]\)"):
+    with pytest.raises(P.PredictError, match=r"NaN/inf values in column\(s\) .* \(first rows, counted from 0: \[1\]\)"):
         P.prepare_features(P.load_run(reg_run), nan)
 
 
