@@ -134,7 +134,8 @@ class MasterSession:
             names = ", ".join(sorted(crashes.suspects)[:5]) + (", ..." if len(crashes.suspects) > 5 else "")
             if self.mode.quarantines:
                 source = Quarantine(source, crashes.suspects)
-                how = "they go out one at a time, and one lost with the job again is given up"
+                how = (f"they go out at most {source.limit} at a time (halved after each lost job they are in "
+                       "flight in), and one lost with the job again alone is given up")
             else:
                 how = (f"they go out again; one lost with the job again alone, or in flight each of {REPEATS} "
                        "lost jobs, is given up")

@@ -1,5 +1,5 @@
 """Members that kill their worker process (out of memory, a segfault, ``os._exit`` in a
-user's builder): found from the journal, handed out one at a time, given up after two crashes
+user's builder): found from the journal, handed out a few at a time, given up after two crashes
 (the modes whose ``Mode.gives_up_crashers`` says so: a fixed member list); or, where the
 mode hands its members out again in their order (``Mode.quarantines`` false: a search), given up at
 the second crash with it the only suspect in flight, or else at its ``REPEATS``-th.
@@ -11,8 +11,9 @@ hands it out (a real job; the simulator does not). A segment of the journal with
 ``open`` line and no ``close`` ended in a crash, and the members handed out in it with no
 record after were in flight then: each such member is a *suspect* (a job stopped by
 Ctrl-C or SIGTERM, a scheduler's time limit, journals ``interrupted``: no crash). A resumed job hands its
-suspects out one at a time (``Quarantine``), beside members that are not suspects, so
-that when the job is lost again while one suspect trains, that suspect is the one most
+suspects out at most half of them at a time, halving again after each lost job they were in
+flight in (``Quarantine``, ``quarantine_limit``), beside members that are not suspects, so
+that when the job is lost again while one suspect trains alone, that suspect is the one most
 likely to blame: it is *given up*, journalled as failed with kind ``worker_died``, and no
 later ``--resume`` trains it again (``MemberRecord.given_up``). A suspect that finishes is
 cleared. Two crashes caused by something else (kill -9 twice, two node failures) while the
@@ -21,7 +22,8 @@ same lone suspect trains give it up too; the record says so, and the rest of the
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,28 +124,43 @@ def handed_event(member_id: str, now: float) -> dict[str, Any]:
     return Event(EventKind.HANDED, {"member": member_id, "time": round(now, 4)}).to_json()
 
 
-class Quarantine:
-    """A source whose suspects go out one at a time: a suspect met while another is in
-    flight is held back and handed out when that one has ended; everything else passes."""
+def quarantine_limit(suspects: Mapping[str, int]) -> int:
+    """How many suspects may be in flight at once: half of them after one lost job, a quarter
+    after two in which the most suspect were in flight, ... (``ceil(S / 2 ** most)``, at least
+    one). One at a time found the member to blame at the next loss, but after a node failure of a
+    large job (thousands of members in flight, none to blame) it trained them one after another;
+    halving finds a member that kills its worker in about log2(S) more lost jobs and leaves a
+    job that only lost a node nearly its full width."""
+    if not suspects:
+        return 1
+    return max(1, math.ceil(len(suspects) / 2 ** max(1, max(suspects.values()))))
 
-    def __init__(self, source: Any, suspects: Iterable[str]):
+
+class Quarantine:
+    """A source whose suspects go out at most ``limit`` at a time (``quarantine_limit``): a
+    suspect met while ``limit`` others are in flight is held back and handed out when one of
+    them has ended; everything else passes."""
+
+    def __init__(self, source: Any, suspects: Mapping[str, int] | Iterable[str], limit: int | None = None):
+        counts = dict(suspects) if isinstance(suspects, Mapping) else dict.fromkeys(suspects, 1)
         self.source = source
-        self.suspects = set(suspects)
+        self.suspects = set(counts)
+        self.limit = quarantine_limit(counts) if limit is None else max(1, limit)
         self.held: list[dict] = []
-        self.out: str | None = None
+        self.out: set[str] = set()
 
     def __getattr__(self, name: str) -> Any:       # total, bind, finish, compare, ...: the source's
         return getattr(self.source, name)
 
     def next_spec(self) -> dict | None:
-        if self.held and self.out is None:
+        if self.held and len(self.out) < self.limit:
             spec = self.held.pop(0)
-            self.out = spec["id"]
+            self.out.add(spec["id"])
             return spec
         spec = self.source.next_spec()
         while spec is not None and spec["id"] in self.suspects:
-            if self.out is None:
-                self.out = spec["id"]
+            if len(self.out) < self.limit:
+                self.out.add(spec["id"])
                 return spec
             self.held.append(spec)
             spec = self.source.next_spec()
@@ -153,6 +170,5 @@ class Quarantine:
         return not self.held and self.source.dry()
 
     def tell(self, record: MemberRecord) -> MemberRecord:
-        if record.id == self.out:
-            self.out = None
+        self.out.discard(record.id)
         return self.source.tell(record)

@@ -53,7 +53,7 @@ def test_a_closed_or_interrupted_segment_is_no_crash_and_a_journal_without_hande
 
 def test_quarantine_hands_suspects_out_one_at_a_time_and_every_spec_once():
     specs = [{"id": i} for i in "abcde"]
-    source = Quarantine(SpecList(specs), {"a", "c", "d"})
+    source = Quarantine(SpecList(specs), {"a": 2, "c": 2, "d": 2})       # ceil(3 / 2 ** 2): one at a time
     out = [source.next_spec()["id"] for _ in range(3)]
     assert out == ["a", "b", "e"]                           # c, d held while a trains
     assert source.next_spec() is None and not source.dry()
@@ -98,3 +98,26 @@ def test_a_given_up_candidate_carries_its_genome_from_its_issued_line():
     records = [MemberRecord("e0003", Status.FAILED), MemberRecord("m-1", Status.FAILED)]
     out = with_genomes(records, [opened(), issued])
     assert out[0].genome == {"layers": []} and out[1].genome is None
+
+
+def test_quarantine_halves_the_suspects_in_flight_with_each_lost_job():
+    """After a node failure of a large job every member in flight was a suspect, and they went out
+    one after another (a group worker's kill -9 serialised its run's tail)."""
+    from ensemble.results.crashes import quarantine_limit
+    assert quarantine_limit({f"m{i}": 1 for i in range(2000)}) == 1000
+    assert quarantine_limit({f"m{i}": 2 for i in range(2000)}) == 500
+    assert quarantine_limit({"a": 1, "b": 3}) == 1 and quarantine_limit({"a": 1}) == 1
+    specs = [{"id": i} for i in "abcdef"]
+    source = Quarantine(SpecList(specs), {i: 1 for i in "abcd"})            # 4 suspects: 2 at a time
+    assert [source.next_spec()["id"] for _ in range(4)] == ["a", "b", "e", "f"]
+    assert source.next_spec() is None
+    source.tell(ok("a"))
+    assert source.next_spec()["id"] == "c" and source.next_spec() is None
+    # a poisonous member among them is found: lost with c (both in flight), then alone
+    first = [opened(), *handed("a", "b", "c", "d")]
+    second = first + [opened(), *handed("a", "b"), ok("a"), *handed("c")]
+    book = read_crashes(second)
+    assert book.suspects == {"b": 2, "c": 2, "d": 1} and not book.given_up
+    assert quarantine_limit(book.suspects) == 1
+    third = second + [opened(), *handed("b")]
+    assert read_crashes(third).given_up == ["b"]
