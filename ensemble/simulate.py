@@ -141,7 +141,11 @@ def assumptions(cfg, args) -> str:
                "its own)")
     cost = {"measured": "the master's own code timed here", "model": cost_source(cfg.mode)}.get(
         args.master_cost, f"{args.master_cost} us a result, a dispatch")
-    return f"assumed: {members}; master cost: {cost}"
+    group = cfg.runtime.group_size
+    workers = (f"; a worker is a member group of {group} ranks (`runtime.group_size`): ranks = 1 + {group} x workers"
+               if group > 1 else "")
+    return (f"assumed: {members}; master cost: {cost}; message latency {args.latency * 1e3:g} ms one way "
+            f"(--latency){workers}")
 
 
 def fast_rows(cfg, args) -> int:

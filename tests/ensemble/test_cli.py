@@ -145,7 +145,7 @@ def test_simulate_says_what_it_assumed_and_the_fast_engine_refuses_a_population(
     assert main(["configs/digits.toml", "--workers", "4", "--engine", "fast"]) == 0
     said = capsys.readouterr().out.splitlines()[0]
     assert said.startswith("assumed: members of made-up duration: log-normal, median")
-    assert "the ensemble mode's measured model" in said
+    assert "the ensemble mode's measured model" in said and "message latency 0.5 ms one way" in said
     with pytest.raises(SystemExit, match="--engine fast models independent members .* mode 'pbt'"):
         main(["configs/digits_pbt.toml", "--workers", "4", "--engine", "fast"])
     from ensemble.orchestrate.simulate import cost_source
