@@ -40,7 +40,7 @@ class PbtMode(Mode):
         from ensemble.train.population import train_population_member
         sleep = cfg.runtime.poll_max_sleep
         return OneByOne(lambda spec, report: guarded(lambda: train_population_member(
-            spec, data, meta, run_dir, comm, group, report, sleep), spec, rank))
+            spec, data, meta, run_dir, comm, group, report, sleep), spec, rank, watched=False))    # the whole run
 
     def preflight(self, cfg: RunConfig, meta: dict | None, groups: int | None, found: Problems) -> None:
         population = cfg.pbt.population

@@ -39,6 +39,7 @@ from ensemble.config.vocabulary import OPTIMIZER_SLOTS, VALUE_BYTES
 from ensemble.modes import mode_of, unread_tables
 from ensemble.orchestrate.prepare import BUILD_CHECK_BATCH
 from ensemble.runtime.env import configure_tensorflow, set_thread_env
+from ensemble.runtime.watchdog import Watchdog
 
 EXIT_PROBLEMS = 2               # ensemble.run.EXIT_CONFIG: the run would stop with a config error
 PREDICT_BATCH = 512             # the validation and prediction batch (forward only)
@@ -310,8 +311,13 @@ def check_samples(cfg: RunConfig, arrays: dict, meta: dict, found: Problems) -> 
         try:
             if s.arch is not None:
                 use_builder_folders([s.arch])
-            model = check_architecture(s.spec, x_head[:BUILD_CHECK_BATCH], meta["n_outputs"],
-                                       meta["task"])
+            bound = s.spec.get("member_time_limit") or None
+            with Watchdog(bound, f"`{s.where}` ({s.name}): building it and running it on one batch took more "
+                                 f"than {bound or 0:g} s (`train.member_time_limit`): a builder that never returns? "
+                                 f"The check ends here (exit status {EXIT_PROBLEMS})",
+                          exit=lambda _: os._exit(EXIT_PROBLEMS)):
+                model = check_architecture(s.spec, x_head[:BUILD_CHECK_BATCH], meta["n_outputs"],
+                                           meta["task"])
         except ArchitectureError as exc:
             what = s.name if s.arch is not None else f"{s.name}: {s.count}"
             found.add(f"`{s.where}` ({what}): {exc}", s.where)

@@ -397,7 +397,7 @@ def simulate(cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, workers: i
     metric = get_task(meta["task"]).default_metric(cfg.ensemble.metric)
     executor = SimExecutor(workers, lambda spec: member_seconds(spec, settings, durations),
                            lambda spec, seconds, epochs, stopped: guarded(
-                               lambda: trainer.record(spec, seconds, epochs, stopped), spec, 0),
+                               lambda: trainer.record(spec, seconds, epochs, stopped), spec, 0, watched=False),
                            clock, in_hand=in_hand(cfg, mode_of(cfg)), latency=latency,
                            message_seconds=message_seconds, group_size=rt.group_size,
                            curve=learning_curve(metric, settings.accuracy), cost=cost,

@@ -29,6 +29,7 @@ from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.env import TENSORFLOW
 from ensemble.runtime.executor import Report
 from ensemble.runtime.tail import MIN_STEP_SECONDS, PAYS
+from ensemble.runtime.watchdog import Watchdog, stuck_seconds
 from ensemble.task import get_task
 from ensemble.task.tasks import scaling_json
 from ensemble.train.traced import BUILD_LOCK, PRETRACE, TRACED, adopt, trace_key
@@ -669,12 +670,22 @@ def failure_record(spec: dict, exc: BaseException, t0: float) -> dict:
             **{k: spec[k] for k in ("genome", "summary") if k in spec}}
 
 
-def guarded(train, spec: dict, rank: int) -> dict | None:
+def guarded(train, spec: dict, rank: int, watched: bool = True) -> dict | None:
     """Run ``train()`` (one member, any trainer) and return its journal record: a failure
-    becomes a failed (or time-limit) record; rank, host and the spec's genome are added either way."""
+    becomes a failed (or time-limit) record; rank, host and the spec's genome are added either way.
+    ``watched``: the rank ends itself when the member is stuck (``runtime.watchdog``); not a
+    population's member, which trains for the whole run."""
     t0 = time.monotonic()
+    limit = spec.get("member_time_limit")
+    bound = stuck_seconds(limit) if watched else None
+    stuck = (f"{spec['id']} is still running {bound:g} s after it started, well past its "
+             f"`train.member_time_limit` ({limit:g} s): it is stuck (a builder that never "
+             "returns, a hung file system or collective); this rank ends, and with it the job: `--resume` hands "
+             "it out again among the members in flight when a job was lost, and gives it up if it is lost with "
+             "the job again" if bound is not None else "")
     try:
-        result = train()
+        with Watchdog(bound, stuck):
+            result = train()
         if result is None:                      # a group member that is not the leader
             return None
     except Exception as exc:

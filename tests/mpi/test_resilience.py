@@ -346,3 +346,49 @@ def test_run_time_limit_stops_handing_out_work_and_still_writes_results(tmp_path
     assert "time limit is near" in proc.stderr
     assert 0 < len(read_journal(run_dir / "journal.jsonl")) < 120
     assert (run_dir / "ensemble.json").exists() and (run_dir / "leaderboard.csv").exists()
+
+
+STUCK = """
+name = "stuck"
+seed = 3
+[data]
+source = "iris"
+[train]
+epochs = 2
+member_time_limit = 2
+[[architectures]]
+name = "mlp"
+members = 2
+layers = [{type = "Dense", units = 8, activation = "relu"}]
+[[architectures]]
+name = "stuck"
+members = 1
+model = "tests.mpi.user_models:BUILDER"
+"""
+
+
+@pytest.mark.long          # make test-long: three jobs of a few seconds each (about 40 s)
+def test_a_member_whose_builder_never_returns_ends_the_job_and_is_given_up_on_resume(tmp_path):
+    """A builder that never returns held its worker, and the job, for ever (member_time_limit
+    stops training only at a batch's end). The rank ends itself past twice the limit and as much
+    again; resumes hand the member out again among the suspects and give it up when it is stuck
+    again; the run ends with the others. On rank 0's check before any member trains, the job ends
+    at once, naming the builder."""
+    cfg = write_config(tmp_path, STUCK.replace("BUILDER", "stuck_on_workers"))
+    run_dir = tmp_path / "run"
+    args = ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)]
+    first = run_mpi(2, args, timeout=120)
+    assert first.returncode != 0 and "stuck-000 is still running 6 s after it started" in first.stderr, first.stderr
+    assert "every thread's stack" in first.stderr
+    for _ in range(3):
+        last = run_mpi(2, [*args, "--resume"], timeout=120)
+        if last.returncode == 0:
+            break
+    assert last.returncode == 0, last.stderr
+    assert "stuck-000 given up" in last.stderr
+    records = [r for r in read_journal(run_dir / "journal.jsonl") if "id" in r]
+    assert sorted(r["id"] for r in records if r["status"] == Status.OK.value) == ["mlp-000", "mlp-001"]
+    everywhere = write_config(tmp_path, STUCK.replace("BUILDER", "stuck_everywhere"))
+    early = run_mpi(2, ["-m", "ensemble.run", str(everywhere), "--run-dir", str(tmp_path / "early")], timeout=120)
+    assert early.returncode != 0 and "its builder 'tests.mpi.user_models:stuck_everywhere' did not return within 2 s" \
+        in early.stderr, early.stderr

@@ -27,3 +27,21 @@ def per_step(input_shape, n_outputs):
 def broken(input_shape, n_outputs, width=8):
     """A builder with a bug of its own, whose message is long."""
     raise TypeError(f"width {width} does not fit: " + "this builder explains at length. " * 12 + "(end)")
+
+
+def stuck_on_workers(input_shape, n_outputs):
+    """A builder that never returns on a worker (rank 0's check of it, before any member trains,
+    gets a model): a deadlock in a user's code, a read from a hung file system."""
+    import os
+    import time
+    if os.environ.get("PMI_RANK", "0") != "0":
+        while True:
+            time.sleep(1)
+    return small_mlp(input_shape, n_outputs)
+
+
+def stuck_everywhere(input_shape, n_outputs):
+    """A builder that never returns, on any rank."""
+    import time
+    while True:
+        time.sleep(1)

@@ -1,0 +1,73 @@
+"""A rank that is stuck ends itself, and with it the job: never a hang.
+
+A member's time limit (``train.member_time_limit``) stops its training at the next batch; it
+cannot stop a builder that never returns, a read from a hung file system or a collective that
+waits for a rank that is gone. Such a rank would hold its worker, and the job, until the
+scheduler's time limit. ``Watchdog`` gives the work in hand a bound well past its time limit
+(``stuck_seconds``); past it, the rank logs what was stuck with every thread's stack, and
+exits (``EXIT_STUCK``): the launcher ends the job, and ``--resume`` treats the member as one
+in flight when a job was lost (``results.crashes``: handed out again among the suspects, given
+up when it is lost with the job again).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+#: the exit status of a rank that ended itself stuck (as timeout(1) exits)
+EXIT_STUCK = 124
+#: a member still running this long (at most) after twice its time limit is stuck (``stuck_seconds``)
+STUCK_GRACE = 300.0
+
+
+def stuck_seconds(time_limit: float | None) -> float | None:
+    """How long work bounded by ``time_limit`` may run before it counts as stuck: twice the
+    limit and as much again, up to ``STUCK_GRACE`` (the limit acts at a batch's end; a last
+    epoch, the predictions and the writes come after it): 1,500 s for the default 600 s, 6 s
+    for 2 s. None: no limit, no watchdog."""
+    if not time_limit or time_limit <= 0:
+        return None
+    return 2.0 * float(time_limit) + min(STUCK_GRACE, float(time_limit))
+
+
+class Watchdog:
+    """``with Watchdog(seconds, message):`` the block must end within ``seconds`` (None: no
+    bound), else ``message`` is logged with every thread's stack and the process exits with
+    ``EXIT_STUCK`` (``exit``: the call that ends it, ``os._exit``; a test passes its own)."""
+
+    def __init__(self, seconds: float | None, message: str, exit: Callable[[int], None] = os._exit):
+        self.seconds, self.message, self.exit = seconds, message, exit
+        self.timer: threading.Timer | None = None
+        self.fired = False
+
+    def __enter__(self) -> Watchdog:
+        if self.seconds is not None:
+            self.timer = threading.Timer(self.seconds, self._fire)
+            self.timer.daemon = True
+            self.timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def _fire(self) -> None:
+        self.fired = True
+        log.debug("%s", self.message)                 # a rank's debug file, where it keeps one
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        try:                                          # stderr: a worker's log says only warnings of its own
+            sys.stderr.write(f"error: {self.message}\n[pid {os.getpid()}] stuck; every thread's stack:\n")
+            sys.stderr.flush()
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            sys.stderr.flush()
+        except (OSError, ValueError):         # no usable stderr: the message above is what is left
+            pass
+        self.exit(EXIT_STUCK)
