@@ -236,8 +236,8 @@ def check_builds(cfg: RunConfig, arrays: dict, meta: dict) -> None:
         bound = spec.get("member_time_limit") or None
         try:
             with Watchdog(bound, f"`architectures[{i}]` ({arch.name}): its builder {arch.model!r} did not return "
-                                 f"within {bound or 0:g} s (`train.member_time_limit`) while rank 0 built it on one batch "
-                                 "before any member trains; the job ends: make the builder return"):
+                                 f"within {bound or 0:g} s (`train.member_time_limit`) while rank 0 built it on one "
+                                 "batch before any member trains; the job ends: make the builder return"):
                 check_architecture(spec, x, meta["n_outputs"], meta["task"])
         except ArchitectureError as exc:
             raise ConfigError(f"`architectures[{i}]` ({arch.name}): {exc}") from None
