@@ -358,6 +358,7 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
     names = info.get("feature_names") or ()
     check_arrays(x, y, names, data.impute)
     y, meta = prepare_targets(y, info, data)
+    meta[FEATURES_DIGEST] = features_digest(x)
     x = reshape_features(feature_array(x), data.reshape)
     idx = choose_rows(y, meta, data, seed, rows)
     if data.impute != "none":
@@ -458,6 +459,12 @@ def data_changed(then: dict, now: dict, norm_then: tuple[np.ndarray, np.ndarray]
     if then.get(TARGETS_DIGEST) and now.get(TARGETS_DIGEST) and then[TARGETS_DIGEST] != now[TARGETS_DIGEST]:
         return ("its targets are not the run's (a label or target value changed, or the rows are in another "
                 "order), though the features may be the same")
+    if then.get(FEATURES_DIGEST) and now.get(FEATURES_DIGEST) and then[FEATURES_DIGEST] != now[FEATURES_DIGEST]:
+        return ("its features are not the run's (values changed, or rows moved), though the targets and the "
+                "training rows' means and spreads are the same")
+    if a and b and a.get(FILES_DIGEST) and b.get(FILES_DIGEST) and a[FILES_DIGEST] != b[FILES_DIGEST]:
+        return ("its files hold other values than the run's (a file rewritten with the same shape: their sampled "
+                "contents differ)")
     return None
 
 
@@ -483,6 +490,26 @@ def targets_digest(y: np.ndarray) -> str:
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{a.dtype.str}{a.shape}".encode())
     h.update(a.tobytes())
+    return h.hexdigest()
+
+
+#: ``data.json``'s digest of the features read whole (``features_digest``), and of a streamed run's
+#: files (``files_digest``, in ``meta["stream"]``)
+FEATURES_DIGEST, FILES_DIGEST = "features_digest", "digest"
+#: rows of the features ``features_digest`` hashes, evenly spaced (every row of a smaller dataset)
+DIGEST_ROWS = 4096
+
+
+def features_digest(x: np.ndarray) -> str:
+    """A digest of the features as read (before any reshape or normalisation): their shape and up to
+    ``DIGEST_ROWS`` rows evenly spaced, every row of a dataset that small (a few milliseconds either
+    way). Rows swapped, or values changed, under the same targets and shape are seen there."""
+    import hashlib
+    a = np.asarray(x)
+    rows = np.unique(np.linspace(0, len(a) - 1, min(len(a), DIGEST_ROWS)).astype(np.int64)) if len(a) else []
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{a.dtype.str}{a.shape}".encode())
+    h.update(np.ascontiguousarray(a[rows]).tobytes())
     return h.hexdigest()
 
 

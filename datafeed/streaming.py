@@ -262,7 +262,9 @@ def prepare_stream(ss: ShardSet, data: DataSettings, seed: int, normalise: bool 
         arrays[f"rows_{split}"] = idx[split].astype(np.int64)
     meta["input_shape"] = list(input_shape)
     meta["sizes"] = {s: int(len(idx[s])) for s in SPLITS}
-    meta["stream"] = describe(ss, data)
+    from datafeed.prepare import FILES_DIGEST
+    from datafeed.shards import files_digest
+    meta["stream"] = {**describe(ss, data), FILES_DIGEST: files_digest([s.path for s in ss.shards])}
     feed = Streamed(meta, arrays, stage=False)
     arrays["x_head"] = next(feed.chunks("train", limit=HEAD_ROWS))
     return arrays, meta, {s: idx[s].astype(np.int64) for s in SPLITS}

@@ -57,6 +57,13 @@ def run_targets(run_dir: str | Path, config: RunConfig, meta: dict, raw: bool = 
         raise PredictError(f"the files of {config.data.source!r} are not what the run trained on "
                            f"({len(now.shards)} files of {now.rows} rows now, {len(recorded.shards)} of "
                            f"{recorded.rows} then); use the files the run was trained on")
+    from datafeed.prepare import FILES_DIGEST
+    from datafeed.shards import files_digest
+    then = meta["stream"].get(FILES_DIGEST)
+    if then and files_digest([s.path for s in now.shards]) != then:
+        raise PredictError(f"the files of {config.data.source!r} hold other values than the run trained on (a file "
+                           "rewritten with the same shape: their sampled contents differ); use the files the run "
+                           "was trained on")
     try:
         y_all = read_targets(recorded)
     except (OSError, DataError, KeyError, ValueError) as exc:

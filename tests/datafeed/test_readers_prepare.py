@@ -548,6 +548,32 @@ def test_data_changed_sees_labels_changed_under_the_same_features():
     assert "its targets are not the run's" in data_changed(then, moved, norm, norm)
     older = {k: v for k, v in then.items() if k != "targets_digest"}       # a run made before the digest
     assert data_changed(older, moved, norm, norm) is None
+    swapped = x.copy()                       # 2 rows of one class swap their features: means and spreads the same
+    a, b = np.flatnonzero(y == 0)[:2]
+    swapped[[a, b]] = swapped[[b, a]]
+    assert "its features are not the run's" in data_changed(then, prepare(swapped, y, {}, data, seed=0)[1], norm, norm)
+
+
+def test_a_streamed_file_rewritten_with_the_same_shape_is_seen(tmp_path):
+    """A shard replaced with other values of the same shape went through `predict --data test` (the
+    metrics of other rows, unsaid), `ens.data` and `check --resume`."""
+    from datafeed.prepare import data_changed
+    from datafeed.shards import files_digest
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(3):
+        np.save(tmp_path / f"x_{i}.npy", rng.normal(size=(50, 40)).astype(np.float32))
+        paths.append(str(tmp_path / f"x_{i}.npy"))
+    before = files_digest(paths)
+    assert files_digest(paths) == before
+    np.save(tmp_path / "x_1.npy", rng.normal(size=(50, 40)).astype(np.float32))      # same shape, other values
+    after = files_digest(paths)
+    assert after != before
+    meta = {"sizes": {"train": 100, "val": 25, "test": 25}, "task": "regression"}
+    norm = (np.zeros(40), np.ones(40))
+    then, now = ({**meta, "stream": {"rows": [50] * 3, "sample_shape": [40], "digest": d}} for d in (before, after))
+    assert "its files hold other values" in data_changed(then, now, norm, norm)
+    assert data_changed(then, then, norm, norm) is None
 
 
 def test_a_misspelt_label_column_gets_the_nearest_name(tmp_path):
