@@ -31,7 +31,7 @@ from ensemble.results.crashes import REPEATS, CrashBook, Quarantine, handed_even
 from ensemble.results.events import Event, EventKind, close_event, open_event
 from ensemble.results.heartbeat import Heartbeat
 from ensemble.results.journal import Journal, typed_history
-from ensemble.results.records import MemberRecord
+from ensemble.results.records import FATAL_STOP, MemberRecord, fatal_failure
 from ensemble.results.report import report_line
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.summary import finalize, format_comparison
@@ -199,7 +199,7 @@ class MasterSession:
                 kept = [MemberRecord.from_json(x) for x in out]   # as journalled: without the arrays
                 self.records.extend(kept)
                 for record in kept:
-                    self.budget.observe(record.status.evaluated, record.train_seconds)
+                    self.budget.observe(record.status.evaluated, record.train_seconds, fatal_failure(record))
                 progress.add(kept)
                 if beat is not None:
                     beat.beat(late=True)      # a loop never idle (results always waiting) still beats, if less often
@@ -247,7 +247,8 @@ class MasterSession:
         self.budget.n_failed = sum(s["failed"] for s in shares)
         self.budget.reason = next((s["reason"] for s in shares if s["reason"]), None)
         self.budget.failures_stopped = bool(self.budget.n_failed and self.budget.reason
-                                            and "max_failed_share" in self.budget.reason)
+                                            and ("max_failed_share" in self.budget.reason
+                                                 or FATAL_STOP in self.budget.reason))
         return account
 
     def _absorb(self, previous: list[MemberRecord], artifacts: Artifacts) -> Artifacts:

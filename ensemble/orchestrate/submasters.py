@@ -29,7 +29,7 @@ from ensemble.orchestrate.progress import Progress
 from ensemble.orchestrate.session import in_hand, run_artifacts, run_master_side
 from ensemble.orchestrate.simulate import master_cost
 from ensemble.results.journal import Journal, typed_history
-from ensemble.results.records import MemberRecord
+from ensemble.results.records import MemberRecord, fatal_failure
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.budget import RunBudget
 from ensemble.runtime.executor import MpiExecutor, serve
@@ -95,7 +95,7 @@ class SubBooks:
         self.journal.extend(out + released)
         self.artifacts.remove_released()              # after the line that says so
         for record in records:
-            self.budget.observe(record.status.evaluated, record.train_seconds)
+            self.budget.observe(record.status.evaluated, record.train_seconds, fatal_failure(record))
         self.progress.add(records)
         self.tally_if_due()
 

@@ -54,6 +54,22 @@ TIME_LIMIT_KIND = "time_limit"
 #: the error kind of a member given up after its worker process died with it twice
 #: (``results.crashes``): no ``--resume`` trains it again
 WORKER_DIED_KIND = "worker_died"
+#: the error kind of a member whose data could not be read any more (a file deleted or made
+#: unreadable while the run reads it): the run stops handing out members (``runtime.budget``)
+DATA_UNREADABLE_KIND = "data_unreadable"
+
+
+#: what a run stopped by a fatal failure says (``fatal_failure``), as sub-masters pass it on
+FATAL_STOP = "stopping: every member would fail the same way"
+
+
+def fatal_failure(record: "MemberRecord") -> str | None:
+    """Why a member's failure stops the run (every member would fail alike), or None."""
+    error = record.error or {}
+    if error.get("kind") == DATA_UNREADABLE_KIND:
+        return (f"{record.id}: {error.get('message', 'the data could not be read')}; {FATAL_STOP}. Restore the "
+                "files, then continue with --resume")
+    return None
 #: the record key (true, else absent) of a member trained on a worker's kept model, whose
 #: steps were traced before it started (``train.traced``)
 REUSED_TRACE = "reused_trace"

@@ -74,9 +74,13 @@ class RunBudget:
         self.reason: str | None = None
         self.failures_stopped = False               # the reason is `max_failed_share`
 
-    def observe(self, evaluated: bool, seconds: float | None) -> None:
+    def observe(self, evaluated: bool, seconds: float | None, fatal: str | None = None) -> None:
         """A member ended after ``seconds`` of training: ``evaluated`` (finished, or stopped by
-        early discarding, which is no failure), else it failed or hit its limit."""
+        early discarding, which is no failure), else it failed or hit its limit; ``fatal``: why
+        its failure stops the run (``records.fatal_failure``: every member would fail alike)."""
+        if fatal and not self.failures_stopped:
+            self.failures_stopped = True
+            self.reason = fatal
         if evaluated:
             self.n_ok += 1
             self.slowest = max(self.slowest, float(seconds or 0.0))
@@ -84,7 +88,8 @@ class RunBudget:
         else:
             self.n_failed += 1
         total = self.n_ok + self.n_failed
-        if self.n_failed >= MIN_FAILURES and self.n_failed / total > self.max_failed_share:
+        if self.n_failed >= MIN_FAILURES and self.n_failed / total > self.max_failed_share \
+                and not (self.reason and self.failures_stopped):        # a fatal failure's reason stays
             self.failures_stopped = True
             self.reason = (f"{self.n_failed} of {total} members failed, more than "
                            f"`runtime.max_failed_share` = {self.max_failed_share:g}; stopping instead of "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import socket
 import time
 import traceback
@@ -23,7 +24,7 @@ import numpy as np
 
 from datafeed.pipeline import make_dataset, member_indices
 from ensemble.config.vocabulary import gaussian_head
-from ensemble.results.records import REUSED_TRACE, TIME_LIMIT_KIND, Status
+from ensemble.results.records import DATA_UNREADABLE_KIND, REUSED_TRACE, TIME_LIMIT_KIND, Status
 from ensemble.results.retention import passes
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.env import TENSORFLOW
@@ -657,14 +658,36 @@ def run_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir: 
     return guarded(lambda: train_member(spec, data, meta, run_dir, group, report, tail), spec, rank)
 
 
+#: exceptions raised where data is read (a Python generator under tf.data: TensorFlow reports
+#: them as an UnknownError whose text holds the original line) that mean the data is gone
+UNREADABLE = ("FileNotFoundError", "PermissionError", "IsADirectoryError")
+
+
+def root_cause(exc: BaseException) -> tuple[str, str]:
+    """A failed member's error kind and message: the exception's own, or, for TensorFlow's wrapper
+    of an error raised in a Python function it called (tf.data reading a file), the original
+    error's line first (it was buried in 50 lines of TensorFlow's trace); a data file that cannot be
+    read any more is ``DATA_UNREADABLE_KIND``."""
+    kind, text = getattr(exc, "kind", type(exc).__name__), str(exc)
+    inner = re.findall(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$", text, re.MULTILINE)
+    inner = [(k, m) for k, m in inner if k != kind and "Graph execution error" not in m]
+    if inner:
+        first, line = inner[-1]
+        if first in UNREADABLE:
+            return DATA_UNREADABLE_KIND, (f"the data could not be read: {first}: {line.strip()} (a file deleted, "
+                                          "moved or made unreadable while the run reads it)")
+        return kind, f"{first}: {line.strip()} (raised inside TensorFlow; its trace follows)\n{text}"
+    return kind, text
+
+
 def failure_record(spec: dict, exc: BaseException, t0: float) -> dict:
     """The journal record of a member whose training raised ``exc`` (call inside ``except``):
     status "limit" when ``train.member_time_limit`` stopped it, else "failed"."""
     log.debug("%s failed: %s", spec["id"], exc)
-    kind = getattr(exc, "kind", type(exc).__name__)
+    kind, message = root_cause(exc)
     status = Status.LIMIT if kind == TIME_LIMIT_KIND else Status.FAILED
     return {"id": spec["id"], "status": status.value, "arch": spec.get("arch"), "seed": spec["seed"],
-            "error": {"kind": kind, "message": str(exc),
+            "error": {"kind": kind, "message": message,
                       "traceback": traceback.format_exc(limit=-8)},   # the 8 innermost frames: where it broke
             "train_seconds": round(time.monotonic() - t0, 3), "host": HOST,
             **{k: spec[k] for k in ("genome", "summary") if k in spec}}
