@@ -31,6 +31,7 @@ from ensemble.task.calibration import fit as fit_calibration
 from ensemble.task.metrics import (
     COVERAGE_LEVELS,
     CURVE_LEVELS,
+    METRICS,
     coverage_name,
     higher_is_better,
     level_key,
@@ -56,6 +57,13 @@ def discarded_records(records: Records) -> list[MemberRecord]:
     return [r for r in latest(as_records(records)).values() if r.status is Status.DISCARDED]
 
 
+def metric_order(values: Mapping[str, Any]) -> list[str]:
+    """The metric names of ``values`` in the vocabulary's order (then by name): a record read back from
+    the journal holds them in another order than a fresh one, and a leaderboard's columns moved."""
+    known = {name: i for i, name in enumerate(METRICS)}
+    return sorted(values, key=lambda k: (known.get(k, len(known)), k))
+
+
 def leaderboard(records: Records, metric: str) -> pd.DataFrame:
     """One row per member, by its final record: finished members ranked by the validation
     metric, then the discarded candidates, then those that failed, were stopped or hit
@@ -65,8 +73,8 @@ def leaderboard(records: Records, metric: str) -> pd.DataFrame:
     ranked = rank_members([r for r in final.values() if r.status.ranked], metric, PROPER_SCORES[metric_task(metric)])
     for pos, r in enumerate(ranked, 1):
         row = {"rank": pos, "id": r.id, "arch": r.arch, "status": r.status.value}
-        row.update({f"val_{k}": v for k, v in r.val.items()})
-        row.update({f"test_{k}": v for k, v in r.test.items()})
+        row.update({f"val_{k}": r.val[k] for k in metric_order(r.val)})       # one order, resumed or not
+        row.update({f"test_{k}": r.test[k] for k in metric_order(r.test)})
         row.update(params=r.params, epochs=r.epochs, stopped=r.extra.get("stopped"), train_seconds=r.train_seconds,
                    seed=r.seed, mpi_rank=r.rank)
         if r.summary:

@@ -430,3 +430,16 @@ def test_the_console_names_a_one_member_ensemble_and_the_selections_own_best_mem
     text = format_comparison(summary)
     assert "ensemble (1 member: cnn-004)" in text
     assert "(best single member on it: cnn-004 0.8000; the leaderboard's best, cnn-002, is best on accuracy)" in text
+
+
+def test_the_leaderboard_columns_keep_one_order_whatever_order_records_hold_their_metrics():
+    """A resumed run's records (read back from the journal) held their metrics in another order, and
+    leaderboard.csv's columns moved: a script reading them by position broke."""
+    from ensemble.results.summary import leaderboard
+    fresh = {"id": "m-0", "status": "ok", "val": {"accuracy": 0.9, "log_loss": 0.3, "brier": 0.1, "ece": 0.02},
+             "test": {"accuracy": 0.8, "log_loss": 0.4, "brier": 0.2, "ece": 0.03}}
+    read_back = {"id": "m-1", "status": "ok", "val": dict(sorted(fresh["val"].items())),
+                 "test": dict(sorted(fresh["test"].items()))}
+    assert list(leaderboard([fresh], "accuracy").columns) == list(leaderboard([read_back], "accuracy").columns)
+    assert [c for c in leaderboard([read_back], "accuracy").columns if c.startswith("val_")] == [
+        "val_accuracy", "val_log_loss", "val_brier", "val_ece"]
