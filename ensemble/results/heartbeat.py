@@ -106,8 +106,12 @@ class Heartbeat:
             now = self.clock()
             self.fields.update(self.counts(), **fields, time=round(now, 3), every=self.every)
             tmp = self.path.with_name(self.path.name + ".part")
-            tmp.write_text(json.dumps(self.fields, default=str))
-            os.replace(tmp, self.path)          # no fsync: a lost beat is rewritten in `every` seconds
+            try:
+                tmp.write_text(json.dumps(self.fields, default=str))
+                os.replace(tmp, self.path)      # no fsync: a lost beat is rewritten in `every` seconds
+            except OSError:                     # a full disk: no empty .part left behind
+                tmp.unlink(missing_ok=True)
+                raise
             self.last = now
             self.writes += 1
 

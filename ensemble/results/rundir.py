@@ -47,13 +47,21 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".part" + path.suffix)
-    write(tmp)
-    fd = os.open(tmp, os.O_RDONLY)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:                       # a full disk, an error while writing: no half-file left
+        if tmp.is_dir() and not tmp.is_symlink():
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

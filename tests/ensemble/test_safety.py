@@ -374,3 +374,17 @@ def test_a_zombie_holds_no_lock():
         child.kill()
         child.wait()
     assert not pid_alive(child.pid)
+
+
+def test_an_atomic_write_that_fails_leaves_no_part_file(tmp_path):
+    """A full disk left status.json.part (empty) and splits.npz.part.npz beside the run's files."""
+    import pytest as _pytest
+
+    from ensemble.results.rundir import atomic_write
+
+    def full(p):
+        p.write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+    with _pytest.raises(OSError):
+        atomic_write(tmp_path / "splits.npz", full)
+    assert list(tmp_path.iterdir()) == []
