@@ -156,6 +156,10 @@ def build_model(spec: dict, input_shape: tuple[int, ...], n_outputs: int, task: 
     gaussian = gaussian_head(spec.get("loss"), task, bool(spec.get("model")))
     if spec.get("model"):
         model = load_builder(spec["model"])(tuple(input_shape), n_outputs, **spec.get("params", {}))
+        if not hasattr(model, "output_shape") or not callable(model):
+            raise ArchitectureError(f"`model` {spec['model']!r} returned {type(model).__name__}"
+                                    + (" (a function without a return?)" if model is None else "")
+                                    + ", not a Keras model: return keras.Model(inputs, outputs)")
         want = get_task(task).output_width(n_outputs, gaussian)
         got = model.output_shape[-1] if hasattr(model, "output_shape") else None
         if got != want:

@@ -75,3 +75,10 @@ def test_a_failed_member_record_keeps_the_whole_message_and_the_innermost_frames
     assert record["status"] == Status.FAILED.value and record["error"]["message"].endswith("(end)")
     assert "the real reason" in record["error"]["traceback"]          # where it broke, not the outer frames
     assert 'raise ValueError("the real reason, "' in record["error"]["traceback"]
+
+
+def test_a_builder_that_returns_nothing_says_so():
+    """It said "its output shape is None"."""
+    with pytest.raises(ArchitectureError, match=r"returned NoneType \(a function without a return\?\), not a Keras "
+                                                r"model: return keras.Model\(inputs, outputs\)"):
+        check_architecture(spec("tests.mpi.user_models:returns_nothing"), X, 10, "classification")
