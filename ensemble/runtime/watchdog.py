@@ -23,18 +23,20 @@ log = logging.getLogger(__name__)
 
 #: the exit status of a rank that ended itself stuck (as timeout(1) exits)
 EXIT_STUCK = 124
-#: a member still running this long (at most) after twice its time limit is stuck (``stuck_seconds``)
-STUCK_GRACE = 300.0
+#: a member still running this long (at most, at least) after twice its time limit is stuck
+#: (``stuck_seconds``): the limit counts training only, not the build, the data, the writes
+STUCK_GRACE, STUCK_FLOOR = 300.0, 60.0
 
 
 def stuck_seconds(time_limit: float | None) -> float | None:
     """How long work bounded by ``time_limit`` may run before it counts as stuck: twice the
-    limit and as much again, up to ``STUCK_GRACE`` (the limit acts at a batch's end; a last
-    epoch, the predictions and the writes come after it): 1,500 s for the default 600 s, 6 s
-    for 2 s. None: no limit, no watchdog."""
+    limit and as much again, between ``STUCK_FLOOR`` and ``STUCK_GRACE`` (the limit acts at a
+    batch's end and counts training only; the build, a last epoch, the predictions and the
+    writes come beside it): 1,500 s for the default 600 s, 64 s for 2 s. None: no limit, no
+    watchdog."""
     if not time_limit or time_limit <= 0:
         return None
-    return 2.0 * float(time_limit) + min(STUCK_GRACE, float(time_limit))
+    return 2.0 * float(time_limit) + min(STUCK_GRACE, max(STUCK_FLOOR, float(time_limit)))
 
 
 class Watchdog:
