@@ -371,9 +371,9 @@ model = "tests.mpi.user_models:BUILDER"
 def test_a_member_whose_builder_never_returns_ends_the_job_and_is_given_up_on_resume(tmp_path):
     """A builder that never returns held its worker, and the job, for ever (member_time_limit
     stops training only at a batch's end). The rank ends itself past twice the limit and as much
-    again (a minute at least: the limit counts training only); resumes hand the member out again among the suspects and give it up when it is stuck
-    again; the run ends with the others. On rank 0's check before any member trains, the job ends
-    at once, naming the builder."""
+    again (a minute at least: the limit counts training only); resumes hand the member out again
+    among the suspects and give it up when it is stuck again; the run ends with the others. On
+    rank 0's check before any member trains, the job ends at once, naming the builder."""
     cfg = write_config(tmp_path, STUCK.replace("BUILDER", "stuck_on_workers"))
     run_dir = tmp_path / "run"
     args = ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)]
