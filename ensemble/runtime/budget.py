@@ -72,7 +72,7 @@ class RunBudget:
         self.slowest = 0.0
         self.n_ok = self.n_failed = 0
         self.reason: str | None = None
-        self.failures_stopped = False               # the reason is `max_failed_share`
+        self.failures_stopped = False               # the reason is `max_failed_share`, or a fatal failure
 
     def observe(self, evaluated: bool, seconds: float | None, fatal: str | None = None) -> None:
         """A member ended after ``seconds`` of training: ``evaluated`` (finished, or stopped by
