@@ -263,7 +263,14 @@ def check_streamed(cfg: RunConfig, plan, sizing: dict, found: Problems, prepare_
         check_task_settings(cfg, meta["task"], "the labels make this task", found)
     print(f"\nData: {data.source} ({plan.fmt}, {len(plan.shards)} file(s)); one sample {list(plan.sample_shape)} "
           f"{plan.shards[0].x_dtype}, as the networks see it: {meta['input_shape']}")
-    print(f"  task: {meta['task']}, {meta['n_outputs']} output(s)")
+    if meta["task"] == "classification" and all(f"y_{s}" in arrays for s in ("train", "val", "test")):
+        import numpy as np
+        counts = np.bincount(np.concatenate([arrays[f"y_{s}"] for s in ("train", "val", "test")]),
+                             minlength=meta["n_outputs"])
+        print(f"  task: classification, {meta['n_outputs']} classes; samples per class: "
+              + _class_counts(meta["class_names"], counts))
+    else:
+        print(f"  task: {meta['task']}, {meta['n_outputs']} output(s)")
     sizes = meta["sizes"]
     print(f"  splits: train {sizes['train']}, validation {sizes['val']}, test {sizes['test']}, "
           f"{describe_split(meta, data, cfg.seed)}; normalisation {data.normalize!r}, fitted at the run's start "

@@ -41,6 +41,7 @@ def test_check_reports_size_streaming_and_memory_per_rank(tmp_path, capsys, stre
     assert says in out
     if "streams" in says:
         assert "per rank, the data streamed: about" in out and "fitted at the run's start" in out
+        assert "task: classification, 2 classes; samples per class: 0: " in out      # as data read whole
     else:
         assert "per node: the data once" in out
 
