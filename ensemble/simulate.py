@@ -144,8 +144,14 @@ def assumptions(cfg, args) -> str:
     group = cfg.runtime.group_size
     workers = (f"; a worker is a member group of {group} ranks (`runtime.group_size`): ranks = 1 + {group} x workers"
                if group > 1 else "")
+    from ensemble.modes import mode_of
+    counts = sorted(getattr(args, "workers", None) or [])
+    tail = [w for w in counts if mode_of(cfg).tail_helpers(cfg, w)]
+    helpers = (f"; at the end, idle workers join the last members as helpers (`runtime.tail_helpers` "
+               f"{cfg.runtime.tail_helpers!r}: at {', '.join(map(str, tail))} workers), which may end a run "
+               "sooner than its longest member" if tail else "")
     return (f"assumed: {members}; master cost: {cost}; message latency {args.latency * 1e3:g} ms one way "
-            f"(--latency){workers}")
+            f"(--latency){workers}{helpers}")
 
 
 def fast_rows(cfg, args) -> int:

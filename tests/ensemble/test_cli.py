@@ -146,6 +146,10 @@ def test_simulate_says_what_it_assumed_and_the_fast_engine_refuses_a_population(
     said = capsys.readouterr().out.splitlines()[0]
     assert said.startswith("assumed: members of made-up duration: log-normal, median")
     assert "the ensemble mode's measured model" in said and "message latency 0.5 ms one way" in said
+    assert "helpers" not in said                          # none at 4 workers; at 64 said (10 members took 0.9 s)
+    assert main(["configs/digits.toml", "--workers", "4", "64", "--engine", "fast"]) == 0
+    assert "idle workers join the last members as helpers (`runtime.tail_helpers` 'auto': at 64 workers)" \
+        in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--engine fast models independent members .* mode 'pbt'"):
         main(["configs/digits_pbt.toml", "--workers", "4", "--engine", "fast"])
     from ensemble.orchestrate.simulate import cost_source
