@@ -669,6 +669,8 @@ def root_cause(exc: BaseException) -> tuple[str, str]:
     error's line first (it was buried in 50 lines of TensorFlow's trace); a data file that cannot be
     read any more is ``DATA_UNREADABLE_KIND``."""
     kind, text = getattr(exc, "kind", type(exc).__name__), str(exc)
+    if not (type(exc).__module__.startswith("tensorflow") or "Graph execution error" in text):
+        return kind, text                       # not TensorFlow's wrapper: the error is its own
     inner = re.findall(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$", text, re.MULTILINE)
     inner = [(k, m) for k, m in inner if k != kind and "Graph execution error" not in m]
     if inner:

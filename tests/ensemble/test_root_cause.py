@@ -38,6 +38,8 @@ def test_a_data_file_gone_under_tensorflow_is_named_first_and_is_data_unreadable
     kind, message = root_cause(other)
     assert kind == "UnknownError" and message.startswith("ValueError: [Errno 2]") and "Graph execution" in message
     assert root_cause(ValueError("plain")) == ("ValueError", "plain")
+    own = RuntimeError("the builder says:\nKeyError: 'width'")          # a message of its own, not TensorFlow's
+    assert root_cause(own) == ("RuntimeError", str(own))
     try:
         raise UnknownError(WRAPPED)
     except UnknownError as exc:
