@@ -39,7 +39,7 @@ from ensemble.config.vocabulary import OPTIMIZER_SLOTS, VALUE_BYTES
 from ensemble.modes import mode_of, unread_tables
 from ensemble.orchestrate.prepare import BUILD_CHECK_BATCH
 from ensemble.runtime.env import configure_tensorflow, set_thread_env
-from ensemble.runtime.watchdog import Watchdog
+from ensemble.runtime.watchdog import Watchdog, stuck_seconds
 
 EXIT_PROBLEMS = 2               # ensemble.run.EXIT_CONFIG: the run would stop with a config error
 PREDICT_BATCH = 512             # the validation and prediction batch (forward only)
@@ -318,9 +318,10 @@ def check_samples(cfg: RunConfig, arrays: dict, meta: dict, found: Problems) -> 
         try:
             if s.arch is not None:
                 use_builder_folders([s.arch])
-            bound = s.spec.get("member_time_limit") or None
+            bound = stuck_seconds(s.spec.get("member_time_limit"))    # as a member's: a minute at least
             with Watchdog(bound, f"`{s.where}` ({s.name}): building it and running it on one batch took more "
-                                 f"than {bound or 0:g} s (`train.member_time_limit`): a builder that never returns? "
+                                 f"than {bound or 0:g} s (past `train.member_time_limit`): a builder that never "
+                                 "returns? "
                                  f"The check ends here (exit status {EXIT_PROBLEMS})",
                           exit=lambda _: os._exit(EXIT_PROBLEMS)):
                 model = check_architecture(s.spec, x_head[:BUILD_CHECK_BATCH], meta["n_outputs"],

@@ -226,18 +226,18 @@ def check_builds(cfg: RunConfig, arrays: dict, meta: dict) -> None:
         return
     from ensemble.config import member_train_settings
     from ensemble.runtime.env import configure_tensorflow
-    from ensemble.runtime.watchdog import Watchdog
+    from ensemble.runtime.watchdog import Watchdog, stuck_seconds
     from ensemble.train.architecture import ArchitectureError, check_architecture
     configure_tensorflow(cfg.runtime.threads)
     for i, arch in builders:
         spec = {"layers": None, "model": arch.model, "params": dict(arch.params),
                 **member_train_settings(cfg, arch).to_dict()}
         x = arrays["x_train" if "x_train" in arrays else "x_head"][:min(spec["batch_size"], BUILD_CHECK_BATCH)]
-        bound = spec.get("member_time_limit") or None
+        bound = stuck_seconds(spec.get("member_time_limit"))    # as a member's: a minute at least
         try:
             with Watchdog(bound, f"`architectures[{i}]` ({arch.name}): its builder {arch.model!r} did not return "
-                                 f"within {bound or 0:g} s (`train.member_time_limit`) while rank 0 built it on one "
-                                 "batch before any member trains; the job ends: make the builder return"):
+                                 f"within {bound or 0:g} s (past `train.member_time_limit`) while rank 0 built "
+                                 "it on one batch before any member trains; the job ends: make the builder return"):
                 check_architecture(spec, x, meta["n_outputs"], meta["task"])
         except ArchitectureError as exc:
             raise ConfigError(f"`architectures[{i}]` ({arch.name}): {exc}") from None
