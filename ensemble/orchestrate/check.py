@@ -112,13 +112,9 @@ def check_main(config_path: str, resume: bool = False, run_dir: str | None = Non
 def check_resume(cfg: RunConfig, run_dir: str | None, found: Problems) -> Path | None:
     """What ``--resume`` would refuse before training: no run to continue, or one made with other
     settings (``prepare.check_same_run``). Returns the run it would continue, when there is one."""
-    from ensemble.orchestrate.prepare import check_same_run, run_to_resume
-    from ensemble.results.rundir import RunDirectory
+    from ensemble.orchestrate.prepare import check_same_run, resume_dir
     try:
-        path = Path(run_dir) if run_dir else run_to_resume(Path(cfg.output_dir) / cfg.name)
-        if not RunDirectory(path).has_journal():
-            raise ConfigError(f"--resume: {str(path)!r} holds no journal.jsonl to resume from; start the run "
-                              "without --resume")
+        path = resume_dir(cfg, run_dir)
         check_same_run(cfg, path)
         print(f"Resume: {str(path)!r}, made with these settings")
         return path
@@ -210,22 +206,10 @@ def check_data(cfg: RunConfig, found: Problems) -> tuple[dict, dict] | None:
             and meta["n_outputs"] > 10:
         task_from += (f": whole numbers with {meta['n_outputs']} values; if they are quantities (counts), "
                       "set `data.task = \"regression\"`")
-    if meta["task"] == "classification":
-        counts = np.bincount(np.concatenate([arrays[f"y_{s}"] for s in ("train", "val", "test")]),
-                             minlength=meta["n_outputs"])
-        print(f"  task: classification ({task_from}), {meta['n_outputs']} classes; samples per class: "
-              + _class_counts(meta["class_names"], counts))
-    else:
-        print(f"  task: regression ({task_from}), {meta['n_outputs']} output(s)")
-    from datafeed.prepare import data_notes
-    from ensemble.results.selection import few_rows_note
-    from ensemble.task import get_task
-    from ensemble.task.metrics import scales_note
-    for note in [*data_notes(got.info, arrays, meta), few_rows_note(meta["sizes"]["val"]),
-                 scales_note(get_task(meta["task"]).default_metric(cfg.ensemble.metric), arrays["y_train"],
-                             meta.get("target_names", ()))]:
-        if note:
-            print(f"  note: {note}")
+    print(task_line(meta, arrays, task_from))
+    from ensemble.orchestrate.prepare import run_notes
+    for note in run_notes(cfg, got.info, arrays, meta):
+        print(f"  note: {note}")
     sizes = meta["sizes"]
     print(f"  splits: train {sizes['train']}, validation {sizes['val']}, test {sizes['test']}, "
           f"{describe_split(meta, data, cfg.seed)}; normalisation {data.normalize!r}, fitted on train")
@@ -263,14 +247,7 @@ def check_streamed(cfg: RunConfig, plan, sizing: dict, found: Problems, prepare_
         check_task_settings(cfg, meta["task"], "the labels make this task", found)
     print(f"\nData: {data.source} ({plan.fmt}, {len(plan.shards)} file(s)); one sample {list(plan.sample_shape)} "
           f"{plan.shards[0].x_dtype}, as the networks see it: {meta['input_shape']}")
-    if meta["task"] == "classification" and all(f"y_{s}" in arrays for s in ("train", "val", "test")):
-        import numpy as np
-        counts = np.bincount(np.concatenate([arrays[f"y_{s}"] for s in ("train", "val", "test")]),
-                             minlength=meta["n_outputs"])
-        print(f"  task: classification, {meta['n_outputs']} classes; samples per class: "
-              + _class_counts(meta["class_names"], counts))
-    else:
-        print(f"  task: {meta['task']}, {meta['n_outputs']} output(s)")
+    print(task_line(meta, arrays))
     sizes = meta["sizes"]
     print(f"  splits: train {sizes['train']}, validation {sizes['val']}, test {sizes['test']}, "
           f"{describe_split(meta, data, cfg.seed)}; normalisation {data.normalize!r}, fitted at the run's start "
@@ -282,6 +259,19 @@ def check_streamed(cfg: RunConfig, plan, sizing: dict, found: Problems, prepare_
         print(f"  staged: each node copies the files once to {data.stage_dir!r} before its first member")
     meta["rank_bytes"] = sizing["rank_bytes"]
     return arrays, meta
+
+
+def task_line(meta: dict, arrays: dict, how: str = "") -> str:
+    """``check``'s line of the task (``how``: where it came from): a classification's samples per
+    class, from the targets of every split (read whole or streamed alike)."""
+    how = f" ({how})" if how else ""
+    if meta["task"] == "classification" and all(f"y_{s}" in arrays for s in ("train", "val", "test")):
+        import numpy as np
+        counts = np.bincount(np.concatenate([arrays[f"y_{s}"] for s in ("train", "val", "test")]),
+                             minlength=meta["n_outputs"])
+        return (f"  task: classification{how}, {meta['n_outputs']} classes; samples per class: "
+                + _class_counts(meta["class_names"], counts))
+    return f"  task: {meta['task']}{how}, {meta['n_outputs']} output(s)"
 
 
 def _class_counts(names: list[str], counts) -> str:

@@ -55,6 +55,21 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
     return arrays, meta, run_dir, lock
 
 
+def run_notes(cfg: RunConfig, info: dict, arrays: dict, meta: dict) -> list[str]:
+    """What ``check`` prints and the run logs of data that will train but may mislead: the data's
+    own (``datafeed.prepare.data_notes``), a validation split too small to select on
+    (``selection.few_rows_note``) and targets whose scales make the metric about one of them
+    (``metrics.scales_note``)."""
+    from datafeed.prepare import data_notes
+    from ensemble.results.selection import few_rows_note
+    from ensemble.task import get_task
+    from ensemble.task.metrics import scales_note
+    notes = [*data_notes(info, arrays, meta), few_rows_note(meta["sizes"]["val"]),
+             scales_note(get_task(meta["task"]).default_metric(cfg.ensemble.metric), arrays["y_train"],
+                         meta.get("target_names", ()))]
+    return [n for n in notes if n]
+
+
 def made_with(run_dir: RunDirectory) -> tuple[dict, tuple[np.ndarray, np.ndarray]] | None:
     """A resumed run's ``data.json`` and normalisation, before they are written again; None for
     a run that holds neither (it stopped before its data was prepared)."""
@@ -106,15 +121,8 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
     leak = split_leak_note(cfg, rows)
     if leak:
         log.warning(leak)
-    from datafeed.prepare import data_notes
-    from ensemble.results.selection import few_rows_note
-    from ensemble.task import get_task
-    from ensemble.task.metrics import scales_note
-    for note in [*data_notes(info, arrays, meta), few_rows_note(meta["sizes"]["val"]),
-                 scales_note(get_task(meta["task"]).default_metric(cfg.ensemble.metric), arrays["y_train"],
-                             meta.get("target_names", ()))]:
-        if note:
-            log.warning(note)
+    for note in run_notes(cfg, info, arrays, meta):
+        log.warning(note)
     if cfg.data.task == "auto":                 # the task is known now: settings that depend on it
         check_task_settings(cfg, meta["task"], "the labels make this task")
     mode = mode_of(cfg)
@@ -298,11 +306,7 @@ def choose_run_dir(cfg: RunConfig, args: argparse.Namespace) -> tuple[Path, RunL
     a run of this project."""
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.output_dir) / cfg.name
     if args.resume:
-        if not args.run_dir:
-            run_dir = run_to_resume(run_dir)
-        if not RunDirectory(run_dir).has_journal():
-            raise RunDirError(f"--resume: {str(run_dir)!r} holds no journal.jsonl to resume from; "
-                              "start the run without --resume")
+        run_dir = resume_dir(cfg, args.run_dir)
         return run_dir, take_lock(run_dir)
     if args.overwrite and run_dir.exists():
         if not is_run_directory(run_dir):
@@ -327,6 +331,16 @@ def choose_run_dir(cfg: RunConfig, args: argparse.Namespace) -> tuple[Path, RunL
         raise RunDirError(f"{'--run-dir ' if args.run_dir else ''}{str(run_dir)!r} already holds a run; add "
                           "--resume to continue it or --overwrite to replace it")
     return run_dir, lock
+
+
+def resume_dir(cfg: RunConfig, run_dir: str | None) -> Path:
+    """The run ``--resume`` continues: ``run_dir`` (``--run-dir``), else this config's
+    (``run_to_resume``); one without a journal is a ``RunDirError``."""
+    path = Path(run_dir) if run_dir else run_to_resume(Path(cfg.output_dir) / cfg.name)
+    if not RunDirectory(path).has_journal():
+        raise RunDirError(f"--resume: {str(path)!r} holds no journal.jsonl to resume from; "
+                          "start the run without --resume")
+    return path
 
 
 def run_to_resume(base: Path) -> Path:
