@@ -580,6 +580,12 @@ def _table(header: list[str], rows: list[list]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+#: under the validation table: why its figures flatter every row of it
+VALIDATION_CAVEAT = ("The validation rows chose the best member and the ensemble's weights, stopped the members' "
+                     "training early and fitted the ensemble's calibration: their figures are optimistic, most for "
+                     "the ensemble; the test split's are the honest ones.")
+
+
 def _answer(view: RunView) -> str:
     """Ensemble, best member and linear baseline side by side, on test and validation."""
     s = view.summary
@@ -597,6 +603,7 @@ def _answer(view: RunView) -> str:
     for split in ("test", "val"):
         rows = [[name, *(part.get(split, {}).get(k, "") for k in keys)] for name, part in rows_in]
         out.append(f"<h3>{'Test' if split == 'test' else 'Validation'} split</h3>" + _table([""] + keys, rows))
+    out.append(f"<p>{html.escape(VALIDATION_CAVEAT)}</p>")
     if base.get("skipped"):
         out.append(f"<p>Linear baseline skipped: {html.escape(base['skipped'])}</p>")
     return "".join(out)

@@ -3,6 +3,7 @@ page's tables, failures with their text, no external reference, and a plot that 
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import warnings
@@ -116,6 +117,8 @@ def test_regression_report_has_intervals_and_spread_plots(tmp_path):
     assert "could not be drawn" not in page
     assert "The ensemble beats the linear baseline" in page                 # mse 0.91 < 0.95
     assert "on test mse: ensemble 0.9100, baseline 0.9500" in page
+    validation = page.split("<h3>Validation split</h3>")[1]
+    assert validation.index(html.escape(R.VALIDATION_CAVEAT)) < validation.index("<h2>")   # said under its table
 
 
 def test_a_regression_of_several_targets_draws_a_row_per_target(tmp_path):
