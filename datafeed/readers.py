@@ -105,7 +105,7 @@ def read_dataset(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray
         return x, y, info
     fmt = detect_format(data)
     if fmt != "builtin" and not Path(data.source).exists():
-        raise DataError(f"`data.source` file {data.source!r} does not exist")
+        raise DataError(f"`data.source` file {data.source!r} does not exist{unset_note(data.source)}")
     if fmt != "builtin" and Path(data.source).is_file() and Path(data.source).stat().st_size == 0:
         raise DataError(f"`data.source` file {data.source!r} is empty (0 bytes)")
     try:
@@ -118,6 +118,15 @@ def read_dataset(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray
     if len(x) == 0:
         raise DataError(f"`data.source` {data.source!r} holds no samples (0 rows)")
     return x, y, info
+
+
+def unset_note(path: str) -> str:
+    """What a "does not exist" says of a path that still holds ``$NAME`` or ``~`` (the config
+    expands them when set: these were not): "" for any other path."""
+    names = list(dict.fromkeys(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", path)))
+    if names:
+        return f" ({', '.join('$' + n for n in names)} not set here: a path's variables are expanded when set)"
+    return " (`~` is expanded only at the path's start)" if "~" in path else ""
 
 
 def one_line(text: str, limit: int = 200) -> str:

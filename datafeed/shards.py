@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from datafeed.readers import SUFFIXES, DataError, DataSettings, feature_columns, hdf5_values, one_line
+from datafeed.readers import SUFFIXES, DataError, DataSettings, feature_columns, hdf5_values, one_line, unset_note
 
 #: the formats a shard may have (NetCDF-4 files are HDF5 files)
 SHARD_FORMATS = ("npz", "npy", "hdf5", "parquet")
@@ -101,7 +101,7 @@ def list_files(data: DataSettings) -> tuple[list[Path], str]:
             raise DataError(f"`data.source` {src!r} cannot be streamed: streaming reads "
                             f"{', '.join(SHARD_FORMATS)} files; set `data.stream = false`")
         if not Path(src).is_file():
-            raise DataError(f"`data.source` file {src!r} does not exist")
+            raise DataError(f"`data.source` file {src!r} does not exist{unset_note(src)}")
         return [Path(src)], fmt
     if Path(src).is_dir():
         paths = sorted(p for p in Path(src).iterdir() if p.is_file() and p.suffix.lower() in SHARD_SUFFIXES)

@@ -41,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ensemble.results.rundir import RunDirectory
+
 EXIT_USAGE = 2
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
                     "TF_NUM_INTEROP_THREADS")
@@ -75,6 +77,7 @@ class Job:
     master_trains: str = ""         # why the master trains members or not, for the script's comment
     left_out: int = 0               # rank slots (GPUs) launched without a rank, so that runtime.group_size
                                     # divides the workers (``group_fit``)
+    continues: str | None = None    # the run already in run_dir the first job continues (``existing_run``)
 
     @property
     def ranks_per_node(self) -> int:
@@ -371,7 +374,7 @@ def render_job_script(job: Job) -> str:
         *job.setup,
         "# A venv's python needs no activation; activating one would also put its own mpiexec (the",
         "# mpich wheel's) before the site's launcher.",
-        f"PYTHON={q(job.python)}",
+        f"PYTHON=\"{job.python}\"" if "$" in job.python else f"PYTHON={q(job.python)}",
         "# runtime.threads of the config, before Python starts: numpy's thread pool starts while the config is read",
         f"export {threads}",
         "export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1",
@@ -386,7 +389,7 @@ def render_job_script(job: Job) -> str:
         "# The first job starts the run; a later one (submitted again, or the next of a chain) continues it.",
         "RESUME=",
         "WHAT=starting",
-        "if [[ -e \"$RUN_DIR/journal.jsonl\" ]]; then",
+        f"if [[ -e \"$RUN_DIR/{RunDirectory.JOURNAL}\" ]]; then",
         "    RESUME=--resume",
         "    WHAT=continuing",
         "fi",
@@ -518,26 +521,59 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
         raise JobScriptError(f"--cpus-per-rank {cpus} is fewer than the config's `runtime.threads` = {rt.threads}: "
                              "each rank would run more threads than it has cores; raise --cpus-per-rank or lower "
                              "runtime.threads")
-    python = Path(os.path.abspath(cwd / args.python))     # not resolved: a venv's python is a symlink
-    if not python.exists() and os.sep not in args.python and shutil.which(args.python):
-        python = Path(str(shutil.which(args.python)))       # a bare name, as a shell finds it on PATH
-    if not python.exists() and not args.setup:
-        raise JobScriptError(f"--python {args.python!r} does not exist; give the Python the ranks should run (the "
-                             "venv or conda environment built against the cluster's MPI), or the --setup line that "
-                             "makes it in the job (an environment unpacked on node-local storage)")
+    python = job_python(args.python, cwd, bool(args.setup))
     if args.stage_env is not None and (not args.stage_env.strip() or '"' in args.stage_env):
         raise JobScriptError(f"--stage-env {args.stage_env!r} must be a node-local folder without double quotes, "
                              "e.g. '$TMPDIR/env' or /dev/shm/env")
-    run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.output_dir) / cfg.name
+    run_dir = Path(os.path.abspath(cwd / (Path(args.run_dir) if args.run_dir else Path(cfg.output_dir) / cfg.name)))
+    continues = existing_run(cfg, run_dir)
     job = Job(scheduler=args.scheduler, name=re.sub(r"[^A-Za-z0-9._-]", "_", cfg.name),
-               config=str((cwd / args.config).resolve()), run_dir=os.path.abspath(cwd / run_dir),
+               config=str((cwd / args.config).resolve()), run_dir=str(run_dir), continues=continues,
                workdir=str(cwd), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                ranks_per_gpu=rt.ranks_per_gpu, threads=rt.threads, cpus_per_rank=cpus, minutes=minutes,
-               python=str(python), account=args.account, queue=args.queue, setup=tuple(args.setup),
+               python=python, account=args.account, queue=args.queue, setup=tuple(args.setup),
                directives=tuple(args.directive), command=command, stage_env=args.stage_env,
                cpu_ranks_per_node=0 if args.gpus_per_node else args.ranks_per_node,
                master_trains=master_trains_text(cfg, args.gpus_per_node))
     return group_fit(job, rt.group_size)
+
+
+def job_python(given: str, cwd: Path, setup: bool) -> str:
+    """The script's ``PYTHON``: a path, made absolute from here (not resolved: a venv's python is a
+    symlink); a path naming a shell variable (``$CONDA_PREFIX/bin/python``) or, with ``--setup``, a
+    bare name (``python3``) as given, for the job's shell to expand or find on the PATH its setup
+    lines make; a bare name without setup as this shell finds it now."""
+    if "$" in given or (setup and os.sep not in given):
+        if '"' in given or "`" in given:
+            raise JobScriptError(f"--python {given!r}: a path the job's shell expands holds no quotes or backquotes")
+        return given
+    python = Path(os.path.abspath(cwd / given))
+    if not python.exists() and os.sep not in given and shutil.which(given):
+        python = Path(str(shutil.which(given)))             # a bare name, as a shell finds it on PATH
+    if not python.exists() and not setup:
+        raise JobScriptError(f"--python {given!r} does not exist; give the Python the ranks should run (the "
+                             "venv or conda environment built against the cluster's MPI), or the --setup line that "
+                             "makes it in the job (an environment unpacked on node-local storage, a conda "
+                             "environment it activates: then --python '$CONDA_PREFIX/bin/python' or a bare name)")
+    return str(python)
+
+
+def existing_run(cfg, run_dir: Path) -> str | None:
+    """What the job would do with a run already in ``run_dir`` (the script passes --resume when it
+    holds a journal): None when none is there; the note that the first job continues it when it
+    was made with this config's settings; ``JobScriptError`` when it was not (every job of a chain
+    would stop at once after its queue wait, refusing to mix two configs' members)."""
+    from ensemble.orchestrate.prepare import config_differences
+    if not (run_dir / RunDirectory.JOURNAL).exists():
+        return None
+    differ = config_differences(cfg, run_dir)
+    if differ:
+        raise JobScriptError(f"{str(run_dir)!r} already holds a run made with other settings ({differ}): the job "
+                             "would continue it (--resume: the script does so whenever the run directory holds a "
+                             "journal) and stop at once, after its queue wait. Give the new run its own directory "
+                             "(--run-dir, or another `name` in the config), or move the old run away")
+    return (f"{str(run_dir)!r} already holds a run of this config: the first job continues it (--resume); "
+            "give --run-dir another folder to start afresh")
 
 
 def group_fit(job: Job, group: int) -> Job:
@@ -604,6 +640,8 @@ def main(argv: list[str] | None = None) -> int:
     if job.gpus_per_node and args.cpus_per_rank is None and job.cpus_per_rank == 1:
         print("note: each rank is bound to 1 core (the config's runtime.threads = 1); a GPU node has several cores "
               "per GPU (7 on Frontier and Summit, 8 on Polaris and Aurora): --cpus-per-rank gives each rank its share")
+    if job.continues:
+        print(f"note: {job.continues}")
     print(f"check the config first:  python -m ensemble.run {shlex.quote(args.config)} --check")
     if args.chain:
         print(f"submit {args.chain} job(s), each after the one before ends:  bash {shlex.quote(rel[1])}")

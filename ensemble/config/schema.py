@@ -798,6 +798,13 @@ def resolve_dict(raw: dict, *, source: str = "config", saved: bool = False,
         if ev["evaluations"] is None and ev["time_limit"] is None:
             found.add("mode \"evolve\" needs a budget: set `evolve.evaluations` "
                       "and/or `evolve.time_limit` (seconds)", "evolve.evaluations", "evolve.time_limit")
+    rt = cfg["runtime"]
+    if rt["time_limit"] is not None and found.ok("runtime.time_limit", "runtime.finish_reserve") \
+            and rt["time_limit"] <= rt["finish_reserve"]:
+        found.add(f"`runtime.time_limit` = {rt['time_limit']:g} s is not more than `runtime.finish_reserve` = "
+                  f"{rt['finish_reserve']:g} s, the time kept at the end for selection and the outputs: no member "
+                  "could start; raise `runtime.time_limit` or lower `runtime.finish_reserve`",
+                  "runtime.time_limit", "runtime.finish_reserve")
     losses = {a["name"]: a["loss"] or cfg["train"]["loss"] for a in cfg["architectures"]}
     gaussian = [a["name"] for a in cfg["architectures"]
                 if gaussian_head(losses[a["name"]], "regression", bool(a["model"]))]
@@ -1040,6 +1047,8 @@ def load_config(path: str | Path, problems: Problems | None = None) -> RunConfig
     With ``problems`` the settings' problems are gathered there, as ``resolve_config`` does;
     a missing file or invalid TOML raises either way: nothing else can be checked then."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{str(path)!r} is a folder; give the config file (a .toml) in it")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
@@ -1082,11 +1091,15 @@ def _locate(cfg: dict, base: Path, problems: Problems | None = None) -> dict:
     path = Path(base) / "config.toml"
     for key in ("source", "test_source", "val_source", "split_file"):
         src = cfg["data"][key]
+        if src and ("$" in src or src.startswith("~")):      # $SCRATCH/data.h5, ~/data.h5: as a shell would
+            src = cfg["data"][key] = os.path.expanduser(os.path.expandvars(src))
         if src and ("/" in src or "." in src or key != "source" or (path.parent / src).is_dir()) \
                 and not Path(src).is_absolute():               # a folder of shards may have a plain name
             near_config = path.parent / src
-            if near_config.exists() or not Path(src).exists():
-                cfg["data"][key] = str(near_config.resolve())
+            # beside the config; else from the working directory when only there (made absolute, so a
+            # resume or a job started elsewhere reads the same file)
+            cfg["data"][key] = str((near_config if near_config.exists() or not Path(src).exists()
+                                    else Path(src)).resolve())
     found = Problems() if problems is None else problems
     for i, arch in enumerate(cfg["architectures"]):
         where = f"architectures[{i}].model_dir"

@@ -254,17 +254,26 @@ def check_builds(cfg: RunConfig, arrays: dict, meta: dict) -> None:
 RESULT_SETTINGS = ("mode", "seed", "data", "train", "architectures", "evolve", "search", "pbt", "ensemble")
 
 
-def check_same_run(cfg: RunConfig, run_dir: RunDirectory | Path) -> None:
-    """--resume must not mix members of two different configs in one run."""
+def config_differences(cfg: RunConfig, run_dir: RunDirectory | Path) -> str | None:
+    """The settings of ``cfg`` that change a result and differ from the run's saved config.toml,
+    each with both values (at most 8 shown); None when none differs or the run saved none."""
     run_dir = RunDirectory(run_dir) if not isinstance(run_dir, RunDirectory) else run_dir
     saved_path = run_dir / run_dir.CONFIG
     if not saved_path.exists():
-        return
+        return None
     saved, given = read_saved_config(saved_path).to_dict(), cfg.to_dict()
     changed = [line for key in RESULT_SETTINGS
                for line in _differences(key, _comparable(key, saved[key]), _comparable(key, given[key]))]
-    if changed:
-        shown = "; ".join(changed[:8]) + (f"; and {len(changed) - 8} more" if len(changed) > 8 else "")
+    if not changed:
+        return None
+    return "; ".join(changed[:8]) + (f"; and {len(changed) - 8} more" if len(changed) > 8 else "")
+
+
+def check_same_run(cfg: RunConfig, run_dir: RunDirectory | Path) -> None:
+    """--resume must not mix members of two different configs in one run."""
+    run_dir = RunDirectory(run_dir) if not isinstance(run_dir, RunDirectory) else run_dir
+    shown = config_differences(cfg, run_dir)
+    if shown:
         raise ConfigError(f"--resume: the config differs from the run's saved config.toml in {str(run_dir.path)!r}: "
                           f"{shown}. Resume with the config the run started with (only [runtime] settings may "
                           "change; its config.toml is a copy), or start a new run without --resume")

@@ -131,6 +131,8 @@ def test_builtin_and_missing_file(tmp_path):
     assert x.shape == (1797, 64) and len(info["class_names"]) == 10
     with pytest.raises(DataError, match="does not exist"):
         read_dataset(data_cfg(source=str(tmp_path / "none.npz")))
+    with pytest.raises(DataError, match=r"\$NO_SUCH_VARIABLE not set here"):     # the config expands a set one
+        read_dataset(data_cfg(source=str(tmp_path / "$NO_SUCH_VARIABLE" / "d.npz")))
     with pytest.raises(DataError, match="`data.source`.*known suffix"):
         read_dataset(data_cfg(source=str(tmp_path / "data.weird")))
 

@@ -52,6 +52,7 @@ def bad(**patch):
     (bad(ensemble__k=0), ["`ensemble.k`"]),
     (bad(ensemble__metric="mse", data__task="classification"), ["`ensemble.metric`", "classification"]),
     (bad(runtime__threads=0), ["`runtime.threads`"]),
+    (bad(runtime__time_limit=10), ["`runtime.time_limit` = 10 s", "`runtime.finish_reserve` = 30 s"]),  # none starts
     (bad(mode="evolve", evolve__evaluations=None), ["`evolve.evaluations`", "`evolve.time_limit`"]),
     (bad(data="digits"), ["`data`", "table"]),
 ])
@@ -115,6 +116,23 @@ def test_relative_data_path_resolves_against_config_dir(tmp_path):
     cfg = load_config(path)
     assert cfg.data.source == str((tmp_path / "d.npz").resolve())
     assert cfg.name == "c"
+
+
+def test_a_data_path_with_variables_or_only_from_the_working_directory(tmp_path, monkeypatch):
+    """`$SCRATCH/d.npz` was read as '<config folder>/$SCRATCH/d.npz'; a path found only from the
+    working directory stayed relative, so a job or a resume started elsewhere read another file."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "d.npz").write_bytes(b"")
+    (tmp_path / "configs").mkdir()
+    path = tmp_path / "configs" / "c.toml"
+    path.write_text('[data]\nsource = "$SCRATCH/d.npz"\n[[architectures]]\nlayers = [{type = "Dense", units = 4}]\n')
+    monkeypatch.setenv("SCRATCH", str(tmp_path / "data"))
+    assert load_config(path).data.source == str(tmp_path / "data" / "d.npz")
+    path.write_text(path.read_text().replace("$SCRATCH", "data"))
+    monkeypatch.chdir(tmp_path)
+    assert load_config(path).data.source == str((tmp_path / "data" / "d.npz").resolve())
+    with pytest.raises(ConfigError, match="is a folder; give the config file"):
+        load_config(tmp_path / "configs")
 
 
 def test_shipped_configs_are_valid():

@@ -192,6 +192,39 @@ def test_a_bare_python_name_is_found_on_path_as_a_shell_finds_it(tmp_path, monke
     assert code == 0 and f"PYTHON={shutil.which('python3')}" in (here / "tiny.slurm.sh").read_text()
 
 
+def test_a_python_the_setup_lines_make_is_left_for_the_jobs_shell(tmp_path, monkeypatch):
+    """'$CONDA_PREFIX/bin/python' became '<here>/$CONDA_PREFIX/bin/python', single-quoted (never
+    found), and a bare name the login shell's python, not the environment --setup activates."""
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4",
+                          "--setup", "conda activate /lus/proj/env", "--python", "$CONDA_PREFIX/bin/python")
+    assert code == 0 and 'PYTHON="$CONDA_PREFIX/bin/python"\n' in (here / "tiny.slurm.sh").read_text()
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4",
+                          "--setup", "conda activate /lus/proj/env", "--python", "python3")
+    assert code == 0 and "PYTHON=python3\n" in (here / "tiny.slurm.sh").read_text()
+
+
+def test_a_run_already_in_the_run_directory_is_checked_now(tmp_path, monkeypatch, capsys):
+    """A test run left in runs/tiny: the script resumed it, and with the members raised every job
+    of a chain stopped after its queue wait ("the config differs"), unwarned."""
+    from ensemble.config import dump_toml, load_config
+    cfg = write_config(tmp_path)
+    run = tmp_path / "runs" / "tiny"
+    run.mkdir(parents=True)
+    (run / "journal.jsonl").write_text("")
+    (run / "config.toml").write_text(dump_toml(load_config(cfg).to_dict()))
+    code, _ = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4")
+    out = capsys.readouterr().out
+    assert code == 0 and "already holds a run of this config: the first job continues it (--resume)" in out
+    text = cfg.read_text().replace("members = 4", "members = 400")
+    (run / "config.toml").write_text(dump_toml(load_config(cfg).to_dict()))     # the run of 4 members
+    cfg.write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "write_config", lambda folder, runtime="": cfg)
+    code, _ = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4")
+    err = capsys.readouterr().err
+    assert code == 2 and "already holds a run made with other settings" in err and "members" in err
+    assert "--run-dir" in err
+
+
 def test_a_python_the_job_makes_itself_need_not_exist_yet(tmp_path, monkeypatch):
     code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4",
                           "--python", "/tmp/env/bin/python",
