@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stop-quantile", type=_share,
                    help="override runtime.stop_quantile, in [0, 1] (0: the slowest seen)")
     p.add_argument("--time-limit", type=_positive(float), help="override runtime.time_limit, seconds")
-    p.add_argument("--arch-costs", type=float, nargs="+", default=[1.0],
+    p.add_argument("--arch-costs", type=_positive(float), nargs="+",
                    help="--engine fast: members dealt round-robin over architectures whose median seconds are "
                         "--seconds times these (default: one architecture)")
     p.add_argument("--tail", choices=("none", "helpers"), default=None,
@@ -70,13 +70,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "straggler as data-parallel helpers, as the runtime does (`runtime.tail_helpers`); default: "
                         "what the config's `runtime.tail_helpers` gives at each worker count (\"auto\": helpers "
                         "from 32 workers)")
-    p.add_argument("--seed", type=int, default=0, help="--engine fast: the seed of the members' durations")
-    p.add_argument("--sub-masters", default="1",
+    p.add_argument("--seed", type=int, help="--engine fast: the seed of the members' durations (default 0)")
+    p.add_argument("--sub-masters", type=_auto_or(0),
                    help="--engine fast: a master hierarchy whose sub-masters each run their own static share of "
                         "the members with its bookkeeping, as the runtime's `runtime.sub_masters` does in mode "
                         'ensemble (docs/scale.md): "auto" (the runtime\'s own choice: as many as keep '
                         'each under 50%% busy, 0 below 64 workers each) or a number; 0 or 1: one master')
-    p.add_argument("--specs-in-hand", help='override runtime.specs_in_hand ("auto" or a number)')
+    p.add_argument("--specs-in-hand", type=_auto_or(1), help='override runtime.specs_in_hand ("auto" or a number)')
     p.add_argument("--run-dir", help="keep the simulated journal here (default: a temporary directory)")
     p.add_argument("--json", action="store_true", help="print each row's full statistics as a JSON line")
     return p.parse_args(argv)
@@ -94,6 +94,26 @@ def _positive(kind, zero: bool = False):
         return value
     parse.__name__ = kind.__name__
     return parse
+
+
+def _auto_or(least: int):
+    """An argparse type: "auto", or a whole number of at least ``least``, else a usage error."""
+    def parse(text: str):
+        if text == "auto":
+            return text
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f'expected "auto" or a whole number, got {text!r}') from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f'must be "auto" or at least {least}, got {text}')
+        return value
+    parse.__name__ = "auto_or_int"
+    return parse
+
+
+#: options only ``--engine fast`` reads (the session engine runs the config's own runtime settings)
+FAST_ONLY = {"arch_costs": "--arch-costs", "tail": "--tail", "seed": "--seed", "sub_masters": "--sub-masters"}
 
 
 def _share(text: str) -> float:
@@ -146,10 +166,13 @@ def assumptions(cfg, args) -> str:
                if group > 1 else "")
     from ensemble.modes import mode_of
     counts = sorted(getattr(args, "workers", None) or [])
-    tail = [w for w in counts if mode_of(cfg).tail_helpers(cfg, w)]
+    given = getattr(args, "tail", None)
+    tail = [w for w in counts if (given == "helpers" if given else mode_of(cfg).tail_helpers(cfg, w))]
     helpers = (f"; at the end, idle workers join the last members as helpers (`runtime.tail_helpers` "
                f"{cfg.runtime.tail_helpers!r}: at {', '.join(map(str, tail))} workers), which may end a run "
                "sooner than its longest member" if tail else "")
+    if getattr(args, "replay", None) and getattr(args, "engine", "session") == "fast":
+        members += " (in the journal's order; members beyond it drawn from `[rehearsal]`)"
     return (f"assumed: {members}; master cost: {cost}; message latency {args.latency * 1e3:g} ms one way "
             f"(--latency){workers}{helpers}")
 
@@ -168,18 +191,28 @@ def fast_rows(cfg, args) -> int:
     cost = cost_model(args.master_cost, cfg.mode)
     if cost is None:
         raise SystemExit("--engine fast models the master: give --master-cost model or RESULT_US,DISPATCH_US")
+    arch_costs, seed, sub_masters = args.arch_costs or [1.0], args.seed or 0, args.sub_masters or 1
+    replayed = None
+    if args.replay:
+        from ensemble.train.rehearsal import replay_durations
+        try:
+            replayed = np.array(list(replay_durations(args.replay).values()), dtype=np.float64)
+        except ValueError as exc:
+            raise SystemExit(f"--replay: {exc}") from None
     if not args.json:
         print(assumptions(cfg, args))
         print(f"{'workers':>8} {'members':>9} {'utilisation':>12} {'master busy':>12} {'members/s':>10} "
               f"{'simulated':>10} {'real s':>8}")
     for workers in args.workers:
-        members = args.members or (round(args.per_worker * workers) if args.per_worker else None) \
+        members = args.members or (max(1, round(args.per_worker * workers)) if args.per_worker else None) \
             or mode_of(cfg).expected_members(cfg, workers) or workers    # the config's own count
         members = max(1, members)
         durations, arch = fastsim.lognormal_durations(members, cfg.rehearsal.seconds, cfg.rehearsal.spread,
-                                                      args.seed, tuple(args.arch_costs))
-        if rt.order == "cost" and len(args.arch_costs) > 1:
-            rank = -np.asarray(args.arch_costs)[arch]      # the architectures' measured means, longest first
+                                                      seed, tuple(arch_costs))
+        if replayed is not None:                  # as the session engine: by the journal's members, then drawn
+            durations[:len(replayed)] = replayed[:members]
+        elif rt.order == "cost" and len(arch_costs) > 1:
+            rank = -np.asarray(arch_costs)[arch]           # the architectures' measured means, longest first
             durations = durations[np.argsort(rank, kind="stable")]
         hand = None if rt.specs_in_hand == "auto" else int(rt.specs_in_hand)
         helpers = mode_of(cfg).tail_helpers(cfg, workers)
@@ -189,7 +222,7 @@ def fast_rows(cfg, args) -> int:
                                     time_limit=None if rt.time_limit is None else rt.time_limit - rt.finish_reserve,
                                     stop_quantile=rt.stop_quantile)
         subs = (fastsim.hierarchy_shape(workers, float(np.mean(durations)), cost, scenario.message_seconds)
-                if args.sub_masters == "auto" else int(args.sub_masters))     # the runtime's own choice
+                if sub_masters == "auto" else min(int(sub_masters), workers))    # the runtime's own choice
         t0 = time.perf_counter()
         stats = fastsim.run_hierarchy(scenario, durations, subs)
         stats.update(real_seconds=round(time.perf_counter() - t0, 2), mode=cfg.mode, order=rt.order, tail=tail,
@@ -226,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.stop_quantile is not None:
         cfg = cfg.replace(runtime=cfg.runtime.replace(stop_quantile=args.stop_quantile or None))
     if args.time_limit is not None:
+        if args.time_limit <= cfg.runtime.finish_reserve:
+            print(f"error: --time-limit {args.time_limit:g} is not more than the config's `runtime.finish_reserve` = "
+                  f"{cfg.runtime.finish_reserve:g} s, kept at the end for the outputs: no member could start",
+                  file=sys.stderr)
+            return 2
         cfg = cfg.replace(runtime=cfg.runtime.replace(time_limit=args.time_limit))
     if args.replay and not Path(args.replay).exists():
         print(f"error: --replay {args.replay!r} does not exist; give a run's journal.jsonl or its directory",
@@ -237,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.engine == "fast":
         return fast_rows(cfg, args)
+    given = [flag for key, flag in FAST_ONLY.items() if getattr(args, key) is not None]
+    if given:
+        print(f"error: {', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --engine fast only: the session "
+              "engine runs the config's own master and settings (`runtime.tail_helpers`, `runtime.sub_masters`, "
+              "its architectures); add --engine fast, or set them in the config", file=sys.stderr)
+        return 2
     from datafeed.prepare import prepare_with_rows
     from datafeed.splits import read_data
     from ensemble.modes import mode_of

@@ -232,7 +232,7 @@ def run(s: Scenario, durations: np.ndarray) -> dict:
     span = max(last - first, 1e-9)
     return {"workers": workers, "members": done, "in_hand": k, "utilisation": round(useful / (workers * span), 4),
             "lost_to_deadline": round(lost / (workers * span), 4), "simulated_seconds": round(last, 3),
-            "master_busy_share": round(done * (c_res + c_disp) / span, 4),
+            "master_busy_share": round(min(1.0, done * (c_res + c_disp) / span), 4),    # span: from the first result
             "members_per_second": round(done / span, 2), "handed_out": nxt}
 
 
@@ -266,7 +266,8 @@ def _run_one_in_hand(workers: int, durations: np.ndarray, c_res: float, c_disp: 
     span = max(m - first, 1e-9)
     return {"workers": workers, "members": n, "in_hand": 1, "utilisation": round(useful / (workers * span), 4),
             "lost_to_deadline": 0.0, "simulated_seconds": round(m, 3),
-            "master_busy_share": round(n * (c_res + c_disp) / span, 4), "members_per_second": round(n / span, 2),
+            "master_busy_share": round(min(1.0, n * (c_res + c_disp) / span), 4),
+            "members_per_second": round(n / span, 2),
             "handed_out": n}
 
 

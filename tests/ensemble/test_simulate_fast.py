@@ -108,3 +108,43 @@ def test_the_one_in_hand_fast_path_equals_the_general_loop():
     fast = fastsim.run(fastsim.Scenario(300, COST, in_hand=1), d)
     general = fastsim.run(fastsim.Scenario(300, COST, in_hand=1, time_limit=1e12), d)   # a deadline never met
     assert {k: v for k, v in fast.items()} == {k: v for k, v in general.items()}
+
+
+def test_the_fast_engine_replays_a_journal_as_the_session_engine_does(tmp_path, capsys):
+    """--engine fast --replay said "members replayed" and drew the config's log-normal durations."""
+    from ensemble.simulate import main
+    journal = tmp_path / "journal.jsonl"
+    journal.write_text("".join(json.dumps({"id": f"m-{i:03d}", "train_seconds": 0.1}) + "\n" for i in range(8)))
+    common = ["configs/digits.toml", "--workers", "4", "--members", "8", "--seconds", "60", "--replay", str(journal),
+              "--json"]
+    assert main([*common, "--engine", "fast"]) == 0
+    fast = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert fast["members"] == 8 and fast["simulated_seconds"] < 1.0        # 2 rounds of 0.1 s, not of 60 s
+    assert main([*common, "--members", "12", "--engine", "fast"]) == 0     # beyond the journal: drawn (60 s)
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["simulated_seconds"] > 30
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--tail", "none"], "--tail applies to --engine fast only"),                 # the session engine ignored it
+    (["--sub-masters", "4", "--seed", "5"], "--seed, --sub-masters apply to --engine fast only"),
+    (["--time-limit", "10"], "not more than the config's `runtime.finish_reserve`"),
+])
+def test_options_the_session_engine_would_ignore_are_refused(capsys, args, said):
+    from ensemble.simulate import main
+    assert main(["configs/digits.toml", "--workers", "10", *args]) == 2
+    assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["--engine", "fast", "--sub-masters", "foo"], ["--specs-in-hand", "0"],
+                                  ["--engine", "fast", "--arch-costs", "-1", "2"]])
+def test_bad_simulate_numbers_are_usage_errors_not_tracebacks(capsys, args):
+    from ensemble.simulate import main
+    with pytest.raises(SystemExit) as info:
+        main(["configs/digits.toml", "--workers", "10", *args])
+    assert info.value.code == 2 and "error: argument" in capsys.readouterr().err
+
+
+def test_the_masters_busy_share_never_passes_one():
+    d = np.full(50, 1e-4)                                  # members shorter than the master's work on them
+    r = fastsim.run(fastsim.Scenario(10, MasterCost(1e-3, 1e-3), message_seconds=0.0), d)
+    assert 0.9 < r["master_busy_share"] <= 1.0
