@@ -580,7 +580,8 @@ def group_fit(job: Job, group: int) -> Job:
     """``runtime.group_size`` > 1: the master trains nothing, and the workers (every rank but it) form
     groups of ``group``; one rank per GPU leaves N x G - 1 workers, which an even group never divides,
     so the launch leaves the last node's (N x G - 1) mod group slots empty (their GPUs idle, with the
-    master's: one group's worth)."""
+    master's: one group's worth). The run cuts the groups inside a node where they fit
+    (``runtime.hierarchy.node_groups``): every group but the one of the master's node's workers."""
     if group <= 1:
         return job
     if job.slots - 1 < group:
@@ -590,8 +591,11 @@ def group_fit(job: Job, group: int) -> Job:
     spare = (job.slots - 1) % group
     if spare and job.ranks_per_gpu > 1 and job.gpus_per_node:
         raise JobScriptError(f"`runtime.group_size` = {group} must divide the {job.slots - 1} worker ranks "
-                             f"({job.slots} ranks less the master) with `runtime.ranks_per_gpu` = {job.ranks_per_gpu}; "
-                             "choose --nodes and --gpus-per-node so that it does, or another group_size")
+                             f"({job.slots} ranks less the master) with `runtime.ranks_per_gpu` = {job.ranks_per_gpu}"
+                             + ("; the ranks are even, so the workers are odd and no even group_size divides them: "
+                                "an odd group_size, or `runtime.ranks_per_gpu` = 1 (slots are then left empty)"
+                                if job.slots % 2 == 0 and group % 2 == 0 else
+                                "; choose --nodes and --gpus-per-node so that it does, or another group_size"))
     return replace(job, left_out=spare)
 
 

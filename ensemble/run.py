@@ -164,7 +164,7 @@ def _run(comm, cfg, args, argv, status, held: list, made, stamps, job_started, m
         mpi.polite_barrier(comm, max_sleep)
         data.free()
         return code
-    group, leaders = mpi.split_groups(comm, group_size)
+    group, leaders = mpi.split_groups(comm, group_size, data.node_comm)     # groups inside a node where they fit
     if rank == 0:
         code = run_master_side(comm, cfg, meta, data, run_dir, args.resume, leaders, job_started, command,
                                master_trains)

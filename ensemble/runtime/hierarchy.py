@@ -331,3 +331,26 @@ class ShareCoordinator:
         shares = [self.closed[rank] for rank in self.subs]
         return {"results": sum(s["results"] for s in shares), "master_wall_seconds": round(clock() - wall0, 4),
                 "master_cpu_seconds": round(cpu, 4), "master_busy_seconds": round(cpu, 4), "shares": shares}
+
+
+def node_groups(nodes: list[int], group_size: int) -> list[list[int]]:
+    """The worker ranks (1..P-1) cut into member groups of ``group_size``, each inside one node
+    where it can be (``nodes[r]``: rank r's node): every node's workers make whole groups first,
+    in rank order; the rest (the master's node is one worker short of a whole node, and a job
+    may leave slots empty) are grouped across nodes, node by node. Contiguous ranks otherwise:
+    with every rank on one node, groups are 1..g, g+1..2g, ... A gradient allreduce inside a
+    node runs over its GPUs' links, across nodes over the network (a job of 3 nodes of 8 GPUs
+    with groups of 8, block placement: both groups spanned two nodes; now one)."""
+    workers = list(range(1, len(nodes)))
+    if group_size < 1 or len(workers) % group_size:
+        raise ValueError(f"`runtime.group_size` = {group_size} must divide the {len(workers)} worker ranks")
+    on: dict[int, list[int]] = {}
+    for r in workers:
+        on.setdefault(nodes[r], []).append(r)
+    whole, rest = [], []
+    for ranks in on.values():
+        cut = len(ranks) - len(ranks) % group_size
+        whole += [ranks[a:a + group_size] for a in range(0, cut, group_size)]
+        rest += ranks[cut:]
+    groups = whole + [rest[a:a + group_size] for a in range(0, len(rest), group_size)]
+    return sorted(groups, key=lambda g: g[0])

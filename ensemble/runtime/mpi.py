@@ -321,15 +321,19 @@ def split_node(comm=world):
     return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
 
 
-def split_groups(comm, group_size: int):
-    """Cut the worker ranks (1..P-1) into member groups of ``group_size`` contiguous ranks.
+def split_groups(comm, group_size: int, node=None):
+    """Cut the worker ranks (1..P-1) into member groups of ``group_size`` (``node_groups``: inside
+    a node where they can be, by ``node``, the communicator of this rank's node; None: contiguous
+    ranks).
 
     Returns (group communicator or None on the master, world ranks of the group leaders).
     Every rank must call it; ``group_size`` must divide the number of workers.
     """
     size, rank = comm.Get_size(), comm.Get_rank()
-    workers = size - 1
-    leaders = [1 + g * group_size for g in range(workers // group_size)] if workers else []
-    color = MPI.UNDEFINED if rank == 0 else (rank - 1) // group_size
+    nodes = comm.allgather(node.allreduce(rank, op=MPI.MIN)) if node is not None else [0] * size
+    from ensemble.runtime.hierarchy import node_groups
+    groups = node_groups(nodes, group_size) if size > 1 else []
+    leaders = [g[0] for g in groups]
+    color = next((i for i, g in enumerate(groups) if rank in g), MPI.UNDEFINED)
     group = comm.Split(color, key=rank)
     return (None if group == MPI.COMM_NULL else group), leaders

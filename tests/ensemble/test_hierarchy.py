@@ -13,7 +13,7 @@ from ensemble.orchestrate.fastsim import MIN_SHARE, hierarchy_shape, sub_masters
 from ensemble.orchestrate.prepare import check_world
 from ensemble.orchestrate.simulate import master_cost
 from ensemble.orchestrate.submasters import check_hierarchy, choose, measured_seconds
-from ensemble.runtime.hierarchy import Layout, share_leaders
+from ensemble.runtime.hierarchy import Layout, node_groups, share_leaders
 
 ARCHS = [{"name": "a", "members": 4, "layers": [{"type": "Dense", "units": 4}]}]
 
@@ -115,3 +115,19 @@ def test_a_group_size_with_no_workers_or_workers_it_does_not_divide_names_the_ra
     with pytest.raises(ConfigError, match=r"must divide the 3 worker ranks .* but got 2; e.g. -n 3"):
         check_world(cfg_with(group_size=2), 3)
     check_world(cfg_with(group_size=2), 4)
+
+
+@pytest.mark.parametrize("nodes, group, groups", [
+    ([0] * 9, 4, [[1, 2, 3, 4], [5, 6, 7, 8]]),                              # one node: contiguous, as before
+    ([0] * 8 + [1] * 8 + [2], 8, [[1, 2, 3, 4, 5, 6, 7, 16], [8, 9, 10, 11, 12, 13, 14, 15]]),
+    ([0] * 4 + [1] * 4 + [2] * 4 + [3], 4, [[1, 2, 3, 12], [4, 5, 6, 7], [8, 9, 10, 11]]),
+    ([0, 0, 1, 1, 0, 1, 1], 2, [[1, 4], [2, 3], [5, 6]]),                    # ranks dealt round-robin
+])
+def test_member_groups_stay_inside_a_node_where_they_fit(nodes, group, groups):
+    """3 nodes of 8 GPUs, groups of 8, block placement (17 ranks): ranks 1-8 and 9-16 made both
+    groups span two nodes, every gradient allreduce crossing the network."""
+    got = node_groups(nodes, group)
+    assert got == groups
+    assert sorted(r for g in got for r in g) == list(range(1, len(nodes)))
+    with pytest.raises(ValueError, match="must divide the 6 worker ranks"):
+        node_groups([0] * 7, 4)

@@ -1,6 +1,6 @@
 """Run the MPI executor with trainers that need no TensorFlow (for tests/mpi/test_executor_mpi.py).
 
-    mpiexec -n P python tests/mpi/executor_prog.py OUT.json [GROUP_SIZE]
+    mpiexec -n P python tests/mpi/executor_prog.py OUT.json [GROUP_SIZE [PRETEND_NODES]]
 
 Rank 0 dispatches 6 specs over the workers (or groups), two in hand per worker; each trainer reports 4 epochs,
 and the master stops "m1" at epoch 2 and sets a new learning rate for "m2" at epoch 1.
@@ -38,7 +38,11 @@ def main() -> None:
     mpi.abort_on_exception()
     comm = mpi.world
     rank = comm.Get_rank()
-    group, leaders = mpi.split_groups(comm, group_size)
+    node = None
+    if len(sys.argv) > 3:                       # groups cut inside (pretend) nodes, as ensemble.run cuts them
+        from datafeed.distribute import nodes_of
+        node, node_leaders = nodes_of(comm, int(sys.argv[3]))
+    group, leaders = mpi.split_groups(comm, group_size, node)
     seen: list[dict] = []
 
     def train(spec, report):
@@ -60,7 +64,7 @@ def main() -> None:
         payload = {"results": [r.to_json() for r in results]}
     else:
         serve(comm, OneByOne(train), 0.01, group)
-        payload = {"seen": seen}
+        payload = {"seen": seen, "group": group.allgather(rank) if group is not None else [rank]}
     everything = comm.gather(payload, root=0)
     if rank == 0:
         out.write_text(json.dumps(everything))
