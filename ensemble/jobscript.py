@@ -30,6 +30,7 @@ talks to a scheduler.
 from __future__ import annotations
 
 import argparse
+import glob
 import math
 import os
 import re
@@ -448,7 +449,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ranks-per-node", type=int, metavar="R",
                    help="CPU-only nodes (--gpus-per-node 0): ranks on each node, e.g. cores per node / "
                         "runtime.threads")
-    p.add_argument("--hours", type=float, default=2.0, help="the job's time limit (default 2; whole minutes)")
+    p.add_argument("--hours", type=hours, default=2.0,
+                   help="the job's time limit: hours (default 2; whole minutes), or H:MM[:SS] or D-HH:MM:SS as "
+                        "schedulers write it")
     p.add_argument("--cpus-per-rank", type=int,
                    help="cores each rank is bound to (default: the config's runtime.threads); cores per node / "
                         "ranks per node uses them all, e.g. 7 on Frontier and Summit, 8 on Polaris and Aurora")
@@ -470,6 +473,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--python", default=sys.executable,
                    help="the Python that runs the ranks (default: this one, e.g. the venv's)")
     return p.parse_args(argv)
+
+
+def hours(text: str) -> float:
+    """``--hours``: a number of hours, or a scheduler's walltime (H:MM, H:MM:SS, D-HH:MM:SS)."""
+    m = re.fullmatch(r"\s*(?:(\d+)-)?(\d+):(\d{1,2})(?::(\d{1,2}))?\s*", text)
+    if m:
+        days, h, mins, secs = (int(g or 0) for g in m.groups())
+        return days * 24 + h + mins / 60 + secs / 3600
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected hours (1.5) or a walltime (1:30:00, 1-00:00:00), got {text!r}") \
+            from None
+
+
+def missing_data(cfg) -> str | None:
+    """The first data path of ``cfg`` that is not there (the job would fail on it after its queue
+    wait), said with its setting; None when every one is (or the run writes its source itself)."""
+    from datafeed.readers import BUILTINS, unset_note
+    from datafeed.shards import is_many
+    from ensemble.modes import mode_of
+    for key in ("source", "test_source", "val_source", "split_file"):
+        src = getattr(cfg.data, key)
+        if not src or src in BUILTINS or (key == "source" and mode_of(cfg).writes_source):
+            continue
+        there = bool(glob.glob(src)) if is_many(src) and not Path(src).is_dir() else Path(src).exists()
+        if not there:
+            return f"`data.{key}` {src!r} does not exist{unset_note(src)}"
+    return None
 
 
 def master_trains_text(cfg, gpus_per_node: int) -> str:
@@ -515,6 +547,10 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
         cfg = load_config(args.config)
     except ConfigError as exc:
         raise JobScriptError(f"config error in {args.config}: {exc}") from None
+    missing = missing_data(cfg)
+    if missing:
+        raise JobScriptError(f"{missing}: the job would fail on it after its queue wait; give the path the compute "
+                             "nodes read (the same file systems as here), or make the data first")
     rt = cfg.runtime
     cpus = args.cpus_per_rank or rt.threads
     if cpus < rt.threads:
@@ -644,6 +680,8 @@ def main(argv: list[str] | None = None) -> int:
     if job.gpus_per_node and args.cpus_per_rank is None and job.cpus_per_rank == 1:
         print("note: each rank is bound to 1 core (the config's runtime.threads = 1); a GPU node has several cores "
               "per GPU (7 on Frontier and Summit, 8 on Polaris and Aurora): --cpus-per-rank gives each rank its share")
+    if args.hours > 48:
+        print(f"note: --hours {args.hours:g} asks for {job.walltime} (hours, not minutes)")
     if job.continues:
         print(f"note: {job.continues}")
     print(f"check the config first:  python -m ensemble.run {shlex.quote(args.config)} --check")

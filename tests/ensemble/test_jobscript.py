@@ -252,13 +252,34 @@ def test_a_name_is_made_safe_for_directives_and_file_names(tmp_path, monkeypatch
     (["--hours", "0.001"], "--hours must give the job at least a minute, but got 0.001"),
     (["--cpus-per-rank", "1"], "--cpus-per-rank 1 is fewer than the config's `runtime.threads` = 2"),
     (["--python", "no/such/python"], "--python 'no/such/python' does not exist"),
+    (["--hours", "2h"], "expected hours (1.5) or a walltime (1:30:00, 1-00:00:00), got '2h'"),
 ])
 def test_bad_requests_fail_before_anything_is_written(args, message, tmp_path, monkeypatch, capsys):
     base = {"--nodes": "2", "--gpus-per-node": "4"}
     base.update(dict(zip(args[::2], args[1::2])))
-    code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", *[x for kv in base.items() for x in kv],
-                          runtime="threads = 2\n")
+    try:
+        code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", *[x for kv in base.items() for x in kv],
+                              runtime="threads = 2\n")
+    except SystemExit as exc:                 # argparse's usage error
+        code, here = exc.code, tmp_path
     assert code == jobscript.EXIT_USAGE and message in capsys.readouterr().err
+    assert not list(here.glob("*.sh"))
+
+
+@pytest.mark.parametrize("given, walltime", [("1.5", "1:30:00"), ("2:00:00", "2:00:00"), ("0:45", "0:45:00"),
+                                             ("1-00:00:00", "24:00:00")])
+def test_hours_take_a_schedulers_walltime_too(tmp_path, monkeypatch, given, walltime):
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4",
+                          "--hours", given)
+    assert code == 0 and f"#SBATCH --time={walltime}" in (here / "tiny.slurm.sh").read_text()
+
+
+def test_missing_data_is_said_now_not_after_the_queue_wait(tmp_path, monkeypatch, capsys):
+    cfg = write_config(tmp_path)
+    cfg.write_text(cfg.read_text().replace('source = "iris"', 'source = "/lus/project/data/train.h5"'))
+    monkeypatch.setattr(sys.modules[__name__], "write_config", lambda folder, runtime="": cfg)
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4")
+    assert code == 2 and "`data.source` '/lus/project/data/train.h5' does not exist" in capsys.readouterr().err
     assert not list(here.glob("*.sh"))
 
 
