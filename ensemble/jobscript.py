@@ -45,6 +45,8 @@ from pathlib import Path
 from ensemble.results.rundir import RunDirectory
 
 EXIT_USAGE = 2
+#: the cores for applications per GPU on the machines docs/hpc.md lists
+CORES_PER_GPU = "7 on Frontier and Summit, 8 on Polaris, about 16 on Aurora, 32 on Perlmutter (hardware threads)"
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
                     "TF_NUM_INTEROP_THREADS")
 
@@ -454,7 +456,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "schedulers write it")
     p.add_argument("--cpus-per-rank", type=int,
                    help="cores each rank is bound to (default: the config's runtime.threads); cores per node / "
-                        "ranks per node uses them all, e.g. 7 on Frontier and Summit, 8 on Polaris and Aurora")
+                        f"ranks per node uses them all, e.g. {CORES_PER_GPU}")
     p.add_argument("--chain", type=int, metavar="K",
                    help="also write <script>.submit.sh, which submits the script K times, each after the one "
                         "before ends (for runs longer than one job's time limit)")
@@ -679,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{job.ranks} ranks, {job.walltime} each job, run directory {job.run_dir}")
     if job.gpus_per_node and args.cpus_per_rank is None and job.cpus_per_rank == 1:
         print("note: each rank is bound to 1 core (the config's runtime.threads = 1); a GPU node has several cores "
-              "per GPU (7 on Frontier and Summit, 8 on Polaris and Aurora): --cpus-per-rank gives each rank its share")
+              f"per GPU ({CORES_PER_GPU}): --cpus-per-rank gives each rank its share")
     if args.hours > 48:
         print(f"note: --hours {args.hours:g} asks for {job.walltime} (hours, not minutes)")
     if job.continues:

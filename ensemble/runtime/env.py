@@ -8,7 +8,7 @@ or see the devices, so these run first in every entry point (``ensemble.run``,
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -106,6 +106,8 @@ DEVICE_VARIABLES = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVIC
 #: narrowed in its own terms when that is the one given
 PRESET_VARIABLES = (("CUDA_VISIBLE_DEVICES", "nvidia"), ("ROCR_VISIBLE_DEVICES", "amd"),
                     ("HIP_VISIBLE_DEVICES", "amd"), ("ZE_AFFINITY_MASK", "intel"))
+#: Level Zero's choice of what a device is: FLAT (each tile) or COMPOSITE (each card)
+FLAT_VARIABLE = "ZE_FLAT_DEVICE_HIERARCHY"
 #: the node-local rank as each launcher states it, to cross-check MPI's
 LAUNCHER_LOCAL_RANK = (("SLURM_LOCALID", "Slurm srun"), ("PALS_LOCAL_RANKID", "PALS mpiexec (PBS)"),
                        ("OMPI_COMM_WORLD_LOCAL_RANK", "Open MPI"), ("MPI_LOCALRANKID", "MPICH Hydra"),
@@ -210,6 +212,14 @@ def bind_gpu(local_rank: int, ranks_per_gpu: int = 1, environ=None, root: str | 
     binding = choose_binding(local_rank, environ, count_gpus(root), ranks_per_gpu)
     if binding is not None:
         environ[binding.variable] = binding.device
+        if binding.vendor == "intel" and not binding.preset:
+            # the index counts whole cards (``count_gpus``); in Level Zero's FLAT hierarchy (Aurora's
+            # default) a mask index names a tile, and 6 ranks would share the first 3 of 6 cards
+            if environ.setdefault(FLAT_VARIABLE, "COMPOSITE").upper() == "FLAT":
+                binding = replace(binding, note="; ".join(filter(None, (
+                    binding.note, f"{FLAT_VARIABLE}=FLAT is set: ZE_AFFINITY_MASK={binding.device} names a tile, "
+                    "not the card this index counts; unset it (COMPOSITE: a device is a card), or bind tiles "
+                    "in the launcher (the mask it sets is respected)"))))
         if ranks_per_gpu > 1:
             environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     return binding

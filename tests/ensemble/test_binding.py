@@ -47,7 +47,15 @@ def test_each_vendor_one_gpu_per_rank(tmp_path, make, vendor, variable):
     for local in range(4):
         env = {}
         b = bind_gpu(local, 1, env, root)
-        assert env == {variable: str(local)} and b.vendor == vendor and not b.preset and b.note is None
+        # a card, not a tile: Level Zero's FLAT default made index 1 the second tile of card 0
+        flat = {"ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"} if vendor == "intel" else {}
+        assert env == {variable: str(local), **flat} and b.vendor == vendor and not b.preset and b.note is None
+
+
+def test_an_intel_flat_hierarchy_set_by_the_site_is_noted(tmp_path):
+    env = {"ZE_FLAT_DEVICE_HIERARCHY": "FLAT"}
+    b = bind_gpu(3, 1, env, intel(tmp_path, 6))
+    assert env["ZE_AFFINITY_MASK"] == "3" and "names a tile" in b.note
 
 
 def test_no_gpu_binds_nothing(tmp_path):
