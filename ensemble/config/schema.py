@@ -638,8 +638,11 @@ SEARCH_DOCS = {
 
 
 def _message(path: str, msg: str) -> str:
-    """``msg`` about ``path``; a message that starts with a backquote names a sub-key of it."""
-    return "`" + path + msg[1:] if msg.startswith("`") else f"`{path}` {msg}"
+    """``msg`` about ``path``; a message that starts with a backquote names a sub-key of it (each of
+    several, "; `[1]...": a list's item, ``check_layer``)."""
+    if not msg.startswith("`"):
+        return f"`{path}` {msg}"
+    return "; ".join("`" + path + part[1:] for part in msg.replace("; `[", "\0`[").split("\0"))
 
 
 def _fail(path: str, msg: str) -> None:

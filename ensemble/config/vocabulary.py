@@ -179,40 +179,50 @@ def suggest(word: object, options) -> str:
 
 
 def check_layer(layer: Any, where: str) -> str | None:
-    """Return why ``layer`` is not a valid layer dict, naming ``where`` it sits; None if valid."""
+    """Return why ``layer`` is not a valid layer dict, naming ``where`` it sits (every problem of
+    it, "; " between them); None if valid. A type misspelt only in case (``"dense"``) is said, and
+    the rest is checked as that type's, so a misspelt parameter beside it is said at once."""
     if not isinstance(layer, dict):
         return f"`{where}` must be a table like {{type = \"Dense\", units = 64}}, but got {layer!r}"
-    kind = layer.get("type")
+    kind, problems = layer.get("type"), []
     if kind not in LAYER_PARAMS:
-        return (f"`{where}.type` must be one of {', '.join(sorted(LAYER_PARAMS))}, "
-                f"but got {kind!r}{suggest(kind, LAYER_PARAMS)}")
+        problems.append(f"`{where}.type` must be one of {', '.join(sorted(LAYER_PARAMS))}, "
+                        f"but got {kind!r}{suggest(kind, LAYER_PARAMS)}")
+        kind = next((k for k in LAYER_PARAMS if isinstance(kind, str) and k.lower() == kind.lower()), None)
+        if kind is None:
+            return problems[0]
     params = LAYER_PARAMS[kind]
     for key, value in layer.items():
         if key == "type":
             continue
         if key not in params:
             allowed = ", ".join(sorted(params)) or "no parameters"
-            return (f"`{where}.{key}` is not a parameter of {kind} (allowed: {allowed})"
-                    f"{suggest(key, params)}")
-        types, _ = params[key]
-        ok_types = types if isinstance(types, tuple) else (types,)
-        if float in ok_types and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if isinstance(value, bool) and bool not in ok_types or not isinstance(value, ok_types):
-            names = " or ".join(t.__name__ for t in ok_types)
-            return f"`{where}.{key}` must be {names}, but got {value!r}"
-        if key in ("units", "filters") and value < 1:
-            return f"`{where}.{key}` must be >= 1, but got {value}"
-        if key == "rate" and not 0.0 <= value < 1.0:
-            return f"`{where}.rate` must be in [0, 1), but got {value}"
-        if key == "activation" and value not in ACTIVATIONS:
-            return (f"`{where}.activation` must be one of {', '.join(ACTIVATIONS)}, "
-                    f"but got {value!r}{suggest(value, ACTIVATIONS)}")
-        if key == "padding" and value not in ("same", "valid"):
-            return f"`{where}.padding` must be \"same\" or \"valid\", but got {value!r}"
-    for key, (_, required) in params.items():
-        if required and key not in layer:
-            return f"`{where}` ({kind}) needs `{key}`"
+            problems.append(f"`{where}.{key}` is not a parameter of {kind} (allowed: {allowed}){suggest(key, params)}")
+            continue
+        problems += filter(None, [_layer_value(where, key, value, params[key][0])])
+    unknown = [k for k in layer if k != "type" and k not in params]       # said above, each with its nearest
+    problems += [f"`{where}` ({kind}) needs `{key}`" for key, (_, required) in params.items()
+                 if required and key not in layer and not difflib.get_close_matches(key, unknown, n=1, cutoff=0.6)]
+    return "; ".join(problems) or None
+
+
+def _layer_value(where: str, key: str, value: Any, types: Any) -> str | None:
+    """Why ``value`` cannot be the layer parameter ``key`` (of ``types``); None if it can."""
+    ok_types = types if isinstance(types, tuple) else (types,)
+    if float in ok_types and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, bool) and bool not in ok_types or not isinstance(value, ok_types):
+        names = " or ".join(t.__name__ for t in ok_types)
+        return f"`{where}.{key}` must be {names}, but got {value!r}"
+    if key in ("units", "filters") and value < 1:
+        return f"`{where}.{key}` must be >= 1, but got {value}"
+    if key == "rate" and not 0.0 <= value < 1.0:
+        return f"`{where}.rate` must be in [0, 1), but got {value}"
+    if key == "activation" and value not in ACTIVATIONS:
+        return (f"`{where}.activation` must be one of {', '.join(ACTIVATIONS)}, "
+                f"but got {value!r}{suggest(value, ACTIVATIONS)}")
+    if key == "padding" and value not in ("same", "valid"):
+        return f"`{where}.padding` must be \"same\" or \"valid\", but got {value!r}"
     return None
 
 

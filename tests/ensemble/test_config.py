@@ -43,6 +43,9 @@ def bad(**patch):
     (bad(architectures__0__layers=[{"type": "Dense", "unit": 8}]),
      ["`architectures[0].layers[0].unit`", "did you mean 'units'"]),
     (bad(architectures__0__layers=[{"type": "Dense"}]), ["`architectures[0].layers[0]`", "`units`"]),
+    (bad(architectures__0__layers=[{"type": "dense", "unit": 8}]),      # both at once: it said the type only
+     ["`architectures[0].layers[0].type`", "did you mean 'Dense'", "`architectures[0].layers[0].unit`",
+      "did you mean 'units'"]),
     (bad(architectures__0__layers=[{"type": "Dropout", "rate": 1.5}]), ["`architectures[0].layers[0].rate`"]),
     (bad(architectures__0__layers=[{"type": "Dense", "units": 8, "activation": "rleu"}]),
      ["`architectures[0].layers[0].activation`", "did you mean 'relu'"]),
