@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble.inference.load import EnsembleRun, PredictError, load_run
-from ensemble.results.rundir import atomic_write
+from ensemble.results.rundir import RunDirectory, atomic_write
 from ensemble.task import get_task
 from ensemble.task.graph import MemberOutput
 
@@ -114,6 +114,32 @@ def _need(module: str, extra: str, what: str) -> None:
                            f'pip install "mpi-ensemble[{extra}]"')
 
 
+#: what a SavedModel directory holds (Keras's ``model.export``): one that holds anything else is not replaced
+SAVED_MODEL_ENTRIES = frozenset({"saved_model.pb", "variables", "assets", "fingerprint.pb", "keras_metadata.pb"})
+
+
+def safe_destination(path: Path, fmt: str, run_dir: str | Path) -> None:
+    """Refuse a destination whose writing would destroy what it holds: the run directory or a folder
+    above it or above the working directory, a folder that is not a SavedModel written before
+    (a SavedModel replaces its directory whole), a folder where a file goes. ``PredictError``
+    says which and what to give instead."""
+    run_dir, here = Path(os.path.abspath(run_dir)), Path.cwd()
+    for inside, what in ((run_dir, "the run directory"), (here, "the working directory")):
+        if path == inside or path in inside.parents:
+            raise PredictError(f"{str(path)!r} is {what} or a folder holding it: exporting there would replace "
+                               "it; give a new path, e.g. " + repr(str(run_dir / RunDirectory.EXPORTS[fmt])))
+    if not path.exists():
+        return
+    if fmt == "saved_model":
+        if not path.is_dir() or not (path / "saved_model.pb").is_file() \
+                or {p.name for p in path.iterdir()} - SAVED_MODEL_ENTRIES:
+            raise PredictError(f"{str(path)!r} exists and is not a SavedModel written before (a SavedModel "
+                               "replaces its whole directory, and this one holds other things): give a new path")
+    elif path.is_dir():
+        raise PredictError(f"{str(path)!r} is a folder; give the {fmt} file to write, e.g. "
+                           f"{str(path / RunDirectory.EXPORTS[fmt])!r}")
+
+
 def export_model(run: EnsembleRun | str | Path, path: str | Path, fmt: str = "keras") -> Path:
     """Write the ensemble of ``run`` to ``path`` as ``fmt``: "keras" (the stock ``.keras``
     file, ``export_ensemble``), "saved_model" (a TensorFlow SavedModel directory) or "onnx"
@@ -122,7 +148,8 @@ def export_model(run: EnsembleRun | str | Path, path: str | Path, fmt: str = "ke
     ``model.export``. Inputs, outputs and their shapes: docs/export.md."""
     if fmt not in FORMATS:
         raise PredictError(f"--format must be one of {', '.join(FORMATS)}, but got {fmt!r}")
-    path = Path(path)
+    path = Path(os.path.abspath(path))                 # "." and ".." named: checked as the folders they are
+    safe_destination(path, fmt, run.path if isinstance(run, EnsembleRun) else run)
     path.parent.mkdir(parents=True, exist_ok=True)     # every format makes the folder it goes in
     if fmt == "keras":
         return export_ensemble(run, path)
