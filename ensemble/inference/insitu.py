@@ -21,6 +21,8 @@ communicator; MPI itself is used only through ``ensemble.runtime.mpi``.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,8 @@ from ensemble.inference.combine import _calibrated, _squeeze
 from ensemble.inference.inputs import prepare_features
 from ensemble.inference.load import EnsembleRun, PredictError, load_run
 from ensemble.task import get_task
+
+log = logging.getLogger(__name__)
 
 PLACEMENTS = ("local", "node")
 #: batch sizes the graph runs on: a call of n rows is padded to the smallest bucket >= n,
@@ -202,6 +206,14 @@ class InSitu:
             self._link.done()
         self.closed = True
 
+    def close_at_exit(self) -> None:
+        """``load`` registers this on a "node" client, to run as the interpreter exits: a client
+        whose script ends without ``close()`` left its server in ``serve()``, and the job, for ever."""
+        if not self.closed:
+            log.warning("in-situ: this rank's script ended without session.close(): closed as Python exits "
+                        "(its node's server waits for every client's close)")
+            self.close()
+
     def __enter__(self) -> InSitu:
         return self
 
@@ -218,6 +230,10 @@ def load(run_dir: str | Path, comm=None, placement: str = "local", servers_per_n
     rank; ``batch_wait``: seconds a "node" server waits for more of its clients' requests
     before it runs a batch."""
     from ensemble.inference import insitu_serve as serve
+    asked = list(dict.fromkeys(comm.allgather(placement))) if comm is not None else [placement]
+    if len(asked) > 1:                         # every rank raises: they would wait in different collectives
+        raise PredictError(f"every rank must load with the same placement, but ranks asked for "
+                           f"{', '.join(map(repr, asked))}")
     if placement not in PLACEMENTS:
         raise PredictError(f"placement must be one of {', '.join(PLACEMENTS)}, but got {placement!r}")
     if comm is None:
@@ -231,4 +247,7 @@ def load(run_dir: str | Path, comm=None, placement: str = "local", servers_per_n
         return InSitu(run, placement, comm, graph)
     link = serve.NodeLink.make(comm, servers_per_node, batch_wait)
     graph = serve.collective(comm, lambda: CombinedGraph(run, buckets, threads) if link.is_server else None)
-    return InSitu(run, placement, link.sim_comm, graph, link)
+    session = InSitu(run, placement, link.sim_comm, graph, link)
+    if not link.is_server:
+        atexit.register(session.close_at_exit)
+    return session

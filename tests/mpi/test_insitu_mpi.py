@@ -127,3 +127,16 @@ def test_the_example_collects_and_runs_with_a_server(tmp_path):
     snap = np.load(tmp_path / "out" / "snapshots" / "step000010-rank0001.npz")
     assert snap["fields"].shape == (16, 2, 8, 8) and list(snap["patches"]) == list(range(16))
     assert "224 of 224 patches written" in proc.stdout and "] 14 requests in" in proc.stdout
+
+
+def test_a_client_that_never_closes_and_mixed_placements_end_the_job(runs, tmp_path):
+    """A "node" client whose script ended without close() left its server in serve() and the
+    job hung; ranks loading with different placements waited in different collectives, for ever."""
+    proc = run_mpi(3, [str(ROOT / "tests" / "mpi" / "insitu_exit_prog.py"), str(tmp_path), str(runs / "reg")],
+                   timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in range(3):
+        said = (tmp_path / f"mixed-{rank}.txt").read_text()
+        assert "every rank must load with the same placement" in said and "'node', 'local'" in said
+    assert (tmp_path / "served.txt").read_text() == "2"                  # both clients' one request
+    assert proc.stderr.count("ended without session.close(): closed as Python exits") == 2
