@@ -66,7 +66,7 @@ def _reselect(run_dir: str | Path, overrides: dict) -> dict:
     from ensemble.config import ConfigError, read_saved_config
     from ensemble.config.schema import check_task_settings
     from ensemble.results.artifacts import Artifacts
-    from ensemble.results.records import as_records, journal_shortfall
+    from ensemble.results.records import as_records, journal_shortfall, latest
     from ensemble.results.rundir import DAMAGED_FIX, RunDirectory
     from ensemble.results.summary import build_ensemble, finished_records
 
@@ -111,8 +111,11 @@ def _reselect(run_dir: str | Path, overrides: dict) -> dict:
                           saved.ensemble.keep_models)
     artifacts.restore(lines, tidy=False)
     try:
+        from ensemble.modes import mode_of
+        among = mode_of(cfg).selection_pool(cfg, list(latest(as_records(records)).values()))   # online: its window
         with_models = [i for i in artifacts.pool()                  # the ensemble must be loadable
-                       if rd.model_path(i).is_file() or cfg.runtime.trainer == "rehearsal"]
+                       if (rd.model_path(i).is_file() or cfg.runtime.trainer == "rehearsal")
+                       and (among is None or i in among)]
         if not with_models:
             raise ReselectError(f"no member of {str(rd.path)!r} has both stored predictions and a model file")
         backup = rd.archive_ensemble(old)
@@ -120,7 +123,7 @@ def _reselect(run_dir: str | Path, overrides: dict) -> dict:
                                  pool=with_models)
     finally:
         artifacts.close()
-    kept = {k: old[k] for k in ("run", "search", "kept", "rehearsal", "baseline") if k in old}
+    kept = {k: old[k] for k in ("run", "search", "kept", "rehearsal", "baseline", "online") if k in old}
     summary.update(kept)
     changed = any(old.get(k) != summary.get(k) for k in ("members", "calibration"))
     summary["reselected"] = {"previous": backup, "settings": {k: getattr(ens, k) for k in (

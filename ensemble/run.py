@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
         check_world(cfg, size - 1)
     except ConfigError as exc:
         log.error(f"config error in {args.config}: {exc}")
+        if rank == 0:
+            from ensemble.modes import mode_of
+            mode_of(cfg).abandon(f"config error: {exc}")     # mode "online": the simulation is told at once
         return EXIT_CONFIG
     from ensemble.runtime.env import process_started
     from ensemble.runtime.scheduler import job_end_time
@@ -116,6 +119,8 @@ def main(argv: list[str] | None = None, *, config: dict | None = None, made: lis
             where = exc.filename or args.run_dir or os.path.join(cfg.output_dir, cfg.name)
             status = ("error", f"cannot write the run directory {str(where)!r}: {exc.strerror or exc}; "
                                "choose a writable `output_dir` (or --run-dir) with free space", EXIT_DATA)
+        if status[0] == "error":
+            mode_of(cfg).abandon(status[1])             # mode "online": the simulation is told at once
     held = [arrays]                                      # handed over: rank 0 keeps the shared copy only
     del arrays
     try:

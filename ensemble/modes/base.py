@@ -105,6 +105,16 @@ class Mode:
         """Rank 0, before the data is read and the run directory made (``ensemble.run``): what
         the mode must do first (mode "online": receive the simulation's first samples)."""
 
+    def selection_pool(self, cfg: RunConfig, records: list) -> frozenset[str] | None:
+        """The members a re-selection (``ensemble reselect``) may choose among, from the run's
+        final ``records``, as the run itself chose; None: every kept candidate."""
+        return None
+
+    def abandon(self, reason: str) -> None:
+        """Rank 0, when the run ends before its master starts (``reason``: what rank 0 says): undo
+        what ``before_prepare`` began (mode "online": tell the simulation, which would otherwise
+        stream into nothing and wait for its close())."""
+
     def expected_members(self, cfg: RunConfig, workers: int | None = None) -> int | None:
         """Members the run is meant to end with, from the config (and the worker count where
         the mode sizes itself by it), or None when it cannot be said in advance."""

@@ -91,6 +91,21 @@ class OnlineMode(Mode):
         atomic_write(source, lambda p: np.savez(p, x=snap["x"], y=snap["y"]))
         log.info(f"online: wrote the first {len(snap['x'])} samples to {source}")
 
+    def selection_pool(self, cfg: RunConfig, records: list) -> frozenset[str] | None:
+        from ensemble.sources.online import ok_members, window_of
+        return window_of(ok_members(records), cfg.online.window)   # the newest, as each publication chose
+
+    def abandon(self, reason: str) -> None:
+        inlet, why = _LINK.get("inlet"), f"before training: {reason}"
+        if inlet is not None:
+            inlet.stop(why)
+            return
+        from ensemble.runtime import mpi
+        from ensemble.runtime.coupling import tell_ended
+        inter = mpi.peer()                       # before the link's thread: a config the job refused at once
+        if inter is not None:
+            tell_ended(inter, range(inter.Get_remote_size()), why)
+
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         from ensemble.sources.online import OnlineSource, snapshot_files
         if "inlet" not in _LINK:
@@ -125,9 +140,11 @@ class OnlineMode(Mode):
         if not cfg.data.source.endswith(".npz"):
             found.add(f"mode \"online\" writes its first samples to `data.source` (an .npz file), but got "
                       f"{cfg.data.source!r}: name an .npz file", "data.source")
-        if meta is not None and meta["task"] != "regression":
+        task = meta["task"] if meta is not None else None if cfg.data.task == "auto" else cfg.data.task
+        if task not in (None, "regression"):          # a task set in the config: said before the warm-up
             found.add(f"mode \"online\" trains regression ensembles (the simulation's targets are numbers); "
-                      f"the samples make a {meta['task']} task", "data.task")
+                      + (f"the samples make a {task} task" if meta is not None else
+                         f"`data.task` is {task!r}: leave it at \"auto\" or set \"regression\""), "data.task")
         if cfg.runtime.trainer == "rehearsal":
             found.add("mode \"online\" trains real members on the simulation's samples; use `runtime.trainer = "
                       "\"keras\"`", "runtime.trainer")

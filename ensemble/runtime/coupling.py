@@ -86,6 +86,17 @@ def refusal_kind(error: str) -> str:
     return error.split(" (")[0]
 
 
+def tell_ended(inter, ranks, reason: str) -> None:
+    """Tell the simulation ``ranks`` (on the intercommunicator ``inter``) that the ensemble side
+    ended (``reason``): they drop what they would send and their close() returns at once."""
+    from ensemble.runtime import mpi
+    for rank in ranks:
+        try:
+            inter.send({"kind": ENDED, "reason": reason}, dest=rank, tag=mpi.TAG_ONLINE_DOWN)
+        except Exception as exc:                # noqa: BLE001 - the run's end is not held up by the link
+            log.warning(f"online: could not tell simulation rank {rank} the run ended: {exc}")
+
+
 class Inlet:
     """The ensemble master's end of the link: a thread that receives the simulation's
     messages on ``inter`` and answers them. ``take(rank, seq, x, y) -> taken`` is called
@@ -182,8 +193,4 @@ class Inlet:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
         with self.lock:
-            for rank in sorted(self.open):
-                try:
-                    self._send(rank, {"kind": ENDED, "reason": reason})
-                except Exception as exc:        # noqa: BLE001 - the run's end is not held up by the link
-                    log.warning(f"online: could not tell simulation rank {rank} the run ended: {exc}")
+            tell_ended(self.inter, sorted(self.open), reason)

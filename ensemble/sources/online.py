@@ -42,6 +42,17 @@ def member_number(member_id: str) -> int | None:
     return int(tail) if head == "o" and tail.isdigit() else None
 
 
+def ok_members(records) -> list[str]:
+    """The online members of ``records`` that finished ok, oldest first (by their number)."""
+    return sorted(r.id for r in records if r.ok and member_number(r.id) is not None)
+
+
+def window_of(ok: list[str], window: int) -> frozenset[str] | None:
+    """The members an online ensemble selects among: the newest ``window`` (``online.window``) of
+    ``ok`` (oldest first); None: every one (window 0)."""
+    return frozenset(ok[-window:]) if window else None
+
+
 class OnlineSource:
     """Specs that train on the replay buffer as it is now; publishes every ``publish_every``
     members that finished ok. Both ``inlet`` and ``buffer`` are shared with the inlet's
@@ -67,7 +78,7 @@ class OnlineSource:
         self._snap: tuple[int, str, dict[int, int]] | None = None   # (buffer version, file, newest seqs)
         self._trained_on: dict[str, dict[int, int]] = {}            # member id -> newest seqs it saw
         self._files_in_use: dict[str, str] = {}                      # member in training -> its snapshot
-        self._ok = sorted(r.id for r in previous if r.ok and member_number(r.id) is not None)   # oldest first
+        self._ok = ok_members(previous)
 
     def bind(self, hooks: Hooks) -> None:
         self.hooks = hooks
@@ -167,9 +178,7 @@ class OnlineSource:
 
     def window(self) -> frozenset[str] | None:
         """The members a publication selects among: the newest ``online.window`` that finished ok."""
-        if not self.cfg.online.window:
-            return None
-        return frozenset(self._ok[-self.cfg.online.window:])
+        return window_of(self._ok, self.cfg.online.window)
 
     def section(self, generation: int) -> dict[str, Any]:
         """ensemble.json's "online" section."""

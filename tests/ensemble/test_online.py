@@ -133,6 +133,48 @@ def test_online_config_and_preflight():
         resolve_config({"mode": "online", "data": {"source": "seed.npz"}})
 
 
+def test_a_classification_task_in_the_config_is_refused_before_the_warm_up():
+    """It was refused only once 512 warm-up samples had come, with the simulation never told."""
+    from ensemble.modes import mode_of
+    cfg = resolve_config({"mode": "online", "data": {"source": "seed.npz", "task": "classification"},
+                          "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]})
+    found = Problems()
+    mode_of(cfg).preflight(cfg, None, 1, found)            # check_world's call, before any sample
+    with pytest.raises(Exception, match="`data.task` is 'classification'"):
+        found.raise_any()
+
+
+def test_an_abandoned_run_tells_the_simulation(monkeypatch):
+    """A run that ended before training (a data or config error after the warm-up) left the
+    simulation streaming into nothing, and its close() waited 60 s."""
+    from ensemble.modes import mode_of
+    from ensemble.modes import online as online_mode
+    said = []
+
+    class Inlet:
+        def stop(self, reason: str = "") -> None:
+            said.append(reason)
+    monkeypatch.setitem(online_mode._LINK, "inlet", Inlet())
+    cfg = resolve_config({"mode": "online", "data": {"source": "seed.npz"},
+                          "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]})
+    mode_of(cfg).abandon("data error: the labels are fractional")
+    assert said == ["before training: data error: the labels are fractional"]
+
+
+def test_reselect_chooses_among_the_online_window_as_the_run_did():
+    """`ensemble reselect` on an online run chose among all 28 members, an old one included,
+    which the window exists to keep out."""
+    from ensemble.modes import mode_of
+    from ensemble.results.records import MemberRecord
+    cfg = resolve_config({"mode": "online", "data": {"source": "seed.npz"}, "online": {"window": 3},
+                          "architectures": [{"layers": [{"type": "Dense", "units": 4}]}]})
+    records = [MemberRecord.from_json({"id": f"o-{i:05d}", "status": "failed" if i == 9 else "ok"})
+               for i in (10, 2, 9, 7, 8, 1)]
+    assert mode_of(cfg).selection_pool(cfg, records) == {"o-00007", "o-00008", "o-00010"}
+    every = cfg.replace(online=cfg.online.replace(window=0))
+    assert mode_of(every).selection_pool(every, records) is None
+
+
 def test_a_publication_selects_among_the_newest_members_and_says_its_generation(tmp_path):
     import threading
 

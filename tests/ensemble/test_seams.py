@@ -789,6 +789,9 @@ def test_mode_runs_a_new_run_to_its_expected_members(mode_case, run_on, tmp_path
     section = source.finish(results)
     assert isinstance(section, dict)
     json.dumps(section)
+    pool = mode.selection_pool(cfg, results)        # what `ensemble reselect` chooses among: the run's own
+    assert pool is None or (isinstance(pool, frozenset) and pool <= {r.id for r in results if r.ok})
+    mode.abandon("a test: the run ended before training")    # nothing began it may not undo
 
 
 @pytest.mark.parametrize("run_on", RUN_ON)
