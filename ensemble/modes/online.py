@@ -142,7 +142,7 @@ class OnlineMode(Mode):
                       f"{cfg.data.source!r}: name an .npz file", "data.source")
         task = meta["task"] if meta is not None else None if cfg.data.task == "auto" else cfg.data.task
         if task not in (None, "regression"):          # a task set in the config: said before the warm-up
-            found.add(f"mode \"online\" trains regression ensembles (the simulation's targets are numbers); "
+            found.add("mode \"online\" trains regression ensembles (the simulation's targets are numbers); "
                       + (f"the samples make a {task} task" if meta is not None else
                          f"`data.task` is {task!r}: leave it at \"auto\" or set \"regression\""), "data.task")
         if cfg.runtime.trainer == "rehearsal":
