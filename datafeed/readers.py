@@ -104,10 +104,8 @@ def read_dataset(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray
             raise DataError(f"`data.y`: the files of `data.source` {data.source!r} hold no targets")
         return x, y, info
     fmt = detect_format(data)
-    if fmt != "builtin" and not Path(data.source).exists():
-        raise DataError(f"`data.source` file {data.source!r} does not exist{unset_note(data.source)}")
-    if fmt != "builtin" and Path(data.source).is_file() and Path(data.source).stat().st_size == 0:
-        raise DataError(f"`data.source` file {data.source!r} is empty (0 bytes)")
+    if fmt != "builtin":
+        check_source_file(data.source)
     try:
         x, y, info = READERS[fmt](data) if require_y else READERS[fmt](data, require_y=False)
     except DataError:
@@ -118,6 +116,20 @@ def read_dataset(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray
     if len(x) == 0:
         raise DataError(f"`data.source` {data.source!r} holds no samples (0 rows)")
     return x, y, info
+
+
+def check_source_file(source: str) -> None:
+    """``DataError`` for a data file that is not there or holds nothing (0 bytes)."""
+    if not Path(source).exists():
+        raise DataError(f"`data.source` file {source!r} does not exist{unset_note(source)}")
+    if Path(source).is_file() and Path(source).stat().st_size == 0:
+        raise DataError(f"`data.source` file {source!r} is empty (0 bytes)")
+
+
+def duplicate_names(names) -> list[str]:
+    """The names given more than once (a header with ``u2`` twice), in their order."""
+    seen: set[str] = set()
+    return list(dict.fromkeys(n for n in map(str, names) if n in seen or seen.add(n)))
 
 
 def unset_note(path: str) -> str:

@@ -118,6 +118,9 @@ def _prepare_on_root(args: argparse.Namespace):
         raise PredictError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
     if out is not None and not os.access(out.parent, os.W_OK):
         raise PredictError(f"--out {str(out)!r}: folder {str(out.parent)!r} is not writable; choose another --out")
+    if out is not None and out.exists() and Path(args.data).exists() and out.samefile(args.data):
+        raise PredictError(f"--out {str(out)!r} is the --data file: writing the predictions would replace its rows; "
+                           "choose another --out")
     if args.export:
         from ensemble.inference.export import export_ensemble
         export_ensemble(run, args.export)

@@ -382,7 +382,7 @@ def load_input(run: EnsembleRun, source: str, fmt: str | None = None, x: str | N
 
     ``source == "test"`` regenerates the run's own test split from its config and seed.
     """
-    from datafeed.readers import DataError, detect_format, read_dataset
+    from datafeed.readers import DataError, check_source_file, detect_format, read_dataset
     keep = parse_keep(keep)
     if source == TEST_KEYWORD:
         if keep:
@@ -393,8 +393,8 @@ def load_input(run: EnsembleRun, source: str, fmt: str | None = None, x: str | N
     name = repr(source)
     try:
         kind = detect_format(data)
-        if kind != "builtin" and not Path(source).exists() and not any(c in source for c in "*?["):   # a glob:
-            raise DataError(f"`data.source` file {source!r} does not exist")                     # its reader says
+        if kind != "builtin" and not any(c in source for c in "*?["):      # a glob: its reader says
+            check_source_file(source)
         if kind in ("csv", "parquet"):
             return _read_table(run, data, kind, keep, name)
         frame = _pandas_hdf5(data, name) if kind == "hdf5" else None
@@ -427,9 +427,13 @@ def _read_table(run: EnsembleRun, data: DataConfig, kind: str, keep: list[str], 
     import pandas as pd
     path = data.source
     if kind == "csv":
-        from datafeed.readers import csv_options
+        from datafeed.readers import csv_options, duplicate_names
         dialect = csv_options(path)
         header = pd.read_csv(path, nrows=0, **dialect).columns
+        twice = duplicate_names(pd.read_csv(path, nrows=1, header=None, **dialect).iloc[0])    # pandas: u2.1
+        if twice:
+            raise PredictError(f"{source}: column(s) {', '.join(map(repr, twice))} appear more than once in the "
+                               "header (pandas would read the second as 'NAME.1'); give each column its own name")
     else:
         import pyarrow.parquet as pq
         header = pq.read_schema(path).names

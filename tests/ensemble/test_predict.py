@@ -358,4 +358,9 @@ def test_cli_errors_exit_nonzero_with_one_message(cls_run, tmp_path):
     assert proc.returncode == P.EXIT_INPUT and "does not exist" in proc.stderr
     proc = cli(cls_run, "--data", "test", "--out", tmp_path / "p.txt", timeout=60)
     assert proc.returncode == P.EXIT_INPUT and "--out must end in .csv, .npz, .parquet" in proc.stderr
+    mine = tmp_path / "mine.csv"                       # --out the input itself: its rows were replaced, unsaid
+    mine.write_text("a,b\n1,2\n")
+    proc = cli(cls_run, "--data", mine, "--out", tmp_path / "." / "mine.csv", timeout=60)
+    assert proc.returncode == P.EXIT_INPUT and "is the --data file" in proc.stderr
+    assert mine.read_text() == "a,b\n1,2\n"
     assert proc.stderr.count("error:") == 1

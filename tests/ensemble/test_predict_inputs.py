@@ -135,6 +135,20 @@ def test_a_table_with_a_header_and_no_rows_says_so(base, rows, tmp_path):
         P.load_input(P.load_run(base / "cls"), str(tmp_path / "empty.csv"))
 
 
+def test_an_empty_file_and_a_column_named_twice_are_said(base, rows, tmp_path):
+    """A 0-byte CSV gave pandas' "No columns to parse from file", without the file; a header with
+    a name twice was read as NAME and NAME.1, the second said "not used" and the first predicted on."""
+    (tmp_path / "zero.csv").write_text("")
+    with pytest.raises(P.PredictError, match="zero.csv' is empty"):
+        P.load_input(P.load_run(base / "cls"), str(tmp_path / "zero.csv"))
+    table = shuffled_table(rows)
+    first = table.columns[0]
+    table.insert(2, "dup", table[first])
+    table.to_csv(tmp_path / "twice.csv", index=False, header=[*table.columns[:2], first, *table.columns[3:]])
+    with pytest.raises(P.PredictError, match=f"column\\(s\\) '{first}' appear more than once in the header"):
+        P.load_input(P.load_run(base / "cls"), str(tmp_path / "twice.csv"))
+
+
 def test_class_names_that_are_numbers_match_only_as_numbers(tmp_path):
     """Classes 3, 7, 9: a label read as 7.0 (pandas, after a gap) is class 7; a label 1 is no class
     (it was taken for the index of class 7)."""
