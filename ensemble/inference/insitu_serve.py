@@ -53,10 +53,14 @@ def collective(comm, make: Callable[[], T]) -> T:
     try:
         value = make()
     except Exception as exc:                 # noqa: BLE001 - reported on every rank just below
-        error = f"rank {comm.Get_rank()}: {exc if isinstance(exc, PredictError) else repr(exc)}"
-    errors = [e for e in comm.allgather(error) if e]
-    if errors:
-        raise PredictError("; ".join(errors))
+        error = str(exc) if isinstance(exc, PredictError) else repr(exc)
+    by_error: dict[str, list[int]] = {}
+    for rank, e in enumerate(comm.allgather(error)):
+        if e:
+            by_error.setdefault(e, []).append(rank)
+    if by_error:                             # the same error on many ranks is said once, with its ranks
+        raise PredictError("; ".join(f"rank{'s' * (len(r) > 1)} {', '.join(map(str, r))}: {e}"
+                                     for e, r in by_error.items()))
     return value
 
 

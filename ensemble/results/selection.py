@@ -780,6 +780,8 @@ def choose_ensemble(
             weights = _fit("top_k", finite, y, metric, metric, 2, finite_vars, seed, **fit)
     else:
         weights = _fit(chosen, preds, y, metric, rank_metric or metric, k, variances, seed, **fit)
+        if chosen == "top_k" and k > len(weights):
+            why = f"asked for; k = {k}, but only {len(weights)} candidate(s) have a finite score: all of them"
     value = ensemble_score(weights, preds, y, metric, variances)
     return {"weights": weights, "method": chosen, "k": len(weights) if chosen == "top_k" else None,
             "metric": metric, "val_score": value, "best_member": {"id": ranked[0], "val_score": single[ranked[0]]},

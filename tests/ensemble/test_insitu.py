@@ -121,3 +121,21 @@ def test_more_servers_than_a_node_can_keep_a_client_beside_are_fewer_and_said(as
     if warned:
         assert f"servers_per_node = {asked} leaves no client on a node of 4 ranks" in said[0]
         assert "runs 3 server(s) and 1 client" in said[0]
+
+
+def test_one_error_on_many_ranks_is_said_once_with_its_ranks():
+    """`buckets=()` on 3 ranks gave "rank 0: buckets must ...; rank 1: buckets must ...; rank 2: ..."."""
+    from ensemble.inference.insitu_serve import collective
+
+    class Three:                              # what the other ranks raised, as allgather returns it
+        def Get_rank(self):
+            return 0
+
+        def allgather(self, mine):
+            return [mine, mine, "another"]
+
+    def make():
+        raise PredictError("buckets must be positive")
+    with pytest.raises(PredictError) as info:
+        collective(Three(), make)
+    assert str(info.value) == "ranks 0, 1: buckets must be positive; rank 2: another"

@@ -295,6 +295,9 @@ def test_explicit_methods_are_returned_as_asked_and_auto_keeps_a_clearly_better_
     assert greedy["weights"] == {"a": 1.0}                                  # initialisation stops at "a"
     top = choose_ensemble(pool, y, "log_loss", method="top_k", k=3)
     assert len(top["weights"]) == 3 and top["val_score"] > top["best_member"]["val_score"]
+    assert top["why"] == "asked for"
+    more = choose_ensemble(pool, y, "log_loss", method="top_k", k=10)     # reselect --k 10 of 3: said
+    assert len(more["weights"]) == 3 and "k = 10, but only 3 candidate(s)" in more["why"]
     auto = choose_ensemble(pool, y, "log_loss")
     assert auto["weights"] == {"a": 1.0} and auto["single_member"]["z"] > SIGNIFICANCE_Z
     assert "standard errors" in auto["why"]
