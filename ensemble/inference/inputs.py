@@ -201,8 +201,10 @@ def input_settings(run: EnsembleRun, source: str, fmt: str | None = None, x: str
     return data.replace(**changes)
 
 
-def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input") -> np.ndarray:
+def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input", empty: bool = False) -> np.ndarray:
     """Raw features -> the members' input: checked, reshaped to the training shape, normalised.
+    ``empty``: no rows is an answer of no rows (a simulation rank with nothing to ask this step),
+    not an error.
 
     A sample may be flat or have the training input shape (size-1 axes aside); any shape of
     the same size when the run reshaped its data (``data.reshape``), whose raw form is not kept.
@@ -214,8 +216,12 @@ def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input")
     width = int(np.prod(shape))
     if (x.ndim == 1 and len(x) == width > 1) or (tuple(x.shape) == tuple(shape) and x[0].size != width):
         x = x[None]                               # one sample, flat or shaped as in training: ens.predict(img)
-    if x.ndim == 0 or len(x) == 0:
+    if x.ndim == 0 or (len(x) == 0 and not (empty and x.ndim >= 1)):
         raise PredictError(f"{source} holds no samples (features of shape {list(x.shape)})")
+    if len(x) == 0 and x.ndim == 1:
+        x = x.reshape(0, width)
+    if len(x) == 0 and x.dtype.kind in "iufb" and int(np.prod(x.shape[1:])) == width:
+        return np.zeros((0, *shape), np.float32)          # normalised nothing: the members' input of no rows
     if x.dtype.kind not in "iufb":
         raise PredictError(f"{source}: features must be numbers, but have dtype {x.dtype}"
                            + ("; a table's columns go in a CSV/Parquet file or a DataFrame, matched by name"

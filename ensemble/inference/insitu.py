@@ -183,7 +183,7 @@ class InSitu:
         if self.closed:
             raise PredictError("predict() after close(): the in-situ ensemble is closed on this rank")
         t0 = time.perf_counter()
-        xn = prepare_features(self.run, x, "the simulation's input")
+        xn = prepare_features(self.run, x, "the simulation's input", empty=True)   # no rows: an answer of none
         out = self._graph.predict(xn) if self._link is None else self._link.ask(xn)
         self.timings.add(len(xn), time.perf_counter() - t0)
         return out

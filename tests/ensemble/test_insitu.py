@@ -52,9 +52,10 @@ def test_local_equals_predict_at_every_bucket_edge_and_traces_once(reg_run):
     ens = load_ensemble(reg_run)
     assert session.traces == 1                          # traced and warmed at load
     rng = np.random.default_rng(3)
-    for n in (1, 15, 16, 17, 64, 65, 130, 200):        # padded to 16 or 64; over 64 in chunks
+    for n in (0, 1, 15, 16, 17, 64, 65, 130, 200):     # padded to 16 or 64; over 64 in chunks; 0: none asked
         x = rng.normal(3.0, 20.0, size=(n, 5)).astype(np.float32)
-        got, want = flat(session.predict(x)), flat(ens.predict_details(x))
+        got = flat(session.predict(x))
+        want = flat(ens.predict_details(x)) if n else {k: v[:0] for k, v in got.items()}    # predict needs rows
         assert set(got) == set(want) and "intervals.90" in got
         for key in want:
             assert got[key].shape == want[key].shape == (n, 2)
@@ -64,7 +65,7 @@ def test_local_equals_predict_at_every_bucket_edge_and_traces_once(reg_run):
     np.testing.assert_array_equal(mean, got["mean"])
     assert (std > 0).all()
     assert session.traces == 1                          # no retracing for any batch size
-    assert session.timings.calls == 9 and session.timings.rows == 1 + 15 + 16 + 17 + 64 + 65 + 130 + 200 + 200
+    assert session.timings.calls == 10 and session.timings.rows == 1 + 15 + 16 + 17 + 64 + 65 + 130 + 200 + 200
     assert session._graph.bucket(17) == 64 and session._graph.bucket(1000) == 64
 
 

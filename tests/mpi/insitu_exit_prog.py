@@ -2,8 +2,9 @@
 
 First rank 0 loads with placement "node" and the others with "local": every rank must raise
 (they would wait in different collectives); each writes what it raised to OUT/mixed-<rank>.txt.
-Then placement "node": the clients ask once and their script ends without close(); the job must
-end (the server's serve() returns once every client is closed as Python exits).
+Then placement "node": the clients ask once (one of them about no rows) and their script ends
+without close(); the job must end (the server's serve() returns once every client is closed as
+Python exits).
 """
 
 from __future__ import annotations
@@ -35,4 +36,6 @@ if session.serving:
     (out / "served.txt").write_text(str(stats.requests))
 else:
     width = int(np.prod(session.run.input_shape))
-    session.predict(np.ones((3, width), np.float32))       # and no close(): the script just ends
+    rows = 3 if session.comm.Get_rank() == 0 else 0         # a rank with nothing to ask this step
+    got = session.predict(np.ones((rows, width), np.float32))     # and no close(): the script just ends
+    (out / f"client-{session.comm.Get_rank()}.txt").write_text(str(got["mean"].shape))

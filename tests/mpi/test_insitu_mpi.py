@@ -139,4 +139,5 @@ def test_a_client_that_never_closes_and_mixed_placements_end_the_job(runs, tmp_p
         said = (tmp_path / f"mixed-{rank}.txt").read_text()
         assert "every rank must load with the same placement" in said and "'node', 'local'" in said
     assert (tmp_path / "served.txt").read_text() == "2"                  # both clients' one request
+    assert (tmp_path / "client-0.txt").read_text() == "(3, 2)" and (tmp_path / "client-1.txt").read_text() == "(0, 2)"
     assert proc.stderr.count("ended without session.close(): closed as Python exits") == 2
