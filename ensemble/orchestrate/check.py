@@ -9,7 +9,8 @@ back to its default and the checks that read it are skipped, so each mistake is 
 once. The report goes to stdout, the problems numbered at its end; the exit status is 0
 with none, else 2 (the run's own status for a config error).
 
-Memory per member, about (float32, 4 bytes a value; on every rank of a member group):
+Memory per member, about (float32, 4 bytes a value; on every rank of a member group; with
+``runtime.precision = "mixed_*"`` the activations take 2 bytes a value):
 
     weights      params x 4 B                     (moving statistics included)
     gradients    trainable params x 4 B
@@ -330,12 +331,14 @@ def check_samples(cfg: RunConfig, arrays: dict, meta: dict, found: Problems) -> 
     return built
 
 
-def member_memory(size: dict, group_size: int) -> dict[str, int | None]:
-    """Bytes one rank of a member needs, by the formula in the module docstring."""
+def member_memory(size: dict, group_size: int, precision: str = "float32") -> dict[str, int | None]:
+    """Bytes one rank of a member needs, by the formula in the module docstring (``precision``
+    "mixed_*": activations in 2 bytes a value; weights, gradients and optimizer state stay float32)."""
     slots = OPTIMIZER_SLOTS[size["optimizer"]]
     state = VALUE_BYTES * (size["params"] + size["trainable"] * (1 + slots))
     batch = max(2 * math.ceil(size["batch_size"] / group_size), PREDICT_BATCH)
-    acts = None if size["activations"] is None else VALUE_BYTES * size["activations"] * batch
+    value = VALUE_BYTES // 2 if precision.startswith("mixed") else VALUE_BYTES
+    acts = None if size["activations"] is None else value * size["activations"] * batch
     return {"state": state, "activations": acts, "total": state + (acts or 0)}
 
 
@@ -343,10 +346,13 @@ def describe_memory(cfg: RunConfig, arrays: dict, members: list[dict], stream_by
     """Each member's memory per rank, and the data's: once per node, or per rank when it streams."""
     group = cfg.runtime.group_size
     data_bytes = sum(a.nbytes for a in arrays.values())
-    print("\nMemory, about (float32; the formula is in ensemble/orchestrate/check.py):")
+    precision = cfg.runtime.precision
+    kind = ("float32" if precision == "float32" else
+            f"{precision}: activations 2 bytes a value, weights and optimizer state float32")
+    print(f"\nMemory, about ({kind}; the formula is in ensemble/orchestrate/check.py):")
     largest = 0
     for size in members:
-        mem = member_memory(size, group)
+        mem = member_memory(size, group, precision)
         largest = max(largest, mem["total"])
         acts = ("activations unknown (the model's layers do not give their shapes)" if mem["activations"] is None
                 else f"activations {_bytes(mem['activations'])}")

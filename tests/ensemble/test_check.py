@@ -203,6 +203,8 @@ def test_memory_is_the_documented_formula():
     big = member_memory({**size, "batch_size": 1024, "optimizer": "sgd"}, group_size=2)
     assert big["state"] == 4 * (1000 + 900) and big["activations"] == 4 * 200 * 2 * math.ceil(1024 / 2)
     assert member_memory({**size, "activations": None}, 1)["total"] == mem["state"]
+    half = member_memory(size, 1, "mixed_bfloat16")          # it said float32 sizes under mixed precision
+    assert half["state"] == mem["state"] and half["activations"] == mem["activations"] // 2
 
 
 def test_the_exit_status_is_the_runs_config_error():
