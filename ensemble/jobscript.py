@@ -81,6 +81,7 @@ class Job:
     left_out: int = 0               # rank slots (GPUs) launched without a rank, so that runtime.group_size
                                     # divides the workers (``group_fit``)
     continues: str | None = None    # the run already in run_dir the first job continues (``existing_run``)
+    data_note: str | None = None    # a data path not here that the job itself may make (``missing_data``)
 
     @property
     def ranks_per_node(self) -> int:
@@ -550,9 +551,10 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
     except ConfigError as exc:
         raise JobScriptError(f"config error in {args.config}: {exc}") from None
     missing = missing_data(cfg)
-    if missing:
+    if missing and not args.setup and "$" not in missing:
         raise JobScriptError(f"{missing}: the job would fail on it after its queue wait; give the path the compute "
-                             "nodes read (the same file systems as here), or make the data first")
+                             "nodes read (the same file systems as here), or make the data first (or in the job: "
+                             "a --setup line that stages it)")
     rt = cfg.runtime
     cpus = args.cpus_per_rank or rt.threads
     if cpus < rt.threads:
@@ -565,8 +567,9 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
                              "e.g. '$TMPDIR/env' or /dev/shm/env")
     run_dir = Path(os.path.abspath(cwd / (Path(args.run_dir) if args.run_dir else Path(cfg.output_dir) / cfg.name)))
     continues = existing_run(cfg, run_dir)
+    data_note = f"{missing} here: the job's --setup lines or environment must make it" if missing else None
     job = Job(scheduler=args.scheduler, name=re.sub(r"[^A-Za-z0-9._-]", "_", cfg.name),
-               config=str((cwd / args.config).resolve()), run_dir=str(run_dir), continues=continues,
+               config=str((cwd / args.config).resolve()), run_dir=str(run_dir), continues=continues, data_note=data_note,
                workdir=str(cwd), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                ranks_per_gpu=rt.ranks_per_gpu, threads=rt.threads, cpus_per_rank=cpus, minutes=minutes,
                python=python, account=args.account, queue=args.queue, setup=tuple(args.setup),
@@ -684,8 +687,9 @@ def main(argv: list[str] | None = None) -> int:
               f"per GPU ({CORES_PER_GPU}): --cpus-per-rank gives each rank its share")
     if args.hours > 48:
         print(f"note: --hours {args.hours:g} asks for {job.walltime} (hours, not minutes)")
-    if job.continues:
-        print(f"note: {job.continues}")
+    for note in (job.continues, job.data_note):
+        if note:
+            print(f"note: {note}")
     print(f"check the config first:  python -m ensemble.run {shlex.quote(args.config)} --check")
     if args.chain:
         print(f"submit {args.chain} job(s), each after the one before ends:  bash {shlex.quote(rel[1])}")

@@ -281,6 +281,9 @@ def test_missing_data_is_said_now_not_after_the_queue_wait(tmp_path, monkeypatch
     code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4")
     assert code == 2 and "`data.source` '/lus/project/data/train.h5' does not exist" in capsys.readouterr().err
     assert not list(here.glob("*.sh"))
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4",
+                          "--setup", "tar xf /lus/project/data.tar -C /lus/project/data")    # the job makes it
+    assert code == 0 and "here: the job's --setup lines or environment must make it" in capsys.readouterr().out
 
 
 def test_a_config_that_does_not_validate_or_exist_is_named(tmp_path, monkeypatch, capsys):
