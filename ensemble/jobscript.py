@@ -569,8 +569,8 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
     continues = existing_run(cfg, run_dir)
     data_note = f"{missing} here: the job's --setup lines or environment must make it" if missing else None
     job = Job(scheduler=args.scheduler, name=re.sub(r"[^A-Za-z0-9._-]", "_", cfg.name),
-               config=str((cwd / args.config).resolve()), run_dir=str(run_dir), continues=continues, data_note=data_note,
-               workdir=str(cwd), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+               config=str((cwd / args.config).resolve()), run_dir=str(run_dir), continues=continues,
+               data_note=data_note, workdir=str(cwd), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                ranks_per_gpu=rt.ranks_per_gpu, threads=rt.threads, cpus_per_rank=cpus, minutes=minutes,
                python=python, account=args.account, queue=args.queue, setup=tuple(args.setup),
                directives=tuple(args.directive), command=command, stage_env=args.stage_env,
