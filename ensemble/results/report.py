@@ -37,7 +37,7 @@ from ensemble.results.events import Event, EventKind
 from ensemble.results.records import SEARCH, Counts, MemberRecord, Status, as_records, latest
 from ensemble.results.rundir import DAMAGED_FIX, RunDirectory
 from ensemble.results.selection import rank_members
-from ensemble.results.summary import selection_how
+from ensemble.results.summary import epochs_note, selection_text
 from ensemble.results.timeline import as_events, run_stats
 from ensemble.task import get_task
 from ensemble.task.metrics import higher_is_better, metric_task, metric_text
@@ -612,14 +612,12 @@ def _answer(view: RunView) -> str:
 def _notes(view: RunView) -> str:
     s = view.summary or {}
     items = []
-    sel = s.get("selection")
-    if sel:
-        single = html.escape(str(sel["best_member"].get("id", "?")))
-        items.append(f"Selection: {html.escape(selection_how(sel))} on validation {sel['metric']} "
-                     f"{sel['val_score']:.4f} (best single member on it: {single} "
-                     f"{sel['best_member']['val_score']:.4f}); effective size "
-                     f"{sel['effective_size']:.2f} of {sel['picks']} members"
-                     + (f" ({html.escape(sel['why'])})" if sel.get("why") else ""))
+    selection = selection_text(s)
+    if selection:
+        items.append(f"Selection: {html.escape(selection)}")
+    note = epochs_note(s)
+    if note:
+        items.append(html.escape(note[0].upper() + note[1:]))
     cal = s.get("calibration")
     if cal:
         n_val = ((view.meta or {}).get("sizes") or {}).get("val")

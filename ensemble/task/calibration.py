@@ -155,15 +155,23 @@ def _held_out_error(method: str, y: np.ndarray, mean: np.ndarray, std: np.ndarra
 
 
 def fit_regression(y: np.ndarray, mean: np.ndarray, std: np.ndarray, method: str = "auto",
-                   seed: int = 0) -> dict[str, Any]:
+                   seed: int = 0, held_out: bool = True) -> dict[str, Any]:
     """The calibration of one regression ensemble from its validation ``mean``/``std``.
     Returns a JSON-ready dict: "method", "std_scale" (list, per output), "half_width"
     ({"50": [...], "90": [...], "95": [...]}: multiples of the calibrated-input std),
-    "floor" and, for "auto", "held_out_error" per method."""
+    "floor" and, for "auto", "held_out_error" per method.
+
+    ``held_out`` False: these rows also stopped the members' training and chose the ensemble
+    (a validation split too small to keep a part for the calibration alone, ``holdout_rows``).
+    Their residuals are then smaller than new rows' (each member's best epoch and the weights
+    were picked on them), and a fit on them narrows the intervals below nominal (150 rows, 23 of
+    them for validation: 0.80 of new rows inside the 90% interval over 5 splits, 0.92
+    uncalibrated). "auto" then only widens: every factor at least the uncalibrated one
+    ("widen_only" in the result); a method asked for by name is fitted as asked."""
     if method not in ("auto", "none", *REGRESSION_METHODS):
         raise ValueError(f"regression calibration must be auto, none, {', '.join(REGRESSION_METHODS)}; "
                          f"got {method!r}")
-    errors = None
+    errors, widen_only = None, method == "auto" and not held_out
     if method == "auto":
         method = "variance_scaling"
         if len(y) >= MIN_ROWS:
@@ -176,6 +184,9 @@ def fit_regression(y: np.ndarray, mean: np.ndarray, std: np.ndarray, method: str
                "floor": np.zeros(k)}
     else:
         fit = _fit_factors(method, y, mean, std)
+    if widen_only:                              # optimistic rows: never narrower than uncalibrated
+        fit["std_scale"] = np.maximum(fit["std_scale"], 1.0)
+        fit["widths"] = {lv: np.maximum(w, M.Z[lv]) for lv, w in fit["widths"].items()}
     out = {"method": method, "std_scale": fit["std_scale"].tolist(), "floor": fit["floor"].tolist(),
            "half_width": {M.level_key(lv): fit["widths"][lv].tolist() for lv in M.COVERAGE_LEVELS},
            "curve": {M.level_key(lv): fit["widths"][lv].tolist() for lv in M.CURVE_LEVELS}}
@@ -183,6 +194,11 @@ def fit_regression(y: np.ndarray, mean: np.ndarray, std: np.ndarray, method: str
         out["capped"] = [M.level_key(lv) for lv in LEVELS if math.ceil((len(y) + 1) * lv - 1e-9) > len(y)]
     if errors is not None:
         out["held_out_error"] = errors
+    if widen_only:
+        out["widen_only"] = True
+        out["why"] = (f"fitted on the {len(y)} validation rows that also stopped the members' training and chose the "
+                      "ensemble (too few to keep a part aside: `data.calibration_holdout`); their errors are smaller "
+                      "than new rows', so the intervals are only widened, never narrowed")
     return out
 
 
@@ -313,10 +329,11 @@ def apply_temperature(stats: dict, calibration: dict | None) -> dict:
 
 
 # ------------------------------------------------------------------------ either
-def fit(task: str, y: np.ndarray, stats: dict, setting: str, seed: int = 0) -> dict | None:
+def fit(task: str, y: np.ndarray, stats: dict, setting: str, seed: int = 0, held_out: bool = True) -> dict | None:
     """The calibration ``setting`` gives on ``task`` from validation ``stats``; None for none.
     "auto" keeps T = 1 on fewer than ``MIN_ROWS`` classification rows (saying why in "why"):
-    a temperature is kept only when held-out folds confirm it."""
+    a temperature is kept only when held-out folds confirm it. ``held_out``: whether these
+    rows were kept from early stopping and selection (``fit_regression``)."""
     method = resolve(setting, task)
     if method == "none":
         return None
@@ -327,7 +344,7 @@ def fit(task: str, y: np.ndarray, stats: dict, setting: str, seed: int = 0) -> d
                     "why": f"{len(y)} validation rows are too few to check a temperature on held-out "
                            f"folds (at least {MIN_ROWS})"}
         return fit_temperature(y, stats["proba"], seed)
-    return fit_regression(y, stats["mean"], stats["std"], method, seed)
+    return fit_regression(y, stats["mean"], stats["std"], method, seed, held_out)
 
 
 def apply(task: str, stats: dict, calibration: dict | None) -> dict:

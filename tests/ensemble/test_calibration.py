@@ -236,3 +236,28 @@ def test_the_holdout_setting_is_auto_by_task_or_a_share_and_refuses_anything_els
     for bad in (0.9, -0.1, "half", True):
         with pytest.raises(ConfigError, match="data.calibration_holdout"):
             resolve_config({"architectures": arch, "data": {"calibration_holdout": bad}})
+
+
+def test_auto_only_widens_on_rows_that_also_stopped_training():
+    """150 rows, 23 for validation (too few to hold some out): the members' errors on those rows were
+    half their errors on new rows, and "auto" narrowed the 90% interval to 0.80 of new rows."""
+    from ensemble.results.summary import calibration_lines
+    rng = np.random.default_rng(2)
+    n = 23
+    y = rng.normal(size=n)
+    mean, std = y + 0.5 * rng.normal(size=n), np.ones(n)           # optimistic: errors half the spread
+    fitted = C.fit_regression(y, mean, std, "auto", held_out=True)
+    assert fitted["std_scale"][0] < 0.8 and fitted["half_width"]["90"][0] < 1.645      # rows kept aside: as fitted
+    kept = C.fit_regression(y, mean, std, "auto", held_out=False)
+    assert kept["widen_only"] and kept["std_scale"] == [1.0]
+    assert all(kept["half_width"][k][0] >= C.M.Z[float(k) / 100] - 1e-12 for k in kept["half_width"])
+    wide = C.fit_regression(y, y + 3.0 * rng.normal(size=n), std, "auto", held_out=False)
+    assert wide["std_scale"][0] > 2                                  # overconfident even there: widened
+    asked = C.fit_regression(y, mean, std, "conformal", held_out=False)
+    assert "widen_only" not in asked and asked["half_width"]["90"][0] < 1.645          # a method asked for: as asked
+    said = calibration_lines({**kept, "rows": n, "held_out": False})
+    assert len(said) == 1 and "only widened, never narrowed" in said[0]
+    assert "may cover less than nominal" in calibration_lines({**asked, "rows": n, "held_out": False})[0]
+    assert "without split conformal's finite-sample guarantee" in calibration_lines(
+        {"method": "variance_scaling", "rows": 60, "held_out": True})[0]
+    assert "covers at least 0.90" in calibration_lines({"method": "conformal", "rows": 60, "held_out": True})[0]
