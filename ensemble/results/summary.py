@@ -260,9 +260,10 @@ def build_ensemble(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta
 
 def per_target_metrics(meta: dict, stats: dict, y: np.ndarray) -> dict[str, dict[str, float]] | None:
     """A regression of several targets: each target's test mse, mae and r2 (and nll with a
-    spread) in its own units, by its column name (``meta["target_names"]``: ``data.label``) or
-    index; None for one target (the ensemble's metrics average the targets, the largest in its
-    units weighing most)."""
+    spread) in its own units, and the coverage of its calibrated intervals (``stats["intervals"]``),
+    by its column name (``meta["target_names"]``: ``data.label``) or index; None for one target
+    (the ensemble's metrics average the targets, the largest in its units weighing most, and
+    pool the coverage: one target's intervals may miss while the pool looks right)."""
     from ensemble.task.metrics import regression_metrics
     mean = np.asarray(stats["mean"], dtype=np.float64)
     if mean.ndim != 2 or mean.shape[1] < 2:
@@ -273,10 +274,14 @@ def per_target_metrics(meta: dict, stats: dict, y: np.ndarray) -> dict[str, dict
     spread = var is not None and bool(np.any(var > 0))
     names = [str(n) for n in meta.get("target_names") or ()]
     names = names if len(names) == k else [str(j) for j in range(k)]
-    keep = ("mse", "mae", "r2", "nll")             # not the uncalibrated intervals' coverage
-    return {name: {key: value for key, value in regression_metrics(y[:, j], mean[:, j],
-                                                                   var[:, j] if spread else None).items()
-                   if key in keep} for j, name in enumerate(names)}
+    keep = ("mse", "mae", "r2", "nll")             # not the uncalibrated intervals' coverage: the calibrated ones'
+    widths = {k: np.asarray(w, dtype=np.float64).reshape(mean.shape) for k, w in (stats.get("intervals") or {}).items()}
+    from ensemble.task.metrics import coverage
+    return {name: {**{key: value for key, value in regression_metrics(y[:, j], mean[:, j],
+                                                                      var[:, j] if spread else None).items()
+                      if key in keep},
+                   **{f"coverage{k}": coverage(y[:, j], mean[:, j], w[:, j]) for k, w in widths.items()}}
+            for j, name in enumerate(names)}
 
 
 def _reselected(run_dir: RunDirectory) -> dict | None:
@@ -430,7 +435,11 @@ def format_comparison(summary: dict) -> str:
                          f"beats the ensemble on test {metric}: baseline {metric_text(base[metric])}, ensemble "
                          f"{metric_text(ens[metric])}")
     for name, values in (summary.get("per_target") or {}).items():
-        lines.append(f"  target {name}: test " + "  ".join(f"{k} {metric_text(v)}" for k, v in values.items()))
+        lines.append(f"  target {name}: test " + "  ".join(f"{k} {metric_text(v)}" for k, v in values.items()
+                                                           if not k.startswith("coverage"))
+                     + "".join(f"{'   coverage ' if i == 0 else '  '}{k[8:]}% {v:.2f}"
+                               for i, (k, v) in enumerate((k, v) for k, v in values.items()
+                                                          if k.startswith("coverage"))))
     major = summary.get("majority")
     if major and "accuracy" in ens and ens["accuracy"] <= major["test_accuracy"]:
         imbalanced = major["test_accuracy"] >= IMBALANCED_SHARE

@@ -409,6 +409,13 @@ def test_several_regression_targets_get_their_own_test_metrics():
     text = format_comparison({"ensemble": {"test": test}, "best_member": {"id": "a", "test": test}, "metric": "mse",
                               "members": [{"id": "a"}], "per_target": got})
     assert "  target temp: test mse " in text and "  target flux: test mse " in text
+    # each target's calibrated intervals: the pooled coverage hid one target's missing (0.84 pooled: 0.84 and 0.83)
+    half = {"90": np.column_stack([np.full(50, 1e-9), np.full(50, 1e9)])}     # temp covers nothing, flux all
+    got = per_target_metrics(cfg, {"mean": mean, "var": np.ones_like(mean), "intervals": half}, y)
+    assert got["temp"]["coverage90"] == 0.0 and got["flux"]["coverage90"] == 1.0
+    text = format_comparison({"ensemble": {"test": test}, "best_member": {"id": "a", "test": test}, "metric": "mse",
+                              "members": [{"id": "a"}], "per_target": got})
+    assert "   coverage 90% 0.00" in text and "   coverage 90% 1.00" in text
 
 
 def test_the_console_says_how_much_a_conformal_interval_moves_with_its_calibration_rows():
