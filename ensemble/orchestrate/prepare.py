@@ -58,15 +58,16 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
 def run_notes(cfg: RunConfig, info: dict, arrays: dict, meta: dict) -> list[str]:
     """What ``check`` prints and the run logs of data that will train but may mislead: the data's
     own (``datafeed.prepare.data_notes``), a validation split too small to select on
-    (``selection.few_rows_note``) and targets whose scales make the metric about one of them
-    (``metrics.scales_note``)."""
+    (``selection.few_rows_note``), targets whose scales make the metric about one of them
+    (``metrics.scales_note``) and a class too rare for accuracy to rank on (``metrics.rare_class_note``)."""
     from datafeed.prepare import data_notes
     from ensemble.results.selection import few_rows_note
     from ensemble.task import get_task
-    from ensemble.task.metrics import scales_note
+    from ensemble.task.metrics import rare_class_note, scales_note
+    metric = get_task(meta["task"]).default_metric(cfg.ensemble.metric)
     notes = [*data_notes(info, arrays, meta), few_rows_note(meta["sizes"]["val"]),
-             scales_note(get_task(meta["task"]).default_metric(cfg.ensemble.metric), arrays["y_train"],
-                         meta.get("target_names", ()))]
+             scales_note(metric, arrays["y_train"], meta.get("target_names", ())),
+             rare_class_note(metric, arrays["y_train"], meta.get("class_names") or (), meta["sizes"]["test"])]
     return [n for n in notes if n]
 
 

@@ -259,6 +259,29 @@ def _mae(y: np.ndarray, mean: np.ndarray) -> float:
     return float(np.mean(np.abs(y - mean)))
 
 
+#: a class rarer than this share of the rows makes accuracy blind to it (``rare_class_note``)
+RARE_SHARE = 0.1
+
+
+def rare_class_note(metric: str, y: np.ndarray, names: Sequence[str], test_rows: int) -> str | None:
+    """What ``check`` and the run say when members are ranked on "accuracy" and a class holds fewer
+    than ``RARE_SHARE`` of the rows: answering the common class scores nearly as well, and the
+    test split holds only a few of the rare one (400 rows, 23 positives: 3 in the test split)."""
+    y = np.asarray(y).reshape(-1)
+    if metric != "accuracy" or y.ndim != 1 or len(y) < 2 or not np.issubdtype(y.dtype, np.integer):
+        return None
+    counts = np.bincount(y, minlength=len(names))
+    rare = int(np.argmin(counts))
+    share = counts[rare] / len(y)
+    if share >= RARE_SHARE:
+        return None
+    name = repr(str(names[rare])) if rare < len(names) else str(rare)
+    return (f"class {name} holds {counts[rare]} of {len(y)} training rows ({share:.1%}), so about "
+            f"{share * test_rows:.0f} of the {test_rows} test rows: accuracy barely sees it (answering the common "
+            "class scores nearly as well) and ranks members by it; `ensemble.metric = \"log_loss\"` ranks them on "
+            "their probabilities of every class")
+
+
 #: targets whose spreads differ by more than this factor make "mse"/"mae" about the widest (``scales_note``)
 SCALE_RATIO = 10.0
 

@@ -269,3 +269,15 @@ def test_scales_note_names_the_target_that_mse_is_about():
     assert "'modulus' makes 100% of it" in note and 'ensemble.metric = "r2"' in note
     assert scales_note("r2", y) is None and scales_note("mse", y[:, :1]) is None
     assert scales_note("mse", np.stack([y[:, 0], 3 * y[:, 0]], axis=1)) is None     # within SCALE_RATIO
+
+
+def test_a_class_too_rare_for_accuracy_is_said():
+    """400 rows, 23 positives, ranked on accuracy: check printed "0: 377, 1: 23" and nothing more,
+    and the test split held 3 positives."""
+    from ensemble.task.metrics import rare_class_note
+    y = np.array([0] * 280 + [1] * 16)
+    note = rare_class_note("accuracy", y, ["no", "yes"], 60)
+    assert "class 'yes' holds 16 of 296 training rows (5.4%), so about 3 of the 60 test rows" in note
+    assert 'ensemble.metric = "log_loss"' in note
+    assert rare_class_note("log_loss", y, ["no", "yes"], 60) is None                       # ranked on probabilities
+    assert rare_class_note("accuracy", np.array([0] * 80 + [1] * 20), ["no", "yes"], 60) is None     # 20%: seen
