@@ -610,3 +610,21 @@ def test_impute_median_fills_missing_features_from_the_training_rows_only(tmp_pa
     x[:, 2], x[5, 0] = 0.0, np.inf                                    # inf is no gap: still refused
     with pytest.raises(DataError, match=r"1 inf values"):
         prepare_with_rows(x, y, {"feature_names": ["a", "b", "c"]}, data, 0)
+
+
+def test_a_given_test_split_beyond_the_training_range_is_said():
+    """Training e0 in [-2, 1], the test file's in [-2, 3]: the ensemble's spread fell where it
+    extrapolated, and nothing said the test rows lay outside."""
+    from datafeed.prepare import data_notes, outside_note
+    rng = np.random.default_rng(0)
+    train = rng.uniform(-2, 1, size=(200, 3))
+    test = rng.uniform(-2, 1, size=(50, 3))
+    test[:20, 0] = rng.uniform(1.5, 3, size=20)
+    note = outside_note(train, test, ["e0", "e1", "e2"])
+    assert note.startswith("20 of 50 test rows lie outside the training rows' range") and "'e0' 20" in note
+    assert outside_note(train, rng.uniform(-2, 1, size=(50, 3))) is None
+    arrays = {"x_train": train, "x_test": test, **{f"y_{s}": np.zeros(5) for s in ("train", "val", "test")}}
+    meta = {"task": "regression", "class_names": [], "feature_names": ["e0", "e1", "e2"]}
+    given = data_notes({}, arrays, {**meta, "split_from": "sources"})
+    assert any("outside the training rows' range" in n for n in given)
+    assert not any("outside" in n for n in data_notes({}, arrays, {**meta, "split_from": "random"}))   # drawn alike
