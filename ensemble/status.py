@@ -333,7 +333,7 @@ def format_status(s: dict) -> str:
         lines += MODES[s["mode"]].status_lines(s[s["mode"]])
     if s["best"]:
         b = s["best"]
-        lines.append(f"best member so far: {b['id']}  val {s['metric']} {metric_text(b['val'])}"
+        lines.append(f"best member{' so far' if live else ''}: {b['id']}  val {s['metric']} {metric_text(b['val'])}"
                      + (f", test {metric_text(b['test'])}" if b.get("test") is not None else ""))
     if s.get("ensemble"):
         e = s["ensemble"]
