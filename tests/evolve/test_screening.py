@@ -46,13 +46,18 @@ def strategy(name: str, kind: str = "structured", seed: int = 0, evaluations: in
     return st
 
 
-def run(st, in_flight: int = 3, wait: bool = True) -> list:
+def run(st, in_flight: int = 3, wait: bool = True, every_helper: bool = False) -> list:
     """Ask and tell until done, ``in_flight`` out at once; with ``wait``, each bred ask once the
     surrogate has its results waits for the helper to have a child ready (so the test does not
-    depend on how fast the helper is)."""
-    asked, out = [], []
+    depend on how fast the helper is); with ``every_helper``, the first such ask waits until
+    every helper has sent children (one started late on a loaded machine had sent none when the
+    other had served the whole search)."""
+    asked, out, waited = [], [], not every_helper
     while not st.done():
         if wait and st.breeder() is not None and st.told >= 4:
+            if not waited:
+                wait_for(lambda: all(h.state or h.failed for h in st.ahead.helpers))
+                waited = True
             wait_for(lambda: st.ahead.ready or st.ahead.failed is not None)
         g = st.ask()
         if g is not None:
@@ -91,7 +96,7 @@ def test_children_screened_ahead_are_new_and_most_bred_asks_get_one(name):
 def test_two_helpers_breed_their_own_children_and_each_is_asked_once():
     st = strategy("regularized", seed=6, evaluations=60, ahead=8, helpers=2)
     try:
-        asked = run(st)
+        asked = run(st, every_helper=True)
         assert len({g.key() for g in asked}) == len(asked) == 60
         assert st.ahead.counts["served"] >= 20 and all(h.state for h in st.ahead.helpers)   # both screened
         state = st.state()
