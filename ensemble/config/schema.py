@@ -350,7 +350,8 @@ SCHEMA = Table({
         "calibration": Key((str,), "auto", _one_of(*CALIBRATIONS),
                            doc="recalibration on the validation split: \"auto\" recalibrates regression "
                                "intervals (variance scaling or conformal, whichever covers held-out validation "
-                               "folds closer to nominal) and temperature-scales class probabilities when that "
+                               "folds closer to nominal; only widened when no rows were kept from early stopping, "
+                               "`data.calibration_holdout`) and temperature-scales class probabilities when that "
                                "lowers the log loss of held-out validation folds"),
         "candidates": Key((int,), 500, _positive,
                           doc="predictions are kept for the best this many members: the pool selection "

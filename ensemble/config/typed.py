@@ -181,8 +181,9 @@ class EnsembleConfig(Section):
     #: mse for mean-only regression members)
     selection_metric: str
     #: recalibration on the validation split: "auto" recalibrates regression intervals (variance scaling or
-    #: conformal, whichever covers held-out validation folds closer to nominal) and temperature-scales class
-    #: probabilities when that lowers the log loss of held-out validation folds
+    #: conformal, whichever covers held-out validation folds closer to nominal; only widened when no rows
+    #: were kept from early stopping, `data.calibration_holdout`) and temperature-scales class probabilities
+    #: when that lowers the log loss of held-out validation folds
     calibration: str
     #: predictions are kept for the best this many members: the pool selection chooses from
     candidates: int
