@@ -573,10 +573,30 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
                data_note=data_note, workdir=str(cwd), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                ranks_per_gpu=rt.ranks_per_gpu, threads=rt.threads, cpus_per_rank=cpus, minutes=minutes,
                python=python, account=args.account, queue=args.queue, setup=tuple(args.setup),
-               directives=tuple(args.directive), command=command, stage_env=args.stage_env,
+               directives=directives(args.directive), command=command, stage_env=args.stage_env,
                cpu_ranks_per_node=0 if args.gpus_per_node else args.ranks_per_node,
                master_trains=master_trains_text(cfg, args.gpus_per_node))
     return group_fit(job, rt.group_size)
+
+
+#: what begins a directive line in each scheduler's script (``--directive`` may repeat it)
+DIRECTIVE_PREFIXES = ("#SBATCH", "#PBS", "#BSUB", "#flux:")
+
+
+def directives(given: list[str]) -> tuple[str, ...]:
+    """``--directive`` texts as the directive lines take them: a repeated "#SBATCH" (or another
+    scheduler's prefix) dropped; each must be an option ("-l ...", "--qos=x": a text such as
+    "constraint=gpu" made a line the scheduler refuses or ignores after the queue wait)."""
+    out = []
+    for text in given:
+        line = text.strip()
+        for prefix in DIRECTIVE_PREFIXES:
+            line = line.removeprefix(prefix).strip() if line.startswith(prefix) else line
+        if not line.startswith("-") or "\n" in line:
+            raise JobScriptError(f"--directive {text!r} must be one scheduler option, beginning with '-' "
+                                 "(e.g. --directive=--constraint=gpu, --directive=\"-l filesystems=home:eagle\")")
+        out.append(line)
+    return tuple(out)
 
 
 def job_python(given: str, cwd: Path, setup: bool) -> str:

@@ -253,6 +253,7 @@ def test_a_name_is_made_safe_for_directives_and_file_names(tmp_path, monkeypatch
     (["--cpus-per-rank", "1"], "--cpus-per-rank 1 is fewer than the config's `runtime.threads` = 2"),
     (["--python", "no/such/python"], "--python 'no/such/python' does not exist"),
     (["--hours", "2h"], "expected hours (1.5) or a walltime (1:30:00, 1-00:00:00), got '2h'"),
+    (["--directive", "constraint=gpu"], "--directive 'constraint=gpu' must be one scheduler option, beginning"),
 ])
 def test_bad_requests_fail_before_anything_is_written(args, message, tmp_path, monkeypatch, capsys):
     base = {"--nodes": "2", "--gpus-per-node": "4"}
@@ -264,6 +265,13 @@ def test_bad_requests_fail_before_anything_is_written(args, message, tmp_path, m
         code, here = exc.code, tmp_path
     assert code == jobscript.EXIT_USAGE and message in capsys.readouterr().err
     assert not list(here.glob("*.sh"))
+
+
+def test_a_directive_given_with_its_prefix_is_written_once(tmp_path, monkeypatch):
+    code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4",
+                          "--directive", "#SBATCH --qos=regular")
+    text = (here / "tiny.slurm.sh").read_text()
+    assert code == 0 and "#SBATCH --qos=regular\n" in text and "#SBATCH #SBATCH" not in text
 
 
 @pytest.mark.parametrize("given, walltime", [("1.5", "1:30:00"), ("2:00:00", "2:00:00"), ("0:45", "0:45:00"),
