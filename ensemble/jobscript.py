@@ -453,8 +453,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="CPU-only nodes (--gpus-per-node 0): ranks on each node, e.g. cores per node / "
                         "runtime.threads")
     p.add_argument("--hours", type=hours, default=2.0,
-                   help="the job's time limit: hours (default 2; whole minutes), or H:MM[:SS] or D-HH:MM:SS as "
-                        "schedulers write it")
+                   help="the job's time limit: hours (default 2; whole minutes), or a walltime H:MM:SS or "
+                        "D-H[:MM[:SS]] as Slurm writes it")
     p.add_argument("--cpus-per-rank", type=int,
                    help="cores each rank is bound to (default: the config's runtime.threads); cores per node / "
                         f"ranks per node uses them all, e.g. {CORES_PER_GPU}")
@@ -479,16 +479,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def hours(text: str) -> float:
-    """``--hours``: a number of hours, or a scheduler's walltime (H:MM, H:MM:SS, D-HH:MM:SS)."""
-    m = re.fullmatch(r"\s*(?:(\d+)-)?(\d+):(\d{1,2})(?::(\d{1,2}))?\s*", text)
+    """``--hours``: a number of hours, or a walltime as Slurm and PBS write it: H:MM:SS, D-H,
+    D-H:MM, D-H:MM:SS (two fields alone, MM:SS to them, are refused as too easily misread)."""
+    m = re.fullmatch(r"\s*(?:(\d+)-(\d+)(?::(\d{1,2})(?::(\d{1,2}))?)?|(\d+):(\d{1,2}):(\d{1,2}))\s*", text)
     if m:
-        days, h, mins, secs = (int(g or 0) for g in m.groups())
+        days, h1, m1, s1, h2, m2, s2 = (int(g) if g else 0 for g in m.groups())
+        h, mins, secs = (h1, m1, s1) if m.group(1) else (h2, m2, s2)
+        if mins > 59 or secs > 59:
+            raise argparse.ArgumentTypeError(f"{text!r}: minutes and seconds must be below 60")
         return days * 24 + h + mins / 60 + secs / 3600
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected hours (1.5) or a walltime (1:30:00, 1-00:00:00), got {text!r}") \
-            from None
+        raise argparse.ArgumentTypeError(f"expected hours (1.5) or a walltime (1:30:00, 1-00:00:00), got {text!r}; "
+                                         "MM:SS is not taken (schedulers disagree on it)") from None
+    return value
 
 
 def missing_data(cfg) -> str | None:
@@ -545,7 +550,7 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
                              "config's runtime.ranks_per_gpu")
     minutes = round(args.hours * 60) if math.isfinite(args.hours) else 0
     if minutes < 1:
-        raise JobScriptError(f"--hours must give the job at least a minute, but got {args.hours:g}")
+        raise JobScriptError(f"--hours must give the job at least a minute, but got {args.hours * 3600:.0f} s")
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:
@@ -567,31 +572,36 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
                              "e.g. '$TMPDIR/env' or /dev/shm/env")
     run_dir = Path(os.path.abspath(cwd / (Path(args.run_dir) if args.run_dir else Path(cfg.output_dir) / cfg.name)))
     continues = existing_run(cfg, run_dir)
-    data_note = f"{missing} here: the job's --setup lines or environment must make it" if missing else None
+    data_note = f"{missing}: the job's --setup lines or environment must make it" if missing else None
     job = Job(scheduler=args.scheduler, name=re.sub(r"[^A-Za-z0-9._-]", "_", cfg.name),
                config=str((cwd / args.config).resolve()), run_dir=str(run_dir), continues=continues,
                data_note=data_note, workdir=str(cwd), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                ranks_per_gpu=rt.ranks_per_gpu, threads=rt.threads, cpus_per_rank=cpus, minutes=minutes,
                python=python, account=args.account, queue=args.queue, setup=tuple(args.setup),
-               directives=directives(args.directive), command=command, stage_env=args.stage_env,
+               directives=directives(args.directive, args.scheduler), command=command, stage_env=args.stage_env,
                cpu_ranks_per_node=0 if args.gpus_per_node else args.ranks_per_node,
                master_trains=master_trains_text(cfg, args.gpus_per_node))
     return group_fit(job, rt.group_size)
 
 
 #: what begins a directive line in each scheduler's script (``--directive`` may repeat it)
-DIRECTIVE_PREFIXES = ("#SBATCH", "#PBS", "#BSUB", "#flux:")
+DIRECTIVE_PREFIXES = {"slurm": "#SBATCH", "pbs": "#PBS", "lsf": "#BSUB", "flux": "#flux:"}
 
 
-def directives(given: list[str]) -> tuple[str, ...]:
-    """``--directive`` texts as the directive lines take them: a repeated "#SBATCH" (or another
-    scheduler's prefix) dropped; each must be an option ("-l ...", "--qos=x": a text such as
-    "constraint=gpu" made a line the scheduler refuses or ignores after the queue wait)."""
+def directives(given: list[str], scheduler: str) -> tuple[str, ...]:
+    """``--directive`` texts as the directive lines take them: a repeated prefix of this
+    scheduler ("#SBATCH") dropped, another scheduler's refused; each must be an option ("-l ...",
+    "--qos=x": a text such as "constraint=gpu" made a line the scheduler refuses after the
+    queue wait)."""
     out = []
     for text in given:
         line = text.strip()
-        for prefix in DIRECTIVE_PREFIXES:
-            line = line.removeprefix(prefix).strip() if line.startswith(prefix) else line
+        own = DIRECTIVE_PREFIXES[scheduler]
+        other = next((p for p in DIRECTIVE_PREFIXES.values() if p != own and line.startswith(p)), None)
+        if other:
+            raise JobScriptError(f"--directive {text!r} is a {other} line, but the script is for {scheduler} "
+                                 f"({own}): give the {scheduler} option")
+        line = line.removeprefix(own).strip()
         if not line.startswith("-") or "\n" in line:
             raise JobScriptError(f"--directive {text!r} must be one scheduler option, beginning with '-' "
                                  "(e.g. --directive=--constraint=gpu, --directive=\"-l filesystems=home:eagle\")")
@@ -604,6 +614,7 @@ def job_python(given: str, cwd: Path, setup: bool) -> str:
     symlink); a path naming a shell variable (``$CONDA_PREFIX/bin/python``) or, with ``--setup``, a
     bare name (``python3``) as given, for the job's shell to expand or find on the PATH its setup
     lines make; a bare name without setup as this shell finds it now."""
+    given = os.path.expanduser(given)                  # ~/env/bin/python: this user's home, as the job's
     if "$" in given or (setup and os.sep not in given):
         if '"' in given or "`" in given:
             raise JobScriptError(f"--python {given!r}: a path the job's shell expands holds no quotes or backquotes")

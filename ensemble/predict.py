@@ -121,6 +121,10 @@ def _prepare_on_root(args: argparse.Namespace):
     if out is not None and out.exists() and Path(args.data).exists() and out.samefile(args.data):
         raise PredictError(f"--out {str(out)!r} is the --data file: writing the predictions would replace its rows; "
                            "choose another --out")
+    if out is not None and Path(os.path.realpath(run.path)) in Path(os.path.realpath(out.absolute())).parents:
+        raise PredictError(f"--out {str(out)!r} is inside the run directory, whose files are the run's own "
+                           "(its leaderboard, a member's model written over is lost): write the predictions "
+                           "outside it")
     if args.export:
         from ensemble.inference.export import export_ensemble
         export_ensemble(run, args.export)

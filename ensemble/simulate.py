@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -89,6 +90,8 @@ def _positive(kind, zero: bool = False):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
         if value < 0 or (value == 0 and not zero):
             raise argparse.ArgumentTypeError(f"must be {'at least 0' if zero else 'above 0'}, got {text}")
         return value

@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +94,7 @@ def export_ensemble(run: EnsembleRun | str | Path, path: str | Path) -> Path:
     path = Path(path)
     if path.suffix != ".keras":
         raise PredictError(f"the exported model must be a .keras file, but got {str(path)!r}")
+    safe_destination(path, "keras", run.path if isinstance(run, EnsembleRun) else run)   # predict --export too
     if isinstance(run, (str, Path)):
         run = load_run(run)
     model = build_ensemble_model(run)
@@ -123,16 +125,24 @@ def safe_destination(path: Path, fmt: str, run_dir: str | Path) -> None:
     above it or above the working directory, a folder that is not a SavedModel written before
     (a SavedModel replaces its directory whole), a folder where a file goes. ``PredictError``
     says which and what to give instead."""
-    run_dir, here = Path(os.path.abspath(run_dir)), Path.cwd()
+    path = Path(os.path.abspath(path))
+    run_dir, here = Path(os.path.realpath(run_dir)), Path(os.path.realpath(Path.cwd()))
+    real = Path(os.path.realpath(path))                 # a link is judged by what it names
+    default = run_dir / RunDirectory.EXPORTS[fmt]
     for inside, what in ((run_dir, "the run directory"), (here, "the working directory")):
-        if path == inside or path in inside.parents:
+        if real == inside or real in inside.parents:
             raise PredictError(f"{str(path)!r} is {what} or a folder holding it: exporting there would replace "
-                               "it; give a new path, e.g. " + repr(str(run_dir / RunDirectory.EXPORTS[fmt])))
+                               f"it; give a new path, e.g. {str(default)!r}")
+    if run_dir in real.parents and real != default:
+        raise PredictError(f"{str(path)!r} is inside the run directory, whose files are the run's own (a member's "
+                           f"model written over is lost): export to {str(default)!r}, or outside the run directory")
+    if path.is_symlink():
+        raise PredictError(f"{str(path)!r} is a symbolic link; give the path itself to write to")
     if not path.exists():
         return
     if fmt == "saved_model":
-        if not path.is_dir() or not (path / "saved_model.pb").is_file() \
-                or {p.name for p in path.iterdir()} - SAVED_MODEL_ENTRIES:
+        entries = {p.name for p in path.iterdir()} if path.is_dir() else None
+        if entries is None or (entries and ("saved_model.pb" not in entries or entries - SAVED_MODEL_ENTRIES)):
             raise PredictError(f"{str(path)!r} exists and is not a SavedModel written before (a SavedModel "
                                "replaces its whole directory, and this one holds other things): give a new path")
     elif path.is_dir():
@@ -177,10 +187,14 @@ def export_model(run: EnsembleRun | str | Path, path: str | Path, fmt: str = "ke
 
     if fmt == "onnx":
         return atomic_write(path, write)
-    tmp = path.with_name(path.name + ".part")          # a directory: written beside, then renamed
-    shutil.rmtree(tmp, ignore_errors=True)
-    write(tmp)
-    if path.exists():
-        shutil.rmtree(path)
-    os.replace(tmp, path)
+    # a directory: written beside, then renamed; in a folder of its own, never a user's
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.part-", dir=path.parent))
+    try:
+        shutil.rmtree(tmp)                              # Keras's export makes the folder itself
+        write(tmp)
+        if path.exists():
+            shutil.rmtree(path)                         # an earlier SavedModel (safe_destination) or an empty folder
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return path

@@ -83,8 +83,8 @@ def check_main(config_path: str, resume: bool = False, run_dir: str | None = Non
     for note in unread_tables(cfg, config_path):
         print(f"  note: {note}")
     prepared = check_data(cfg, found)
-    if prepared is not None:
-        mode.preflight(cfg, prepared[1], None, found)
+    if prepared is not None or mode.writes_source:      # mode "online": its data comes once the run starts
+        mode.preflight(cfg, prepared[1] if prepared is not None else None, None, found)
     if prepared is not None and resumed is not None:
         resumed_data(cfg, resumed, *prepared, found)
     members: list[dict] = []

@@ -37,7 +37,7 @@ from ensemble.results.events import Event, EventKind
 from ensemble.results.records import SEARCH, Counts, MemberRecord, Status, as_records, latest
 from ensemble.results.rundir import DAMAGED_FIX, RunDirectory
 from ensemble.results.selection import rank_members
-from ensemble.results.summary import epochs_note, selection_text
+from ensemble.results.summary import calibration_lines, epochs_note, selection_text
 from ensemble.results.timeline import as_events, run_stats
 from ensemble.task import get_task
 from ensemble.task.metrics import higher_is_better, metric_task, metric_text
@@ -620,13 +620,11 @@ def _notes(view: RunView) -> str:
         items.append(html.escape(note[0].upper() + note[1:]))
     cal = s.get("calibration")
     if cal:
-        n_val = ((view.meta or {}).get("sizes") or {}).get("val")
-        rows = cal.get("rows")
+        promise = calibration_lines(cal, ((view.meta or {}).get("sizes") or {}).get("val"))   # as the console says
         items.append(f"Calibration: {cal.get('method', 'none')}"
                      + (f", temperature {cal['temperature']:.3f}" if "temperature" in cal else "")
-                     + (f", fitted on {rows} validation rows that members' early stopping did not see"
-                        if rows is not None and n_val is not None and rows < n_val else "")
-                     + (f" ({html.escape(cal['why'])})" if cal.get("why") else ""))
+                     + (f": {html.escape(' '.join(promise))}" if promise else
+                        f" ({html.escape(cal['why'])})" if cal.get("why") else ""))
     base = s.get("baseline") or {}
     metric = view.metric
     if "test" in base and metric in base["test"] and metric in s.get("ensemble", {}).get("test", {}):

@@ -245,7 +245,8 @@ def build_ensemble(run_dir: RunDirectory, records: Records, cfg: RunConfig, meta
                            "test_accuracy": float(np.mean(np.asarray(y_test) == common))}
     ran_out = [r for r in finished if r.extra.get("stopped") == "epochs"]
     if ran_out and len(ran_out) == len(finished) and cfg.runtime.trainer != "rehearsal" and cfg.train.patience:
-        out["epochs_spent"] = {"members": len(ran_out), "epochs": max(r.epochs or 0 for r in ran_out)}
+        out["epochs_spent"] = {"members": len(ran_out), "epochs": max(r.epochs or 0 for r in ran_out),
+                               "patience": cfg.train.patience}
     per_target = per_target_metrics(meta, stats["test"], y_test) if task.name == "regression" else None
     if per_target:
         out["per_target"] = per_target
@@ -355,20 +356,23 @@ def epochs_note(summary: dict) -> str | None:
     if not spent:
         return None
     every = "the one member" if spent["members"] == 1 else f"every one of the {spent['members']} members"
-    return (f"{every} ran all {spent['epochs']} epochs without stopping early (validation loss still improving "
-            "within `train.patience`): members may be undertrained; raise `train.epochs` (early stopping ends "
-            "each member once it stops improving)")
+    why = ("`train.epochs` is not more than `train.patience`, so early stopping could not end one"
+           if spent["epochs"] <= spent.get("patience", 0) else
+           "validation loss still improving within `train.patience`")
+    return (f"{every} ran all {spent['epochs']} epochs without stopping early ({why}): members may be "
+            "undertrained; raise `train.epochs` (early stopping ends each member once it stops improving)")
 
 
-def calibration_lines(cal: dict) -> list[str]:
+def calibration_lines(cal: dict, n_val: int | None = None) -> list[str]:
     """What a regression calibration's intervals promise, from the rows it was fitted on: split
     conformal on rows kept from training, its finite-sample spread over such sets of rows; a
     variance scaling, none; rows that also stopped training and chose the ensemble, why they
-    were only widened ("auto") or may be too narrow (a method asked for)."""
+    were only widened ("auto") or may be too narrow (a method asked for). ``n_val``: the
+    validation rows, for a calibration written before it said whether its rows were held out."""
     method, rows = cal.get("method"), cal.get("rows")
     if method not in ("conformal", "variance_scaling") or not rows:
         return []
-    if not cal.get("held_out", True):
+    if not cal.get("held_out", rows < n_val if n_val else True):
         return [cal["why"] if cal.get("widen_only") else
                 f"fitted on the {rows} validation rows that also stopped the members' training and chose the "
                 "ensemble: their errors are smaller than new rows', and the intervals may cover less than nominal"]

@@ -51,3 +51,26 @@ def test_a_file_format_refuses_a_folder(place):
     with pytest.raises(PredictError, match="is a folder; give the keras file to write"):
         safe_destination(place / "out.keras", "keras", place / "runs" / "r1")
     safe_destination(place / "new.keras", "keras", place / "runs" / "r1")
+
+
+def test_nothing_inside_the_run_directory_but_its_own_export(place):
+    """`export RUN RUN/models/mlp-000.keras` wrote over a member's model: the run was damaged."""
+    run = place / "runs" / "r1"
+    (run / "models").mkdir()
+    (run / "models" / "mlp-000.keras").write_text("a member")
+    for where in ("models/mlp-000.keras", "models/new.keras", "leaderboard.keras"):
+        with pytest.raises(PredictError, match="inside the run directory, whose files are the run's own"):
+            safe_destination(run / where, "keras", run)
+    safe_destination(run / "ensemble.keras", "keras", run)                 # its own export, written again
+    assert (run / "models" / "mlp-000.keras").read_text() == "a member"
+
+
+def test_a_link_and_an_empty_folder(place, tmp_path):
+    (place / "real").mkdir()
+    (place / "link").symlink_to(place / "real")
+    with pytest.raises(PredictError, match="is a symbolic link"):
+        safe_destination(place / "link", "saved_model", place / "runs" / "r1")
+    (place / "to_run").symlink_to(place / "runs" / "r1")
+    with pytest.raises(PredictError, match="is the run directory"):
+        safe_destination(place / "to_run", "saved_model", place / "runs" / "r1")
+    safe_destination(place / "real", "saved_model", place / "runs" / "r1")     # empty: nothing to lose

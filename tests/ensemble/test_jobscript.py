@@ -249,7 +249,10 @@ def test_a_name_is_made_safe_for_directives_and_file_names(tmp_path, monkeypatch
     (["--ranks-per-node", "8"], "--ranks-per-node is for CPU-only nodes (--gpus-per-node 0)"),
     (["--gpus-per-node", "0", "--ranks-per-node", "0"], "--ranks-per-node must be a positive integer, but got 0"),
     (["--chain", "0"], "--chain must be a positive integer, but got 0"),
-    (["--hours", "0.001"], "--hours must give the job at least a minute, but got 0.001"),
+    (["--hours", "0.001"], "--hours must give the job at least a minute, but got 4 s"),
+    (["--hours", "0:30"], "MM:SS is not taken"),
+    (["--hours", "1:61:00"], "minutes and seconds must be below 60"),
+    (["--directive", "#PBS -l filesystems=home:eagle"], "is a #PBS line, but the script is for slurm"),
     (["--cpus-per-rank", "1"], "--cpus-per-rank 1 is fewer than the config's `runtime.threads` = 2"),
     (["--python", "no/such/python"], "--python 'no/such/python' does not exist"),
     (["--hours", "2h"], "expected hours (1.5) or a walltime (1:30:00, 1-00:00:00), got '2h'"),
@@ -274,8 +277,8 @@ def test_a_directive_given_with_its_prefix_is_written_once(tmp_path, monkeypatch
     assert code == 0 and "#SBATCH --qos=regular\n" in text and "#SBATCH #SBATCH" not in text
 
 
-@pytest.mark.parametrize("given, walltime", [("1.5", "1:30:00"), ("2:00:00", "2:00:00"), ("0:45", "0:45:00"),
-                                             ("1-00:00:00", "24:00:00")])
+@pytest.mark.parametrize("given, walltime", [("1.5", "1:30:00"), ("2:00:00", "2:00:00"), ("0:45:00", "0:45:00"),
+                                             ("1-00:00:00", "24:00:00"), ("1-2", "26:00:00"), ("0-1:30", "1:30:00")])
 def test_hours_take_a_schedulers_walltime_too(tmp_path, monkeypatch, given, walltime):
     code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4",
                           "--hours", given)
@@ -291,7 +294,7 @@ def test_missing_data_is_said_now_not_after_the_queue_wait(tmp_path, monkeypatch
     assert not list(here.glob("*.sh"))
     code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4",
                           "--setup", "tar xf /lus/project/data.tar -C /lus/project/data")    # the job makes it
-    assert code == 0 and "here: the job's --setup lines or environment must make it" in capsys.readouterr().out
+    assert code == 0 and "does not exist: the job's --setup lines or environment must make it" in capsys.readouterr().out
 
 
 def test_a_config_that_does_not_validate_or_exist_is_named(tmp_path, monkeypatch, capsys):

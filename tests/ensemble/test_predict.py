@@ -363,4 +363,8 @@ def test_cli_errors_exit_nonzero_with_one_message(cls_run, tmp_path):
     proc = cli(cls_run, "--data", mine, "--out", tmp_path / "." / "mine.csv", timeout=60)
     assert proc.returncode == P.EXIT_INPUT and "is the --data file" in proc.stderr
     assert mine.read_text() == "a,b\n1,2\n"
+    board = (cls_run / "leaderboard.csv").read_text()         # --out over the run's own files: refused
+    proc = cli(cls_run, "--data", "test", "--out", cls_run / "leaderboard.csv", timeout=60)
+    assert proc.returncode == P.EXIT_INPUT and "inside the run directory" in proc.stderr
+    assert (cls_run / "leaderboard.csv").read_text() == board
     assert proc.stderr.count("error:") == 1

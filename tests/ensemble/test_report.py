@@ -117,6 +117,10 @@ def test_regression_report_has_intervals_and_spread_plots(tmp_path):
     assert "could not be drawn" not in page
     assert "The ensemble beats the linear baseline" in page                 # mse 0.91 < 0.95
     assert "on test mse: ensemble 0.9100, baseline 0.9500" in page
+    summary = json.loads((run / "ensemble.json").read_text())         # conformal asked for, on unheld rows
+    summary["calibration"].update(method="conformal", rows=23, held_out=False)
+    (run / "ensemble.json").write_text(json.dumps(summary))
+    assert "the intervals may cover less than nominal" in R.write_report(run).read_text()   # said only on the console
     validation = page.split("<h3>Validation split</h3>")[1]
     assert validation.index(html.escape(R.VALIDATION_CAVEAT)) < validation.index("<h2>")   # said under its table
 

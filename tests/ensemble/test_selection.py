@@ -442,6 +442,8 @@ def test_the_console_says_when_no_member_stopped_early():
                "members": [{"id": "m"}], "epochs_spent": {"members": 8, "epochs": 30}}
     assert ("note: every one of the 8 members ran all 30 epochs without stopping early"
             in format_comparison(summary)) and "raise `train.epochs`" in format_comparison(summary)
+    summary["epochs_spent"] = {"members": 8, "epochs": 3, "patience": 5}        # it could never stop early
+    assert "`train.epochs` is not more than `train.patience`" in format_comparison(summary)
     del summary["epochs_spent"]
     assert "stopping early" not in format_comparison(summary)
 

@@ -136,7 +136,8 @@ def test_options_the_session_engine_would_ignore_are_refused(capsys, args, said)
 
 
 @pytest.mark.parametrize("args", [["--engine", "fast", "--sub-masters", "foo"], ["--specs-in-hand", "0"],
-                                  ["--engine", "fast", "--arch-costs", "-1", "2"]])
+                                  ["--engine", "fast", "--arch-costs", "-1", "2"], ["--seconds", "nan"],
+                                  ["--engine", "fast", "--arch-costs", "inf"], ["--latency", "nan"]])
 def test_bad_simulate_numbers_are_usage_errors_not_tracebacks(capsys, args):
     from ensemble.simulate import main
     with pytest.raises(SystemExit) as info:
