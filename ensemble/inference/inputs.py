@@ -439,7 +439,8 @@ def _read_table(run: EnsembleRun, data: DataConfig, kind: str, keep: list[str], 
         twice = duplicate_names(pd.read_csv(path, nrows=1, header=None, **dialect).iloc[0])    # pandas: u2.1
         if twice:
             raise PredictError(f"{source}: column(s) {', '.join(map(repr, twice))} appear more than once in the "
-                               f"header (pandas would read the second as '{twice[0]}.1'); give each column its own name")
+                               f"header (pandas would read the second as '{twice[0]}.1'); give each column its "
+                               "own name")
     else:
         import pyarrow.parquet as pq
         header = pq.read_schema(path).names
