@@ -294,7 +294,8 @@ def test_missing_data_is_said_now_not_after_the_queue_wait(tmp_path, monkeypatch
     assert not list(here.glob("*.sh"))
     code, here = generate(tmp_path, monkeypatch, "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "4",
                           "--setup", "tar xf /lus/project/data.tar -C /lus/project/data")    # the job makes it
-    assert code == 0 and "does not exist: the job's --setup lines or environment must make it" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert code == 0 and "does not exist: the job's --setup lines or environment must make it" in said
 
 
 def test_a_config_that_does_not_validate_or_exist_is_named(tmp_path, monkeypatch, capsys):
