@@ -122,8 +122,10 @@ SAVED_MODEL_ENTRIES = frozenset({"saved_model.pb", "variables", "assets", "finge
 
 def safe_destination(path: Path, fmt: str, run_dir: str | Path) -> None:
     """Refuse a destination whose writing would destroy what it holds: the run directory or a folder
-    above it or above the working directory, a folder that is not a SavedModel written before
-    (a SavedModel replaces its directory whole), a folder where a file goes. ``PredictError``
+    above it or above the working directory, anything inside the run directory but its own
+    export of ``fmt`` (``RunDirectory.EXPORTS``: a member's model written over damages the run), a
+    symbolic link, a folder that is not a SavedModel written before (a SavedModel replaces its
+    directory whole; an empty one may take it), a folder where a file goes. ``PredictError``
     says which and what to give instead."""
     path = Path(os.path.abspath(path))
     run_dir, here = Path(os.path.realpath(run_dir)), Path(os.path.realpath(Path.cwd()))
