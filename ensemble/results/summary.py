@@ -439,11 +439,9 @@ def format_comparison(summary: dict) -> str:
                          f"beats the ensemble on test {metric}: baseline {metric_text(base[metric])}, ensemble "
                          f"{metric_text(ens[metric])}")
     for name, values in (summary.get("per_target") or {}).items():
-        lines.append(f"  target {name}: test " + "  ".join(f"{k} {metric_text(v)}" for k, v in values.items()
-                                                           if not k.startswith("coverage"))
-                     + "".join(f"{'   coverage ' if i == 0 else '  '}{k[8:]}% {v:.2f}"
-                               for i, (k, v) in enumerate((k, v) for k, v in values.items()
-                                                          if k.startswith("coverage"))))
+        errors = "  ".join(f"{k} {metric_text(v)}" for k, v in values.items() if not k.startswith("coverage"))
+        cover = "  ".join(f"{k[8:]}% {v:.2f}" for k, v in values.items() if k.startswith("coverage"))
+        lines.append(f"  target {name}: test {errors}" + (f"   coverage {cover}" if cover else ""))
     major = summary.get("majority")
     if major and "accuracy" in ens and ens["accuracy"] <= major["test_accuracy"]:
         imbalanced = major["test_accuracy"] >= IMBALANCED_SHARE
