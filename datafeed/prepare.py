@@ -93,7 +93,7 @@ def check_arrays(x: np.ndarray, y: np.ndarray, names: Sequence[str] = (), impute
             where = f" in column(s) {', '.join(cols[:8])}{', ...' if len(cols) > 8 else ''}"
             empty = bool((per == len(x)).any())
         raise DataError(f"features hold {int(bad.sum())} {'inf' if impute != 'none' else 'NaN/inf'} values{where} "
-                        f"(first rows: {rows[:5].tolist()}); clean "
+                        f"(first rows, counted from 0: {rows[:5].tolist()}); clean "
                         + ("them before training" if impute != "none" else
                            "or impute them before training, or set `data.impute = \"median\"` to fill the missing "
                            "ones with their feature's training median")

@@ -279,8 +279,8 @@ def far_note(x: np.ndarray, normalize: str, source: str) -> None:
     rows = np.flatnonzero(worst > FAR_SPREADS)
     if len(rows):
         log.warning("%s: %d of %d samples have a feature more than %g training %s outside the training data "
-                    "(up to %.3g; first rows: %s): the networks extrapolate there, and their spread does not say "
-                    "how little they know", source, len(rows), len(x), FAR_SPREADS,
+                    "(up to %.3g; first rows, counted from 0: %s): the networks extrapolate there, and their "
+                    "spread does not say how little they know", source, len(rows), len(x), FAR_SPREADS,
                     "standard deviations" if normalize == "standard" else "ranges", float(worst.max()),
                     rows[:5].tolist())
 
@@ -318,7 +318,7 @@ def encode_targets(run: EnsembleRun, y: np.ndarray, n: int, source: str = "the i
     from datafeed.prepare import missing_rows
     rows = missing_rows(y) if len(y) else []
     if len(rows):
-        raise UnusableTargets(f"{source}: targets are missing in {len(rows)} of {n} rows (first rows: "
+        raise UnusableTargets(f"{source}: targets are missing in {len(rows)} of {n} rows (first rows, counted from 0: "
                               f"{rows[:5].tolist()})")
     if run.task == "regression":
         if y.dtype.kind not in "iufb" or y.size != n * run.n_outputs:

@@ -125,7 +125,7 @@ def test_targets_that_cannot_be_scored_leave_the_predictions_unscored(base, rows
     y[[2, 5]] = np.nan
     np.savez(tmp_path / "gaps.npz", x=x, y=y)
     assert P.load_input(reg, str(tmp_path / "gaps.npz")).y is None
-    assert "targets are missing in 2 of 12 rows (first rows: [2, 5])" in caplog.text
+    assert "targets are missing in 2 of 12 rows (first rows, counted from 0: [2, 5])" in caplog.text
 
 
 def test_a_table_with_a_header_and_no_rows_says_so(base, rows, tmp_path):
@@ -384,7 +384,7 @@ def test_one_sample_shaped_as_in_training_is_one_sample_and_masked_entries_are_m
     prepare_features(flat, np.array([[1.0, -2.0, 3.0], [0.5, 40.0, 0.0], [9.0, 9.0, 9.0]]))
     far = [r.getMessage() for r in caplog.records if "outside the training data" in r.getMessage()]
     assert len(far) == 1 and "1 of 3 samples have a feature more than 10 training standard deviations" in far[0]
-    assert "up to 40" in far[0] and "first rows: [1]" in far[0]
+    assert "up to 40" in far[0] and "first rows, counted from 0: [1]" in far[0]
 
 
 def test_a_handle_refuses_its_run_directory_once_written_again(tmp_path):
