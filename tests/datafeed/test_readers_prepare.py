@@ -428,8 +428,9 @@ def test_non_finite_features_are_named_by_column(tmp_path):
     frame.to_csv(tmp_path / "d.csv", index=False)
     data = data_cfg(source=str(tmp_path / "d.csv"), label="label")
     x, y, info = read_dataset(data)
-    with pytest.raises(DataError, match=r"in column\(s\) 'g417' \(2\), 'empty' \(30 of 30\) \(first rows, counted from 0: "
-                                        r"\[0, 1, 2, 3, 4\]\).*leave an empty column out with `data.exclude`"):
+    with pytest.raises(DataError, match=r"in column\(s\) 'g417' \(2\), 'empty' \(30 of 30\) \(first rows, "
+                                        r"counted from 0: \[0, 1, 2, 3, 4\]\).*leave an empty column out with "
+                                        r"`data.exclude`"):
         prepare(x, y, info, data, seed=0)
 
 
