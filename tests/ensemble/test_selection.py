@@ -475,3 +475,18 @@ def test_the_leaderboard_columns_keep_one_order_whatever_order_records_hold_thei
     assert list(leaderboard([fresh], "accuracy").columns) == list(leaderboard([read_back], "accuracy").columns)
     assert [c for c in leaderboard([read_back], "accuracy").columns if c.startswith("val_")] == [
         "val_accuracy", "val_log_loss", "val_brier", "val_ece"]
+
+
+def test_the_baseline_warning_counts_the_proper_score_too():
+    """400 rows, 23 positives: the ensemble one row ahead on accuracy, the logistic regression nearly
+    twice as good on log loss (0.1145 against 0.2125), and no warning."""
+    from ensemble.results.summary import format_comparison
+    ens, base = {"accuracy": 0.9667, "log_loss": 0.2125}, {"accuracy": 0.95, "log_loss": 0.1145}
+    summary = {"task": "classification", "ensemble": {"test": ens}, "best_member": {"id": "m", "test": ens},
+               "metric": "accuracy", "members": [{"id": "m"}, {"id": "n"}],
+               "baseline": {"model": "logistic regression", "test": base}}
+    text = format_comparison(summary)
+    assert "beats the ensemble on test log_loss: baseline 0.1145, ensemble 0.2125" in text
+    assert "accuracy: baseline" not in text
+    summary["baseline"]["test"] = {"accuracy": 0.95, "log_loss": 0.3}
+    assert "warning: the linear baseline" not in format_comparison(summary)
