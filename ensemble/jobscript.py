@@ -496,9 +496,10 @@ def hours(text: str) -> float:
     return value
 
 
-def missing_data(cfg) -> str | None:
+def missing_data(cfg) -> tuple[str, str] | None:
     """The first data path of ``cfg`` that is not there (the job would fail on it after its queue
-    wait), said with its setting; None when every one is (or the run writes its source itself)."""
+    wait) and what to say of it, with its setting; None when every one is (or the run writes its
+    source itself)."""
     from datafeed.readers import BUILTINS, unset_note
     from datafeed.shards import is_many
     from ensemble.modes import mode_of
@@ -508,7 +509,7 @@ def missing_data(cfg) -> str | None:
             continue
         there = bool(glob.glob(src)) if is_many(src) and not Path(src).is_dir() else Path(src).exists()
         if not there:
-            return f"`data.{key}` {src!r} does not exist{unset_note(src)}"
+            return src, f"`data.{key}` {src!r} does not exist{unset_note(src)}"
     return None
 
 
@@ -555,9 +556,9 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
         cfg = load_config(args.config)
     except ConfigError as exc:
         raise JobScriptError(f"config error in {args.config}: {exc}") from None
-    missing = missing_data(cfg)
-    if missing and not args.setup and "$" not in missing:
-        raise JobScriptError(f"{missing}: the job would fail on it after its queue wait; give the path the compute "
+    missing = missing_data(cfg)           # a path the job may make: its --setup lines, a variable set there
+    if missing and not args.setup and "$" not in missing[0]:
+        raise JobScriptError(f"{missing[1]}: the job would fail on it after its queue wait; give the path the compute "
                              "nodes read (the same file systems as here), or make the data first (or in the job: "
                              "a --setup line that stages it)")
     rt = cfg.runtime
@@ -572,7 +573,7 @@ def build_job(args: argparse.Namespace, cwd: Path, command: str) -> Job:
                              "e.g. '$TMPDIR/env' or /dev/shm/env")
     run_dir = Path(os.path.abspath(cwd / (Path(args.run_dir) if args.run_dir else Path(cfg.output_dir) / cfg.name)))
     continues = existing_run(cfg, run_dir)
-    data_note = f"{missing}: the job's --setup lines or environment must make it" if missing else None
+    data_note = f"{missing[1]}: the job's --setup lines or environment must make it" if missing else None
     job = Job(scheduler=args.scheduler, name=re.sub(r"[^A-Za-z0-9._-]", "_", cfg.name),
                config=str((cwd / args.config).resolve()), run_dir=str(run_dir), continues=continues,
                data_note=data_note, workdir=str(cwd), nodes=args.nodes, gpus_per_node=args.gpus_per_node,

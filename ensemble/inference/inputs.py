@@ -216,7 +216,7 @@ def prepare_features(run: EnsembleRun, x: np.ndarray, source: str = "the input",
     width = int(np.prod(shape))
     if (x.ndim == 1 and len(x) == width > 1) or (tuple(x.shape) == tuple(shape) and x[0].size != width):
         x = x[None]                               # one sample, flat or shaped as in training: ens.predict(img)
-    if x.ndim == 0 or (len(x) == 0 and not (empty and x.ndim >= 1)):
+    if x.ndim == 0 or (len(x) == 0 and not empty):
         raise PredictError(f"{source} holds no samples (features of shape {list(x.shape)})")
     if len(x) == 0 and x.ndim == 1:
         x = x.reshape(0, width)

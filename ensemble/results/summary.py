@@ -147,10 +147,11 @@ def score_weights(task: Any, weights: Mapping[Any, float], arrays: Mapping[Any, 
            for s in targets}
     n_val = len(targets["val"])
     rows = holdout_rows(n_val, holdout)[1]
+    held_out = len(rows) < n_val                # kept from early stopping (``data.calibration_holdout``)
     calibration = fit_calibration(task.name, np.asarray(targets["val"])[rows], rows_of(raw["val"], rows, n_val),
-                                  calibration_setting, seed, held_out=len(rows) < n_val)
+                                  calibration_setting, seed, held_out=held_out)
     if calibration is not None:
-        calibration.update(rows=len(rows), held_out=len(rows) < n_val)
+        calibration.update(rows=len(rows), held_out=held_out)
     stats = {s: apply_calibration(task.name, raw[s], calibration) for s in raw}
     metrics = {s: task.ensemble_metrics(targets[s], stats[s], gaussian) for s in stats}
     curve = None
