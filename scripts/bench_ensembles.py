@@ -622,7 +622,11 @@ def ece_study(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(1)
     noise: dict[str, list[tuple[float, float, float, float]]] = {}
     grid = np.exp(np.linspace(math.log(0.2), math.log(5.0), 300))
-    rules = {"default (`auto`)": lambda y, p, q: C._scaled(q, C.fit_temperature(y, p)["temperature"]),
+    held = {"out": False}          # whether the run kept calibration rows from early stopping (the default's input)
+    rules = {"default (`auto`)": lambda y, p, q: C._scaled(q, C.fit_temperature(
+                 y, p, soften_only=not held["out"])["temperature"]),
+             "sharpening allowed (`auto` before 2026-11-29)": lambda y, p, q: C._scaled(
+                 q, C.fit_temperature(y, p)["temperature"]),
              "none (T = 1)": lambda y, p, q: q,
              "validation log loss, always": lambda y, p, q: C._scaled(q, nll_t(y, p)),
              "its median over 50 bootstraps": lambda y, p, q: C._scaled(q, boot_t(y, p)),
@@ -638,6 +642,7 @@ def ece_study(args: argparse.Namespace) -> None:
                     continue
                 run = load_run(run_path(root, d.name, seed))
                 arrays, yv, yt = run["arrays"], run["targets"]["val"].reshape(-1), run["targets"]["test"].reshape(-1)
+                held["out"] = len(C.holdout_rows(len(yv), run["holdout"])[1]) < len(yv)
                 w = choose_ensemble({i: a["val_pred"] for i, a in arrays.items()}, yv, "log_loss", method="auto",
                                     rank_metric=run["metric"], k=run["cfg"].ensemble.k, seed=run["cfg"].seed)["weights"]
                 pv = sum(w[i] * arrays[i]["val_pred"] for i in w)

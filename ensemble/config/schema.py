@@ -352,7 +352,8 @@ SCHEMA = Table({
                                "intervals (variance scaling or conformal, whichever covers held-out validation "
                                "folds closer to nominal; only widened when no rows were kept from early stopping, "
                                "`data.calibration_holdout`) and temperature-scales class probabilities when that "
-                               "lowers the log loss of held-out validation folds"),
+                               "lowers the log loss of held-out validation folds (only softened, T >= 1, when no "
+                               "rows were kept from early stopping, as classification keeps none by default)"),
         "candidates": Key((int,), 500, _positive,
                           doc="predictions are kept for the best this many members: the pool selection "
                               "chooses from"),

@@ -183,7 +183,8 @@ class EnsembleConfig(Section):
     #: recalibration on the validation split: "auto" recalibrates regression intervals (variance scaling or
     #: conformal, whichever covers held-out validation folds closer to nominal; only widened when no rows
     #: were kept from early stopping, `data.calibration_holdout`) and temperature-scales class probabilities
-    #: when that lowers the log loss of held-out validation folds
+    #: when that lowers the log loss of held-out validation folds (only softened, T >= 1, when no rows were
+    #: kept from early stopping, as classification keeps none by default)
     calibration: str
     #: predictions are kept for the best this many members: the pool selection chooses from
     candidates: int

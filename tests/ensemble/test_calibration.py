@@ -261,3 +261,28 @@ def test_auto_only_widens_on_rows_that_also_stopped_training():
     assert "without split conformal's finite-sample guarantee" in calibration_lines(
         {"method": "variance_scaling", "rows": 60, "held_out": True})[0]
     assert "covers at least 0.90" in calibration_lines({"method": "conformal", "rows": 60, "held_out": True})[0]
+
+
+def test_auto_only_softens_on_classification_rows_that_also_stopped_training():
+    """No calibration holdout (classification's default): the validation rows chose each member's
+    epoch and the weights, so the ensemble is surer and more often right on them than on new rows.
+    A temperature fitted there sharpened in 9 of 35 panel runs and the test log loss was worse in 7;
+    "auto" then keeps T >= 1 and says why, while rows kept aside (or the method asked by name) may
+    still sharpen, and an overconfident ensemble is still softened."""
+    rng = np.random.default_rng(4)
+    n, c = 400, 3
+    y = rng.integers(0, c, n)
+    guess = np.where(rng.random(n) < 0.85, y, (y + 1) % c)                   # 85% right
+    proba = np.full((n, c), 0.2)
+    proba[np.arange(n), guess] = 0.6                                        # but 60% sure: underconfident
+    stats = get_task("classification").combine(proba[None], None, np.ones(1))
+    held = C.fit("classification", y, stats, "auto", held_out=True)
+    assert held["temperature"] < 0.8 and "soften_only" not in held
+    kept = C.fit("classification", y, stats, "auto", held_out=False)
+    assert kept["temperature"] == 1.0 and kept["soften_only"] and "only softened" in kept["why"]
+    assert C.fit("classification", y, stats, "temperature", held_out=False)["temperature"] < 0.8     # asked: as asked
+    proba[np.arange(n), guess] = 0.98                                       # 98% sure: overconfident
+    proba[proba == 0.2] = 0.01
+    sure = get_task("classification").combine(proba[None], None, np.ones(1))
+    softened = C.fit("classification", y, sure, "auto", held_out=False)
+    assert softened["temperature"] > 1.5 and softened["soften_only"]
