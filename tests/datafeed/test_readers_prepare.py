@@ -375,6 +375,25 @@ def test_a_large_offset_keeps_its_digits_until_normalised(tmp_path, fmt):
     assert np.corrcoef(got, z)[0, 1] > 0.9999
 
 
+def test_a_regression_target_with_a_large_offset_keeps_its_digits():
+    """A total energy or a Unix time as the target (1.6e9 + 100 a + noise): float32 kept 6 distinct
+    values of 800, and the members, the ridge baseline and the test metrics saw only those. The
+    targets stay float64; members standardise them in float64 and only then take float32."""
+    from ensemble.task import get_task
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(800, 5))
+    y = 1.6e9 + 100 * x[:, 0] + rng.normal(size=800)
+    arrays, meta = prepare(x, y, {}, data_cfg(source="t.npz", task="regression"), seed=0)
+    got = np.concatenate([arrays[f"y_{s}"] for s in ("train", "val", "test")])
+    assert len(np.unique(got)) == 800                                          # float32: 6
+    task = get_task("regression")
+    shift, scale = task.target_scaling(arrays["y_train"])
+    z = task.target_transform(shift, scale)(arrays["y_train"])
+    assert abs(np.std(z) - 1.0) < 1e-6 and np.corrcoef(z, arrays["x_train"][:, 0])[0, 1] > 0.99
+    back, _ = task.decode(z[:, None].astype(np.float64), shift, scale)
+    np.testing.assert_allclose(back, arrays["y_train"], rtol=0, atol=1e-3)
+
+
 def test_bool_and_nullable_numeric_columns_are_features(tmp_path):
     rng = np.random.default_rng(0)
     frame = pd.DataFrame({"a": rng.normal(size=40), "flag": rng.random(40) > 0.5,
