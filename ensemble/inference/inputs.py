@@ -177,7 +177,8 @@ def data_input(run: EnsembleRun, data, label: str | None = None, keep: Iterable[
     """The API's input: a DataFrame or structured array (matched by name) or a plain array."""
     if hasattr(data, "columns"):
         return frame_input(run, data, source or "the DataFrame", label, keep)
-    data = np.asarray(data)
+    if not isinstance(data, np.ma.MaskedArray):       # a mask is kept: its entries are missing values
+        data = np.asarray(data)
     source = source or "the array"
     if data.dtype.names:
         return frame_input(run, structured_frame(data, source), source, label, keep)

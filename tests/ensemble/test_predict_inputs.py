@@ -370,6 +370,8 @@ def test_one_sample_shaped_as_in_training_is_one_sample_and_masked_entries_are_m
     masked = np.ma.masked_array(np.stack([img, img]), mask=np.stack([img, img]) > 14)
     with pytest.raises(P.PredictError, match="NaN/inf values or masked entries"):
         prepare_features(run, masked)
+    with pytest.raises(P.PredictError, match="NaN/inf values or masked entries"):
+        data_input(run, masked)                    # ensemble.load(run).predict(masked): the mask was dropped
     assert prepare_features(run, np.ma.masked_array(np.stack([img]))).shape == (1, 4, 4, 1)    # none masked
     flat = SimpleNamespace(input_shape=[3], shift=np.zeros(3), scale=np.ones(3), config=SimpleNamespace(data=data),
                            meta={"feature_names": []})
