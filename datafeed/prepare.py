@@ -73,6 +73,10 @@ def check_arrays(x: np.ndarray, y: np.ndarray, names: Sequence[str] = (), impute
     """Reject data no network can train on, naming what is wrong (``names``: a table's feature
     columns, named with the non-finite values they hold); with ``impute`` (``data.impute``)
     other than "none", missing values (NaN) pass: ``impute_features`` fills them."""
+    for what, a, key in (("features", x, "`data.x` (or `data.source`)"), ("targets", y, "`data.y` (or `data.label`)")):
+        if np.ndim(a) == 0:
+            raise DataError(f"the {what} are one number ({np.asarray(a).item()!r}), not one per sample: "
+                            f"check {key}, which should name an array with a first axis of samples")
     if len(x) != len(y):
         raise DataError(f"features and targets differ in length: x has {len(x)} samples, y has "
                         f"{len(y)}; check `data.x` / `data.y` (or `data.label`)")

@@ -141,6 +141,8 @@ def test_bad_arrays():
     x = np.zeros((20, 3))
     with pytest.raises(DataError, match="x has 20 samples, y has 19"):
         check_arrays(x, np.zeros(19))
+    with pytest.raises(DataError, match=r"targets are one number \(3.0\).*`data.y`"):
+        check_arrays(x, np.array(3.0))                 # a .npy of one number: a TypeError traceback before
     x[4, 1] = np.nan
     with pytest.raises(DataError, match=r"NaN/inf.*\[4\]"):
         check_arrays(x, np.zeros(20))
