@@ -132,6 +132,30 @@ def duplicate_names(names) -> list[str]:
     return list(dict.fromkeys(n for n in map(str, names) if n in seen or seen.add(n)))
 
 
+def header_twice(path: str, options: dict) -> list[str]:
+    """The names a CSV file's header gives more than once (``options``: ``csv_options``): pandas
+    would read the second ``label`` as ``label.1``, a feature holding what the label holds."""
+    import pandas as pd
+    try:
+        return duplicate_names(pd.read_csv(path, nrows=1, header=None, **options).iloc[0])
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, IndexError):
+        return []                               # the full read says what is wrong with the file
+
+
+def twice_message(twice: list[str]) -> str:
+    """What ``header_twice``'s names are said with, by training and by ``predict``."""
+    def number(name: str) -> bool:
+        try:
+            float(name)
+            return True
+        except ValueError:
+            return False
+    return (f"column(s) {', '.join(map(repr, twice))} appear more than once in the header (pandas would read the "
+            f"second as '{twice[0]}.1'); give each column its own name"
+            + ("; the names are numbers: if the first line is data, add a header line naming the columns"
+               if all(map(number, twice)) else ""))
+
+
 def unset_note(path: str) -> str:
     """What a "does not exist" says of a path that still holds ``$NAME`` or ``~`` (the config
     expands them when set: these were not): "" for any other path."""
@@ -497,8 +521,12 @@ def _from_frame(frame, data: DataSettings, require_y: bool = True) -> tuple[np.n
 def read_csv(data: DataSettings, require_y: bool = True) -> tuple[np.ndarray, np.ndarray | None, dict]:
     import pandas as pd
     check_text(data.source)
+    options = csv_options(data.source)
+    twice = header_twice(data.source, options)
+    if twice:
+        raise DataError(f"`data.source` {data.source!r}: {twice_message(twice)}")
     try:
-        frame = pd.read_csv(data.source, **csv_options(data.source))
+        frame = pd.read_csv(data.source, **options)
     except pd.errors.EmptyDataError:
         raise DataError(f"`data.source` {data.source!r} holds no columns (an empty CSV)") from None
     except pd.errors.ParserError as exc:

@@ -434,14 +434,12 @@ def _read_table(run: EnsembleRun, data: DataConfig, kind: str, keep: list[str], 
     import pandas as pd
     path = data.source
     if kind == "csv":
-        from datafeed.readers import csv_options, duplicate_names
+        from datafeed.readers import csv_options, header_twice, twice_message
         dialect = csv_options(path)
         header = pd.read_csv(path, nrows=0, **dialect).columns
-        twice = duplicate_names(pd.read_csv(path, nrows=1, header=None, **dialect).iloc[0])    # pandas: u2.1
+        twice = header_twice(path, dialect)
         if twice:
-            raise PredictError(f"{source}: column(s) {', '.join(map(repr, twice))} appear more than once in the "
-                               f"header (pandas would read the second as '{twice[0]}.1'); give each column its "
-                               "own name")
+            raise PredictError(f"{source}: {twice_message(twice)}")
     else:
         import pyarrow.parquet as pq
         header = pq.read_schema(path).names

@@ -148,6 +148,17 @@ def test_bad_arrays():
         check_arrays(x, np.zeros(20))
 
 
+def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path):
+    """'a,b,label,label': pandas read the second 'label' as the feature 'label.1', and the run trained
+    on the first while the classes leaked in as an input."""
+    (tmp_path / "d.csv").write_text("a,b,label,label\n" + "".join(f"{i},{-i},{i % 2},x{i % 3}\n" for i in range(30)))
+    with pytest.raises(DataError, match="'label' appear more than once in the header.*'label.1'"):
+        read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="label"))
+    (tmp_path / "n.csv").write_text("".join(f"0,0,{i}\n" for i in range(30)))         # no header: data first
+    with pytest.raises(DataError, match="the names are numbers: if the first line is data, add a header"):
+        read_dataset(data_cfg(source=str(tmp_path / "n.csv"), label="2"))
+
+
 def test_split_is_seeded_disjoint_and_stratified():
     y = np.repeat(np.arange(4), 50)
     a = split_indices(y, "classification", 0.2, 0.2, seed=3)
