@@ -461,8 +461,9 @@ def plain_labels(y: np.ndarray, setting: str) -> tuple[np.ndarray, str | None]:
         y = np.array([v.decode("utf-8", "replace") for v in y.flat]).reshape(y.shape)
     if setting == "regression":
         return y, None
-    if y.ndim == 2 and y.shape[1] == 1 and (setting == "classification" or y.dtype.kind in "iubUSO"):
-        return y[:, 0], None
+    if y.ndim == 2 and y.shape[1] == 1 and (setting == "classification" or y.dtype.kind in "iubUSO"
+                                            or infer_task(y[:, 0], setting) == "classification"):
+        return y[:, 0], None                    # (n, 1) floats 1., 2., 3. as (n,) ones: classes either way
     if is_one_hot(y):
         return np.argmax(y, axis=1).astype(np.int64), ONE_HOT
     return y, None
