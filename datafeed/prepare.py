@@ -393,6 +393,8 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
     meta[FEATURES_DIGEST] = features_digest(x)
     x = reshape_features(feature_array(x), data.reshape)
     idx = choose_rows(y, meta, data, seed, rows)
+    if meta["task"] == "classification":
+        untrained_classes(y, idx, meta.get("class_names") or (), data)
     if data.impute != "none":
         x, meta["impute"] = impute_features(x, idx["train"], data.impute, names)
     shift, scale = fit_normalizer(x[idx["train"]], data.normalize)
@@ -403,6 +405,25 @@ def prepare_with_rows(x: np.ndarray, y: np.ndarray, info: dict, data: DataSettin
     meta["input_shape"] = list(x.shape[1:])
     meta["sizes"] = {s: int(len(idx[s])) for s in SPLITS}
     return arrays, meta, {s: idx[s].astype(np.int64) for s in SPLITS}
+
+
+def untrained_classes(y: np.ndarray, idx: dict[str, np.ndarray], names: Sequence[str], data: DataSettings) -> None:
+    """Refuse validation or test rows of a class no training row has (a split the data gives: a test
+    file with a new label, or a typo): the networks could never predict it, and its rows would only
+    count as wrong. A random split never does this (``split_indices`` keeps rare classes in training)."""
+    from datafeed.splits import split_from
+    seen = np.unique(y[idx["train"]])
+    for split in ("val", "test"):
+        rows = idx[split][~np.isin(y[idx[split]], seen)]
+        if len(rows):
+            classes = [repr(str(names[c])) if c < len(names) else str(c) for c in np.unique(y[rows])]
+            where = {"sources": f"`data.{split}_source`", "column": "`data.split_column`",
+                     "indices": "`data.split_file`"}.get(split_from(data), "the given split")
+            raise DataError(f"the {split} split ({where}) holds {len(rows)} row(s) of class(es) "
+                            f"{', '.join(classes[:8])} that no training row has (first rows, counted from 0 in the "
+                            f"{split} split: {np.flatnonzero(~np.isin(y[idx[split]], seen))[:5].tolist()}): the networks "
+                            "could never predict them; correct those labels, drop those rows, or give training rows of "
+                            "the class")
 
 
 def impute_features(x: np.ndarray, train: np.ndarray, method: str,

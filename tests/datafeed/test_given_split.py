@@ -76,6 +76,24 @@ def test_separate_files_are_train_then_val_then_test(tmp_path, table):
     assert sorted([*rows["train"], *rows["val"]]) == list(range(40))
 
 
+def test_a_class_that_no_training_row_has_is_refused(tmp_path, table):
+    """A test file with a new label ('unknown', 3 rows) became a class no member ever saw, and the only
+    word of it was "class 'unknown' holds 0 of 255 training rows, so about 0 of the 100 test rows"."""
+    from ensemble.task.metrics import rare_class_note
+    table = table.drop(columns="part")
+    table["label"] = np.array(["a", "b", "c"])[table["label"]]
+    table.iloc[:48].to_csv(tmp_path / "train.csv", index=False)
+    test = table.iloc[48:].copy()
+    test.loc[test.index[[1, 4, 5]], "label"] = "unknown"
+    test.to_csv(tmp_path / "test.csv", index=False)
+    with pytest.raises(DataError, match=r"the test split \(`data.test_source`\) holds 3 row\(s\) of class\(es\) "
+                                        r"'unknown' that no training row has \(first rows, counted from 0 in the "
+                                        r"test split: \[1, 4, 5\]\)"):
+        prepared(data_cfg(source=str(tmp_path / "train.csv"), test_source=str(tmp_path / "test.csv")))
+    assert rare_class_note("accuracy", np.array([0] * 50 + [2] * 3), ["a", "u", "b"], 10).startswith(
+        "class 'b' holds 3 of 53")                           # the class with rows, not the one without
+
+
 def test_index_arrays_give_exactly_their_rows(tmp_path, table):
     table.drop(columns="part").to_csv(tmp_path / "d.csv", index=False)
     test = np.array([59, 55, 52, 50])                       # in any order: sorted in splits.npz
