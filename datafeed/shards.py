@@ -19,6 +19,7 @@ and each one's targets file is the same name with ``data.y`` in its place (``y_0
 from __future__ import annotations
 
 import glob as globlib
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -325,10 +326,11 @@ def read_rows(ss: ShardSet, i: int, start: int, stop: int, want_x: bool = True,
     s = ss.shards[i]
     x = y = None
     if ss.fmt == "hdf5":
-        f = _open_hdf5(s.path)
         rows = () if ss.per_sample else slice(start, stop)
-        x = hdf5_values(f[ss.x], rows) if want_x else None
-        y = hdf5_values(f[ss.y], rows) if want_y and ss.y in f else None
+        with _HDF5_LOCK:                        # no file is closed (evicted) while another thread reads it
+            f = _open_hdf5(s.path)
+            x = hdf5_values(f[ss.x], rows) if want_x else None
+            y = hdf5_values(f[ss.y], rows) if want_y and ss.y in f else None
         if ss.per_sample:
             x, y = (None if a is None else a[None] for a in (x, y))
     elif ss.fmt == "npz":
@@ -350,9 +352,13 @@ def read_rows(ss: ShardSet, i: int, start: int, stop: int, want_x: bool = True,
 
 
 #: HDF5 files kept open by this process (opening one costs about a millisecond; each open file
-#: holds about half a MB of metadata cache); h5py serialises calls from the reading threads itself
+#: holds about half a MB of metadata cache). h5py serialises calls from the reading threads itself,
+#: but a file evicted here was closed while another thread still read it (a folder of one-sample
+#: files, validation read 4 chunks at once: members failed with "invalid identifier type"), so a
+#: read holds ``_HDF5_LOCK`` from the open to its last value: no concurrency is lost that h5py gave
 _OPEN: dict[str, object] = {}
 OPEN_FILES = 8
+_HDF5_LOCK = threading.Lock()
 
 
 def _open_hdf5(path: str):
@@ -393,8 +399,9 @@ def files_digest(paths: list[str]) -> str:
 
 def close_files() -> None:
     """Close the HDF5 files this process keeps open."""
-    while _OPEN:
-        _OPEN.popitem()[1].close()
+    with _HDF5_LOCK:
+        while _OPEN:
+            _OPEN.popitem()[1].close()
 
 
 def _parquet_rows(ss: ShardSet, s: Shard, start: int, stop: int, want_x: bool, want_y: bool):
