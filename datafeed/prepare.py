@@ -77,6 +77,9 @@ def check_arrays(x: np.ndarray, y: np.ndarray, names: Sequence[str] = (), impute
         if np.ndim(a) == 0:
             raise DataError(f"the {what} are one number ({np.asarray(a).item()!r}), not one per sample: "
                             f"check {key}, which should name an array with a first axis of samples")
+    if np.ndim(x) >= 2 and int(np.prod(np.shape(x)[1:])) == 0:
+        raise DataError(f"the features hold no values per sample (shape {list(np.shape(x))}): check `data.x` (or "
+                        "`data.features` / `data.exclude` for a table)")
     if len(x) != len(y):
         raise DataError(f"features and targets differ in length: x has {len(x)} samples, y has "
                         f"{len(y)}; check `data.x` / `data.y` (or `data.label`)")

@@ -309,15 +309,26 @@ def feature_columns(data: DataSettings, columns: Iterable) -> list:
     label(s), the split column and ``data.exclude``; an excluded column the table lacks is an
     error naming it."""
     columns = list(columns)
+    labels = label_columns(data.label)
+    split = getattr(data, "split_column", "")
     if data.features:
+        both = [c for c in data.features if c in labels or (split and c == split)]
+        if both:
+            key = "`data.label`" if both[0] in labels else "`data.split_column`"
+            raise DataError(f"`data.features` lists {', '.join(map(repr, both))}, which {key} also names: the networks "
+                            "would be given the answer (or the split) as an input; take it out of `data.features`")
         return list(data.features)
     exclude = list(getattr(data, "exclude", ()) or ())
     absent = [c for c in exclude if c not in columns]
     if absent:
         raise DataError(f"`data.exclude` names column(s) {', '.join(map(repr, absent))} that the table does not have; "
                         f"it has {one_line(', '.join(map(repr, columns)))}")
-    drop = {*label_columns(data.label), getattr(data, "split_column", ""), *exclude}
-    return [c for c in columns if c not in drop]
+    drop = {*labels, split, *exclude}
+    out = [c for c in columns if c not in drop]
+    if not out and columns:
+        raise DataError(f"no feature column is left: the table's columns {one_line(', '.join(map(repr, columns)))} are "
+                        "all the label, the split column or `data.exclude`; keep at least one feature")
+    return out
 
 
 #: names of columns that number rows or samples rather than measure them (case aside)

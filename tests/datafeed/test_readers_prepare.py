@@ -143,6 +143,8 @@ def test_bad_arrays():
         check_arrays(x, np.zeros(19))
     with pytest.raises(DataError, match=r"targets are one number \(3.0\).*`data.y`"):
         check_arrays(x, np.array(3.0))                 # a .npy of one number: a TypeError traceback before
+    with pytest.raises(DataError, match=r"no values per sample \(shape \[20, 0\]\)"):
+        check_arrays(np.zeros((20, 0)), np.zeros(20))  # the run aborted in oneDNN on every worker
     x[4, 1] = np.nan
     with pytest.raises(DataError, match=r"NaN/inf.*\[4\]"):
         check_arrays(x, np.zeros(20))
@@ -157,6 +159,16 @@ def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path):
     (tmp_path / "n.csv").write_text("".join(f"0,0,{i}\n" for i in range(30)))         # no header: data first
     with pytest.raises(DataError, match="the names are numbers: if the first line is data, add a header"):
         read_dataset(data_cfg(source=str(tmp_path / "n.csv"), label="2"))
+
+
+def test_the_label_among_the_features_and_no_feature_left_are_refused(tmp_path):
+    """features = ["b", "label"] trained on the answer (the baseline scored 1.0); every column
+    excluded passed check, then aborted in oneDNN on every worker."""
+    pd.DataFrame({"a": range(30), "b": range(30), "label": [0, 1] * 15}).to_csv(tmp_path / "d.csv", index=False)
+    with pytest.raises(DataError, match="`data.features` lists 'label', which `data.label` also names"):
+        read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="label", features=["b", "label"]))
+    with pytest.raises(DataError, match="no feature column is left"):
+        read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="label", exclude=["a", "b"]))
 
 
 def test_split_is_seeded_disjoint_and_stratified():
