@@ -314,6 +314,8 @@ def encode_targets(run: EnsembleRun, y: np.ndarray, n: int, source: str = "the i
     """Targets as the metrics take them: class indices (names or indices in the file), or floats.
     ``UnusableTargets`` for missing values or unknown labels."""
     y = np.asarray(y)
+    if y.ndim == 0:                             # one file of one sample (a volume and its scalar target)
+        y = y.reshape(1)
     if len(y) != n:
         raise PredictError(f"{source}: {len(y)} targets for {n} samples")
     from datafeed.prepare import missing_rows

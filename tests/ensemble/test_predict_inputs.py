@@ -467,3 +467,15 @@ def test_a_run_with_impute_fills_new_rows_as_in_training(tmp_path, caplog):
     expected = P.data_input(run, pd.DataFrame({"a": [1.0, fill[0]], "b": [fill[1], 4.0]})).x
     np.testing.assert_allclose(got, expected)
     assert "2 missing value(s) in 2 row(s) filled with their feature's training median" in caplog.text
+
+
+def test_one_file_of_one_sample_is_scored_with_its_scalar_target():
+    """`predict RUN --data vols/v0001.h5` (a volume and its scalar target, a run trained on a folder
+    of them) said "TypeError: len() of unsized object"."""
+    from types import SimpleNamespace
+
+    from ensemble.inference.inputs import encode_targets
+    run = SimpleNamespace(task="regression", n_outputs=1)
+    assert encode_targets(run, np.array(2.5), 1).tolist() == [2.5]
+    with pytest.raises(P.PredictError, match="1 targets for 3 samples"):
+        encode_targets(run, np.array(2.5), 3)
