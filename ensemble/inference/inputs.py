@@ -18,6 +18,7 @@ split.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
@@ -83,6 +84,10 @@ def match_columns(run: EnsembleRun, columns: Iterable, source: str, label: str |
         raise PredictError(f"--keep names {_some(absent)}, but {source} has no such column; its columns "
                            f"are {_some(columns, 20)}")
     labels = label_columns(label) if label is not None else []
+    partial = [c for c in labels if c in columns] if not all(c in columns for c in labels) else []
+    if partial:                                 # some targets only: nothing to score, and they are no features
+        log.warning("%s: has target column(s) %s but not %s: the predictions are not scored (every target column "
+                    "is needed)", source, _some(partial), _some([c for c in labels if c not in columns]))
     labels = labels if all(c in columns for c in labels) else []
     from datafeed.readers import table_columns
     names = table_columns(run.meta.get("feature_names") or [], run.meta.get("categories"))
@@ -102,7 +107,7 @@ def match_columns(run: EnsembleRun, columns: Iterable, source: str, label: str |
             "%s: the ensemble was trained on arrays without column names, so the input's %d columns other than "
             "the targets and --keep ones are its features, taken by position in their order, not by name",
             source, len(features))
-    used = set(features) | set(keep) | set(labels)
+    used = set(features) | set(keep) | set(labels) | set(partial)
     ignored = [c for c in columns if c not in used]
     if ignored:
         log.warning("%s: %d column(s) not used by the ensemble, ignored: %s", source, len(ignored),
@@ -177,6 +182,15 @@ def data_input(run: EnsembleRun, data, label: str | None = None, keep: Iterable[
     """The API's input: a DataFrame or structured array (matched by name) or a plain array."""
     if hasattr(data, "columns"):
         return frame_input(run, data, source or "the DataFrame", label, keep)
+    if isinstance(data, Mapping):                 # a dict of columns, or of one row's values
+        import pandas as pd
+        frame = pd.DataFrame(data) if any(np.ndim(v) for v in data.values()) else pd.DataFrame([data])
+        return frame_input(run, frame, source or "the dict", label, keep)
+    if hasattr(data, "to_frame") and run.meta.get("feature_names"):
+        from datafeed.readers import table_columns      # a pandas Series: one column, or one row (df.iloc[0])
+        names = table_columns(run.meta["feature_names"], run.meta.get("categories"))
+        frame = data.to_frame() if str(data.name) in names else data.to_frame().T.infer_objects()
+        return frame_input(run, frame, source or "the Series", label, keep)
     if not isinstance(data, np.ma.MaskedArray):       # a mask is kept: its entries are missing values
         data = np.asarray(data)
     source = source or "the array"

@@ -479,3 +479,20 @@ def test_one_file_of_one_sample_is_scored_with_its_scalar_target():
     assert encode_targets(run, np.array(2.5), 1).tolist() == [2.5]
     with pytest.raises(P.PredictError, match="1 targets for 3 samples"):
         encode_targets(run, np.array(2.5), 3)
+
+
+def test_a_dict_of_columns_and_a_row_as_a_series_are_matched_by_name(caplog):
+    """ens.predict({"a": [..], ...}) said "the array holds no samples (features of shape [])"."""
+    from types import SimpleNamespace
+
+    from ensemble.inference.inputs import data_input
+    data = SimpleNamespace(reshape=[], label="", normalize="standard")
+    run = SimpleNamespace(input_shape=[3], shift=np.zeros(3), scale=np.ones(3), config=SimpleNamespace(data=data),
+                          meta={"feature_names": ["a", "b", "c"]})
+    frame = pd.DataFrame({"c": [3.0, 6.0], "a": [1.0, 4.0], "b": [2.0, 5.0]})
+    expected = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    np.testing.assert_array_equal(data_input(run, frame.to_dict("list")).x, expected)
+    np.testing.assert_array_equal(data_input(run, {"b": 2.0, "c": 3.0, "a": 1.0}).x, expected[:1])   # one row
+    np.testing.assert_array_equal(data_input(run, frame.iloc[1]).x, expected[1:])          # df.iloc[1]: a row
+    with pytest.raises(P.PredictError, match="lacks 2 of the 3 columns"):
+        data_input(run, frame["a"])                                                        # df["a"]: a column
