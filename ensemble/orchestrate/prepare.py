@@ -323,6 +323,12 @@ def choose_run_dir(cfg: RunConfig, args: argparse.Namespace) -> tuple[Path, RunL
             raise RunDirError(f"--overwrite: {str(run_dir)!r} is not a run directory of ensemble.run (no "
                               "config.toml with journal.jsonl or data.json in it), so it is not deleted; "
                               "choose another --run-dir or `name`, or remove the folder yourself")
+        from ensemble.modes import mode_of
+        start = mode_of(cfg).starts_from(cfg)
+        if start and Path(start[0]).resolve() == run_dir.resolve():
+            raise RunDirError(f"--overwrite would delete {str(run_dir)!r}, the run `{start[1]}` starts from; give this "
+                              "run another `name` (or --run-dir), or leave out --overwrite: a new run then goes to "
+                              f"{str(run_dir) + '-2'!r} and the earlier one stays")
         lock = take_lock(run_dir)                   # not while another job writes it
         for child in run_dir.iterdir():
             if child.name != LOCK_NAME:

@@ -138,6 +138,20 @@ def test_overwrite_replaces_a_run_and_keeps_its_lock(tmp_path):
         lock.release()
 
 
+def test_overwrite_refuses_the_run_a_search_starts_from(tmp_path):
+    """evolve.start_from = "runs/ev" with the same name and --overwrite: the earlier search (its models,
+    journal and ensemble) was deleted, then the start failed with a traceback."""
+    run = tmp_path / "runs" / "ev"
+    run.mkdir(parents=True)
+    for name in ("config.toml", "journal.jsonl"):
+        (run / name).write_text("x\n")
+    cfg = resolve_config({"name": "ev", "output_dir": str(tmp_path / "runs"), "mode": "evolve",
+                          "evolve": {"start_from": str(run)}})
+    with pytest.raises(ConfigError, match="--overwrite would delete .*ev', the run `evolve.start_from` starts from"):
+        choose_run_dir(cfg, args(overwrite=True))
+    assert sorted(p.name for p in run.iterdir()) == ["config.toml", "journal.jsonl"]
+
+
 def test_a_run_held_by_another_job_is_refused_before_anything_is_touched(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
