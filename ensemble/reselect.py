@@ -130,6 +130,9 @@ def _reselect(run_dir: str | Path, overrides: dict) -> dict:
         "method", "k", "metric", "selection_metric", "calibration")}, "pool": len(with_models),
         "n_finished": len(finished_records(records)), "changed": changed,
         "seconds": round(time.perf_counter() - t0, 3)}
+    if summary.get("metric") != old.get("metric"):        # ranked on another metric: the leaderboard follows
+        from ensemble.results.summary import leaderboard, leaderboard_csv
+        rd.write_text(rd.LEADERBOARD, leaderboard_csv(leaderboard(records, summary["metric"])))
     rd.write_json(rd.ENSEMBLE, summary)
     return summary
 

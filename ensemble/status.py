@@ -171,7 +171,9 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     beat = read_heartbeat(run_dir) or {}
     summary = _read_json(run_dir / RunDirectory.ENSEMBLE)
     cfg = read_run_config(run_dir)
-    metric = beat.get("metric") or (summary or {}).get("metric")
+    # a finished run's ensemble.json says what it ranks on (`ensemble reselect --metric` changes it)
+    metric = ((summary or {}).get("metric") if beat.get("state") not in ("running", "finishing") else None) \
+        or beat.get("metric") or (summary or {}).get("metric")
     total = beat.get("total") if beat.get("total") is not None else expected_members(cfg)
     state = beat.get("state")
     if state is None:

@@ -75,11 +75,21 @@ def test_reselect_writes_a_new_ensemble_and_keeps_the_old(tmp_path):
     fourth = json.loads((run_dir / "ensemble.json").read_text())
     assert not fourth["reselected"]["changed"] and fourth["members"] == third["members"]
 
+    proc = reselect(str(run_dir), "--metric", "log_loss")         # ranked on another metric: every part follows
+    assert proc.returncode == 0, proc.stderr
+    fifth = json.loads((run_dir / "ensemble.json").read_text())
+    board = (run_dir / "leaderboard.csv").read_text().splitlines()
+    assert fifth["metric"] == "log_loss" and board[1].split(",")[:2] == ["1", fifth["best_member"]["id"]]
+    status = subprocess.run([sys.executable, "-m", "ensemble.status", str(run_dir)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120).stdout
+    assert f"best member: {fifth['best_member']['id']}  val log_loss" in status, status  # it said accuracy for
+    assert "): test log_loss" in status                                                  # the log loss
+
     proc = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=120)
     assert proc.returncode == 0, proc.stderr        # a spare link of a job chain: the reselected one is kept
-    assert json.loads((run_dir / "ensemble-4.json").read_text()) == fourth
+    assert json.loads((run_dir / "ensemble-5.json").read_text()) == fifth
     assert "reselected" not in json.loads((run_dir / "ensemble.json").read_text())
-    assert "is kept as ensemble-4.json" in proc.stderr + proc.stdout
+    assert "is kept as ensemble-5.json" in proc.stderr + proc.stdout
 
     proc = reselect(str(run_dir), "--calibration", "conformal")
     assert proc.returncode == 2 and "--calibration" in proc.stderr and "classification" in proc.stderr
