@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ensemble.config import RunConfig
+from ensemble.config import ConfigError, RunConfig
 from ensemble.modes import Mode, RunContext, make_trainer, mode_of
 from ensemble.orchestrate.dispatch import dispatch
 from ensemble.orchestrate.progress import Progress
@@ -127,8 +127,14 @@ class MasterSession:
         self.events = [x.to_json() for x in history if isinstance(x, Event)]
         done_ids = {r.id for r in previous if r.ok} - lost
         workers = self.executor.workers
-        source, decider = self.mode.make(RunContext(cfg, self.meta, self.run_dir, history, frozenset(lost),
-                                                    workers, metric))
+        try:
+            source, decider = self.mode.make(RunContext(cfg, self.meta, self.run_dir, history, frozenset(lost),
+                                                        workers, metric))
+        except ConfigError as exc:                    # what the run's own journal says does not suit this job
+            from ensemble.run import EXIT_CONFIG     # (a population of 2 resumed on 1 worker): said, no traceback
+            log.error(f"config error: {exc}")
+            self.executor.shutdown()                  # every worker stops; nothing was handed out
+            return EXIT_CONFIG
         del history
         if crashes.suspects:                          # members in flight when an earlier job was lost
             names = ", ".join(sorted(crashes.suspects)[:5]) + (", ..." if len(crashes.suspects) > 5 else "")

@@ -104,6 +104,10 @@ def test_killed_during_a_round_resumes_after_the_last_journalled_one(tmp_path):
     assert 2 <= before[-1] < 6, f"the kill came too late to test a resume ({before})"
     assert not [x for x in read_lines(run_dir / "journal.jsonl") if "event" not in x]
 
+    fewer = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=240)
+    said = fewer.stdout + fewer.stderr                   # the next job got fewer nodes: a traceback and exit 1
+    assert fewer.returncode == 2 and "Traceback" not in said, said
+    assert "config error: the population this run started with has 3 members" in said
     proc = run_mpi(4, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = read_lines(run_dir / "journal.jsonl")
