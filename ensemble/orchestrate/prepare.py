@@ -302,9 +302,17 @@ def _shown(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+#: ``[data]`` settings that say where files are, not what they hold: a resume compares the data itself
+#: (``datafeed.prepare.data_changed``: digests of the targets and features, sizes, classes, normalisation)
+DATA_PATHS = ("source", "test_source", "val_source", "split_file")
+
+
 def _comparable(key: str, value):
     """A setting as --resume compares it: where a builder's module is imported from
-    (``model_dir``, absolute, so it moves with the config file) is not part of the run."""
+    (``model_dir``, absolute, so it moves with the config file) and where the data files are
+    (``DATA_PATHS``, absolute: a project moved to another file system) are not part of the run."""
+    if key == "data":
+        return {k: v for k, v in value.items() if k not in DATA_PATHS}
     if key != "architectures":
         return value
     return [{k: v for k, v in arch.items() if k != "model_dir"} for arch in value]

@@ -148,6 +148,8 @@ def test_shipped_configs_are_valid():
 
 
 def test_resume_refuses_a_changed_config(tmp_path):
+    from pathlib import Path
+
     from ensemble.orchestrate.prepare import check_same_run
     cfg = resolve_config(GOOD)
     (tmp_path / "config.toml").write_text(dump_toml(cfg))
@@ -168,6 +170,10 @@ def test_resume_refuses_a_changed_config(tmp_path):
     more = resolve_config({**cfg.to_dict(), "architectures": layers})
     with pytest.raises(ConfigError, match=r"`architectures\[0\]\.members` \d+ in the run, \d+ now"):
         check_same_run(more, tmp_path)
+    # the project moved to another file system: the data's paths differ, not the data (the resume
+    # compares the data itself: datafeed.prepare.data_changed)
+    moved = cfg.replace(data=cfg.data.replace(source="/elsewhere/" + Path(cfg.data.source).name))
+    check_same_run(moved, tmp_path)
 
 
 def test_builder_module_beside_the_config_is_found_from_any_folder(tmp_path, monkeypatch):
