@@ -360,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                                             "rate, ETA, best so far, budget left. Reads files only; takes no lock.")
     p.add_argument("run_dir", help="the run directory (runs/<name>, or the run's --run-dir)")
     p.add_argument("--watch", nargs="?", type=float, const=5.0, metavar="SECONDS",
-                   help="refresh every SECONDS (default 5) until the run is over (Ctrl-C stops watching)")
+                   help="refresh every SECONDS (default 5) until the run is over, or its master is gone from this "
+                        "host (Ctrl-C stops watching)")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     args = p.parse_args(argv)
     run_dir = Path(args.run_dir)
@@ -386,8 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.watch is not None and not args.json and sys.stdout.isatty():
                 print("\033[2J\033[H", end="")         # clear the terminal between refreshes
             print(text, flush=True)
-            if args.watch is None or status["state"] in FINAL:
-                return 0
+            if args.watch is None or status["state"] in FINAL or status["state"] == "dead":
+                return 0                               # dead: killed on this host, nothing will write again
             if not args.json:
                 print()
             time.sleep(args.watch)

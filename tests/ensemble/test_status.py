@@ -102,6 +102,7 @@ def test_a_job_killed_on_this_host_is_called_dead_at_once(tmp_path):
     assert s["state"] == "dead" and s["running"] == 0
     text = S.format_status(s)
     assert f"process {gone.pid}" in text and "--resume" in text and "ETA" not in text
+    assert S.main([str(run), "--watch", "0.1"]) == 0          # one refresh, then out: it refreshed for ever
     (tmp_path / "b").mkdir()
     alive = make(tmp_path / "b", beat={**beat, "pid": os.getpid()})
     assert S.run_status(alive, S.JournalTail(alive / "journal.jsonl"), now=1001.0)["state"] == "running"
