@@ -197,6 +197,11 @@ class Strategy:
     def elapsed(self) -> float:
         return self._clock() - self._t0
 
+    def continue_clock(self, elapsed: float) -> None:
+        """A resumed search's clock goes on from the ``elapsed`` seconds its earlier jobs searched:
+        ``budget_seconds`` counts over the jobs, as ``budget_evaluations`` does (it began at 0 again)."""
+        self._t0 = self._clock() - float(elapsed)
+
     def state(self) -> dict:
         """Small JSON-able summary for logs."""
         out = {"strategy": self.name, "asked": self.asked, "told": self.told,

@@ -201,6 +201,7 @@ class SearchSource:
                           if isinstance(x, Event) and x.kind is EventKind.ISSUED]
                          + [r.extra[SEARCH]["evaluation"] for r in done if SEARCH in r.extra], default=0)
         self.wall0 = time.monotonic() - searched_seconds(done)
+        self.strategy.continue_clock(searched_seconds(done))     # `evolve.time_limit` counts over the jobs
         self.exhausted = False
         # finished candidates whose kept artifacts were lost: the same genome, id and seed again
         latest = {r.id: r for r in done}

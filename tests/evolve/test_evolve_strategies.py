@@ -319,3 +319,15 @@ def test_state_is_small_and_json_able(name, image_space, drive):
     state = json.loads(json.dumps(s.state()))
     assert state["strategy"] == name and state["told"] == 12 and len(json.dumps(state)) < 1000
     assert math.isfinite(state["best_fitness"])
+
+
+def test_a_time_budget_goes_on_from_what_earlier_jobs_searched():
+    """`evolve.time_limit = 30`, killed 23 s in and resumed: the search bred for 31 s more (its clock began
+    at 0 again), where the evaluation budget already counted over the jobs."""
+    space = SearchSpace.from_config({"space": "free"}, input_rank=3)
+    now = [100.0]
+    s = make_strategy("regularized", space, IMAGE, 10, rng_seed=0, budget_seconds=30.0, clock=lambda: now[0])
+    s.continue_clock(23.0)
+    assert s.elapsed() == 23.0 and not s.budget_spent()
+    now[0] += 7.0
+    assert s.budget_spent()
