@@ -146,6 +146,7 @@ class PopulationSource:
         self.round = 0                               # the last round every member finished
         self.stopped = False                         # the last journalled round told every member to stop
         self.started: float | None = None            # when the first round began (pbt.time_limit)
+        self.spent = 0.0                             # seconds earlier jobs trained rounds (from the journal)
         self.round_started: float | None = None
         self.round_seconds: float | None = None
         self.bytes_moved = 0
@@ -199,9 +200,15 @@ class PopulationSource:
         """The journal so far: every round's lineage, each member's state after the last round,
         and the members whose final result is in. Returns the finished ids."""
         finished = set()
+        opened = last = None                      # this segment's open line and last round, for ``spent``
         for item in history:
+            if isinstance(item, Event) and item.kind is EventKind.OPEN:
+                if opened is not None and last is not None:
+                    self.spent += max(0.0, last - opened)
+                opened, last = item.time, None
             if isinstance(item, Event) and item.kind is EventKind.PBT_ROUND:
                 x = item.data
+                last = item.time if item.time is not None else last
                 self.round = x["round"]
                 self.stopped = bool(x.get("stop"))
                 for row in x["members"]:
@@ -216,6 +223,8 @@ class PopulationSource:
                                          "stop": self.stopped}
             elif isinstance(item, MemberRecord) and item.ok and item.id in self.members:
                 finished.add(item.id)
+        if opened is not None and last is not None:
+            self.spent += max(0.0, last - opened)
         if self.round:
             log.info(f"resume: the population continues after round {self.round} of {self.pbt.rounds}"
                      + (f" ({len(finished)} member(s) already finished)" if finished else ""))
@@ -305,8 +314,8 @@ class PopulationSource:
         """Every active member has reported this round: journal the lineage, return each one's
         decision (id -> decision)."""
         now = self.clock()
-        if self.started is None:
-            self.started = self.round_started if self.round_started is not None else now
+        if self.started is None:                     # back by what earlier jobs spent: the limit counts over jobs
+            self.started = (self.round_started if self.round_started is not None else now) - self.spent
         round_ = self.round + 1
         reports = self.reports
         for member_id, payload in reports.items():

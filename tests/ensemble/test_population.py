@@ -160,6 +160,24 @@ def test_resume_restores_each_member_from_its_state_after_the_last_round(tmp_pat
     assert [third.next_spec()["id"], third.next_spec()["id"], third.next_spec()] == ["pbt-000", "pbt-001", None]
 
 
+def test_the_time_limit_counts_the_rounds_earlier_jobs_trained(tmp_path):
+    """`pbt.time_limit` began again at every resume (`started` was per job)."""
+    rounds = [{"event": "pbt_round", "round": r, "time": 1000.0 + 10 * r, "stop": False, "members": []}
+              for r in (1, 2, 3)]
+    lines = [{"event": "open", "time": 1000.0}, *rounds[:2], {"event": "open", "time": 5000.0},
+             {**rounds[2], "time": 5008.0}]
+    again, answered, journal = source(tmp_path, lines=lines, time_limit=60.0, rounds=10)
+    assert again.spent == 20.0 + 8.0                            # each job's rounds, from its open line
+    now = [6000.0]
+    again.bind(Hooks(event=journal.append, answer=lambda member, decision: answered.__setitem__(member, decision),
+                     deadline=lambda: None, clock=lambda: now[0]))
+    specs = [again.next_spec() for _ in range(3)]
+    now[0] = 6020.0                                             # a 20 s round: 28 + 20 + 20 > 60
+    for i, spec in enumerate(specs):
+        again.decide(spec, report(4, 0.5 + 0.1 * i, i + 1))
+    assert journal[-1]["round"] == 4 and journal[-1]["stop"] and "time limit" in journal[-1]["why"]
+
+
 def test_population_larger_than_the_workers_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="pbt.population"):
         source(tmp_path, workers=2, population=3)
