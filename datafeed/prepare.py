@@ -422,11 +422,11 @@ def untrained_classes(y: np.ndarray, idx: dict[str, np.ndarray], names: Sequence
             classes = [repr(str(names[c])) if c < len(names) else str(c) for c in np.unique(y[rows])]
             where = {"sources": f"`data.{split}_source`", "column": "`data.split_column`",
                      "indices": "`data.split_file`"}.get(split_from(data), "the given split")
+            first = np.flatnonzero(~np.isin(y[idx[split]], seen))[:5].tolist()
             raise DataError(f"the {split} split ({where}) holds {len(rows)} row(s) of class(es) "
                             f"{', '.join(classes[:8])} that no training row has (first rows, counted from 0 in the "
-                            f"{split} split: {np.flatnonzero(~np.isin(y[idx[split]], seen))[:5].tolist()}): the networks "
-                            "could never predict them; correct those labels, drop those rows, or give training rows of "
-                            "the class")
+                            f"{split} split: {first}): the networks could never predict them; correct those labels, "
+                            "drop those rows, or give training rows of the class")
 
 
 def impute_features(x: np.ndarray, train: np.ndarray, method: str,

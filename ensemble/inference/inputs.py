@@ -186,8 +186,8 @@ def data_input(run: EnsembleRun, data, label: str | None = None, keep: Iterable[
         import pandas as pd
         frame = pd.DataFrame(data) if any(np.ndim(v) for v in data.values()) else pd.DataFrame([data])
         return frame_input(run, frame, source or "the dict", label, keep)
-    if hasattr(data, "to_frame") and run.meta.get("feature_names"):
-        from datafeed.readers import table_columns      # a pandas Series: one column, or one row (df.iloc[0])
+    if hasattr(data, "to_frame") and run.meta.get("feature_names"):     # a pandas Series: a column, or a row
+        from datafeed.readers import table_columns
         names = table_columns(run.meta["feature_names"], run.meta.get("categories"))
         frame = data.to_frame() if str(data.name) in names else data.to_frame().T.infer_objects()
         return frame_input(run, frame, source or "the Series", label, keep)

@@ -131,7 +131,8 @@ class MasterSession:
             source, decider = self.mode.make(RunContext(cfg, self.meta, self.run_dir, history, frozenset(lost),
                                                         workers, metric))
         except ConfigError as exc:                    # what the run's own journal says does not suit this job
-            from ensemble.run import EXIT_CONFIG     # (a population of 2 resumed on 1 worker): said, no traceback
+            # (a population of 2 resumed on 1 worker): said, no traceback
+            from ensemble.run import EXIT_CONFIG
             log.error(f"config error: {exc}")
             self.executor.shutdown()                  # every worker stops; nothing was handed out
             return EXIT_CONFIG
