@@ -913,6 +913,9 @@ def check_pbt(cfg: dict, found: Problems) -> None:
             found.add(f"`{where}` is drawn log-uniformly, so it needs low > 0, but got {bounds!r}", where)
         elif name in ("dropout", "momentum") and not (0 <= low and bounds[1] < 1):
             found.add(f"`{where}` must lie in [0, 1), but got {bounds!r}", where)
+        if name == "batch_size" and low < 1:
+            found.add(f"`{where}` is a number of samples, at least 1, but got {bounds!r} (it trained at batch size "
+                      "1); give whole numbers such as [16, 256]", where)
 
 
 def check_task_settings(config: dict | RunConfig, task: str, why: str, problems: Problems | None = None) -> None:

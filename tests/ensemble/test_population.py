@@ -190,6 +190,9 @@ def test_pbt_settings_are_checked():
     text = str(err.value)
     assert "needs a starting population" in text and "'lr'" in text
     assert "pbt.ranges.dropout" in text and "pbt.exploit" in text
+    with pytest.raises(ConfigError, match=r"`pbt.ranges.batch_size` is a number of samples, at least 1"):
+        resolve_config({"mode": "pbt", "pbt": {"ranges": {"batch_size": [0.5, 2]}},      # trained at batch size 1
+                        "architectures": [{"layers": [{"type": "Dense", "units": 2}]}]})
     with pytest.raises(ConfigError, match="master_trains"):
         resolve_config({"mode": "pbt", "runtime": {"master_trains": True},
                                                "architectures": [{"layers": [{"type": "Dense", "units": 2}]}]})
