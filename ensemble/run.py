@@ -171,8 +171,13 @@ def _run(comm, cfg, args, argv, status, held: list, made, stamps, job_started, m
         return code
     group, leaders = mpi.split_groups(comm, group_size, data.node_comm)     # groups inside a node where they fit
     if rank == 0:
-        code = run_master_side(comm, cfg, meta, data, run_dir, args.resume, leaders, job_started, command,
-                               master_trains)
+        from ensemble.config import ConfigError
+        try:
+            code = run_master_side(comm, cfg, meta, data, run_dir, args.resume, leaders, job_started, command,
+                                   master_trains)
+        except ConfigError as exc:                       # the run's journal does not suit this job (its workers
+            log.error(f"config error: {exc}")            # were stopped): one line, no traceback
+            code = EXIT_CONFIG
     else:
         run_worker_side(comm, cfg, meta, data, run_dir, group, stamps)
         code = 0

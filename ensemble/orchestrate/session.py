@@ -130,12 +130,9 @@ class MasterSession:
         try:
             source, decider = self.mode.make(RunContext(cfg, self.meta, self.run_dir, history, frozenset(lost),
                                                         workers, metric))
-        except ConfigError as exc:                    # what the run's own journal says does not suit this job
-            # (a population of 2 resumed on 1 worker): said, no traceback
-            from ensemble.run import EXIT_CONFIG
-            log.error(f"config error: {exc}")
-            self.executor.shutdown()                  # every worker stops; nothing was handed out
-            return EXIT_CONFIG
+        except ConfigError:                           # what the run's own journal says does not suit this job
+            self.executor.shutdown()                  # (a population of 2 resumed on 1 worker): every worker
+            raise                                     # stops, nothing was handed out; ensemble.run says it
         del history
         if crashes.suspects:                          # members in flight when an earlier job was lost
             names = ", ".join(sorted(crashes.suspects)[:5]) + (", ..." if len(crashes.suspects) > 5 else "")
