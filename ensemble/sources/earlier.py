@@ -47,9 +47,14 @@ def earlier_search(run_path: str, setting: str, meta: dict, instead: str) -> Ear
                           "(its candidates are where this run starts)")
     if (path / rd.DATA).is_file():
         try:
-            shape = json.loads((path / rd.DATA).read_text()).get("input_shape")
+            theirs = json.loads((path / rd.DATA).read_text())
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{where}: its {rd.DATA} cannot be read ({exc})") from None
+        shape, task = theirs.get("input_shape"), theirs.get("task")
+        if task is not None and task != meta["task"]:
+            raise ConfigError(f"{where} searched a {task} task, but this run is {meta['task']}: its candidates "
+                              "were ranked on the other task's scores; start from a run of the same task (or "
+                              f"{instead})")
         if shape is not None and list(shape) != list(meta["input_shape"]):
             raise ConfigError(f"{where} searched samples of shape {list(shape)}, but this run's samples have "
                               f"shape {list(meta['input_shape'])}; start from a run on the same data and "

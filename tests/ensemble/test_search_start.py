@@ -140,10 +140,13 @@ def bad_runs(tmp_path, earlier) -> dict[str, tuple[str, str]]:
             "shape": (str(write_run(tmp_path / "shape", cfg, read_lines(earlier / "journal.jsonl"),
                                     {**META, "input_shape": [64]})),
                       "searched samples of shape [64], but this run's samples have shape [8, 8, 1]"),
+            "task": (str(write_run(tmp_path / "task", cfg, read_lines(earlier / "journal.jsonl"),
+                                   {**META, "task": "regression" if META["task"] == "classification" else
+                                    "classification"})), "task, but this run is " + META["task"]),
             "empty": (str(write_run(tmp_path / "empty", cfg, [])), "has no finished candidates yet")}
 
 
-@pytest.mark.parametrize("case", ["missing", "not a run", "ensemble", "shape", "empty"])
+@pytest.mark.parametrize("case", ["missing", "not a run", "ensemble", "shape", "task", "empty"])
 def test_a_bad_start_from_is_one_line_naming_the_setting(tmp_path, earlier, case):
     run, says = bad_runs(tmp_path, earlier)[case]
     cfg = config(start_from=run)
