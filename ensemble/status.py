@@ -313,6 +313,8 @@ def format_status(s: dict) -> str:
     if c["issued"] > c["ended"] + (s["running"] or 0):
         text += f" ({c['issued']} handed out)"
     lines.append(text)
+    if state == "done" and s["left"] and s.get("time_limit"):          # "64 finished of 500": why not 500
+        lines.append(f"the other {s['left']} were never started: {s['time_limit']} ended the run first")
     apart = s.get("mode") not in MODES or MODES[s["mode"]].members_end_apart
     if state in ("stopped", "silent", "failed") and s["left"]:
         lines.append(f"{s['left']} of {total} members not trained yet; --resume trains them" if apart else

@@ -284,6 +284,15 @@ def test_a_resumed_search_counts_the_time_it_already_searched(tmp_path):
     assert s["budget_left_seconds"] == 610.0
 
 
+def test_a_search_its_time_limit_ended_says_why_it_trained_fewer(tmp_path):
+    """Done at 3 of 1000 read as if 997 were lost."""
+    beat = {"state": "done", "time": 1720.0, "total": 1000, "metric": "accuracy", "running": 0, "workers": 2,
+            "deadline": None}
+    run = search_run(tmp_path, beat)
+    text = S.format_status(S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1800.0))
+    assert "the other 997 were never started: `evolve.time_limit` ended the run first" in text, text
+
+
 def test_when_the_count_ends_first_the_queue_and_eta_are_the_counts(tmp_path):
     beat = {"state": "running", "time": 1059.0, "total": 8, "metric": "accuracy", "running": 2, "workers": 2,
             "deadline": None}
