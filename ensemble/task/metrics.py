@@ -271,8 +271,6 @@ def rare_class_note(metric: str, y: np.ndarray, names: Sequence[str], test_rows:
     if metric != "accuracy" or y.ndim != 1 or len(y) < 2 or not np.issubdtype(y.dtype, np.integer):
         return None
     counts = np.bincount(y, minlength=len(names))
-    if not (counts > 0).any():
-        return None
     rare = int(np.argmin(np.where(counts > 0, counts, len(y) + 1)))      # a class with no rows: ``class_notes``
     share = counts[rare] / len(y)
     if share >= RARE_SHARE:
