@@ -513,7 +513,9 @@ def data_changed(then: dict, now: dict, norm_then: tuple[np.ndarray, np.ndarray]
     if np.shape(shift) != np.shape(shift_now) or not (np.allclose(shift, shift_now) and np.allclose(scale, scale_now)):
         return ("its training rows normalise otherwise than the run's normalization.npz says (other values, or "
                 "the rows in another order)")
-    if then.get(TARGETS_DIGEST) and now.get(TARGETS_DIGEST) and then[TARGETS_DIGEST] != now[TARGETS_DIGEST]:
+    # a run made before float64 targets hashed its regression targets as float32 (``as_run_made``)
+    ours = TARGETS_DIGEST if then.get(TARGETS_DTYPE) or TARGETS_DIGEST_F32 not in now else TARGETS_DIGEST_F32
+    if then.get(TARGETS_DIGEST) and now.get(ours) and then[TARGETS_DIGEST] != now[ours]:
         return ("its targets are not the run's (a label or target value changed, or the rows are in another "
                 "order), though the features may be the same")
     if then.get(FEATURES_DIGEST) and now.get(FEATURES_DIGEST) and then[FEATURES_DIGEST] != now[FEATURES_DIGEST]:
@@ -535,16 +537,18 @@ def target_setting(data: DataSettings) -> str:
     return "`data.label`" if table else "`data.y`"
 
 
-#: ``data.json``'s digest of the encoded targets in the file's row order (``targets_digest``)
-TARGETS_DIGEST = "targets_digest"
+#: ``data.json``'s digest of the encoded targets in the file's row order (``targets_digest``); of
+#: regression targets also as float32 (``TARGETS_DIGEST_F32``), what a run before float64 targets
+#: hashed, and the targets' dtype (``TARGETS_DTYPE``: "float64"; absent in a run whose regression
+#: targets were float32, which ``as_run_made`` keeps so)
+TARGETS_DIGEST, TARGETS_DIGEST_F32, TARGETS_DTYPE = "targets_digest", "targets_digest_f32", "targets_dtype"
 
 
 def targets_digest(y: np.ndarray) -> str:
     """A digest of encoded targets (class codes, or regression values) in row order: a resume, ``predict
-    --data test`` and ``ensemble.load(run).data`` compare it (``data_changed``). Regression values are
-    hashed as float32, the form runs before 2026-11-29 kept them in, so those runs still resume."""
+    --data test`` and ``ensemble.load(run).data`` compare it (``data_changed``)."""
     import hashlib
-    a = np.ascontiguousarray(y.astype(np.float32) if y.dtype == np.float64 else y)
+    a = np.ascontiguousarray(y)
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{a.dtype.str}{a.shape}".encode())
     h.update(a.tobytes())
@@ -613,7 +617,24 @@ def prepare_targets(y: np.ndarray, info: dict, data: DataSettings) -> tuple[np.n
             meta["target_names"] = names if len(names) == meta["n_outputs"] else \
                 [str(j) for j in range(meta["n_outputs"])]
     meta[TARGETS_DIGEST] = targets_digest(y)
+    if task == "regression":
+        meta[TARGETS_DTYPE] = str(y.dtype)
+        meta[TARGETS_DIGEST_F32] = targets_digest(y.astype(np.float32))
     return y, meta
+
+
+def as_run_made(arrays: dict, meta: dict, then: dict) -> None:
+    """Regression targets (``arrays``' ``y_*``, prepared now) and their ``meta`` as a run made before
+    targets were float64 had them (``then``, its ``data.json``, names no ``TARGETS_DTYPE``): float32
+    values, which its members were trained and scored on. Its resume, ``predict --data test`` and
+    re-selection then score every member on the same targets (float64 ones scored the old members
+    on 1.6e9-scale targets they were never given)."""
+    if meta.get("task") != "regression" or then.get(TARGETS_DTYPE) or TARGETS_DIGEST_F32 not in meta:
+        return
+    for key in [k for k in arrays if k.startswith("y_")]:
+        arrays[key] = np.asarray(arrays[key]).astype(np.float32)
+    meta.pop(TARGETS_DTYPE, None)
+    meta[TARGETS_DIGEST] = meta.pop(TARGETS_DIGEST_F32)
 
 
 def choose_rows(y: np.ndarray, meta: dict, data: DataSettings, seed: int,

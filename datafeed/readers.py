@@ -137,8 +137,8 @@ def header_twice(path: str, options: dict) -> list[str]:
     would read the second ``label`` as ``label.1``, a feature holding what the label holds."""
     import pandas as pd
     try:
-        names = pd.read_csv(path, nrows=1, header=None, **options).iloc[0]
-        return duplicate_names(n for n in names if not pd.isna(n))     # empty names: pandas numbers them
+        names = pd.read_csv(path, nrows=1, header=None, dtype=str, keep_default_na=False, **options).iloc[0]
+        return duplicate_names(n for n in names if n != "")     # as written ("01" is not "1"); empty: numbered
     except (pd.errors.EmptyDataError, pd.errors.ParserError, IndexError):
         return []                               # the full read says what is wrong with the file
 

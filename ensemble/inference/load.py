@@ -197,9 +197,10 @@ def _read_checked(rd: RunDirectory, config: RunConfig, meta: dict):
         arrays, fresh, drawn = prepare_with_rows(got.x, got.y, got.info, data, config.seed, rows)
     except (OSError, DataError, ValueError) as exc:
         raise PredictError(f"cannot read the run's data {data.source!r} again: {exc}") from None
-    from datafeed.prepare import data_changed
+    from datafeed.prepare import as_run_made, data_changed
     why = data_changed(meta, fresh, rd.load_normalization(), (arrays["x_mean"], arrays["x_scale"]))
     if why:
         raise PredictError(f"the data {data.source!r} is not what the run trained on: {why}; use the file the "
                            "run was trained on")
+    as_run_made(arrays, fresh, meta)               # a run before float64 targets: scored on float32 ones
     return got, arrays, drawn

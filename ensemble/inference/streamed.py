@@ -71,7 +71,11 @@ def run_targets(run_dir: str | Path, config: RunConfig, meta: dict, raw: bool = 
     if y_all is None:
         raise PredictError(f"the files of {config.data.source!r} hold no targets (`data.y`) any more")
     if not raw:
-        y_all, _ = prepare_targets(y_all, {"feature_names": meta.get("feature_names", [])}, config.data)
+        from datafeed.prepare import as_run_made
+        y_all, fresh = prepare_targets(y_all, {"feature_names": meta.get("feature_names", [])}, config.data)
+        held = {"y_all": y_all}
+        as_run_made(held, fresh, meta)          # a run before float64 targets: scored on float32 ones
+        y_all = held["y_all"]
     splits = rd.load_splits()
     shift, scale = rd.load_normalization()
     out = {"x_mean": shift, "x_scale": scale}

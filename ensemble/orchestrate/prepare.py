@@ -33,13 +33,14 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
             then = made_with(RunDirectory(path))
         arrays, meta, rows = prepare_checked(cfg, given)
         if then is not None:                    # the data its members were trained and scored on?
-            from datafeed.prepare import data_changed
+            from datafeed.prepare import as_run_made, data_changed
             from datafeed.readers import DataError
             why = data_changed(then[0], meta, then[1], (arrays["x_mean"], arrays["x_scale"]))
             if why:
                 raise DataError(f"--resume: the data {cfg.data.source!r} is not what the run was trained on: "
                                 f"{why}; resume with the data the run started with, or start a new run (its "
                                 "finished members were scored on the other rows)")
+            as_run_made(arrays, meta, then[0])  # a run before float64 targets goes on with its float32 ones
         if lock is None:                        # after every check: --overwrite deletes the old run
             path, lock = choose_run_dir(cfg, args)
         run_dir = RunDirectory(path)

@@ -156,6 +156,10 @@ def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path):
     (tmp_path / "d.csv").write_text("a,b,label,label\n" + "".join(f"{i},{-i},{i % 2},x{i % 3}\n" for i in range(30)))
     with pytest.raises(DataError, match="'label' appear more than once in the header.*'label.1'"):
         read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="label"))
+    (tmp_path / "e.csv").write_text("a,01,1,label,,\n" + "".join(f"{i},{i},{-i},{i % 2},,\n" for i in range(30)))
+    x, _, info = read_dataset(data_cfg(source=str(tmp_path / "e.csv"), label="label", exclude=["Unnamed: 4",
+                                                                                              "Unnamed: 5"]))
+    assert info["feature_names"] == ["a", "01", "1"]           # names as written; empty ones are no name twice
     (tmp_path / "n.csv").write_text("".join(f"0,0,{i}\n" for i in range(30)))         # no header: data first
     with pytest.raises(DataError, match="the names are numbers: if the first line is data, add a header"):
         read_dataset(data_cfg(source=str(tmp_path / "n.csv"), label="2"))
@@ -417,6 +421,35 @@ def test_a_regression_target_with_a_large_offset_keeps_its_digits():
     assert abs(np.std(z) - 1.0) < 1e-6 and np.corrcoef(z, arrays["x_train"][:, 0])[0, 1] > 0.99
     back, _ = task.decode(z[:, None].astype(np.float64), shift, scale)
     np.testing.assert_allclose(back, arrays["y_train"], rtol=0, atol=1e-3)
+
+
+def test_a_run_made_with_float32_targets_is_resumed_and_rescored_on_them():
+    """A run made before targets were float64: its data.json has a float32 digest and no dtype. Read again,
+    its data is the same (a float32 digest compared), and its targets are the float32 ones its members were
+    scored on (`predict --data test` gave mse 6153 against ensemble.json's 5176). A new run's digest is of the
+    float64 values: a target corrected by +10 on 1.6e9 is seen (float32 hides it)."""
+    from datafeed.prepare import TARGETS_DIGEST, TARGETS_DTYPE, as_run_made, data_changed, targets_digest
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, 4))
+    y = 1.6e9 + 100 * x[:, 0] + rng.normal(size=300)
+    cfg = data_cfg(source="t.npz", task="regression")
+    arrays, meta = prepare(x, y, {}, cfg, seed=0)
+    norm = (arrays["x_mean"], arrays["x_scale"])
+    old = {k: v for k, v in meta.items() if not k.startswith("targets_")}
+    old[TARGETS_DIGEST] = targets_digest(y.astype(np.float32))                 # as 175a247 wrote it
+    again, fresh = prepare(x, y, {}, cfg, seed=0)
+    assert data_changed(old, fresh, norm, norm) is None
+    as_run_made(again, fresh, old)
+    assert again["y_test"].dtype == np.float32 and TARGETS_DTYPE not in fresh
+    assert fresh[TARGETS_DIGEST] == old[TARGETS_DIGEST]                       # data.json stays in its form
+    edited = y.copy()
+    edited[10] += 10.0
+    _, now = prepare(x, edited, {}, cfg, seed=0)
+    assert data_changed(old, now, norm, norm) is None                         # float32 cannot see it
+    assert "its targets are not the run's" in data_changed(meta, now, norm, norm)    # a new run does
+    kept, same = prepare(x, y, {}, cfg, seed=0)
+    as_run_made(kept, same, meta)
+    assert kept["y_test"].dtype == np.float64                                  # a new run: untouched
 
 
 def test_bool_and_nullable_numeric_columns_are_features(tmp_path):
