@@ -163,7 +163,7 @@ def predict_frame(run: str | Path | EnsembleRun, data, keep: str | list[str] = (
     check_kept_names(run, parse_keep(keep))
     got = data_input(run, data, label, keep)
     result = predict_arrays(run, got.x)
-    return prediction_frame(run, result, got.y, got.kept, index=getattr(data, "index", None))
+    return prediction_frame(run, result, got.y, got.kept, index=got.index)
 
 
 def _predict_streamed(run: EnsembleRun, out: Path | None, comm, data: str) -> int:

@@ -128,7 +128,7 @@ class Ensemble:
         self._current()
         got = data_input(self._run, data, label, keep)
         result = predict_arrays(self._run, got.x, models=self._models)
-        return prediction_frame(self._run, result, got.y, got.kept, index=getattr(data, "index", None))
+        return prediction_frame(self._run, result, got.y, got.kept, index=got.index)
 
     def evaluate(self, x, y) -> dict[str, float]:
         """The metrics ``ensemble.json`` reports, on raw features ``x`` and targets ``y``."""

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
@@ -45,6 +45,7 @@ class PredictInput:
     y: np.ndarray | None = None
     kept: dict[str, np.ndarray] = field(default_factory=dict)
     ignored: list[str] = field(default_factory=list)
+    index: Any = None                           # a frame's row labels (a Series row: its name), else None
 
 
 @dataclass(frozen=True)
@@ -181,16 +182,16 @@ def data_input(run: EnsembleRun, data, label: str | None = None, keep: Iterable[
                source: str | None = None) -> PredictInput:
     """The API's input: a DataFrame or structured array (matched by name) or a plain array."""
     if hasattr(data, "columns"):
-        return frame_input(run, data, source or "the DataFrame", label, keep)
+        return replace(frame_input(run, data, source or "the DataFrame", label, keep), index=data.index)
     if isinstance(data, Mapping):                 # a dict of columns, or of one row's values
         import pandas as pd
         frame = pd.DataFrame(data) if any(np.ndim(v) for v in data.values()) else pd.DataFrame([data])
-        return frame_input(run, frame, source or "the dict", label, keep)
+        return replace(frame_input(run, frame, source or "the dict", label, keep), index=frame.index)
     if hasattr(data, "to_frame") and run.meta.get("feature_names"):     # a pandas Series: a column, or a row
         from datafeed.readers import table_columns
         names = table_columns(run.meta["feature_names"], run.meta.get("categories"))
         frame = data.to_frame() if str(data.name) in names else data.to_frame().T.infer_objects()
-        return frame_input(run, frame, source or "the Series", label, keep)
+        return replace(frame_input(run, frame, source or "the Series", label, keep), index=frame.index)
     if not isinstance(data, np.ma.MaskedArray):       # a mask is kept: its entries are missing values
         data = np.asarray(data)
     source = source or "the array"

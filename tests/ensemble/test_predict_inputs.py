@@ -494,5 +494,7 @@ def test_a_dict_of_columns_and_a_row_as_a_series_are_matched_by_name(caplog):
     np.testing.assert_array_equal(data_input(run, frame.to_dict("list")).x, expected)
     np.testing.assert_array_equal(data_input(run, {"b": 2.0, "c": 3.0, "a": 1.0}).x, expected[:1])   # one row
     np.testing.assert_array_equal(data_input(run, frame.iloc[1]).x, expected[1:])          # df.iloc[1]: a row
+    assert data_input(run, frame.iloc[1]).index.tolist() == [1]          # predict_frame's rows: one, labelled 1
+    assert data_input(run, frame.set_index(pd.Index(["p", "q"]))).index.tolist() == ["p", "q"]   # (not a, b, c)
     with pytest.raises(P.PredictError, match="lacks 2 of the 3 columns"):
         data_input(run, frame["a"])                                                        # df["a"]: a column
