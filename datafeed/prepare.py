@@ -30,6 +30,16 @@ def infer_task(y: np.ndarray, setting: str) -> str:
     return "regression"
 
 
+def with_run_task(data: DataSettings, then: dict | None) -> DataSettings:
+    """``data`` as an existing run reads its data again (``then``: its ``data.json``): with
+    ``data.task = "auto"``, the task the run recorded, not one inferred now. The inference may
+    have changed since (before 2026-11-29, (n, 1) float labels of few whole values were a
+    regression), and a run keeps the task its members were trained for."""
+    if then and data.task == "auto" and then.get("task"):
+        return data.replace(task=then["task"])
+    return data
+
+
 def missing_rows(y: np.ndarray) -> np.ndarray:
     """Indices of the rows whose target is missing: NaN, or None / NaN / pandas' NA in a column of
     objects (strings with gaps)."""

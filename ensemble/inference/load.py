@@ -187,10 +187,10 @@ def _read_checked(rd: RunDirectory, config: RunConfig, meta: dict):
     checked to be the data the run trained on: the same split sizes and task, and the
     normalisation ``normalization.npz`` holds (fitted on the training rows: other rows there,
     or other values, give another)."""
-    from datafeed.prepare import prepare_with_rows
+    from datafeed.prepare import prepare_with_rows, with_run_task
     from datafeed.readers import DataError
     from datafeed.splits import read_data
-    data = config.data
+    data = with_run_task(config.data, meta)
     try:
         got = read_data(data)
         rows = rd.load_splits() if (rd.path / rd.SPLITS).is_file() else got.rows

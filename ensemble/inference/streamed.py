@@ -71,8 +71,9 @@ def run_targets(run_dir: str | Path, config: RunConfig, meta: dict, raw: bool = 
     if y_all is None:
         raise PredictError(f"the files of {config.data.source!r} hold no targets (`data.y`) any more")
     if not raw:
-        from datafeed.prepare import as_run_made
-        y_all, fresh = prepare_targets(y_all, {"feature_names": meta.get("feature_names", [])}, config.data)
+        from datafeed.prepare import as_run_made, with_run_task
+        y_all, fresh = prepare_targets(y_all, {"feature_names": meta.get("feature_names", [])},
+                                       with_run_task(config.data, meta))
         held = {"y_all": y_all}
         as_run_made(held, fresh, meta)          # a run before float64 targets: scored on float32 ones
         y_all = held["y_all"]

@@ -80,6 +80,12 @@ def check_main(config_path: str, resume: bool = False, run_dir: str | None = Non
     mode = mode_of(cfg)
     describe_config(cfg, found)
     resumed = check_resume(cfg, run_dir, found) if resume else None
+    if resumed is not None:                             # the data as the run reads it again: its own task
+        from datafeed.prepare import with_run_task
+        from ensemble.orchestrate.prepare import made_with
+        from ensemble.results.rundir import RunDirectory
+        then = made_with(RunDirectory(resumed))
+        cfg = cfg.replace(data=with_run_task(cfg.data, then[0] if then else None))
     for note in unread_tables(cfg, config_path):
         print(f"  note: {note}")
     prepared = check_data(cfg, found)

@@ -31,7 +31,9 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
             check_same_run(cfg, RunDirectory(path))
             given = saved_split(RunDirectory(path))
             then = made_with(RunDirectory(path))
-        arrays, meta, rows = prepare_checked(cfg, given)
+        from datafeed.prepare import with_run_task
+        task_of_run = cfg.replace(data=with_run_task(cfg.data, then[0] if then else None))
+        arrays, meta, rows = prepare_checked(task_of_run, given)
         if then is not None:                    # the data its members were trained and scored on?
             from datafeed.prepare import as_run_made, data_changed
             from datafeed.readers import DataError

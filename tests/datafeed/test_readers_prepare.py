@@ -573,6 +573,12 @@ def test_one_hot_labels_a_label_column_and_bytes_are_classes(tmp_path, xy):
     assert meta["task"] == "classification" and (arrays["y_test"] == expected["y_test"]).all()
     arrays, meta, _ = prepare_with_rows(x, (y + 1.0)[:, None], {}, data_cfg(), 1, None)   # floats 1., 2., 3.:
     assert meta["task"] == "classification" and meta["class_names"] == ["1", "2", "3"]   # a regression before
+    # ... and a run made then keeps its task when read again
+    from datafeed.prepare import with_run_task
+    _, then, _ = prepare_with_rows(x, (y + 1.0)[:, None], {}, with_run_task(data_cfg(), {"task": "regression"}), 1,
+                                   None)
+    assert then["task"] == "regression" and with_run_task(data_cfg(task="classification"),
+                                                          {"task": "regression"}).task == "classification"
     names = np.array([b"cat", b"dog", b"eel"], dtype=object)[y]
     for labels in (names, names.astype("S3")):
         _, meta, _ = prepare_with_rows(x, labels, {}, data_cfg(), 1, None)
