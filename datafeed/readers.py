@@ -313,6 +313,10 @@ def feature_columns(data: DataSettings, columns: Iterable) -> list:
     labels = label_columns(data.label)
     split = getattr(data, "split_column", "")
     if data.features:
+        twice = duplicate_names(data.features)
+        if twice:
+            raise DataError(f"`data.features` lists {', '.join(map(repr, twice))} more than once; list each column "
+                            "once")
         both = [c for c in data.features if c in labels or (split and c == split)]
         if both:
             key = "`data.label`" if both[0] in labels else "`data.split_column`"

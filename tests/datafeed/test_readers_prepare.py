@@ -171,6 +171,8 @@ def test_the_label_among_the_features_and_no_feature_left_are_refused(tmp_path):
     pd.DataFrame({"a": range(30), "b": range(30), "label": [0, 1] * 15}).to_csv(tmp_path / "d.csv", index=False)
     with pytest.raises(DataError, match="`data.features` lists 'label', which `data.label` also names"):
         read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="label", features=["b", "label"]))
+    with pytest.raises(DataError, match="`data.features` lists 'a' more than once"):     # "AttributeError: 'Data
+        read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="label", features=["a", "a"]))   # Frame'..."
     with pytest.raises(DataError, match="no feature column is left"):
         read_dataset(data_cfg(source=str(tmp_path / "d.csv"), label="label", exclude=["a", "b"]))
 
