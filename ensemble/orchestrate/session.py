@@ -301,6 +301,9 @@ class MasterSession:
                         f"out): the run is complete, its ensemble made of the others; `--resume` would train "
                         f"the failed ones again" + failures)
             budget.reason, code = None, 4
+        elif budget.reason and not budget.failures_stopped and source.total is not None \
+                and len({r.id for r in records}) >= source.total:
+            budget.reason = None                      # the time limit neared once every member was out: complete
         elif budget.reason:
             log.warning(f"stopped early: {budget.reason}" + failures)
             code = 4 if budget.failures_stopped else 0

@@ -348,6 +348,19 @@ def test_run_time_limit_stops_handing_out_work_and_still_writes_results(tmp_path
     assert (run_dir / "ensemble.json").exists() and (run_dir / "leaderboard.csv").exists()
 
 
+def test_a_time_limit_near_once_every_member_is_out_ends_the_run_as_done(tmp_path):
+    """Every member handed out at once and finished inside the limit: the time limit neared as they
+    ended, and the run said "stopped early", status "stopped", asking for a --resume with nothing left."""
+    text = CONFIG.replace("members = 6", "members = 2").replace("k = 3", "k = 1").replace(
+        "[runtime]\n", "[runtime]\ntime_limit = 12\nfinish_reserve = 6\ntrainer = \"rehearsal\"\n")
+    text += "[rehearsal]\nseconds = 3.0\n"
+    run_dir = tmp_path / "run"
+    proc = run_mpi(3, ["-m", "ensemble.run", str(write_config(tmp_path, text)), "--run-dir", str(run_dir)])
+    assert proc.returncode == 0, proc.stderr
+    assert "stopped early" not in proc.stderr and len(read_journal(run_dir / "journal.jsonl")) == 2
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "done"
+
+
 STUCK = """
 name = "stuck"
 seed = 3
