@@ -79,6 +79,8 @@ def check_main(config_path: str, resume: bool = False, run_dir: str | None = Non
         return finish(exc.problems, config_path)
     mode = mode_of(cfg)
     describe_config(cfg, found)
+    from ensemble.orchestrate.submasters import suited
+    suited(cfg, found)                                  # settings sub-masters cannot run with, at any -n
     resumed = check_resume(cfg, run_dir, found) if resume else None
     if resumed is not None:                             # the data as the run reads it again: its own task
         from datafeed.prepare import with_run_task

@@ -158,17 +158,25 @@ def serve_share(comm, share, layout: Layout, k: int, cfg: RunConfig, meta: dict,
     return account["results"]
 
 
+def suited(cfg: RunConfig, found: Problems) -> bool:
+    """Whether a fixed number of sub-masters suits the config's other settings, whatever the job's
+    size (``unsuited``); the problem added to ``found`` if not. ``ensemble check`` asks it too."""
+    subs = cfg.runtime.sub_masters
+    why = None if subs == AUTO or subs == 0 else unsuited(cfg)
+    if why is not None:
+        found.add(f"`runtime.sub_masters = {subs}` cannot be used: {why}; set `runtime.sub_masters = 0`",
+                  "runtime.sub_masters")
+    return why is None
+
+
 def check_hierarchy(cfg: RunConfig, workers: int, found: Problems) -> int:
     """Every rank, with the config's checks: a fixed number of sub-masters must suit the
     config and the job's ``workers`` ranks (besides rank 0). Returns the ranks they take
     from the workers (0 for "auto", which fits itself to the job)."""
     subs = cfg.runtime.sub_masters
-    if subs == AUTO or subs == 0:
+    if not suited(cfg, found):
         return 0
-    why = unsuited(cfg)
-    if why is not None:
-        found.add(f"`runtime.sub_masters = {subs}` cannot be used: {why}; set `runtime.sub_masters = 0`",
-                  "runtime.sub_masters")
+    if subs == AUTO or subs == 0:
         return 0
     problem = Layout(workers + 1, int(subs), cfg.runtime.group_size).problem()
     if problem is not None:

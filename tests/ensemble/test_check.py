@@ -341,3 +341,12 @@ layers = [{{type = "Dense", units = 4}}]
     np.savez(tmp_path / "d.npz", x=x, y=(y + 1) % 3)
     assert main([str(cfg), "--resume"]) == EXIT_PROBLEMS
     assert "was trained on: its" in capsys.readouterr().out          # its targets, or its split's rows
+
+
+def test_settings_sub_masters_cannot_run_with_are_said_whatever_the_job_size(tmp_path, capsys):
+    """sub_masters = 2 with members_per_rank = 2: "No problems found", then every run refused it."""
+    cfg = write(tmp_path, 'name = "chk"\n[data]\nsource = "iris"\n[[architectures]]\nmembers = 4\n'
+                          'layers = [{type = "Dense", units = 8}]\n[runtime]\ntrainer = "rehearsal"\n'
+                          'sub_masters = 2\nmembers_per_rank = 2\n')
+    assert check_main(str(cfg)) == EXIT_PROBLEMS
+    assert "`runtime.sub_masters = 2` cannot be used: `runtime.members_per_rank` > 1" in capsys.readouterr().out
