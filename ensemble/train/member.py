@@ -239,14 +239,8 @@ def train_member(spec: dict, data: Mapping[str, np.ndarray], meta: dict, run_dir
         limit.completed = min(group.allgather(limit.completed))
         if group.Get_rank() != 0:                                # the leader alone records the member
             return None
-    if limit.hit and spec.get("time_limit_fails"):
-        raise MemberFailed(TIME_LIMIT_KIND, f"training exceeded `member_time_limit` "
-                           f"({spec['member_time_limit']:g} s) after {limit.completed} of {spec['epochs']} "
-                           "epochs (`train.time_limit_fails = true` drops such a member)")
-    if limit.hit and limit.completed == 0:
-        raise MemberFailed(TIME_LIMIT_KIND, f"training exceeded `member_time_limit` "
-                           f"({spec['member_time_limit']:g} s) before its first epoch ended; raise the "
-                           "limit or shrink the model")
+    if limit.hit:
+        check_time_limit(spec, limit.completed)
     if limit.hit and early.best_weights is not None:             # the limit, not patience, stopped it:
         model.set_weights(early.best_weights)                    # keep its best validated weights
 
@@ -680,6 +674,20 @@ def root_cause(exc: BaseException) -> tuple[str, str]:
                                           "moved or made unreadable while the run reads it)")
         return kind, f"{first}: {line.strip()} (raised inside TensorFlow; its trace follows)\n{text}"
     return kind, text
+
+
+def check_time_limit(spec: dict, completed: int) -> None:
+    """A member its ``member_time_limit`` stopped after ``completed`` epochs: ``MemberFailed`` (status
+    "limit") when none completed or ``train.time_limit_fails`` drops it; else it keeps its best
+    epochs. Every trainer (Keras, rehearsal) decides it here."""
+    if spec.get("time_limit_fails"):
+        raise MemberFailed(TIME_LIMIT_KIND, f"training exceeded `member_time_limit` "
+                           f"({spec['member_time_limit']:g} s) after {completed} of {spec['epochs']} "
+                           "epochs (`train.time_limit_fails = true` drops such a member)")
+    if completed == 0:
+        raise MemberFailed(TIME_LIMIT_KIND, f"training exceeded `member_time_limit` "
+                           f"({spec['member_time_limit']:g} s) before its first epoch ended; raise the "
+                           "limit or shrink the model")
 
 
 def failure_record(spec: dict, exc: BaseException, t0: float) -> dict:

@@ -11,7 +11,8 @@ for GPUs. Each member:
   time an earlier run journalled for the same member id (``rehearsal.replay``:
   a journal.jsonl or its run directory; ids it lacks get durations drawn from its records);
 - splits the sleep over ``epochs`` and reports to the master every ``report_every`` epochs
-  as a Keras member does, obeying a stop;
+  as a Keras member does, obeying a stop, and stops at its ``member_time_limit`` (which the
+  budget shortens near the run's end) with the Keras member's outcome (``check_time_limit``);
 - returns a record of the real shape (metrics, params, epochs) and, unless
   ``rehearsal.predictions = false``, validation and test predictions of the right shape
   (a made-up member about ``rehearsal.accuracy`` good) when it can be a selection
@@ -38,7 +39,7 @@ from ensemble.results.records import Status
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.executor import Report
 from ensemble.task import get_task
-from ensemble.train.member import MemberFailed, candidate_payload
+from ensemble.train.member import MemberFailed, candidate_payload, check_time_limit
 
 if TYPE_CHECKING:
     from ensemble.config import RehearsalConfig, RunConfig
@@ -137,9 +138,15 @@ class RehearsalTrainer:
         every = int(spec.get("report_every") or 0)
         done, stopped = epochs, "epochs"
         crew = _Crew(tail) if tail is not None else None
+        limit = spec.get("member_time_limit")          # as a Keras member's: the budget caps it near the end
+        cut = t0 + float(limit) if limit else None
         end = t0
         for epoch in range(1, epochs + 1):
             end += seconds / epochs / (crew.speed() if crew is not None else 1.0)
+            if cut is not None and end > cut:       # stopped inside this epoch: the ones before it count
+                _sleep_until(cut)
+                done, stopped = epoch - 1, "time_limit"
+                break
             _sleep_until(end)
             if report is not None and every and epoch % every == 0 and epoch < epochs:
                 decision = report({"epoch": epoch, "logs": {"loss": 1.0 / epoch, "val_loss": 1.0 / epoch}})
@@ -151,6 +158,8 @@ class RehearsalTrainer:
         if not self.leader:            # the other ranks of a group sleep and report alike, return nothing
             return None
         helped = crew.end() if crew is not None else {}
+        if stopped == "time_limit":
+            check_time_limit(spec, done)            # none completed, or `train.time_limit_fails`: status "limit"
         record = self.record(spec, time.monotonic() - t0, done, stopped)
         record["train_seconds"] = round(time.monotonic() - t0, 3)      # scoring and writing included
         record.update(helped)

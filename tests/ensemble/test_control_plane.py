@@ -194,6 +194,22 @@ def test_rehearsal_member_has_the_real_record_and_prediction_shapes(tmp_path):
     assert "payload" not in reg and not list((tmp_path / "r").glob("*"))
 
 
+def test_rehearsal_members_stop_at_their_time_limit_as_keras_members_do(tmp_path):
+    """35 s members under a 20 s run limit ran 35 s each, status ok: a scheduler would have killed the job
+    the rehearsal said fits. The budget's cap (``member_time_limit``) now stops them as it stops Keras."""
+    from ensemble.train.member import MemberFailed
+    trainer = rehearsal(tmp_path, spread=0.0, seconds=0.4)
+    record = trainer({"id": "m-000", "seed": 5, "epochs": 4, "member_time_limit": 0.25}, None)
+    assert record["status"] == "ok" and record["epochs"] == 2 and record["stopped"] == "time_limit"
+    assert record["train_seconds"] < 0.35
+    with pytest.raises(MemberFailed, match="before its first epoch ended") as err:
+        trainer({"id": "m-001", "seed": 6, "epochs": 4, "member_time_limit": 0.05}, None)
+    assert err.value.kind == "time_limit"
+    with pytest.raises(MemberFailed, match="time_limit_fails"):
+        trainer({"id": "m-002", "seed": 7, "epochs": 4, "member_time_limit": 0.25, "time_limit_fails": True}, None)
+    assert trainer({"id": "m-003", "seed": 8, "epochs": 4, "member_time_limit": 5.0}, None)["epochs"] == 4
+
+
 def test_rehearsal_durations_are_log_normal_around_the_median_and_replayable(tmp_path):
     from ensemble.train.rehearsal import member_seconds, replay_durations
     settings = resolve_config({**CFG, "rehearsal": {"seconds": 60.0, "spread": 0.5}}).rehearsal
