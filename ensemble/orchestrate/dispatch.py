@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from ensemble.results.records import MemberRecord
-from ensemble.runtime.executor import Executor
+from ensemble.runtime.executor import UNSTARTED, Executor
 from ensemble.sources.base import Decider, GoOn, Source
 
 
@@ -52,6 +52,9 @@ def dispatch(executor: Executor, source: Source, on_results: Callable[[list[Memb
         now = round(clock(), 4)
         records = []
         for result in results:                 # the master's two times set before the one crossing
+            if result.get(UNSTARTED):          # held ahead past the run's latest start: nothing ran, nothing
+                sent.pop(str(result["id"]), None)    # is recorded, and a resume hands it out
+                continue
             result["dispatched"], result["received"] = sent.pop(str(result["id"]), None), now
             records.append(source.tell(decider.mark(MemberRecord.from_json(result))))
         on_results(records)

@@ -57,6 +57,11 @@ class DurationQuantile:
         return self.slowest if self.q is None else self._value
 
 
+#: a spec's keys (UNIX seconds, the master's clock) for the run's deadline and the latest a member
+#: may start to end by it (``RunBudget.cap``)
+ENDS_BY, START_BY = "ends_by", "start_by"
+
+
 class RunBudget:
     """Tracks results; says when to stop handing out work and caps each member's time."""
 
@@ -111,10 +116,14 @@ class RunBudget:
         return False
 
     def cap(self, spec: dict) -> dict:
-        """Shorten the member's own time limit so it ends before the deadline."""
+        """Shorten the member's own time limit so it ends before the deadline, and say by when it
+        may start (``START_BY``) and must end (``ENDS_BY``): a spec a worker holds ahead
+        (``runtime.specs_in_hand``) starts later than it is handed out, and its worker trims its
+        limit, or hands it back unstarted, then (``runtime.executor.on_start``)."""
         if self.deadline is None:
             return spec
         left = max(1.0, self.deadline - self.clock())
         if spec["member_time_limit"] > left:
             spec = {**spec, "member_time_limit": left}
-        return spec
+        return {**spec, ENDS_BY: round(self.deadline, 3),
+                START_BY: round(self.deadline - self.expected_member_seconds(), 3)}

@@ -230,6 +230,26 @@ def sleep_cap(max_sleep: float, mean_seconds: float | None) -> float:
     return max_sleep if mean_seconds is None else min(max_sleep, max(5e-4, 0.1 * mean_seconds))
 
 
+#: a spec handed back unstarted (``on_start``): the master records nothing, a resume hands it out
+UNSTARTED = "unstarted"
+
+
+def on_start(spec: dict, now: float | None = None) -> dict:
+    """A spec as its worker starts it: one held ahead (``runtime.specs_in_hand``) starts later
+    than it was handed out, so its ``member_time_limit``, capped then to end by the run's
+    deadline (``budget.ENDS_BY``), is what is left of it now; past the latest start
+    (``budget.START_BY``) it is marked ``UNSTARTED`` and not trained (a run of 2 s members held 6
+    deep ran 8 s past its 20 s limit)."""
+    from ensemble.runtime.budget import ENDS_BY, START_BY
+    if spec.get(ENDS_BY) is None:
+        return spec
+    now = time.time() if now is None else now
+    if now > spec[START_BY]:
+        return {**spec, UNSTARTED: True}
+    left = spec[ENDS_BY] - now
+    return {**spec, "member_time_limit": left} if left < spec["member_time_limit"] else spec
+
+
 def timed(train: Trainer, spec: dict, report: Report) -> dict | None:
     """``train(spec, report)`` with the worker's wall clock stamped on the record:
     ``started`` and ``ended`` (UNIX seconds), from which a run's utilisation is computed."""
@@ -702,6 +722,8 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: di
             while not inbox:                 # (a stale help message adds nothing: wait on)
                 take(poll_recv(comm, 0, ANY_TAG, max_sleep))
             spec = inbox.popleft()
+            if isinstance(spec, dict):
+                spec = on_start(spec)        # the leader's clock decides for its whole group
         if grouped:
             spec = polite_bcast(group, spec, 0, max_sleep)
         if spec is None:
@@ -711,8 +733,14 @@ def serve(comm, train: Trainer, max_sleep: float = 0.05, group=None, startup: di
             log.debug("helping rank %d with %s", spec.leader, spec.spec.get("id"))
             train.help(spec.spec, spec.leader)
             continue
+        if spec.get(UNSTARTED):              # too late to end by the run's deadline: handed back
+            if leader:
+                comm.send({"id": spec["id"], UNSTARTED: True}, dest=0, tag=TAG_RESULT)
+            continue
         pack = _pack_with(train, spec, inbox, drain) if leader and not grouped else [spec]
         if len(pack) > 1:                  # packed members (runtime.members_per_rank): one graph, K results
+            limit = pack[0]["member_time_limit"]       # they start with the first: its time is theirs
+            pack = [pack[0], *({**s, "member_time_limit": min(s["member_time_limit"], limit)} for s in pack[1:])]
             log.debug("training %s packed", ", ".join(s.get("id") for s in pack))
             started = time.time()
             results = train.train_many(pack)

@@ -361,6 +361,23 @@ def test_a_time_limit_near_once_every_member_is_out_ends_the_run_as_done(tmp_pat
     assert json.loads((run_dir / "status.json").read_text())["state"] == "done"
 
 
+def test_specs_held_ahead_never_start_after_the_runs_deadline(tmp_path):
+    """specs_in_hand = 6: the master stopped handing out at its deadline, but each worker still started
+    the six it held, one after another, up to 7 s past it (a 20 s run took 28 s)."""
+    text = CONFIG.replace("members = 6", "members = 60").replace(
+        "[runtime]\n", "[runtime]\ntime_limit = 9\nfinish_reserve = 3\nspecs_in_hand = 6\n"
+                        "trainer = \"rehearsal\"\n")
+    text += "[rehearsal]\nseconds = 1.0\nspread = 0.0\n"
+    run_dir = tmp_path / "run"
+    proc = run_mpi(3, ["-m", "ensemble.run", str(write_config(tmp_path, text)), "--run-dir", str(run_dir)])
+    assert proc.returncode == 0, proc.stderr
+    deadline = json.loads((run_dir / "status.json").read_text())["deadline"]
+    records = read_journal(run_dir / "journal.jsonl")
+    assert 0 < len(records) < 60 and all(r["status"] == "ok" for r in records)
+    assert max(r["started"] for r in records) <= deadline                  # none began past the deadline
+    assert max(r["ended"] for r in records) <= deadline + 0.5               # nor ran far past it
+
+
 STUCK = """
 name = "stuck"
 seed = 3
