@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from itertools import chain
 from typing import Any
 
 from ensemble.config import RunConfig
@@ -22,13 +23,18 @@ class EnsembleMode(Mode):
     gives_up_crashers = True
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
-        done: Collection[str] = {i for i, r in latest(x for x in ctx.history if isinstance(x, MemberRecord)).items()
-                                 if r.ok or r.given_up} - set(ctx.lost)
+        final = latest(x for x in ctx.history if isinstance(x, MemberRecord))
+        done: Collection[str] = {i for i, r in final.items() if r.ok or r.given_up} - set(ctx.lost)
+        failed = {i for i, r in final.items() if not (r.ok or r.given_up)}
         if ctx.mine is not None:                      # a sub-master's share: the others' count as done here
             done = Others(done, ctx.mine)
+        # a resume tries the members never tried before those that failed: a run stopped by
+        # `runtime.max_failed_share` handed its failures out first, they failed again, and it stopped again
         if ctx.cfg.runtime.order == "cost":
-            return CostOrdered(ctx.cfg, done, total=member_count(ctx.cfg)), GoOn()
-        return SpecList(member_specs(ctx.cfg, done), done, total=member_count(ctx.cfg)), GoOn()
+            return CostOrdered(ctx.cfg, done, total=member_count(ctx.cfg), last=failed), GoOn()
+        specs = chain((s for s in member_specs(ctx.cfg, done) if s["id"] not in failed),
+                      (s for s in member_specs(ctx.cfg, done) if s["id"] in failed))
+        return SpecList(specs, done, total=member_count(ctx.cfg)), GoOn()
 
     def expected_members(self, cfg: RunConfig, workers: int | None = None) -> int | None:
         return member_count(cfg)

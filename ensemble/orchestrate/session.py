@@ -31,7 +31,7 @@ from ensemble.results.crashes import REPEATS, CrashBook, Quarantine, handed_even
 from ensemble.results.events import Event, EventKind, close_event, open_event
 from ensemble.results.heartbeat import Heartbeat
 from ensemble.results.journal import Journal, typed_history
-from ensemble.results.records import FATAL_STOP, MemberRecord, fatal_failure
+from ensemble.results.records import FATAL_STOP, MemberRecord, fatal_failure, latest
 from ensemble.results.report import report_line
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.summary import finalize, format_comparison
@@ -293,7 +293,7 @@ class MasterSession:
         if not progress.per_result:
             log.info(progress.summary())
         code = 0
-        failed = [r for r in records if not r.status.evaluated]
+        failed = [r for r in latest(records).values() if not r.status.evaluated]    # a retried member once
         kinds = sorted({r.error_kind for r in failed if r.error_kind})
         failures = f"\nfailures: {len(failed)} ({', '.join(kinds)})" if failed else ""
         if budget.failures_stopped and source.total is not None and len({r.id for r in records}) >= source.total:

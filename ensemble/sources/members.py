@@ -169,9 +169,13 @@ class CostOrdered(SpecList):
 
     STICK = 0.8
 
-    def __init__(self, cfg: RunConfig, done_ids: Collection[str] = frozenset(), total: int | None = None):
+    def __init__(self, cfg: RunConfig, done_ids: Collection[str] = frozenset(), total: int | None = None,
+                 last: Collection[str] = frozenset()):
         super().__init__((), done_ids, total)
-        self.pending_by_arch = {arch.name: arch_specs(cfg, a, done_ids) for a, arch in enumerate(cfg.architectures)}
+        # ``last``: members that failed in an earlier job, tried again once every other member is out
+        self.pending_by_arch = {arch.name: (s for s in arch_specs(cfg, a, done_ids) if s["id"] not in last)
+                                for a, arch in enumerate(cfg.architectures)}
+        self.retries = (s for s in member_specs(cfg, done_ids) if s["id"] in last) if last else iter(())
         self.heads: dict[str, dict | None] = {name: next(it, None) for name, it in self.pending_by_arch.items()}
         self.prior = {name: prior_cost(spec) for name, spec in self.heads.items() if spec is not None}
         self.seconds: dict[str, tuple[float, int]] = {}        # arch -> (sum of seconds, count)
@@ -188,8 +192,9 @@ class CostOrdered(SpecList):
     def next_spec(self) -> dict | None:
         live = [name for name, spec in self.heads.items() if spec is not None]
         if not live:
-            self._dry = True
-            return None
+            spec = next(self.retries, None)
+            self._dry = spec is None
+            return spec
         name = max(live, key=self.predicted)           # ties: the first in the list
         if self.current in live and self.predicted(self.current) >= self.STICK * self.predicted(name):
             name = self.current                        # no flapping between near-equal architectures

@@ -89,6 +89,23 @@ def test_ensemble_mode_uses_the_setting():
         assert type(source) is kind
 
 
+def test_a_resume_tries_untried_members_before_those_that_failed():
+    """A run stopped by max_failed_share handed its failures out first on --resume: they failed again,
+    the rule tripped again at once, and no new member was ever tried."""
+    from ensemble.modes import RunContext, mode_of
+    history = [MemberRecord.from_json({"id": "m-000", "status": "ok"}),
+               MemberRecord.from_json({"id": "m-001", "status": "failed", "error": {"kind": "x"}}),
+               MemberRecord.from_json({"id": "m-002", "status": "failed", "error": {"kind": "x"}})]
+    for order in ("cost", "list"):
+        cfg = resolve_config({"architectures": [{"name": "m", "members": 5, "layers": [{"type": "Dense", "units": 4}]},
+                                                {"name": "w", "members": 1, "layers": [{"type": "Dense", "units": 64}]}],
+                              "runtime": {"order": order}})
+        source, _ = mode_of(cfg).make(RunContext(cfg, {}, None, history, frozenset(), 2, "accuracy"))
+        got = [source.next_spec()["id"] for _ in range(5)]
+        assert sorted(got[:3]) == ["m-003", "m-004", "w-000"] and got[3:] == ["m-001", "m-002"], (order, got)
+        assert source.next_spec() is None and source.dry()
+
+
 # -- the budget's stop rule -------------------------------------------------------------------
 def test_duration_quantile_is_within_its_bin_of_the_exact_one_and_none_is_the_slowest():
     rng = np.random.default_rng(1)
