@@ -97,9 +97,9 @@ def test_a_resume_tries_untried_members_before_those_that_failed():
                MemberRecord.from_json({"id": "m-001", "status": "failed", "error": {"kind": "x"}}),
                MemberRecord.from_json({"id": "m-002", "status": "failed", "error": {"kind": "x"}})]
     for order in ("cost", "list"):
-        cfg = resolve_config({"architectures": [{"name": "m", "members": 5, "layers": [{"type": "Dense", "units": 4}]},
-                                                {"name": "w", "members": 1, "layers": [{"type": "Dense", "units": 64}]}],
-                              "runtime": {"order": order}})
+        archs = [{"name": "m", "members": 5, "layers": [{"type": "Dense", "units": 4}]},
+                 {"name": "w", "members": 1, "layers": [{"type": "Dense", "units": 64}]}]
+        cfg = resolve_config({"architectures": archs, "runtime": {"order": order}})
         source, _ = mode_of(cfg).make(RunContext(cfg, {}, None, history, frozenset(), 2, "accuracy"))
         got = [source.next_spec()["id"] for _ in range(5)]
         assert sorted(got[:3]) == ["m-003", "m-004", "w-000"] and got[3:] == ["m-001", "m-002"], (order, got)
