@@ -378,6 +378,20 @@ def test_specs_held_ahead_never_start_after_the_runs_deadline(tmp_path):
     assert max(r["ended"] for r in records) <= deadline + 0.5               # nor ran far past it
 
 
+def test_a_job_that_ends_before_its_finish_reserve_says_so(tmp_path):
+    """A job's end 20 s away with the default 30 s finish_reserve: "no member finished (0 finished, 0 failed);
+    see journal.jsonl for each failure", state failed, though nothing failed."""
+    import time
+    text = CONFIG.replace("[runtime]\n", "[runtime]\ntrainer = \"rehearsal\"\n") + "[rehearsal]\nseconds = 1.0\n"
+    run_dir = tmp_path / "run"
+    proc = run_mpi(2, ["-m", "ensemble.run", str(write_config(tmp_path, text)), "--run-dir", str(run_dir)],
+                   env={"ENSEMBLE_JOB_END_TIME": str(int(time.time()) + 20)})
+    assert proc.returncode == 1 and "no member finished" not in proc.stderr
+    assert "no member was started: the deadline, the job's time limit less `runtime.finish_reserve` (30 s)" \
+        in proc.stderr and "--resume" in proc.stderr
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "stopped"
+
+
 STUCK = """
 name = "stuck"
 seed = 3
