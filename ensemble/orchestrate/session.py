@@ -309,10 +309,10 @@ class MasterSession:
             code = 4 if budget.failures_stopped else 0
         if not records and budget.reason and not budget.failures_stopped:     # the deadline came before any start
             left = None if budget.deadline is None else budget.deadline - time.time()
+            when = f"passed {-left:.0f} s ago" if left is not None and left <= 0 else "left too little time for one"
             log.error(f"error: no member was started: the deadline, the job's time limit less `runtime.finish_reserve` "
-                      f"({cfg.runtime.finish_reserve:g} s), "
-                      + (f"passed {-left:.0f} s ago" if left is not None and left <= 0 else "left too little time for one")
-                      + "; give the job more time, or lower `runtime.finish_reserve`, then --resume")
+                      f"({cfg.runtime.finish_reserve:g} s), {when}; give the job more time, or lower "
+                      "`runtime.finish_reserve`, then --resume")
             if beat is not None:
                 beat.final("stopped", reason=budget.reason)
             artifacts.close()
