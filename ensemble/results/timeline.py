@@ -104,7 +104,11 @@ def run_stats(records: Iterable[MemberRecord | Mapping[str, Any]], events: Itera
         first = min(r.started for r in mine)
         last = max(r.received for r in mine)
         span = max(last - first, 1e-9)
-        training += sum(r.ended - r.started + r.helper_seconds for r in mine)
+        spans: dict[tuple, float] = {}         # packed members (runtime.members_per_rank) share one span of
+        for r in mine:                           # their worker's time: counted once (it said 358% busy)
+            spans.setdefault((r.rank, r.extra.get("worker"), r.started, r.ended),
+                             r.ended - r.started + r.helper_seconds)
+        training += sum(spans.values())
         available += workers * span
         working += span
         startup += max(0.0, first - seg.data.get("job_started", seg.data["time"]))

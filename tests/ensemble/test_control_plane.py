@@ -96,6 +96,14 @@ def test_utilisation_is_training_time_over_workers_times_span():
     assert "utilisation 75.0%" in format_stats(stats)
 
 
+def test_packed_members_count_their_workers_time_once():
+    """members_per_rank = 4 on 2 workers reported "utilisation 358%": each packed member's span, which
+    its pack shares, was counted as a worker's time of its own."""
+    events = [{"event": "open", "time": 100.0, "job_started": 99.0, "workers": 2}]
+    records = [{**rec(w, 101.0, 111.0), "id": f"w{w}-{k}"} for w in (0, 1) for k in range(4)]
+    assert run_stats(records, events)["utilisation"] == pytest.approx(1.0)
+
+
 def test_a_resumed_run_adds_its_segments():
     events = [{"event": "open", "time": 0.0, "job_started": 0.0, "workers": 1},
               {"event": "open", "time": 100.0, "job_started": 98.0, "workers": 2}]
