@@ -588,6 +588,10 @@ class LocalWorker:
     def _run(self) -> None:
         trainer = None
         while (spec := self.inbox.get()) is not None:
+            spec = on_start(spec)                       # held ahead as a worker's are
+            if spec.get(UNSTARTED):
+                self._results.put({"id": spec["id"], UNSTARTED: True})
+                continue
             try:
                 if trainer is None:                     # imports TensorFlow on the first spec
                     trainer = self._make_trainer()
