@@ -427,12 +427,13 @@ def untrained_classes(y: np.ndarray, idx: dict[str, np.ndarray], names: Sequence
     from datafeed.splits import split_from
     seen = np.unique(y[idx["train"]])
     for split in ("val", "test"):
-        rows = idx[split][~np.isin(y[idx[split]], seen)]
+        unseen = ~np.isin(y[idx[split]], seen)
+        rows = idx[split][unseen]
         if len(rows):
             classes = [repr(str(names[c])) if c < len(names) else str(c) for c in np.unique(y[rows])]
             where = {"sources": f"`data.{split}_source`", "column": "`data.split_column`",
                      "indices": "`data.split_file`"}.get(split_from(data), "the given split")
-            first = np.flatnonzero(~np.isin(y[idx[split]], seen))[:5].tolist()
+            first = np.flatnonzero(unseen)[:5].tolist()
             raise DataError(f"the {split} split ({where}) holds {len(rows)} row(s) of class(es) "
                             f"{', '.join(classes[:8])} that no training row has (first rows, counted from 0 in the "
                             f"{split} split: {first}): the networks could never predict them; correct those labels, "

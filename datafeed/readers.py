@@ -143,18 +143,21 @@ def header_twice(path: str, options: dict) -> list[str]:
         return []                               # the full read says what is wrong with the file
 
 
+def is_number(name: str) -> bool:
+    """Whether a name (a column's, a class's) reads as a number ("3", "-1", "0.5")."""
+    try:
+        float(name)
+    except ValueError:
+        return False
+    return True
+
+
 def twice_message(twice: list[str]) -> str:
     """What ``header_twice``'s names are said with, by training and by ``predict``."""
-    def number(name: str) -> bool:
-        try:
-            float(name)
-            return True
-        except ValueError:
-            return False
     return (f"column(s) {', '.join(map(repr, twice))} appear more than once in the header (pandas would read the "
             f"second as '{twice[0]}.1'); give each column its own name"
             + ("; the names are numbers: if the first line is data, add a header line naming the columns"
-               if all(map(number, twice)) else ""))
+               if all(map(is_number, twice)) else ""))
 
 
 def unset_note(path: str) -> str:

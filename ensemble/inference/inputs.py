@@ -316,15 +316,6 @@ def _class_key(v) -> str:
     return str(v)
 
 
-def _is_number(name: str) -> bool:
-    """A class name that is a number ("3", "-1", "0.5": labels that were numbers)."""
-    try:
-        float(name)
-    except ValueError:
-        return False
-    return True
-
-
 def encode_targets(run: EnsembleRun, y: np.ndarray, n: int, source: str = "the input") -> np.ndarray:
     """Targets as the metrics take them: class indices (names or indices in the file), or floats.
     ``UnusableTargets`` for missing values or unknown labels."""
@@ -354,7 +345,8 @@ def encode_targets(run: EnsembleRun, y: np.ndarray, n: int, source: str = "the i
                               f"{', '.join(names[:6])}{', ...' if len(names) > 6 else ''}: which column is which "
                               "class is not known; pass the class names")
     lookup = {name: i for i, name in enumerate(names)}
-    numbered = any(_is_number(name) for name in names)     # then a number is a class name only
+    from datafeed.readers import is_number
+    numbered = any(is_number(name) for name in names)     # then a number is a class name only
     if not numbered and y.dtype.kind in "iuf" and len(y):
         order = ", ".join(f"{i}: {name!r}" for i, name in enumerate(names[:6])) + (", ..." if len(names) > 6 else "")
         raise UnusableTargets(f"{source}: the targets are numbers, but this ensemble's classes are names "

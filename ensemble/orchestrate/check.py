@@ -82,6 +82,7 @@ def check_main(config_path: str, resume: bool = False, run_dir: str | None = Non
     from ensemble.orchestrate.submasters import suited
     suited(cfg, found)                                  # settings sub-masters cannot run with, at any -n
     resumed = check_resume(cfg, run_dir, found) if resume else None
+    then = None                                         # the resumed run's data.json and normalisation
     if resumed is not None:                             # the data as the run reads it again: its own task
         from datafeed.prepare import with_run_task
         from ensemble.orchestrate.prepare import made_with
@@ -93,8 +94,8 @@ def check_main(config_path: str, resume: bool = False, run_dir: str | None = Non
     prepared = check_data(cfg, found)
     if prepared is not None or mode.writes_source:      # mode "online": its data comes once the run starts
         mode.preflight(cfg, prepared[1] if prepared is not None else None, None, found)
-    if prepared is not None and resumed is not None:
-        resumed_data(cfg, resumed, *prepared, found)
+    if prepared is not None and resumed is not None and then is not None:
+        resumed_data(cfg, resumed, then, *prepared, found)
     members: list[dict] = []
     if prepared is None:
         print("\nArchitectures: not built without the data (their input shape and outputs come from it).")
@@ -133,14 +134,10 @@ def check_resume(cfg: RunConfig, run_dir: str | None, found: Problems) -> Path |
     return None
 
 
-def resumed_data(cfg: RunConfig, path: Path, arrays: dict, meta: dict, found: Problems) -> None:
-    """``--resume``'s check of the data against the run's own (``datafeed.prepare.data_changed``)."""
+def resumed_data(cfg: RunConfig, path: Path, then: tuple, arrays: dict, meta: dict, found: Problems) -> None:
+    """``--resume``'s check of the data against the run's own (``then``: its data.json and
+    normalisation, ``prepare.made_with``; ``datafeed.prepare.data_changed``)."""
     from datafeed.prepare import data_changed
-    from ensemble.orchestrate.prepare import made_with
-    from ensemble.results.rundir import RunDirectory
-    then = made_with(RunDirectory(path))
-    if then is None:
-        return
     now = then[1] if meta.get("stream") or "x_mean" not in arrays else (arrays["x_mean"], arrays["x_scale"])
     why = data_changed(then[0], meta, then[1], now)     # streamed: check skips the pass that normalises
     if why:

@@ -296,13 +296,13 @@ class MasterSession:
         failed = [r for r in latest(records).values() if not r.status.evaluated]    # a retried member once
         kinds = sorted({r.error_kind for r in failed if r.error_kind})
         failures = f"\nfailures: {len(failed)} ({', '.join(kinds)})" if failed else ""
-        if budget.failures_stopped and source.total is not None and len({r.id for r in records}) >= source.total:
+        tried = source.total is not None and len({r.id for r in records}) >= source.total    # none left to hand out
+        if budget.failures_stopped and tried:
             log.warning(f"{budget.reason.split(';')[0]}, but every member was tried (nothing was left to hand "
                         f"out): the run is complete, its ensemble made of the others; `--resume` would train "
                         f"the failed ones again" + failures)
             budget.reason, code = None, 4
-        elif budget.reason and not budget.failures_stopped and source.total is not None \
-                and len({r.id for r in records}) >= source.total:
+        elif budget.reason and not budget.failures_stopped and tried:
             budget.reason = None                      # the time limit neared once every member was out: complete
         elif budget.reason:
             log.warning(f"stopped early: {budget.reason}" + failures)
