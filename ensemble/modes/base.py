@@ -164,10 +164,13 @@ class Mode:
         are forwarded to it."""
         return False
 
-    def preflight(self, cfg: RunConfig, meta: dict | None, groups: int | None, found: Problems) -> None:
+    def preflight(self, cfg: RunConfig, meta: dict | None, groups: int | None, found: Problems,
+                  resumed: RunDirectory | None = None) -> None:
         """Problems only this mode has, noted in ``found``: those that need the data's
         ``meta`` (None when it could not be read) or the number of worker ``groups``
-        (None under ``--check``, where the job's size is unknown)."""
+        (None under ``--check``, where the job's size is unknown). ``resumed``: the run
+        ``--resume`` continues (what it kept of an earlier run, ``sources.earlier.kept``,
+        is not read again)."""
 
     def describe(self, cfg: RunConfig) -> str:
         """What the run will do, in a few words (``--check``)."""

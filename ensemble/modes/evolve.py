@@ -8,6 +8,7 @@ from typing import Any
 
 from ensemble.config import Problems, RunConfig
 from ensemble.modes.base import Mode, RunContext, Sample
+from ensemble.results.rundir import RunDirectory
 from ensemble.sources.base import Decider, GoOn, Source
 
 #: genomes of the search space ``--check`` builds
@@ -41,7 +42,8 @@ class EvolveMode(Mode):
             return None
         return f"`evolve.discard = \"{cfg.evolve.discard}\"` decides at the master while candidates train"
 
-    def preflight(self, cfg: RunConfig, meta: dict | None, groups: int | None, found: Problems) -> None:
+    def preflight(self, cfg: RunConfig, meta: dict | None, groups: int | None, found: Problems,
+                  resumed: RunDirectory | None = None) -> None:
         if meta is None or not found.ok("search", "data.reshape"):
             return
         from ensemble.config import ConfigError
@@ -51,8 +53,9 @@ class EvolveMode(Mode):
                 check_search(cfg, meta)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-        if cfg.evolve.start_from and found.ok("search", "evolve.start_from"):
-            from ensemble.sources.earlier import start_genomes
+        from ensemble.sources.earlier import start_genomes, started_from
+        if cfg.evolve.start_from and found.ok("search", "evolve.start_from") and \
+                "evolve.start_from" not in started_from(resumed):
             try:
                 start_genomes(cfg.evolve.start_from, meta, search_space(cfg, meta), 1)
             except (ConfigError, ValueError) as exc:

@@ -136,7 +136,8 @@ class OnlineMode(Mode):
         return (f"{len(cfg.architectures)} architecture(s), trained online on a {on.policy} buffer of {on.buffer} "
                 f"samples, published every {on.publish_every} members")
 
-    def preflight(self, cfg: RunConfig, meta: dict | None, groups: int | None, found: Problems) -> None:
+    def preflight(self, cfg: RunConfig, meta: dict | None, groups: int | None, found: Problems,
+                  resumed: RunDirectory | None = None) -> None:
         if not cfg.data.source.endswith(".npz"):
             found.add(f"mode \"online\" writes its first samples to `data.source` (an .npz file), but got "
                       f"{cfg.data.source!r}: name an .npz file", "data.source")

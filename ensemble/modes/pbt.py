@@ -42,14 +42,16 @@ class PbtMode(Mode):
         return OneByOne(lambda spec, report: guarded(lambda: train_population_member(
             spec, data, meta, run_dir, comm, group, report, sleep), spec, rank, watched=False))    # the whole run
 
-    def preflight(self, cfg: RunConfig, meta: dict | None, groups: int | None, found: Problems) -> None:
+    def preflight(self, cfg: RunConfig, meta: dict | None, groups: int | None, found: Problems,
+                  resumed: RunDirectory | None = None) -> None:
         population = cfg.pbt.population
         if groups is not None and population > groups and found.ok("pbt.population"):
             found.add(f"`pbt.population` = {population} needs as many worker groups, but this job has {groups}: "
                       "each group holds one member for the whole run; start more ranks (mpirun -n "
                       f"{population * cfg.runtime.group_size + 1}) or set `pbt.population = 0` (one member per "
                       "group)", "pbt.population")
-        if meta is not None and cfg.pbt.start and found.ok("pbt.start"):
+        from ensemble.sources.earlier import started_from
+        if meta is not None and cfg.pbt.start and found.ok("pbt.start") and "pbt.start" not in started_from(resumed):
             from ensemble.config import ConfigError
             from ensemble.sources.population import search_winners
             try:

@@ -39,6 +39,7 @@ from ensemble.config.schema import check_task_settings
 from ensemble.config.vocabulary import OPTIMIZER_SLOTS, VALUE_BYTES
 from ensemble.modes import mode_of, unread_tables
 from ensemble.orchestrate.prepare import BUILD_CHECK_BATCH
+from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.env import configure_tensorflow, set_thread_env
 from ensemble.runtime.watchdog import Watchdog, stuck_seconds
 
@@ -86,14 +87,14 @@ def check_main(config_path: str, resume: bool = False, run_dir: str | None = Non
     if resumed is not None:                             # the data as the run reads it again: its own task
         from datafeed.prepare import with_run_task
         from ensemble.orchestrate.prepare import made_with
-        from ensemble.results.rundir import RunDirectory
         then = made_with(RunDirectory(resumed))
         cfg = cfg.replace(data=with_run_task(cfg.data, then[0] if then else None))
     for note in unread_tables(cfg, config_path):
         print(f"  note: {note}")
     prepared = check_data(cfg, found)
     if prepared is not None or mode.writes_source:      # mode "online": its data comes once the run starts
-        mode.preflight(cfg, prepared[1] if prepared is not None else None, None, found)
+        mode.preflight(cfg, prepared[1] if prepared is not None else None, None, found,
+                       RunDirectory(resumed) if resumed is not None else None)
     if prepared is not None and resumed is not None and then is not None:
         resumed_data(cfg, resumed, then, *prepared, found)
     members: list[dict] = []

@@ -33,7 +33,7 @@ def prepare_run(cfg: RunConfig, args) -> tuple[dict, dict, RunDirectory, RunLock
             then = made_with(RunDirectory(path))
         from datafeed.prepare import with_run_task
         task_of_run = cfg.replace(data=with_run_task(cfg.data, then[0] if then else None))
-        arrays, meta, rows = prepare_checked(task_of_run, given)
+        arrays, meta, rows = prepare_checked(task_of_run, given, RunDirectory(path) if args.resume else None)
         if then is not None:                    # the data its members were trained and scored on?
             from datafeed.prepare import as_run_made, data_changed
             from datafeed.readers import DataError
@@ -93,9 +93,11 @@ def saved_split(run_dir: RunDirectory) -> tuple[dict[str, np.ndarray], bool] | N
     return run_dir.load_splits(), drawn
 
 
-def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | None) -> tuple[dict, dict, dict]:
+def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | None,
+                    resumed: RunDirectory | None = None) -> tuple[dict, dict, dict]:
     """The data read, split (``given``: a resumed run's own, from ``saved_split``) and
-    prepared, and every check that needs it: (arrays, meta, the split's rows)."""
+    prepared, and every check that needs it: (arrays, meta, the split's rows). ``resumed``:
+    the run ``--resume`` continues."""
     from datafeed.prepare import prepare_with_rows
     from datafeed.splits import read_data
     from datafeed.streaming import prepare_stream, read_whole_note, stream_plan
@@ -149,7 +151,7 @@ def prepare_checked(cfg: RunConfig, given: tuple[dict[str, np.ndarray], bool] | 
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     found = Problems()
-    mode.preflight(cfg, meta, None, found)
+    mode.preflight(cfg, meta, None, found, resumed)
     found.raise_any()
     return arrays, meta, rows
 

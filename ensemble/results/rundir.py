@@ -136,6 +136,7 @@ class RunDirectory:
     #: where ``ensemble export`` writes each format without OUT (a model of the ensemble.json beside it)
     EXPORTS = {"keras": "ensemble.keras", "saved_model": "ensemble_saved_model", "onnx": "ensemble.onnx"}
     SEARCH_TABLE = "search.csv"
+    STARTED_FROM = "started_from.json"  # what a run took from an earlier one (``sources.earlier.kept``)
     STATES = "pbt"                  # mode "pbt": each member's state after a round, two slots each
     MODELS = "models"
     MODEL_SUFFIX = ".keras"

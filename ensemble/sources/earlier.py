@@ -7,8 +7,10 @@ run's shape, with at least one finished candidate; each problem is a one-line
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ensemble.config import ConfigError, RunConfig, read_saved_config
 from ensemble.results.journal import read_journal
@@ -67,6 +69,34 @@ def earlier_search(run_path: str, setting: str, meta: dict, instead: str) -> Ear
     sign = -1.0 if higher_is_better(metric) else 1.0
     records.sort(key=lambda r: (sign * r.val[metric], r.id))
     return EarlierSearch(str(path), source_cfg, records, metric)
+
+
+def kept(run_dir: RunDirectory, setting: str, path: str, read: Callable[[], Any]) -> Any:
+    """What this run takes from the earlier run at ``path`` (``setting``: ``evolve.start_from``,
+    ``pbt.start``): ``read()`` (JSON) when the run starts, kept in its own run directory
+    (``RunDirectory.STARTED_FROM``), and that copy again on ``--resume``. A resumed run so
+    starts from the same points after the earlier run was moved, purged from a scratch file
+    system, or continued (its best genomes then differ, and the replayed search would ask
+    others than the journal holds)."""
+    saved = started_from(run_dir)
+    if setting in saved:
+        return saved[setting]["value"]
+    value = json.loads(json.dumps(read()))         # as a resume reads it back: lists, not tuples
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    run_dir.write_json(run_dir.STARTED_FROM, {**saved, setting: {"path": path, "value": value}})
+    return value
+
+
+def started_from(run_dir: RunDirectory | None) -> dict:
+    """The run's kept starting points (``kept``), by setting; {} when none (or unreadable: the
+    earlier run is then read again)."""
+    if run_dir is None or not (run_dir.path / run_dir.STARTED_FROM).is_file():
+        return {}
+    try:
+        saved = json.loads((run_dir.path / run_dir.STARTED_FROM).read_text())
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
 
 
 def trained_keys(run_path: str, meta: dict) -> frozenset[str]:

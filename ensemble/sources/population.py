@@ -173,7 +173,9 @@ class PopulationSource:
     def _starts(self, cfg: RunConfig, meta: dict) -> list[dict]:
         """What each initial member is (its ``WHAT`` and training settings), in order."""
         if self.pbt.start:
-            return search_winners(self.pbt.start, self.size, meta, cfg.train.to_dict())
+            from ensemble.sources.earlier import kept
+            return kept(self.run_dir, "pbt.start", self.pbt.start,
+                        lambda: search_winners(self.pbt.start, self.size, meta, cfg.train.to_dict()))
         out = []
         for i in range(self.size):
             arch = cfg.architectures[i % len(cfg.architectures)].to_dict()

@@ -79,24 +79,34 @@ FIRST_POPULATION = 12
 
 
 def initial_genomes(cfg: RunConfig, meta: dict, space, first_population: int | None,
-                    earlier: bool = True) -> tuple[list, frozenset[str]]:
+                    earlier: bool = True, run_dir: RunDirectory | None = None) -> tuple[list, frozenset[str]]:
     """The search's starting points, its first asks: an earlier run's best genomes
     (``evolve.start_from``, up to half the first population; not with ``earlier=False``),
     then the templates for the input's kind (``evolve.templates``) the earlier run did not
     train; distinct, at most the first population. And the keys of the genomes the earlier
     run trained but for those starting points: the search asks none of them (with the same
     seed it would draw the same first population again and train it to the same results).
-    Raises ``ConfigError`` for a bad ``start_from``."""
-    from evolve import templates
+    What the earlier run gave is kept in ``run_dir`` (``sources.earlier.kept``) and read
+    from there on ``--resume``. Raises ``ConfigError`` for a bad ``start_from``."""
+    from evolve import genome_from_dict, templates
     size = first_population or FIRST_POPULATION
     shape, n_outputs = tuple(meta["input_shape"]), meta["n_outputs"]
     out: list = []
     known: frozenset[str] = frozenset()
     origins: list = []
     if cfg.evolve.start_from and earlier:
-        from ensemble.sources.earlier import start_genomes, trained_keys
-        out += start_genomes(cfg.evolve.start_from, meta, space, max(1, size // 2), origins)
-        known = trained_keys(cfg.evolve.start_from, meta)
+        from ensemble.sources.earlier import kept, start_genomes, trained_keys
+
+        def read() -> dict:
+            found: list = []
+            picked = start_genomes(cfg.evolve.start_from, meta, space, max(1, size // 2), found)
+            return {"genomes": [g.to_dict() for g in picked], "origins": found,
+                    "trained": sorted(trained_keys(cfg.evolve.start_from, meta))}
+
+        taken = kept(run_dir, "evolve.start_from", cfg.evolve.start_from, read) if run_dir is not None else read()
+        out += [genome_from_dict(g) for g in taken["genomes"]]
+        origins += taken["origins"]
+        known = frozenset(taken["trained"])
     if cfg.evolve.templates:
         keys = {g.key() for g in out} | known
         out += [g for g in templates(space, shape, n_outputs, meta["task"]) if g.key() not in keys]
@@ -172,7 +182,7 @@ class SearchSource:
         self.objectives = params.get("objectives", "metric_params")
         first = first_population(cfg)
         try:
-            self.initial, known = initial_genomes(cfg, meta, self.space, first)
+            self.initial, known = initial_genomes(cfg, meta, self.space, first, run_dir=run_dir)
         except ConfigError as exc:
             if not history:                       # a new search: the user's mistake, said before anything runs
                 raise

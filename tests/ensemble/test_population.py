@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from ensemble.config import ConfigError, resolve_config
+from ensemble.config import ConfigError, Problems, resolve_config
 from ensemble.results.journal import typed_history
 from ensemble.results.records import MemberRecord, Status
 from ensemble.results.rundir import RunDirectory
@@ -275,6 +275,23 @@ def test_a_population_can_start_from_an_evolve_runs_best_candidates(tmp_path):
     assert all(w["layers"] and w["optimizer"] for w in winners)
     with pytest.raises(ConfigError, match="not a run directory"):
         search_winners(str(tmp_path), 2, META, evolve_cfg.train.to_dict())
+    # a population started from it keeps what it took (started_from.json): resumed after the
+    # search's run was moved away, it starts from the same members, and its preflight says nothing
+    import shutil
+
+    from ensemble.modes.pbt import PbtMode
+    here = RunDirectory(tmp_path / "pbt")
+    first, _, journal = source(here.path, workers=4, start=str(run))
+    started = [first._spec(i)["arch"] for i in first.members]
+    assert started == ["e0001", "e0002", "e0000", "e0001"]
+    shutil.move(str(run), str(tmp_path / "moved"))
+    again, _, _ = source(here.path, workers=4, lines=journal, start=str(run))
+    assert [again._spec(i)["arch"] for i in again.members] == started
+    found = Problems()
+    PbtMode().preflight(config(start=str(run)), META, None, found, here)
+    assert not found.messages
+    PbtMode().preflight(config(start=str(run)), META, None, found, None)       # a new run: refused
+    assert "does not exist" in found.messages[0]
 
 
 def test_a_resumed_population_keeps_its_size_whatever_the_ranks(tmp_path):

@@ -199,15 +199,54 @@ def test_a_search_started_from_an_earlier_run_resumes_with_every_candidate_once(
     assert [x["genome"] for x in records] == [x["genome"] for x in full if "event" not in x]
 
 
-def test_a_resume_whose_earlier_run_is_gone_goes_on_without_it(tmp_path, earlier, caplog):
+@pytest.mark.parametrize("then", ["moved", "continued"])
+def test_a_resume_takes_the_starting_points_the_run_kept_whatever_became_of_the_earlier_run(tmp_path, earlier,
+                                                                                           then, caplog):
+    """The earlier run moved or purged (a scratch file system), or continued with better
+    candidates since: the resumed search starts from what the run took when it began
+    (``started_from.json``), and asks what the uninterrupted search asked. Before, a moved run
+    blocked the resume in preflight, and a continued one changed the replayed first asks."""
+    import shutil
+    cfg = config(start_from=str(earlier))
+    full: list[dict] = []
+    drive(SearchSource(cfg, META, RunDirectory(tmp_path / "full"), []), full)
+    lines: list[dict] = []
+    killed = RunDirectory(tmp_path / "killed")
+    drive(SearchSource(cfg, META, killed, []), lines, kill_after=3)
+    kept = json.loads((killed.path / killed.STARTED_FROM).read_text())["evolve.start_from"]
+    assert kept["path"] == str(earlier) and len(kept["value"]["genomes"]) == 2
+    if then == "moved":
+        shutil.rmtree(earlier)
+        with pytest.raises(ConfigError, match="does not exist"):               # a new search: refused
+            SearchSource(cfg, META, RunDirectory(tmp_path / "new"), [])
+    else:                                  # a better candidate than any the run started from
+        better = {**outcome({"id": "e0099", "genome": full[-1]["genome"], "summary": "", "seed": 1}),
+                  "val": {"accuracy": 2.0}}
+        with open(earlier / "journal.jsonl", "a") as f:
+            f.write(json.dumps(better) + "\n")
+    found = Problems()                     # what the resume's preflight (and `check --resume`) says
+    EvolveMode().preflight(cfg, META, None, found, killed)
+    assert not found.messages
+    resumed = SearchSource(cfg, META, killed, history_of(lines))
+    assert "goes on without" not in caplog.text and "may take another path" not in caplog.text
+    drive(resumed, lines)
+    records = [x for x in lines if "event" not in x]
+    assert [x["genome"] for x in records] == [x["genome"] for x in full if "event" not in x]
+
+
+def test_a_run_that_kept_no_starting_points_resumes_without_its_gone_earlier_run(tmp_path, earlier, caplog):
+    """A run made before ``started_from.json``: its earlier run gone, it goes on without them."""
     import shutil
     cfg = config(start_from=str(earlier))
     lines: list[dict] = []
-    drive(SearchSource(cfg, META, RunDirectory(tmp_path / "killed"), []), lines, kill_after=3)
+    killed = RunDirectory(tmp_path / "killed")
+    drive(SearchSource(cfg, META, killed, []), lines, kill_after=3)
+    (killed.path / killed.STARTED_FROM).unlink()
     shutil.rmtree(earlier)
-    with pytest.raises(ConfigError, match="does not exist"):                   # a new search: refused
-        SearchSource(cfg, META, RunDirectory(tmp_path / "new"), [])
-    resumed = SearchSource(cfg, META, RunDirectory(tmp_path / "killed"), history_of(lines))
+    found = Problems()
+    EvolveMode().preflight(cfg, META, None, found, killed)
+    assert found.messages and "does not exist" in found.messages[0]
+    resumed = SearchSource(cfg, META, killed, history_of(lines))
     assert "the search goes on without the starting points" in caplog.text
     drive(resumed, lines)
     records = [x for x in lines if "event" not in x]

@@ -1,10 +1,11 @@
 """An evolve run killed mid-search (the whole job, kill -9) and resumed equals the
 uninterrupted run: search.csv has the same ids, genomes and metrics in the same order; one
-started from an earlier run's genomes (``evolve.start_from``) resumes with every candidate once."""
+started from an earlier run's genomes (``evolve.start_from``) resumes with every candidate once, its earlier run moved away meanwhile."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 
 import pandas as pd
@@ -91,6 +92,8 @@ def test_a_search_started_from_an_earlier_run_resumes_after_kill_9_with_every_ca
     lines = kill_after(cfg, run_dir, finished=2)
     done = {x["id"] for x in lines if "event" not in x}
     assert 2 <= len(done) < 7
+    archived = tmp_path / "archived"             # moved away (a scratch purge): the run kept its start
+    shutil.move(str(earlier), str(archived))
     proc = run_mpi(2, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir), "--resume"], timeout=150)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -101,9 +104,9 @@ def test_a_search_started_from_an_earlier_run_resumes_after_kill_9_with_every_ca
     assert sorted(x["id"] for x in records if x["status"] == "ok") == [f"e{i:04d}" for i in range(1, 8)]
     keys = [json.dumps(x["genome"], sort_keys=True) for x in issued]
     assert len(set(keys)) == len(keys)                                                  # no genome twice
-    table = pd.read_csv(earlier / "search.csv")                                        # it started from the
+    table = pd.read_csv(archived / "search.csv")                                        # it started from the
     top = table[table["val_accuracy"] == table["val_accuracy"].max()]["id"]            # earlier run's best
-    assert keys[0] in {json.dumps(read_genome(earlier, i), sort_keys=True) for i in top}
+    assert keys[0] in {json.dumps(read_genome(archived, i), sort_keys=True) for i in top}
 
 
 def read_genome(run_dir, member_id: str) -> dict:
