@@ -1,6 +1,7 @@
 """An evolve run killed mid-search (the whole job, kill -9) and resumed equals the
 uninterrupted run: search.csv has the same ids, genomes and metrics in the same order; one
-started from an earlier run's genomes (``evolve.start_from``) resumes with every candidate once, its earlier run moved away meanwhile."""
+started from an earlier run's genomes (``evolve.start_from``) resumes with every candidate once,
+its earlier run moved away meanwhile."""
 
 from __future__ import annotations
 
