@@ -242,7 +242,10 @@ def coverage(y: np.ndarray, mean: np.ndarray, half_width: np.ndarray) -> float:
 def _r2(y: np.ndarray, mean: np.ndarray) -> float:
     """Coefficient of determination, averaged over outputs (scikit-learn's
     "uniform_average"); an output with constant targets scores 1 if predicted
-    exactly, else 0, as scikit-learn does."""
+    exactly, else 0, as scikit-learn does; NaN for fewer than two rows (undefined: one
+    row has no spread to explain; scikit-learn warns and returns NaN)."""
+    if len(y) < 2:
+        return float("nan")
     y2, m2 = y.reshape(len(y), -1), mean.reshape(len(y), -1)
     sse = np.sum((y2 - m2) ** 2, axis=0)
     sst = np.sum((y2 - y2.mean(axis=0)) ** 2, axis=0)

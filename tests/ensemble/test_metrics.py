@@ -102,6 +102,8 @@ def test_r2_matches_scikit_learn_for_one_and_several_outputs():
     assert regression_metrics(y, pred)["r2"] == pytest.approx(r2_score(y, pred))
     assert regression_metrics(y[:, 0], pred[:, 0])["r2"] == pytest.approx(r2_score(y[:, 0], pred[:, 0]))
     assert score("r2", y[:, 0], pred[:, 0]) == pytest.approx(r2_score(y[:, 0], pred[:, 0]))
+    # one row: undefined (it printed 0, a perfect-looking "no better than the mean")
+    assert np.isnan(regression_metrics(y[:1], pred[:1])["r2"]) and np.isnan(score("r2", y[:1, 0], pred[:1, 0]))
 
 
 def test_regression_shapes():
