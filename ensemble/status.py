@@ -274,24 +274,42 @@ def _budget(out: dict, cfg: RunConfig | None, beat: dict, tail: JournalTail, now
         out["eta_seconds"] = round(by_count if time_left is None else min(by_count, time_left), 1)
 
 
+def state_words(s: dict) -> tuple[str, str | None]:
+    """The run's state in words, and what to know or do about it (None: nothing), from
+    ``run_status``: what ``format_status`` heads its block with and the report says."""
+    resume = f"the same command with `--run-dir {s['run_dir']} --resume` continues it"
+    return {"running": ("running", None),
+              "finishing": ("finishing", "selecting the ensemble, writing the outputs"),
+              "done": ("done", None),
+              "stopped": ("stopped early", f"{s.get('reason')}; {resume}"),
+              "failed": ("failed", s.get("error")),
+              "starting": ("starting", "no heartbeat and no member yet; if that lasts, see the job's log"),
+              "unknown": ("state unknown", "no status.json: a run from before it, or one killed before its "
+                                           "first heartbeat"),
+              "silent": ("silent", f"no heartbeat for {_duration(s['heartbeat_age_seconds'])}: the job "
+                                   f"looks dead; {resume}"),
+              "dead": ("dead", f"its master (process {s.get('pid')} on this host) is gone without writing "
+                               f"its end: killed (kill -9, out of memory, a node failure); {resume}")
+            }.get(s["state"], (s["state"], None))
+
+
+def untrained_lines(s: dict) -> list[str]:
+    """Why a run that is over trained fewer members than it was to (``run_status``)."""
+    state, total = s["state"], s["total"]
+    if state == "done" and s["left"] and s.get("time_limit"):          # "64 finished of 500": why not 500
+        return [f"the other {s['left']} were never started: {s['time_limit']} ended the run first"]
+    apart = s.get("mode") not in MODES or MODES[s["mode"]].members_end_apart
+    if state in ("stopped", "silent", "failed") and s["left"]:
+        return [f"{s['left']} of {total} members not trained yet; --resume trains them" if apart else
+                f"{s['left']} of {total} members not finished; --resume continues them from their last round"]
+    return []
+
+
 def format_status(s: dict) -> str:
     """The human block ``python -m ensemble.status`` prints."""
     name = Path(s["run_dir"]).name
     state = s["state"]
-    resume = f"the same command with `--run-dir {s['run_dir']} --resume` continues it"
-    head, note = {"running": ("running", None),
-                  "finishing": ("finishing", "selecting the ensemble, writing the outputs"),
-                  "done": ("done", None),
-                  "stopped": ("stopped early", f"{s.get('reason')}; {resume}"),
-                  "failed": ("failed", s.get("error")),
-                  "starting": ("starting", "no heartbeat and no member yet; if that lasts, see the job's log"),
-                  "unknown": ("state unknown", "no status.json: a run from before it, or one killed before its "
-                                               "first heartbeat"),
-                  "silent": ("silent", f"no heartbeat for {_duration(s['heartbeat_age_seconds'])}: the job "
-                                       f"looks dead; {resume}"),
-                  "dead": ("dead", f"its master (process {s.get('pid')} on this host) is gone without writing "
-                                   f"its end: killed (kill -9, out of memory, a node failure); {resume}")
-                  }.get(state, (state, None))
+    head, note = state_words(s)
     total = s["total"]
     if s["ended_seconds_ago"] is not None:
         head += (f" after {_duration(s['age_seconds'])}" if s["age_seconds"] is not None else "") \
@@ -313,12 +331,8 @@ def format_status(s: dict) -> str:
     if c["issued"] > c["ended"] + (s["running"] or 0):
         text += f" ({c['issued']} handed out)"
     lines.append(text)
-    if state == "done" and s["left"] and s.get("time_limit"):          # "64 finished of 500": why not 500
-        lines.append(f"the other {s['left']} were never started: {s['time_limit']} ended the run first")
+    lines += untrained_lines(s)
     apart = s.get("mode") not in MODES or MODES[s["mode"]].members_end_apart
-    if state in ("stopped", "silent", "failed") and s["left"]:
-        lines.append(f"{s['left']} of {total} members not trained yet; --resume trains them" if apart else
-                     f"{s['left']} of {total} members not finished; --resume continues them from their last round")
     rates = [r for r in (f"{s['recent_members_per_second']:.2f}/s recently" if s["recent_members_per_second"] else "",
                          f"{s['members_per_second']:.2f}/s this job" if s["members_per_second"] else "") if r
              and apart]

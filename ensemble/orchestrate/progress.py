@@ -12,8 +12,10 @@ import math
 import time
 from collections.abc import Callable
 
+from ensemble.config.vocabulary import PROPER_SCORES
 from ensemble.results.records import MemberRecord, Status
-from ensemble.task.metrics import higher_is_better, metric_text
+from ensemble.results.selection import rank_key
+from ensemble.task.metrics import higher_is_better, metric_task, metric_text
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +75,18 @@ class Progress:
                 "best": self.best}
 
     def _observe_best(self, r: MemberRecord) -> None:
+        """The best so far as the leaderboard ranks (``selection.rank_key``: ties by the proper
+        score, then id), not the first to reach the best value."""
         value = r.metric(self.metric) if r.status.ranked else None
         if value is None or not math.isfinite(value):
             return
-        if self.best is None or (value > self.best["value"] if self.higher else value < self.best["value"]):
-            self.best = {"id": r.id, "value": value}
+        tie = r.val.get(PROPER_SCORES[metric_task(self.metric)])
+        if self.best is None or self._key(value, r.id, tie) < self._key(self.best["value"], self.best["id"],
+                                                                        self.best.get("tie")):
+            self.best = {"id": r.id, "value": value, **({"tie": tie} if tie is not None else {})}
+
+    def _key(self, value: float, member_id: str, tie: float | None) -> tuple:
+        return rank_key(value, member_id, self.higher, tie)
 
     def add(self, results: list[MemberRecord]) -> None:
         now = self.clock()
@@ -113,7 +122,7 @@ class Progress:
         self.first_start = min(starts) if starts else None
         best = [t["best"] for t in tallies if t["best"] is not None]
         if best:
-            self.best = (max if self.higher else min)(best, key=lambda b: b["value"])
+            self.best = min(best, key=lambda b: self._key(b["value"], b["id"], b.get("tie")))
         now = self.clock()
         if now - self.last >= self.every:
             self.last = now

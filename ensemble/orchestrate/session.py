@@ -31,7 +31,7 @@ from ensemble.results.crashes import REPEATS, CrashBook, Quarantine, handed_even
 from ensemble.results.events import Event, EventKind, close_event, open_event
 from ensemble.results.heartbeat import Heartbeat
 from ensemble.results.journal import Journal, typed_history
-from ensemble.results.records import FATAL_STOP, MemberRecord, fatal_failure, latest
+from ensemble.results.records import FATAL_STOP, Counts, MemberRecord, fatal_failure, latest
 from ensemble.results.report import report_line
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.summary import finalize, format_comparison
@@ -293,14 +293,16 @@ class MasterSession:
         if not progress.per_result:
             log.info(progress.summary())
         code = 0
-        failed = [r for r in latest(records).values() if not r.status.evaluated]    # a retried member once
-        kinds = sorted({r.error_kind for r in failed if r.error_kind})
-        failures = f"\nfailures: {len(failed)} ({', '.join(kinds)})" if failed else ""
+        final = Counts.of_records(records)                                          # a retried member once
+        kinds = sorted({r.error_kind for r in latest(records).values() if not r.status.evaluated and r.error_kind})
+        failures = (f"\nended without a result: {final.not_ok} of {final.ended} members ({', '.join(kinds)})"
+                    if final.not_ok else "")
         tried = source.total is not None and len({r.id for r in records}) >= source.total    # none left to hand out
         if budget.failures_stopped and tried:
-            log.warning(f"{budget.reason.split(';')[0]}, but every member was tried (nothing was left to hand "
-                        f"out): the run is complete, its ensemble made of the others; `--resume` would train "
-                        f"the failed ones again" + failures)
+            if final.ok:                              # else finalize says no member finished
+                log.warning(f"{budget.reason.split(';')[0]}, but every member was tried (nothing was left to "
+                            f"hand out): the run is complete, its ensemble made of the {final.ok} that finished; "
+                            "`--resume` would train the others again" + failures)
             budget.reason, code = None, 4
         elif budget.reason and not budget.failures_stopped and tried:
             budget.reason = None                      # the time limit neared once every member was out: complete

@@ -37,7 +37,14 @@ from ensemble.results.events import Event, EventKind
 from ensemble.results.records import SEARCH, Counts, MemberRecord, Status, as_records, latest
 from ensemble.results.rundir import DAMAGED_FIX, RunDirectory
 from ensemble.results.selection import rank_members
-from ensemble.results.summary import calibration_lines, epochs_note, selection_text
+from ensemble.results.summary import (
+    baseline_beats,
+    baseline_judged,
+    calibration_lines,
+    epochs_note,
+    majority_warning,
+    selection_text,
+)
 from ensemble.results.timeline import as_events, run_stats
 from ensemble.task import get_task
 from ensemble.task.metrics import higher_is_better, metric_task, metric_text
@@ -626,15 +633,21 @@ def _notes(view: RunView) -> str:
                      + (f": {html.escape(' '.join(promise))}" if promise else
                         f" ({html.escape(cal['why'])})" if cal.get("why") else ""))
     base = s.get("baseline") or {}
-    metric = view.metric
-    if "test" in base and metric in base["test"] and metric in s.get("ensemble", {}).get("test", {}):
-        e, b = s["ensemble"]["test"][metric], base["test"][metric]
-        worse = e < b if higher_is_better(metric) else e > b
-        verdict = 'The linear baseline beats the ensemble' if worse else 'The ensemble beats the linear baseline'
-        items.append(f"<b>{verdict}"
-                     f"</b> on test {metric}: ensemble {metric_text(e)}, baseline {metric_text(b)} "
-                     f"({base['model']}, fitted on "
-                     f"{base.get('train_rows', '?')} training rows)")
+    ens = s.get("ensemble", {}).get("test", {})
+    judged = baseline_judged(s) if "ensemble" in s else []
+    if judged:                                  # as the console judges (``summary.baseline_beats``)
+        beaten = baseline_beats(s)
+        shown = beaten or judged
+        ahead = all(ens[m] > base["test"][m] if higher_is_better(m) else ens[m] < base["test"][m] for m in judged)
+        verdict = ("The linear baseline beats the ensemble" if beaten else
+                   "The ensemble beats the linear baseline" if ahead else
+                   "The ensemble is at least as good as the linear baseline")
+        items.append(f"<b>{verdict}</b> on test " + "; ".join(
+            f"{m}: ensemble {metric_text(ens[m])}, baseline {metric_text(base['test'][m])}" for m in shown)
+            + f" ({html.escape(str(base['model']))}, fitted on {base.get('train_rows', '?')} training rows)")
+    major = majority_warning(s) if "ensemble" in s else None
+    if major:
+        items.append(f"<b>Warning:</b> {html.escape(major)}")
     return "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>" if items else ""
 
 
@@ -726,12 +739,25 @@ img{max-width:100%;border:1px solid #eee}pre{background:#f6f6f6;padding:.8em;ove
 .err{color:#b00}"""
 
 
+def _state(view: RunView) -> str:
+    """The run's state as ``ensemble.status`` says it (done, stopped early and why, failed and
+    the error, members never trained and what trains them), escaped, ending a sentence."""
+    from ensemble.status import JournalTail, run_status, state_words, untrained_lines
+    try:
+        s = run_status(view.path, JournalTail(view.path / RunDirectory.JOURNAL))
+    except (OSError, ValueError) as exc:               # the report never fails on the status
+        return html.escape(f"(state not read: {exc}).")
+    head, note = state_words(s)
+    said = "; ".join(x for x in (note, *untrained_lines(s)) if x)
+    return f"<b class='state'>{html.escape(head)}</b>" + (f": {html.escape(said)}." if said else ".")
+
+
 def render(view: RunView, images: dict[str, bytes | str]) -> str:
     """The HTML page: ``images`` maps each plot's name to its PNG bytes or an error text."""
     name = view.config.name if view.config is not None else view.path.name
     mode = view.mode or "unknown"
     sizes = view.meta.get("sizes", {})
-    state = "finished" if view.summary else "not finished (or stopped before choosing an ensemble)"
+    state = _state(view)
     counts = view.counts
     handed = f" of {counts.issued} handed out" if counts.issued > counts.ended else ""
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(name)}: run report</title>"
@@ -739,7 +765,7 @@ def render(view: RunView, images: dict[str, bytes | str]) -> str:
              f"<h1>Run report: {html.escape(name)}</h1>",
              f"<p class='counts' data-counts='{html.escape(json.dumps(counts.as_dict()))}'>"
              f"{html.escape(str(view.task))} ({html.escape(mode)} mode); members: {counts.summary()}{handed}; "
-             f"split sizes {html.escape(json.dumps(sizes))}; run {state}. "
+             f"split sizes {html.escape(json.dumps(sizes))}; run {state} "
              f"Written {time.strftime('%Y-%m-%d %H:%M:%S')} from <code>{html.escape(str(view.path))}</code>.</p>",
              "<h2>The answer</h2>", _answer(view), _notes(view)]
     titles = {"leaderboard": "Leaderboard", "classification": "Uncertainty: calibration and confidence",

@@ -411,6 +411,37 @@ def selection_how(sel: dict) -> str:
     return f"top {sel.get('k') or sel['picks']}, equal weights" if sel["method"] == "top_k" else sel["method"]
 
 
+def baseline_judged(summary: dict) -> list[str]:
+    """The test metrics the ensemble is judged against the linear baseline on: the ranking
+    metric and the task's proper score (a baseline one row behind on accuracy may be twice as
+    good on log loss: 400 rows, 5.75% positives, 0.1145 against 0.2125), those both have."""
+    ens, base = summary["ensemble"]["test"], (summary.get("baseline") or {}).get("test") or {}
+    return [m for m in dict.fromkeys((summary.get("metric"), PROPER_SCORES.get(summary.get("task", ""))))
+            if m in base and m in ens]
+
+
+def baseline_beats(summary: dict) -> list[str]:
+    """Of ``baseline_judged``, the metrics on which the baseline is strictly better than the
+    ensemble (a tie is no win): the console warns of them and the report says them."""
+    ens, base = summary["ensemble"]["test"], (summary.get("baseline") or {}).get("test") or {}
+    return [m for m in baseline_judged(summary) if (base[m] > ens[m] if higher_is_better(m) else base[m] < ens[m])]
+
+
+def majority_warning(summary: dict) -> str | None:
+    """When the ensemble's test accuracy is no better than answering the most frequent class: why
+    (imbalanced classes, or nothing learnt), for the console and the report; else None."""
+    major, ens = summary.get("majority"), summary["ensemble"]["test"]
+    if not major or "accuracy" not in ens or ens["accuracy"] > major["test_accuracy"]:
+        return None
+    imbalanced = major["test_accuracy"] >= IMBALANCED_SHARE
+    return (f"answering the most frequent class ({major['class']!r}) for every row scores test accuracy "
+            f"{metric_text(major['test_accuracy'])}, and the ensemble {metric_text(ens['accuracy'])}: " + (
+                "with classes this imbalanced accuracy says little; compare the log loss "
+                "(`ensemble.metric = \"log_loss\"` also ranks members by it)" if imbalanced else
+                "the networks learnt nothing usable from the features: check the features and labels "
+                "(`ensemble check`), the inputs' scale, or train longer"))
+
+
 def format_comparison(summary: dict) -> str:
     """The console table: ensemble against the best single member on the test split, then
     how the ensemble was chosen (effective size) and what its uncertainty is worth
@@ -434,10 +465,7 @@ def format_comparison(summary: dict) -> str:
         diff = ens[metric] - best[metric]
         lines.append(f"ensemble vs best member on test {metric}: {'+' if diff >= 0 else ''}{metric_text(diff)} "
                      f"({'ensemble at least as good' if better else 'best member better'})")
-        # the ranking metric and the task's proper score: a baseline one row behind on accuracy may be
-        # twice as good on log loss (400 rows, 5.75% positives: 0.1145 against 0.2125)
-        beaten = [m for m in dict.fromkeys((metric, PROPER_SCORES.get(summary.get("task", "")))) if base
-                  and m in base and m in ens and (base[m] > ens[m] if higher_is_better(m) else base[m] < ens[m])]
+        beaten = baseline_beats(summary)
         if beaten:
             lines.append(f"warning: the linear baseline ({summary['baseline']['model']}, same training rows) "
                          "beats the ensemble on test " + "; ".join(
@@ -446,16 +474,9 @@ def format_comparison(summary: dict) -> str:
         errors = "  ".join(f"{k} {metric_text(v)}" for k, v in values.items() if not k.startswith("coverage"))
         cover = "  ".join(f"{k[8:]}% {v:.2f}" for k, v in values.items() if k.startswith("coverage"))
         lines.append(f"  target {name}: test {errors}" + (f"   coverage {cover}" if cover else ""))
-    major = summary.get("majority")
-    if major and "accuracy" in ens and ens["accuracy"] <= major["test_accuracy"]:
-        imbalanced = major["test_accuracy"] >= IMBALANCED_SHARE
-        lines.append(f"warning: answering the most frequent class ({major['class']!r}) for every row scores test "
-                     f"accuracy {metric_text(major['test_accuracy'])}, and the ensemble "
-                     f"{metric_text(ens['accuracy'])}: " + (
-                         "with classes this imbalanced accuracy says little; compare the log loss "
-                         "(`ensemble.metric = \"log_loss\"` also ranks members by it)" if imbalanced else
-                         "the networks learnt nothing usable from the features: check the features and labels "
-                         "(`ensemble check`), the inputs' scale, or train longer"))
+    major = majority_warning(summary)
+    if major:
+        lines.append(f"warning: {major}")
     note = epochs_note(summary)
     if note:
         lines.append(f"note: {note}")

@@ -96,7 +96,7 @@ class RunBudget:
         if self.n_failed >= MIN_FAILURES and self.n_failed / total > self.max_failed_share \
                 and not (self.reason and self.failures_stopped):        # a fatal failure's reason stays
             self.failures_stopped = True
-            self.reason = (f"{self.n_failed} of {total} members failed, more than "
+            self.reason = (f"{self.n_failed} of the first {total} members to end failed, more than "
                            f"`runtime.max_failed_share` = {self.max_failed_share:g}; stopping instead of "
                            "burning the allocation (see the failures in journal.jsonl)")
 

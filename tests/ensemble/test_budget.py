@@ -24,7 +24,7 @@ def test_failure_share_stops_only_after_enough_failures():
         b.observe(*r)
     assert not b.should_stop()                     # 2 of 2 failed, but too few to judge
     b.observe(*FAILED)
-    assert b.should_stop() and "3 of 3 members failed" in b.reason and "max_failed_share" in b.reason
+    assert b.should_stop() and "3 of the first 3 members to end failed" in b.reason and "max_failed_share" in b.reason
 
 
 def test_failure_share_tolerates_a_minority():

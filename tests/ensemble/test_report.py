@@ -231,3 +231,42 @@ def test_run_figures_are_rows_not_json():
     from ensemble.results.report import _flat
     rows = _flat({"utilisation": 0.8, "ranks": {"workers": 3, "master": {"busy": 0.1}}, "levels": [0.5, 2]})
     assert rows == [["utilisation", 0.8], ["ranks.workers", 3], ["ranks.master.busy", 0.1], ["levels", "0.5, 2"]]
+
+
+def test_the_report_says_the_runs_state_as_status_does(tmp_path):
+    """A run stopped early said "run finished" in its report (the report looked only for
+    ensemble.json), one whose every member failed "not finished"; now the state, its reason
+    and what --resume would train are the ones ``ensemble.status`` gives."""
+    from ensemble.results.heartbeat import Heartbeat
+    run = make_run(tmp_path / "stopped")
+    cfg = (run / "config.toml").read_text().replace("members = 12", "members = 60")
+    (run / "config.toml").write_text(cfg)
+    Heartbeat(run, 10.0).final("stopped", reason="the run's time limit is near")
+    head = R.write_report(run).read_text().split("<h2>")[0]
+    assert "run <b class='state'>stopped early</b>: the run&#x27;s time limit is near; " in head
+    assert "--resume" in head and "48 of 60 members not trained yet" in head and "run finished" not in head
+    run = make_run(tmp_path / "failed", finished=False)
+    Heartbeat(run, 10.0).final("failed", error="no member finished (0 finished, 12 failed)")
+    head = R.write_report(run).read_text().split("<h2>")[0]
+    assert "run <b class='state'>failed</b>: no member finished (0 finished, 12 failed)" in head
+    run = make_run(tmp_path / "done")
+    Heartbeat(run, 10.0).final("done")
+    assert "run <b class='state'>done</b>." in R.write_report(run).read_text()
+
+
+def test_the_report_judges_the_baseline_as_the_console_does(tmp_path):
+    """A tie on accuracy was "The ensemble beats the linear baseline" in the report, while the
+    console warned that the baseline beat it on log loss."""
+    from ensemble.results.summary import format_comparison
+    run = make_run(tmp_path / "run")
+    summary = json.loads((run / "ensemble.json").read_text())
+    summary["baseline"]["test"] = {**summary["ensemble"]["test"], "log_loss": 0.5}     # ties on accuracy
+    (run / "ensemble.json").write_text(json.dumps(summary))
+    page = R.write_report(run).read_text()
+    assert "The linear baseline beats the ensemble</b> on test log_loss: ensemble 0.9100, baseline 0.5000" in page
+    assert "beats the ensemble on test log_loss" in format_comparison(summary)
+    summary["baseline"]["test"]["log_loss"] = 0.91                                    # a tie on both
+    (run / "ensemble.json").write_text(json.dumps(summary))
+    page = R.write_report(run).read_text()
+    assert "The ensemble is at least as good as the linear baseline</b> on test accuracy" in page
+    assert "beats" not in format_comparison(summary)

@@ -16,6 +16,7 @@ import pytest
 from ensemble import status as S
 from ensemble.results.heartbeat import Heartbeat, read_heartbeat
 from ensemble.results.records import MemberRecord
+from ensemble.results.summary import leaderboard
 from ensemble.status import STALE_BEATS
 
 
@@ -222,6 +223,14 @@ def test_progress_counts_what_is_out_and_the_best_so_far():
     c = p.counts()                                  # 5 out, 3 back: 2 running on 2 workers, none ahead
     assert (c["done"], c["failed"], c["running"], c["held_ahead"], c["queued"]) == (6, 1, 2, 0, 2)
     assert c["best"] == {"id": "m1", "value": 1.5}                     # lower mse is better
+    # a tie is told apart as the leaderboard tells it (the proper score), not by who came first
+    q = Progress(None, "accuracy", workers=2, lines=0)
+    q.add([MemberRecord.from_json({"id": i, "val": {"accuracy": 0.9, "log_loss": loss}, **ok})
+           for i, loss in (("m0", 0.4), ("m1", 0.2), ("m2", 0.3))])
+    assert q.counts()["best"]["id"] == "m1"
+    board = leaderboard([MemberRecord.from_json({"id": i, "val": {"accuracy": 0.9, "log_loss": loss}, **ok})
+                         for i, loss in (("m0", 0.4), ("m1", 0.2), ("m2", 0.3))], "accuracy")
+    assert board["id"].iloc[0] == "m1"
 
 
 SEARCH = ('mode = "evolve"\n[data]\nsource = "digits"\n[evolve]\nstrategy = "regularized"\nevaluations = 1000\n'

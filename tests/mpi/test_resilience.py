@@ -315,7 +315,7 @@ def test_too_many_failures_stop_the_run_with_a_summary(tmp_path):
     proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
                    env=faults.env(**{f"mlp-{i:03d}": "raise" for i in range(6)}))
     assert proc.returncode == 4
-    assert "max_failed_share" in proc.stderr and "failures:" in proc.stderr
+    assert "max_failed_share" in proc.stderr and "ended without a result:" in proc.stderr
     assert len(read_journal(run_dir / "journal.jsonl")) < 6          # it stopped handing out work
 
 
@@ -330,8 +330,18 @@ def test_too_many_failures_with_every_member_tried_end_the_run_as_done(tmp_path)
                    env=faults.env(**{f"mlp-{i:03d}": "raise" for i in range(1, 4)}))
     assert proc.returncode == 4, proc.stderr
     assert "every member was tried" in proc.stderr and "stopped early" not in proc.stderr
+    assert "its ensemble made of the 1 that finished" in proc.stderr          # final counts, not the moment's
+    assert "ended without a result: 3 of 4 members (RuntimeError)" in proc.stderr
     assert json.loads((run_dir / "status.json").read_text())["state"] == "done"
     assert [m["id"] for m in json.loads((run_dir / "ensemble.json").read_text())["members"]] == ["mlp-000"]
+    # every member fails: no promise of "an ensemble made of the others", one error with the counts
+    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(tmp_path / "all")],
+                   env=faults.env(**{f"mlp-{i:03d}": "raise" for i in range(4)}))
+    assert proc.returncode == 4, proc.stderr
+    assert "ensemble made of" not in proc.stderr and "error: no member finished (0 finished, 4 failed)" in proc.stderr
+    status = json.loads((tmp_path / "all" / "status.json").read_text())
+    assert status["state"] == "failed" and "no member finished" in status["error"]
+    assert "<b class='state'>failed</b>: no member finished" in (tmp_path / "all" / "report.html").read_text()
 
 
 def test_run_time_limit_stops_handing_out_work_and_still_writes_results(tmp_path):
