@@ -13,11 +13,15 @@ import time
 from collections.abc import Callable
 
 from ensemble.config.vocabulary import PROPER_SCORES
-from ensemble.results.records import MemberRecord, Status
+from ensemble.results.records import COUNTED, MemberRecord, Status
 from ensemble.results.selection import rank_key
 from ensemble.task.metrics import higher_is_better, metric_task, metric_text
 
 log = logging.getLogger(__name__)
+
+#: the statuses of a member that ended without a result, as status.json counts them (the keys of
+#: ``Counts``: a member at its time limit is not "failed" there either)
+WITHOUT_RESULT = (Status.FAILED, Status.LIMIT, Status.STOPPED)
 
 
 def result_line(result: MemberRecord, done: int, total: int | None, metric: str, elapsed: float) -> str:
@@ -48,7 +52,8 @@ class Progress:
     def __init__(self, total: int | None, metric: str, workers: int, done: int = 0, lines: int = 100,
                  every: float = 10.0, clock: Callable[[], float] = time.time, ends_at: float | None = None):
         self.total, self.metric, self.workers = total, metric, max(1, workers)
-        self.done, self.failed, self.discarded, self.new = done, 0, 0, 0
+        self.done, self.failed, self.discarded, self.new = done, 0, 0, 0     # failed: ended without a result
+        self.without = dict.fromkeys(WITHOUT_RESULT, 0)  # ``failed`` by status: failed, limit, stopped
         self.done_before = done                          # finished by earlier jobs
         self.handed = 0                                  # specs this job handed out
         self.best: dict | None = None                    # {"id", "value"} on the validation metric
@@ -69,7 +74,8 @@ class Progress:
         workers, both from specs out and not back; queued (None for an open-ended search)."""
         out = self.handed - self.new
         running = min(out, self.workers)
-        return {"done": self.done, "failed": self.failed, "discarded": self.discarded, "running": running,
+        return {"done": self.done, **{s.value: n for s, n in self.without.items()}, "discarded": self.discarded,
+                "running": running,
                 "held_ahead": out - running,
                 "queued": None if self.total is None else max(0, self.total - self.done - running),
                 "best": self.best}
@@ -94,6 +100,8 @@ class Progress:
             self.done += 1
             self.new += 1
             self.failed += not r.status.evaluated
+            if r.status in self.without:
+                self.without[r.status] += 1
             self.discarded += r.status is Status.DISCARDED
             self._observe_best(r)
             if r.started is not None and r.ended is not None:
@@ -109,6 +117,7 @@ class Progress:
     def tally(self) -> dict:
         """This job's counts (a sub-master's share; ``take_tallies`` adds them up)."""
         return {"new": self.new, "failed": self.failed, "discarded": self.discarded, "handed": self.handed,
+                "without": {s.value: n for s, n in self.without.items()},
                 "best": self.best, "first_start": self.first_start, "trained": self.trained}
 
     def take_tallies(self, tallies: list[dict]) -> None:
@@ -118,6 +127,7 @@ class Progress:
         self.done = self.done_before + self.new
         for key in ("failed", "discarded", "handed", "trained"):
             setattr(self, key, sum(t[key] for t in tallies))
+        self.without = {s: sum(t["without"][s.value] for t in tallies) for s in WITHOUT_RESULT}
         starts = [t["first_start"] for t in tallies if t["first_start"] is not None]
         self.first_start = min(starts) if starts else None
         best = [t["best"] for t in tallies if t["best"] is not None]
@@ -132,7 +142,8 @@ class Progress:
         now = self.clock() if now is None else now
         elapsed = max(now - self.t0, 1e-9)
         rate = self.new / elapsed
-        text = f"[{self.done}{'/' + str(self.total) if self.total else ''}] {self.failed} failed, {rate:.1f} members/s"
+        ended = ", ".join(f"{n} {COUNTED[s]}" for s, n in self.without.items() if n or s is Status.FAILED)
+        text = f"[{self.done}{'/' + str(self.total) if self.total else ''}] {ended}, {rate:.1f} members/s"
         if self.first_start is not None and now > self.first_start:
             text += f", utilisation {100 * self.trained / (self.workers * (now - self.first_start)):.0f}%"
         return text + self.eta(rate, now) + f"  +{_duration(elapsed)}"

@@ -33,6 +33,10 @@ STATES = ("running", "finishing", "done", "stopped", "failed")
 FINAL = ("done", "stopped", "failed")
 
 
+#: the counts a final status.json sets to 0: nothing runs or is held once the job is over
+ENDED_ZERO = ("running", "held_ahead")
+
+
 class Heartbeat:
     """Write ``status.json`` for the run directory ``path``: ``beat()`` when due, ``final(state)``
     at the end. Each write takes ``counts()`` (the progress so far) and merges its fields
@@ -63,8 +67,10 @@ class Heartbeat:
             self._write(fields)
 
     def final(self, state: str, **fields) -> None:
+        """The run's last word: nothing runs or is held any more, whatever the last counts said
+        of specs out (a stopped run's workers were told to stop)."""
         assert state in FINAL, state
-        self._write({**fields, "state": state})
+        self._write({**fields, "state": state, **{k: 0 for k in ENDED_ZERO if k in self.counts()}})
 
     def __enter__(self) -> "Heartbeat":
         return self

@@ -255,9 +255,9 @@ def latest(records: Iterable[MemberRecord]) -> dict[str, MemberRecord]:
     return out
 
 
-#: how ``Counts.summary`` names each status it counts
-_COUNTED = {Status.OK: "finished", Status.FAILED: "failed", Status.DISCARDED: "discarded early",
-            Status.STOPPED: "stopped by the master", Status.LIMIT: "stopped by their time limit"}
+#: how ``Counts.summary`` (and the progress line) names each status it counts
+COUNTED = {Status.OK: "finished", Status.FAILED: "failed", Status.DISCARDED: "discarded early",
+           Status.STOPPED: "stopped by the master", Status.LIMIT: "stopped by their time limit"}
 
 
 @dataclass(frozen=True)
@@ -296,7 +296,7 @@ class Counts:
         """The counts in words, as ``ensemble.status`` and the report say them: finished (ok) and
         failed always, the other statuses when there are any."""
         parts = [f"{self.ok} finished", f"{self.failed} failed"]
-        parts += [f"{self.of(s)} {_COUNTED[s]}" for s in (Status.DISCARDED, Status.LIMIT, Status.STOPPED)
+        parts += [f"{self.of(s)} {COUNTED[s]}" for s in (Status.DISCARDED, Status.LIMIT, Status.STOPPED)
                   if self.of(s)]
         return ", ".join(parts)
 

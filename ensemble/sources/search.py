@@ -398,8 +398,16 @@ class SearchSource:
         first = min(self.population_size, len(rows))
         bred = len(rows) > self.population_size
         if not bred:
+            ev = self.cfg.evolve
+            if ev.evaluations and ev.evaluations <= self.population_size:
+                fix = "raise `evolve.evaluations` above the first population"
+            elif ev.time_limit and self.strategy.budget_spent():
+                fix = (f"`evolve.time_limit` ({ev.time_limit:g} s) ended it first: raise it, or `--resume` "
+                       "goes on breeding")
+            else:                                  # a run's time limit, failures, a stop: said above
+                fix = "the run ended before the search's budget (said above); `--resume` goes on breeding"
             how = (f"the search ended within its first population ({len(rows)} of {self.population_size}): "
-                   "nothing was bred; raise `evolve.evaluations` above the first population")
+                   f"nothing was bred; {fix}")
         elif b.extra["search"]["evaluation"] <= self.population_size:
             how = f"best after {len(rows)} evaluations, from the first population (nothing bred beat it)"
         else:

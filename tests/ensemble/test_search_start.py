@@ -289,6 +289,18 @@ def test_the_console_says_whether_the_best_was_bred(tmp_path, caplog):
         assert "search: best of the first population (4)" in text and said in text
         bred = int(out["search"]["search_best"]["id"][1:]) > 4
         assert ("best evolved after" in text) == bred
+    # ended within the first population by something else than `evolve.evaluations`: said, not
+    # "raise `evolve.evaluations`" (a user's 200 evaluations were cut by `evolve.time_limit = 1`)
+    for name, evolve, said in (("time", {"time_limit": 60.0}, "`evolve.time_limit` (60 s) ended it first"),
+                               ("stop", {}, "the run ended before the search's budget")):
+        lines = []
+        (tmp_path / name).mkdir()
+        source = SearchSource(config(evaluations=200, **evolve), META, RunDirectory(tmp_path / name), [])
+        drive(source, lines, kill_after=2)
+        source.strategy.continue_clock(100.0)                  # its clock past the time limit, if any
+        caplog.clear()
+        source.finish([MemberRecord.from_json(x) for x in lines if "event" not in x])
+        assert said in caplog.text and "raise `evolve.evaluations`" not in caplog.text
 
 
 def test_starting_from_a_run_with_another_split_of_the_same_data_is_said(tmp_path):

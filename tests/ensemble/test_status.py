@@ -170,6 +170,10 @@ def test_heartbeat_takes_the_counts_and_writes_an_exception_as_the_state(tmp_pat
         raise KeyboardInterrupt
     got = read_heartbeat(tmp_path)
     assert got["state"] == "stopped" and "interrupted" in got["reason"] and got["done"] == 2
+    counts.update(running=2, held_ahead=2)        # specs out when it stopped: none runs once it is over
+    Heartbeat(tmp_path, every=60.0, counts=lambda: dict(counts)).final("stopped", reason="Ctrl-C")
+    got = read_heartbeat(tmp_path)
+    assert (got["running"], got["held_ahead"], got["done"]) == (0, 0, 2)
     with pytest.raises(ValueError), Heartbeat(tmp_path, every=60.0):
         raise ValueError("bad spec")
     assert read_heartbeat(tmp_path)["error"] == "ValueError: bad spec"
@@ -223,6 +227,11 @@ def test_progress_counts_what_is_out_and_the_best_so_far():
     c = p.counts()                                  # 5 out, 3 back: 2 running on 2 workers, none ahead
     assert (c["done"], c["failed"], c["running"], c["held_ahead"], c["queued"]) == (6, 1, 2, 0, 2)
     assert c["best"] == {"id": "m1", "value": 1.5}                     # lower mse is better
+    # a member at its time limit is "limit" in status.json as in ensemble.json's counts, not "failed"
+    p.add([MemberRecord.from_json({"id": "m3", "status": "limit", "error": {"kind": "time_limit", "message": "t"}})])
+    c = p.counts()
+    assert (c["failed"], c["limit"], c["stopped"]) == (1, 1, 0)
+    assert p.summary().startswith("[7/10] 1 failed, 1 stopped by their time limit, ")
     # a tie is told apart as the leaderboard tells it (the proper score), not by who came first
     q = Progress(None, "accuracy", workers=2, lines=0)
     q.add([MemberRecord.from_json({"id": i, "val": {"accuracy": 0.9, "log_loss": loss}, **ok})
