@@ -28,6 +28,7 @@ from ensemble.results.heartbeat import FINAL, read_heartbeat
 from ensemble.results.lock import pid_alive
 from ensemble.results.records import Counts, MemberRecord, Status, journal_shortfall, latest
 from ensemble.results.rundir import RunDirectory
+from ensemble.results.timeline import jobs_seconds
 from ensemble.task.metrics import metric_text
 
 EXIT_USAGE = 2
@@ -212,6 +213,8 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     if ended is not None:                                   # an old run's age is how long it took, not how old
         out["age_seconds"] = None if started is None else round(ended - started, 1)
         out["ended_seconds_ago"] = round(now - ended, 1)
+    ran = jobs_seconds(tail.records, tail.events, now if ended is None else ended)
+    out["jobs"], out["run_seconds"] = (ran[1], round(ran[0], 1)) if ran else (None, None)
     times = sorted(r.received for r in tail.records if r.received is not None)
     opened = float(opens[-1].data["time"]) if opens else None         # this job's dispatch began
     this_job = [t for t in times if opened is not None and t >= opened]
@@ -311,9 +314,11 @@ def format_status(s: dict) -> str:
     state = s["state"]
     head, note = state_words(s)
     total = s["total"]
-    if s["ended_seconds_ago"] is not None:
-        head += (f" after {_duration(s['age_seconds'])}" if s["age_seconds"] is not None else "") \
-            + f", {_duration(s['ended_seconds_ago'])} ago"
+    if s["ended_seconds_ago"] is not None:               # a resumed run: its jobs' time, not the gaps between
+        took = (f" after {_duration(s['run_seconds'])} over {s['jobs']} jobs" if (s.get("jobs") or 0) > 1 and
+                s.get("run_seconds") is not None else
+                f" after {_duration(s['age_seconds'])}" if s["age_seconds"] is not None else "")
+        head += took + f", {_duration(s['ended_seconds_ago'])} ago"
     elif s["age_seconds"] is not None:
         head += f", age {_duration(s['age_seconds'])}"
     lines = [f"{name}: {head}"] + ([note] if note else []) + ([f"warning: {s['warning']}"] if s.get("warning") else [])

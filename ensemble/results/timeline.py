@@ -55,6 +55,24 @@ def _segments(records: list[MemberRecord], events: list[Event]) \
     return out
 
 
+def jobs_seconds(records: Iterable[MemberRecord | Mapping[str, Any]], events: Iterable[Event | Mapping[str, Any]],
+                 now: float) -> tuple[float, int] | None:
+    """How long the run's jobs ran, added up (the time between a stopped job and its
+    ``--resume`` is no run time), and how many jobs: each from its start (``job_started``, else
+    its ``open``) to its ``close``, else to its last result, else to its ``open`` (a job lost
+    before any); the last job without a close up to ``now`` (it runs). None without jobs."""
+    segments = _segments(as_records(records), as_events(events))
+    if not segments:
+        return None
+    total = 0.0
+    for n, (seg, close, mine) in enumerate(segments):
+        start = float(seg.data.get("job_started", seg.data["time"]))
+        end = (close.data["time"] if close is not None else now if n == len(segments) - 1
+               else max((r.received for r in mine), default=seg.data["time"]))
+        total += max(0.0, float(end) - start)
+    return total, len(segments)
+
+
 #: start-up, from a process's creation to its first member's start: (phase, from stamp, to stamp)
 PHASES = (("python", "process", "main"), ("mpi_and_config", "main", "mpi_and_config"),
           ("data", "mpi_and_config", "data"), ("tensorflow", "data", "trainer"))

@@ -419,3 +419,16 @@ def test_watch_waits_for_a_run_that_has_not_written_its_folder_yet(tmp_path, cap
     (other / "x.txt").write_text("mine")       # a folder of something else: refused at once, as without --watch
     assert S.main([str(other), "--watch", "2"]) == S.EXIT_USAGE and len(naps) == 2
     assert "not a run directory" in capsys.readouterr().err
+
+
+def test_a_resumed_run_took_its_jobs_time_not_the_gap_between_them(tmp_path):
+    """Two jobs of 15 s and 3 s an hour apart said "done after 61 min"."""
+    lines = [{"event": "open", "time": 1000.0, "job_started": 998.0, "workers": 2},
+             record(1, t=1000.0), record(2, t=1000.0), {"event": "close", "time": 1013.0},
+             {"event": "open", "time": 4600.0, "job_started": 4600.0, "workers": 2},
+             record(3, t=4600.0 - 3), {"event": "close", "time": 4603.0}]
+    (tmp_path / "journal.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "status.json").write_text(json.dumps({"state": "done", "time": 4603.0}))
+    s = S.run_status(tmp_path, S.JournalTail(tmp_path / "journal.jsonl"), now=4700.0)
+    assert (s["jobs"], s["run_seconds"], s["age_seconds"]) == (2, 18.0, 3605.0)
+    assert "done after 18 s over 2 jobs, 97 s ago" in S.format_status(s)
