@@ -43,8 +43,9 @@ def run_config(config: dict | str | Path, run_dir: str | Path | None = None, *, 
     ``config`` is a TOML file or a dict of the same tables (relative paths in a dict resolve
     against the working directory). The run is the one ``python -m ensemble.run`` makes:
     same run directory, journal and ensemble, the members trained one after another here.
-    For a small config: a notebook's first look, a test, a tutorial. Raises ``RuntimeError``
-    with the run's exit code and its last error line when it fails.
+    For a small config: a notebook's first look, a test, a tutorial. Raises ``ConfigError`` (a
+    ``ValueError``) for a config with a mistake, before anything runs, and ``RuntimeError`` with
+    the run's exit code and its last error line when the run fails.
     """
     from ensemble.config import load_config, locate, resolve_config
     from ensemble.run import main

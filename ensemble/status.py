@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import socket
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 from ensemble.config import ConfigError, RunConfig, read_saved_config
 from ensemble.modes import MODES, mode_of
 from ensemble.results.events import Event, EventKind
-from ensemble.results.heartbeat import FINAL, read_heartbeat
+from ensemble.results.heartbeat import FINAL, duration_words, read_heartbeat, state_words, untrained_lines
 from ensemble.results.lock import pid_alive
 from ensemble.results.records import Counts, MemberRecord, Status, journal_shortfall, latest
 from ensemble.results.rundir import RunDirectory
@@ -113,17 +112,6 @@ def expected_members(cfg: RunConfig | None) -> int | None:
     """Members a run is meant to end with, from its config alone (the heartbeat's ``total``
     wins when there is one; ``Mode.expected_members``)."""
     return (mode_of(cfg).expected_members(cfg) or None) if cfg is not None else None
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "?"
-    seconds = max(0.0, seconds)
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def time_budget(cfg: RunConfig | None, beat: dict, tail: JournalTail) -> tuple[float | None, str | None]:
@@ -277,37 +265,6 @@ def _budget(out: dict, cfg: RunConfig | None, beat: dict, tail: JournalTail, now
         out["eta_seconds"] = round(by_count if time_left is None else min(by_count, time_left), 1)
 
 
-def state_words(s: dict) -> tuple[str, str | None]:
-    """The run's state in words, and what to know or do about it (None: nothing), from
-    ``run_status``: what ``format_status`` heads its block with and the report says."""
-    resume = f"the same command with `--run-dir {s['run_dir']} --resume` continues it"
-    return {"running": ("running", None),
-              "finishing": ("finishing", "selecting the ensemble, writing the outputs"),
-              "done": ("done", None),
-              "stopped": ("stopped early", f"{s.get('reason')}; {resume}"),
-              "failed": ("failed", s.get("error")),
-              "starting": ("starting", "no heartbeat and no member yet; if that lasts, see the job's log"),
-              "unknown": ("state unknown", "no status.json: a run from before it, or one killed before its "
-                                           "first heartbeat"),
-              "silent": ("silent", f"no heartbeat for {_duration(s['heartbeat_age_seconds'])}: the job "
-                                   f"looks dead; {resume}"),
-              "dead": ("dead", f"its master (process {s.get('pid')} on this host) is gone without writing "
-                               f"its end: killed (kill -9, out of memory, a node failure); {resume}")
-            }.get(s["state"], (s["state"], None))
-
-
-def untrained_lines(s: dict) -> list[str]:
-    """Why a run that is over trained fewer members than it was to (``run_status``)."""
-    state, total = s["state"], s["total"]
-    if state == "done" and s["left"] and s.get("time_limit"):          # "64 finished of 500": why not 500
-        return [f"the other {s['left']} were never started: {s['time_limit']} ended the run first"]
-    apart = s.get("mode") not in MODES or MODES[s["mode"]].members_end_apart
-    if state in ("stopped", "silent", "failed") and s["left"]:
-        return [f"{s['left']} of {total} members not trained yet; --resume trains them" if apart else
-                f"{s['left']} of {total} members not finished; --resume continues them from their last round"]
-    return []
-
-
 def format_status(s: dict) -> str:
     """The human block ``python -m ensemble.status`` prints."""
     name = Path(s["run_dir"]).name
@@ -315,12 +272,12 @@ def format_status(s: dict) -> str:
     head, note = state_words(s)
     total = s["total"]
     if s["ended_seconds_ago"] is not None:               # a resumed run: its jobs' time, not the gaps between
-        took = (f" after {_duration(s['run_seconds'])} over {s['jobs']} jobs" if (s.get("jobs") or 0) > 1 and
+        took = (f" after {duration_words(s['run_seconds'])} over {s['jobs']} jobs" if (s.get("jobs") or 0) > 1 and
                 s.get("run_seconds") is not None else
-                f" after {_duration(s['age_seconds'])}" if s["age_seconds"] is not None else "")
-        head += took + f", {_duration(s['ended_seconds_ago'])} ago"
+                f" after {duration_words(s['age_seconds'])}" if s["age_seconds"] is not None else "")
+        head += took + f", {duration_words(s['ended_seconds_ago'])} ago"
     elif s["age_seconds"] is not None:
-        head += f", age {_duration(s['age_seconds'])}"
+        head += f", age {duration_words(s['age_seconds'])}"
     lines = [f"{name}: {head}"] + ([note] if note else []) + ([f"warning: {s['warning']}"] if s.get("warning") else [])
     c = s["counts"]
     parts = [Counts.from_dict(c).summary()]
@@ -336,18 +293,18 @@ def format_status(s: dict) -> str:
     if c["issued"] > c["ended"] + (s["running"] or 0):
         text += f" ({c['issued']} handed out)"
     lines.append(text)
-    lines += untrained_lines(s)
+    lines += untrained_lines(s, s.get("mode") not in MODES or MODES[s["mode"]].members_end_apart)
     apart = s.get("mode") not in MODES or MODES[s["mode"]].members_end_apart
     rates = [r for r in (f"{s['recent_members_per_second']:.2f}/s recently" if s["recent_members_per_second"] else "",
                          f"{s['members_per_second']:.2f}/s this job" if s["members_per_second"] else "") if r
              and apart]
     if rates or s["eta_seconds"] is not None:
         lines.append("rate: " + (", ".join(rates) or "?")
-                     + (f"; ETA {_duration(s['eta_seconds'])}" if s["eta_seconds"] is not None else "")
+                     + (f"; ETA {duration_words(s['eta_seconds'])}" if s["eta_seconds"] is not None else "")
                      + (" (the time budget ends first)" if s["ends_by"] == "time" and s["eta_seconds"] is not None
                         else ""))
     if s["budget_left_seconds"] is not None and state in ("running", "silent"):
-        line = f"budget: {_duration(s['budget_left_seconds'])} left of {s['time_limit']}: then no member starts"
+        line = f"budget: {duration_words(s['budget_left_seconds'])} left of {s['time_limit']}: then no member starts"
         if live and s["ends_by"] == "time" and s["expected_more"] is not None:
             line += f"; about {s['expected_more']} more end by then" + (
                 f", not all {s['left']} left to {total}" if s["left"] is not None else "")

@@ -170,6 +170,17 @@ class SearchSpace:
             object.__setattr__(self, "space", "structured" if self.input_rank > 1 and "conv" in self.layer_types
                                else "free")
 
+    #: the keys only one genome reads: the other ignores them (``unused_keys``)
+    FREE_ONLY: ClassVar[tuple[str, ...]] = ("min_depth", "max_depth")
+    STRUCTURED_ONLY: ClassVar[tuple[str, ...]] = ("stages", "blocks", "dense_layers")
+
+    def unused_keys(self, given: Mapping[str, Any]) -> list[str]:
+        """The keys of ``given`` (the config's ``[search]``) that this space's genome does not
+        read: ``min_depth``/``max_depth`` under the structured genome (its depth is stages x
+        blocks, and dense layers), ``stages``/``blocks``/``dense_layers`` under the free one."""
+        other = self.FREE_ONLY if self.structured else self.STRUCTURED_ONLY
+        return [k for k in other if k in given]
+
     @property
     def unit_choices(self) -> tuple[int, ...]:
         return powers_of_two(*self.units)

@@ -852,6 +852,13 @@ def check_given_split(data: dict, given: set[str], found: Problems) -> None:
         found.add("`data.val_source` needs `data.test_source`: separate files give the test rows too "
                   "(`data.source` holds the training rows)", "data.val_source")
         return
+    files = {k: os.path.normpath(data[k]) for k in ("source", "val_source", "test_source") if data[k]}
+    for key, other in (("test_source", "source"), ("val_source", "source"), ("test_source", "val_source")):
+        if key in files and files.get(other) == files[key] and found.ok(f"data.{key}"):
+            found.add(f"`data.{key}` is `data.{other}` itself ({data[key]!r}): its rows would be "
+                      f"{'training' if other == 'source' else 'validation'} rows too, and the scores on them "
+                      f"flatter the networks; give `data.{key}` a file of other rows (or leave it out: a random "
+                      "split is drawn)", f"data.{key}")
     if "test_fraction" in given:
         found.add(f"`data.test_fraction` draws a random test split, but `data.{used[0]}` gives the test rows; "
                   "remove `data.test_fraction`", "data.test_fraction")

@@ -144,7 +144,8 @@ class Ensemble:
 
     def data(self, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
         """The run's own ``split`` ("train", "val" or "test") as read from its data file(s):
-        (raw features, targets), the rows ``splits.npz`` records. Reads the data again, as
+        (features as the members' input before normalisation: a table's text columns one-hot,
+        as ``predict`` takes them; targets), the rows ``splits.npz`` records. Reads the data again, as
         the run did (``datafeed.splits.read_data``); a run whose data streamed reads only the
         split's rows, a chunk at a time, and refuses a split that would not fit in memory
         (``data.memory_share`` of ``data.node_memory_gb``): use ``data_batches`` or

@@ -197,6 +197,11 @@ class Mode:
         """The command that runs a config of this mode (``check``'s last line)."""
         return f"mpirun -n P python -m ensemble.run {config_path}"
 
+    def notes(self, cfg: RunConfig, meta: dict) -> list[str]:
+        """What ``check`` prints and the run logs of this mode's settings that will run but may
+        mislead (a setting the run will not read), given the data's ``meta``; [] if none."""
+        return []
+
     def ranks_hint(self, cfg: RunConfig) -> str:
         """What ``--check`` adds to its line about ``mpirun -n P`` (the ranks the mode wants)."""
         n, g = self.expected_members(cfg), cfg.runtime.group_size

@@ -61,6 +61,26 @@ class EvolveMode(Mode):
             except (ConfigError, ValueError) as exc:
                 found.add(str(exc), "evolve.start_from")
 
+    def notes(self, cfg: RunConfig, meta: dict) -> list[str]:
+        from ensemble.config import ConfigError
+        from ensemble.sources.search import search_space
+        try:
+            space = search_space(cfg, meta)
+        except (ConfigError, ValueError):           # a bad space is the preflight's problem
+            return []
+        unused = space.unused_keys(cfg.search)
+        if not unused:
+            return []
+        keys = ", ".join(f"`search.{k}`" for k in unused)
+        if space.structured:
+            why = (f"the search's genome is structured (`search.space = \"{cfg.search.get('space', 'auto')}\"`, "
+                   f"samples of shape {list(meta['input_shape'])}): its depth is `search.stages` x `search.blocks` "
+                   "conv blocks, then `search.dense_layers`; set those, or `search.space = \"free\"`")
+        else:
+            why = ("the search's genome is the free layer list: its depth is `search.min_depth`..`search.max_depth`; "
+                   "set those, or `search.space = \"structured\"` (spatial input)")
+        return [f"{keys} {'is' if len(unused) == 1 else 'are'} not read: {why}"]
+
     def describe(self, cfg: RunConfig) -> str:
         ev = cfg.evolve
         budget = [f"{ev.evaluations} evaluations"] if ev.evaluations else []

@@ -62,15 +62,23 @@ def run_notes(cfg: RunConfig, info: dict, arrays: dict, meta: dict) -> list[str]
     """What ``check`` prints and the run logs of data that will train but may mislead: the data's
     own (``datafeed.prepare.data_notes``), a validation split too small to select on
     (``selection.few_rows_note``), targets whose scales make the metric about one of them
-    (``metrics.scales_note``) and a class too rare for accuracy to rank on (``metrics.rare_class_note``)."""
+    (``metrics.scales_note``), a class too rare for accuracy to rank on (``metrics.rare_class_note``)
+    the mode's own (``Mode.notes``: a search setting its genome does not read) and a layer list
+    whose Dense reads one value at a time (``vocabulary.dense_on_values_note``)."""
     from datafeed.prepare import data_notes
+    from ensemble.config.vocabulary import dense_on_values_note
+    from ensemble.modes import mode_of
     from ensemble.results.selection import few_rows_note
     from ensemble.task import get_task
     from ensemble.task.metrics import rare_class_note, scales_note
     metric = get_task(meta["task"]).default_metric(cfg.ensemble.metric)
     notes = [*data_notes(info, arrays, meta), few_rows_note(meta["sizes"]["val"]),
              scales_note(metric, arrays["y_train"], meta.get("target_names", ())),
-             rare_class_note(metric, arrays["y_train"], meta.get("class_names") or (), meta["sizes"]["test"])]
+             rare_class_note(metric, arrays["y_train"], meta.get("class_names") or (), meta["sizes"]["test"]),
+             *mode_of(cfg).notes(cfg, meta),
+             *(dense_on_values_note(arch.to_dict()["layers"], meta["input_shape"], f"architectures[{i}].layers")
+               for i, arch in enumerate(cfg.architectures if mode_of(cfg).uses_architectures else ())
+               if arch.layers)]
     return [n for n in notes if n]
 
 

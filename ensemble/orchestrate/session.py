@@ -156,6 +156,7 @@ class MasterSession:
         beat = Heartbeat(self.run_dir.path, rt.heartbeat_seconds, progress.counts,
                          job_started=round(self.job_started, 3), total=total, workers=workers, metric=metric,
                          deadline=self.budget.deadline, time_limit=rt.time_limit,
+                         members_end_apart=self.mode.members_end_apart,
                          resumed_with=len(done_ids)) if self.keep_beat else None
         self.tracking = Tracking(cfg, self.run_dir.path, self.meta, resume=self.resume,   # TensorBoard, MLflow
                                  known_upto=known_upto)    # earlier jobs' members the destinations lack

@@ -19,13 +19,15 @@ so a beat a moment old never makes them disagree.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from ensemble.results.rundir import RunDirectory
 
@@ -128,3 +130,51 @@ def read_heartbeat(run_dir: str | Path) -> dict | None:
         return json.loads((Path(run_dir) / RunDirectory.STATUS).read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def duration_words(seconds: float | None) -> str:
+    """A duration as ``ensemble.status`` and the report say it: 45 s, 3.5 min, 2.1 h; "?" unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def state_words(s: Mapping[str, Any]) -> tuple[str, str | None]:
+    """A run's state in words, and what to know or do about it (None: nothing), from a status
+    (``ensemble.status.run_status``, or the report's own from status.json: ``state``,
+    ``reason``, ``error``, ``run_dir``, ``pid``, ``heartbeat_age_seconds``): what ``ensemble
+    status`` heads its block with and the report says."""
+    resume = f"the same command with `--run-dir {s['run_dir']} --resume` continues it"
+    return {"running": ("running", None),
+            "finishing": ("finishing", "selecting the ensemble, writing the outputs"),
+            "done": ("done", None),
+            "stopped": ("stopped early", f"{s.get('reason')}; {resume}"),
+            "failed": ("failed", s.get("error")),
+            "starting": ("starting", "no heartbeat and no member yet; if that lasts, see the job's log"),
+            "unknown": ("state unknown", "no status.json: a run from before it, or one killed before its "
+                                         "first heartbeat"),
+            "silent": ("silent", f"no heartbeat for {duration_words(s.get('heartbeat_age_seconds'))}: the job "
+                                 f"looks dead; {resume}"),
+            "dead": ("dead", f"its master (process {s.get('pid')} on this host) is gone without writing "
+                             f"its end: killed (kill -9, out of memory, a node failure); {resume}")
+            }.get(s["state"], (s["state"], None))
+
+
+def untrained_lines(s: Mapping[str, Any], apart: bool | None) -> list[str]:
+    """Why a run that is over trained fewer members than it was to (a status's ``state``,
+    ``left``, ``total`` and ``time_limit``). ``apart``: its members end one by one
+    (``Mode.members_end_apart``; False: a population's, which --resume continues from their last
+    round; None: not known)."""
+    state, total, left = s["state"], s.get("total"), s.get("left")
+    if state == "done" and left and s.get("time_limit"):          # "64 finished of 500": why not 500
+        return [f"the other {left} were never started: {s['time_limit']} ended the run first"]
+    if state in ("stopped", "silent", "failed") and left:
+        return [f"{left} of {total} members not trained yet; --resume trains them" if apart else
+                f"{left} of {total} members not finished; --resume continues them from their last round"
+                if apart is False else f"{left} of {total} members not trained or not finished; --resume goes on"]
+    return []

@@ -34,6 +34,7 @@ import numpy as np
 from ensemble.config import ConfigError, RunConfig, read_saved_config
 from ensemble.config.vocabulary import PROPER_SCORES
 from ensemble.results.events import Event, EventKind
+from ensemble.results.heartbeat import read_heartbeat, state_words, untrained_lines
 from ensemble.results.records import SEARCH, Counts, MemberRecord, Status, as_records, latest
 from ensemble.results.rundir import DAMAGED_FIX, RunDirectory
 from ensemble.results.selection import rank_members
@@ -741,14 +742,15 @@ img{max-width:100%;border:1px solid #eee}pre{background:#f6f6f6;padding:.8em;ove
 
 def _state(view: RunView) -> str:
     """The run's state as ``ensemble.status`` says it (done, stopped early and why, failed and
-    the error, members never trained and what trains them), escaped, ending a sentence."""
-    from ensemble.status import JournalTail, run_status, state_words, untrained_lines
-    try:
-        s = run_status(view.path, JournalTail(view.path / RunDirectory.JOURNAL))
-    except (OSError, ValueError) as exc:               # the report never fails on the status
-        return html.escape(f"(state not read: {exc}).")
+    the error, members never trained and what trains them), from its status.json, escaped,
+    ending a sentence."""
+    beat = read_heartbeat(view.path) or {}
+    total = beat.get("total")
+    s = {**beat, "run_dir": str(view.path), "total": total, "time_limit": None,     # its seconds, not its name
+         "state": beat.get("state") or ("done" if view.summary else "unknown"),
+         "left": None if total is None else max(0, int(total) - view.counts.ended)}
     head, note = state_words(s)
-    said = "; ".join(x for x in (note, *untrained_lines(s)) if x)
+    said = "; ".join(x for x in (note, *untrained_lines(s, beat.get("members_end_apart"))) if x)
     return f"<b class='state'>{html.escape(head)}</b>" + (f": {html.escape(said)}." if said else ".")
 
 

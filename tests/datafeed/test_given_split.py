@@ -191,6 +191,11 @@ def test_separate_files_mistakes_name_their_file_and_setting(tmp_path, table):
      "`data.val_fraction` draws validation rows from the training rows, but `data.val_source` gives them"),
     ({"split_column": "label"}, "`data.split_column` 'label' is the target column `data.label`"),
     ({"split_column": "part", "features": ["a", "part"]}, "`data.split_column` 'part' is listed in `data.features`"),
+    # the training file given again as the test (or validation) rows: scored on rows it trained on
+    ({"test_source": "./d.csv"}, "`data.test_source` is `data.source` itself ('./d.csv'): its rows would be "
+                                 "training rows too"),
+    ({"test_source": "t.csv", "val_source": "d.csv"}, "`data.val_source` is `data.source` itself"),
+    ({"test_source": "t.csv", "val_source": "t.csv"}, "`data.test_source` is `data.val_source` itself"),
 ])
 def test_conflicting_settings_are_one_config_error_each(data, message):
     found = Problems()

@@ -283,3 +283,8 @@ def test_a_class_too_rare_for_accuracy_is_said():
     assert 'ensemble.metric = "log_loss"' in note
     assert rare_class_note("log_loss", y, ["no", "yes"], 60) is None                       # ranked on probabilities
     assert rare_class_note("accuracy", np.array([0] * 80 + [1] * 20), ["no", "yes"], 60) is None     # 20%: seen
+    # balanced classes are not rare, however many (digits: 9.7%, and 20 classes of 5% each, were said to be)
+    assert rare_class_note("accuracy", np.repeat(np.arange(20), 10), [str(i) for i in range(20)], 40) is None
+    digits = np.repeat(np.arange(10), [128, 130, 127, 131, 129, 130, 129, 128, 122, 129])
+    assert rare_class_note("accuracy", digits, [str(i) for i in range(10)], 270) is None
+    assert rare_class_note("accuracy", np.repeat(np.arange(3), [47, 47, 6]), ["a", "b", "c"], 30) is not None

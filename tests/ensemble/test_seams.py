@@ -718,6 +718,8 @@ def test_mode_preflight_finds_nothing_wrong_with_a_valid_config(mode_case):
         found = Problems()
         mode.preflight(cfg, meta, groups, found)
         assert not found.messages
+    notes = mode.notes(cfg, MODE_META.get(mode.name, META))         # a valid config's: nothing to say
+    assert notes == []
 
 
 def test_mode_status_section_reads_a_journal_without_events(mode_case):

@@ -325,3 +325,16 @@ def test_starting_from_a_run_with_another_split_of_the_same_data_is_said(tmp_pat
                                 "evolve": {"start_from": str(earlier)}})
     assert split_leak_note(elsewhere, mine) is None                                # other data: not comparable
     assert split_leak_note(resolve_config({"mode": "evolve", "data": data}), mine) is None
+
+
+def test_a_search_key_the_genome_does_not_read_is_said():
+    """`search.max_depth = 4` in an image search (the demo's config) shaped nothing: the structured
+    genome reads stages and blocks; said by check and the run (``Mode.notes``)."""
+    notes = EvolveMode().notes(resolve_config({"mode": "evolve", "search": {"max_depth": 4}}), META)
+    assert len(notes) == 1 and notes[0].startswith("`search.max_depth` is not read: the search's genome is structured")
+    assert "`search.stages` x `search.blocks`" in notes[0]
+    flat = {**META, "input_shape": [10]}
+    notes = EvolveMode().notes(resolve_config({"mode": "evolve", "search": {"stages": [1, 2], "blocks": [1, 2]}}),
+                               flat)
+    assert notes[0].startswith("`search.stages`, `search.blocks` are not read: the search's genome is the free")
+    assert EvolveMode().notes(config(), META) == [] and EvolveMode().notes(config("free"), META) == []
