@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from evolve.genome import Genome, format_sci, memo
+from evolve.genome import Genome, memo
 from evolve.space import SPATIAL_TYPES, SearchSpace
 from evolve.structured import AnyGenome, StructuredGenome, structure_problem
 
@@ -231,8 +231,7 @@ def _problem(genome: AnyGenome, space: SearchSpace, analysis) -> str | None:
         if a.problem:
             return a.problem
         if a.n_params > space.max_params:
-            return (f"{format_sci(a.n_params)} parameters > "
-                    f"max_params {format_sci(space.max_params)}")
+            return f"{a.n_params:,} parameters > max_params {space.max_params:,}"
         return None
     except Exception as e:  # noqa: BLE001 - a malformed genome is a reason, not a crash
         return f"malformed genome: {type(e).__name__}: {e}"

@@ -104,7 +104,7 @@ def test_stride_on_1x1_map_becomes_1(image_space):
 def test_too_many_params_reason_and_repair(image_space):
     g = genome(conv(128), dense(512), dense(512), reduction="flatten")
     reason = check(g, (32, 32, 3), 10, image_space)
-    assert reason == "6.7e7 parameters > max_params 2e6"
+    assert reason == "67,380,746 parameters > max_params 2,000,000"      # (max_params 3 read "3e0")
     fixed = repair(g, (32, 32, 3), 10, image_space)
     assert check(fixed, (32, 32, 3), 10, image_space) is None
     assert analyse(fixed, (32, 32, 3), 10).n_params <= 2_000_000
