@@ -39,6 +39,7 @@ from ensemble.config.schema import check_task_settings
 from ensemble.config.vocabulary import OPTIMIZER_SLOTS, VALUE_BYTES
 from ensemble.modes import mode_of, unread_tables
 from ensemble.orchestrate.prepare import BUILD_CHECK_BATCH
+from ensemble.results.records import Counts
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.env import configure_tensorflow, set_thread_env
 from ensemble.runtime.watchdog import Watchdog, stuck_seconds
@@ -115,7 +116,7 @@ def check_main(config_path: str, resume: bool = False, run_dir: str | None = Non
             found.add(str(exc), "rehearsal.replay")
     if prepared is not None:
         describe_memory(cfg, prepared[0], members, prepared[1].get("rank_bytes"))
-    describe_runtime(cfg)
+    describe_runtime(cfg, resumed)
     again = config_path + (" --resume" if resume else "") + (f" --run-dir {run_dir}" if resume and run_dir else "")
     return finish(found.messages, again, mode.launch(again))
 
@@ -383,12 +384,22 @@ def _bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def describe_runtime(cfg: RunConfig) -> None:
-    g = cfg.runtime.group_size
+def describe_runtime(cfg: RunConfig, resumed: Path | None = None) -> None:
+    """The ranks line; ``resumed``: the run ``--resume`` would continue, whose finished members it
+    trains no more (a fresh run's "-n 12 trains all 11 members at once" was said of it)."""
+    mode, g = mode_of(cfg), cfg.runtime.group_size
     line = (f"\nRanks: `mpirun -n P` gives rank 0 (the master) and P-1 workers, in groups of "
             f"`runtime.group_size` = {g}" + (f"; P-1 must be a multiple of {g}, e.g. -n {1 + g} or -n {1 + 4 * g}"
                                              if g > 1 else "; each trains one member at a time"))
-    print(line + mode_of(cfg).ranks_hint(cfg) + ".")
+    hint, n = mode.ranks_hint(cfg), mode.expected_members(cfg)
+    if resumed is not None and hint and n and mode.members_end_apart:
+        records, _ = RunDirectory(resumed).records()
+        finished = Counts.of_records(records).ok
+        left = max(0, n - finished)
+        hint = (f"; the run to resume has {finished} of {n} members finished: "
+                + (f"-n {1 + left * g} trains the {left} left at once" if left else
+                   "--resume trains none, it selects and writes the ensemble again"))
+    print(line + hint + ".")
 
 
 def finish(problems: list[str], config_path: str, launch: str = "") -> int:

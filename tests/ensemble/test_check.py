@@ -5,6 +5,7 @@ through ``python -m ensemble.run`` in a subprocess. No MPI."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -297,6 +298,17 @@ layers = [{{type = "Dense", units = 4}}]
     (run / "journal.jsonl").write_text("")
     assert main([str(cfg), "--resume"]) == 0
     assert f"Resume: {str(run)!r}, made with these settings" in capsys.readouterr().out
+    # the ranks line counts what the resume has left, not a fresh run's members
+    cfg.write_text(cfg.read_text().replace("members = 1", "members = 3"))
+    (run / "config.toml").write_text(dump_toml(load_config(cfg)))
+    (run / "journal.jsonl").write_text(json.dumps({"id": "a-000", "status": "ok", "val": {"accuracy": 0.9}}) + "\n")
+    assert main([str(cfg), "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "the run to resume has 1 of 3 members finished: -n 3 trains the 2 left at once." in out
+    assert "trains all 3 members" not in out
+    cfg.write_text(cfg.read_text().replace("members = 3", "members = 1"))
+    (run / "config.toml").write_text(dump_toml(load_config(cfg)))
+    (run / "journal.jsonl").write_text("")
     cfg.write_text(cfg.read_text().replace("epochs = 2", "epochs = 5").replace("units = 4", "units = 8"))
     assert main([str(cfg), "--resume", "--run-dir", str(run)]) == EXIT_PROBLEMS
     out = capsys.readouterr().out
