@@ -62,7 +62,7 @@ def run_notes(cfg: RunConfig, info: dict, arrays: dict, meta: dict) -> list[str]
     """What ``check`` prints and the run logs of data that will train but may mislead: the data's
     own (``datafeed.prepare.data_notes``), a validation split too small to select on
     (``selection.few_rows_note``), targets whose scales make the metric about one of them
-    (``metrics.scales_note``), a class too rare for accuracy to rank on (``metrics.rare_class_note``)
+    (``metrics.scales_note``), a class too rare for accuracy to rank on (``metrics.rare_class_note``),
     the mode's own (``Mode.notes``: a search setting its genome does not read) and a layer list
     whose Dense reads one value at a time (``vocabulary.dense_on_values_note``)."""
     from datafeed.prepare import data_notes
