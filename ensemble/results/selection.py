@@ -32,12 +32,12 @@ from ensemble.task.metrics import (
     POINTWISE,
     PROBA_EPS,
     PROBA_TOL,
-    VAR_EPS,
     higher_is_better,
     metric_task,
     pointwise,
     score,
     score_unchecked,
+    var_floor,
 )
 
 __all__ = ["bagged_selection", "choose_ensemble", "shrunk_selection", "effective_size", "ensemble_score",
@@ -212,8 +212,15 @@ class _Ensemble:
 
     def __init__(self, metric: str, y: np.ndarray, preds: dict, variances: dict | None):
         self.metric, self.y, self.preds, self.vars = metric, y, preds, variances
-        self.sum = np.zeros_like(next(iter(preds.values())))
+        first = next(iter(preds.values()))
+        if metric_task(metric) == "regression":       # every regression metric is blind to a shift of
+            shift = np.asarray(y, dtype=np.float64).reshape(first.shape).mean(axis=0)    # the targets: centred,
+            self.y = (np.asarray(y, dtype=np.float64).reshape(first.shape) - shift).reshape(np.shape(y))
+            self.preds = {i: np.asarray(p, dtype=np.float64) - shift for i, p in preds.items()}   # E[x^2] - E[x]^2
+            first = next(iter(self.preds.values()))   # keeps its digits at a target of 1e9 + signal
+        self.sum = np.zeros_like(first)
         self.sum_sq = np.zeros_like(self.sum) if variances is not None else None
+        self.floor = var_floor(self.y.reshape(self.sum.shape)) if variances is not None else None
         self.size = 0
 
     def _second(self, i: Any) -> np.ndarray:
@@ -253,7 +260,7 @@ class _Ensemble:
                                      axis=1)
                 else:
                     second = (self.sum_sq[None] + np.stack([self._second(i) for i in part])) / n
-                    var = np.maximum(np.maximum(second - mean**2, 0.0), VAR_EPS)
+                    var = np.maximum(np.maximum(second - mean**2, 0.0), self.floor)
                     y = self.y.reshape(self.sum.shape)[None]
                     values = np.mean((0.5 * np.log(2 * np.pi * var) + (y - mean) ** 2 / (2 * var))
                                      .reshape(len(part), -1), axis=1)
@@ -566,8 +573,8 @@ def _average(weights: Mapping[Any, float], preds: Mapping[Any, np.ndarray], metr
         return mean, None
     if variances is None:
         raise ValueError("metric 'nll' needs the members' variances `val_vars`, but got None")
-    second = np.stack([np.asarray(variances[i], dtype=np.float64) for i in ids]) + stacked**2
-    return mean, np.maximum(np.tensordot(w, second, axes=1) - mean**2, 0.0)
+    spread = np.stack([np.asarray(variances[i], dtype=np.float64) for i in ids]) + (stacked - mean) ** 2
+    return mean, np.tensordot(w, spread, axes=1)          # centred: exact at a target of 1e9 + signal
 
 
 def k_grid(m: int) -> list[int]:

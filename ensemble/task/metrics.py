@@ -69,7 +69,7 @@ CURVE_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 Z = {level: NormalDist().inv_cdf(0.5 + level / 2) for level in sorted({*COVERAGE_LEVELS, *CURVE_LEVELS})}
 PROBA_EPS = 1e-15  # floor of a probability before the log
 PROBA_TOL = 1e-3  # how far rows may stray from a distribution (float32 softmax)
-VAR_EPS = 1e-12  # floor of a predicted variance before the log and the division
+VAR_EPS = 1e-12  # floor of a predicted variance before the log and the division, relative (``var_floor``)
 
 
 # --------------------------------------------------------------------------- table
@@ -216,8 +216,20 @@ def _regression_arrays(
         var = _match_shape(var, y, "var")
         if np.any(var < 0):
             raise ValueError(f"`var` must be non-negative, but its minimum is {var.min()}")
-        var = np.maximum(var, VAR_EPS)
+        var = np.maximum(var, var_floor(y))
     return y, mean, var
+
+
+def var_floor(y: np.ndarray) -> np.ndarray:
+    """The floor of a predicted variance before the log and the division: ``VAR_EPS`` times the
+    spread of each output's targets (their variance over the rows; 1 where they do not vary),
+    so a target in micrometres is floored as one in metres. An absolute 1e-12 floored every
+    variance of a target of scale 1e-6 (its NLL and coverage were then those of the floor).
+    ``y``: (n,) or (n, ...); the floor has the shape of one row."""
+    y = np.asarray(y, dtype=np.float64)
+    rows = y.reshape(len(y), -1) if y.ndim else y.reshape(1, 1)
+    spread = rows.var(axis=0) if len(rows) > 1 else np.zeros(rows.shape[1])
+    return (VAR_EPS * np.where(spread > 0, spread, 1.0)).reshape(y.shape[1:] if y.ndim else ())
 
 
 def _nll(y: np.ndarray, mean: np.ndarray, var: np.ndarray) -> float:
@@ -376,7 +388,7 @@ def score_unchecked(
     if name == "r2":
         return _r2(y, pred)
     _check_metric(name)
-    return _nll(y, pred, np.maximum(var.reshape(pred.shape), VAR_EPS))
+    return _nll(y, pred, np.maximum(var.reshape(pred.shape), var_floor(y)))
 
 
 #: metrics that are a mean over rows (``pointwise`` gives the rows' values)
@@ -404,7 +416,7 @@ def pointwise(name: str, y: np.ndarray, pred: np.ndarray, var: np.ndarray | None
     elif name == "mae":
         rows = np.abs(y - pred)
     else:
-        v = np.maximum(var.reshape(pred.shape), VAR_EPS)
+        v = np.maximum(var.reshape(pred.shape), var_floor(y))
         rows = 0.5 * np.log(2 * np.pi * v) + (y - pred) ** 2 / (2 * v)
     return rows.reshape(n, -1).mean(axis=1)
 

@@ -490,3 +490,33 @@ def test_the_baseline_warning_counts_the_proper_score_too():
     assert "accuracy: baseline" not in text
     summary["baseline"]["test"] = {"accuracy": 0.95, "log_loss": 0.3}
     assert "warning: the linear baseline" not in format_comparison(summary)
+
+
+def test_selection_and_scores_do_not_depend_on_the_targets_offset_or_units():
+    """A target of 1e9 + signal (a timestamp, a UTM coordinate): the mixture variance as
+    E[var + mean^2] - mean^2 cancelled to 0, every validation NLL read ~1e10 and the weights were
+    noise. A target of scale 1e-6: the absolute variance floor of 1e-12 floored every variance,
+    and the NLL and coverage were the floor's. Both are now invariant to a shift (and the NLL
+    shifts by log(scale) under a change of units)."""
+    import math
+
+    from ensemble.results.selection import choose_ensemble
+    from ensemble.task.metrics import score
+    rng = np.random.default_rng(0)
+    n = 120
+    truth = rng.normal(size=n)
+    y = truth + 0.3 * rng.normal(size=n)
+    noise = {f"m{i}": (0.05 + 0.1 * i) * rng.normal(size=n) for i in range(4)}
+    var = {f"m{i}": np.full(n, 0.09 + 0.02 * i) for i in range(4)}
+    chosen = {}
+    for offset, scale in ((0.0, 1.0), (1e9, 1.0), (0.0, 1e-6)):
+        preds = {i: offset + scale * (truth + e) for i, e in noise.items()}
+        vars_ = {i: scale ** 2 * v for i, v in var.items()}
+        out = choose_ensemble(preds, offset + scale * y, "nll", val_vars=vars_, seed=0)
+        chosen[(offset, scale)] = out
+        direct = score("nll", offset + scale * y, preds["m0"], vars_["m0"])
+        assert direct == pytest.approx(score("nll", y, truth + noise["m0"], var["m0"]) + math.log(scale), abs=1e-6)
+    base = chosen[(0.0, 1.0)]
+    for key, out in chosen.items():
+        assert out["weights"] == pytest.approx(base["weights"], abs=1e-9), key
+        assert out["val_score"] == pytest.approx(base["val_score"] + math.log(key[1]), abs=1e-6), key
