@@ -125,7 +125,8 @@ def _head_layer():
                 floor = np.asarray(cal.get("floor", [0.0]), dtype=np.float64)
                 sd = ops.maximum(std, floor)
                 half = {key: np.asarray(f, dtype=np.float64) * sd for key, f in cal["half_width"].items()}
-                aleatoric, epistemic, std = aleatoric * scale ** 2, epistemic * scale ** 2, std * scale
+                aleatoric = (aleatoric + sd ** 2 - std ** 2) * scale ** 2       # no spread: the floor's, as noise
+                epistemic, std = epistemic * scale ** 2, sd * scale
             out = {"mean": mean, "std": std, "variance": aleatoric + epistemic, "aleatoric_var": aleatoric,
                    "epistemic_var": epistemic}
             for lv in M.COVERAGE_LEVELS:

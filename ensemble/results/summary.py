@@ -149,7 +149,8 @@ def score_weights(task: Any, weights: Mapping[Any, float], arrays: Mapping[Any, 
     rows = holdout_rows(n_val, holdout)[1]
     held_out = len(rows) < n_val                # kept from early stopping (``data.calibration_holdout``)
     calibration = fit_calibration(task.name, np.asarray(targets["val"])[rows], rows_of(raw["val"], rows, n_val),
-                                  calibration_setting, seed, held_out=held_out)
+                                  calibration_setting, seed, held_out=held_out,
+                                  none_kept=None if holdout else "`data.calibration_holdout` is 0: none kept aside")
     if calibration is not None:
         calibration.update(rows=len(rows), held_out=held_out)
     stats = {s: apply_calibration(task.name, raw[s], calibration) for s in raw}
@@ -381,9 +382,15 @@ def calibration_lines(cal: dict, n_val: int | None = None) -> list[str]:
         return [f"fitted on {rows} validation rows kept from training: one scale factor, without split conformal's "
                 "finite-sample guarantee"]
     spread = coverage_spread(0.9, rows)
-    return [f"fitted on {rows} validation rows kept from training: from one such set of rows to another, a 90% "
-            f"interval covers at least 0.90 of new rows on average, give or take {spread:.2f} (more rows, "
-            "`data.val_fraction`, narrow that)"]
+    out = [f"fitted on {rows} validation rows kept from training: from one such set of rows to another, a 90% "
+           f"interval covers at least 0.90 of new rows on average, give or take {spread:.2f} (more rows, "
+           "`data.val_fraction`, narrow that)"]
+    shown = [k for k in cal.get("capped", ()) if k in {level_key(lv) for lv in COVERAGE_LEVELS}]
+    if shown:
+        out.append(f"{', '.join(k + '%' for k in shown)}: {rows} rows are too few for split conformal to guarantee "
+                   f"{'this level' if len(shown) == 1 else 'these levels'} (it would need an unbounded interval): "
+                   "the largest validation error widened by the Gaussian tail beyond it; no guarantee")
+    return out
 
 
 def selection_text(summary: dict) -> str | None:
@@ -442,6 +449,10 @@ def majority_warning(summary: dict) -> str | None:
                 "(`ensemble check`), the inputs' scale, or train longer"))
 
 
+#: an uncalibrated 90% interval covering less than this share of the test rows is warned of
+UNCALIBRATED_WARN = 0.8
+
+
 def format_comparison(summary: dict) -> str:
     """The console table: ensemble against the best single member on the test split, then
     how the ensemble was chosen (effective size) and what its uncertainty is worth
@@ -493,6 +504,12 @@ def format_comparison(summary: dict) -> str:
                      + "  ".join(f"{k[8:]}% {ens[k]:.2f}" for k in levels)
                      + (f"   (uncalibrated: {raw})" if raw and cal.get("method") != "none" else ""))
         lines += [f"  {line}" for line in calibration_lines(cal)]
+        low = coverage_name(0.9)
+        if name == "uncalibrated" and low in ens and ens[low] < UNCALIBRATED_WARN:
+            lines.append(f"warning: the uncalibrated 90% intervals cover {ens[low]:.2f} of the test rows: they are the "
+                         "members' own spread taken as Gaussian (their disagreement, and the noise a member with a "
+                         "variance head predicts); `ensemble.calibration = \"auto\"` recalibrates them on validation "
+                         "rows (`ensemble reselect RUN --calibration auto`, nothing trained again)")
     if cal.get("method") == "temperature" and cal["temperature"] == 1.0:
         lines.append("temperature scaling: kept T = 1 (" + (cal.get("why") or "a fitted temperature did not lower "
                                                            "the log loss of held-out validation rows") + ")")

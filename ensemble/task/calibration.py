@@ -123,8 +123,27 @@ def _fit_factors(method: str, y: np.ndarray, mean: np.ndarray, std: np.ndarray) 
     if method == "variance_scaling":
         widths = {level: M.Z[level] * scale for level in LEVELS}
     else:
-        widths = {level: conformal_quantile(scores, level) for level in LEVELS}
+        widths = {level: conformal_quantile(scores, level) * beyond(len(scores), level) for level in LEVELS}
     return {"std_scale": scale, "widths": widths, "floor": floor}
+
+
+def beyond(rows: int, level: float) -> float:
+    """How much wider than the largest of ``rows`` scores a ``capped`` level's interval is drawn:
+    the Gaussian tail's ratio of ``level`` to the level the largest score stands for, n / (n + 1)
+    (12 rows: 95% is 1.11 times the largest error, 99% 1.45 times); 1 for a level the rows
+    guarantee."""
+    if not capped(rows, level):
+        return 1.0
+    return M.z_of(level) / M.z_of(rows / (rows + 1))
+
+
+def capped(rows: int, level: float) -> bool:
+    """Whether split conformal on ``rows`` calibration rows cannot guarantee ``level``:
+    ``ceil((rows + 1) level) > rows`` (fewer than 19 rows for 95%, 99 for 99%). Its interval
+    would be the largest score, as wide as a lower level's (12 rows: the "95%" interval was the
+    90% one and covered 0.86 of new rows); ``_fit_factors`` widens it by the Gaussian tail beyond that
+    score (``beyond``), and the console says so (``capped`` in the result)."""
+    return math.ceil((rows + 1) * level - 1e-9) > rows
 
 
 def conformal_quantile(scores: np.ndarray, level: float) -> np.ndarray:
@@ -155,7 +174,7 @@ def _held_out_error(method: str, y: np.ndarray, mean: np.ndarray, std: np.ndarra
 
 
 def fit_regression(y: np.ndarray, mean: np.ndarray, std: np.ndarray, method: str = "auto",
-                   seed: int = 0, held_out: bool = True) -> dict[str, Any]:
+                   seed: int = 0, held_out: bool = True, none_kept: str | None = None) -> dict[str, Any]:
     """The calibration of one regression ensemble from its validation ``mean``/``std``.
     Returns a JSON-ready dict: "method", "std_scale" (list, per output), "half_width"
     ({"50": [...], "90": [...], "95": [...]}: multiples of the calibrated-input std),
@@ -167,7 +186,8 @@ def fit_regression(y: np.ndarray, mean: np.ndarray, std: np.ndarray, method: str
     were picked on them), and a fit on them narrows the intervals below nominal (150 rows, 23 of
     them for validation: 0.80 of new rows inside the 90% interval over 5 splits, 0.92
     uncalibrated). "auto" then only widens: every factor at least the uncalibrated one
-    ("widen_only" in the result); a method asked for by name is fitted as asked."""
+    ("widen_only" in the result); a method asked for by name is fitted as asked. ``none_kept``:
+    why no rows were kept aside, for the result's "why" (default: too few)."""
     if method not in ("auto", "none", *REGRESSION_METHODS):
         raise ValueError(f"regression calibration must be auto, none, {', '.join(REGRESSION_METHODS)}; "
                          f"got {method!r}")
@@ -191,14 +211,14 @@ def fit_regression(y: np.ndarray, mean: np.ndarray, std: np.ndarray, method: str
            "half_width": {M.level_key(lv): fit["widths"][lv].tolist() for lv in M.COVERAGE_LEVELS},
            "curve": {M.level_key(lv): fit["widths"][lv].tolist() for lv in M.CURVE_LEVELS}}
     if method == "conformal":
-        out["capped"] = [M.level_key(lv) for lv in LEVELS if math.ceil((len(y) + 1) * lv - 1e-9) > len(y)]
+        out["capped"] = [M.level_key(lv) for lv in LEVELS if capped(len(y), lv)]
     if errors is not None:
         out["held_out_error"] = errors
     if widen_only:
         out["widen_only"] = True
         out["why"] = (f"fitted on the {len(y)} validation rows that also stopped the members' training and chose the "
-                      "ensemble (too few to keep a part aside: `data.calibration_holdout`); their errors are smaller "
-                      "than new rows', so the intervals are only widened, never narrowed")
+                      f"ensemble ({none_kept or 'too few to keep a part aside: `data.calibration_holdout`'}); their "
+                      "errors are smaller than new rows', so the intervals are only widened, never narrowed")
     return out
 
 
@@ -210,9 +230,10 @@ def _per_output(values: list[float], like: np.ndarray) -> np.ndarray:
 
 def apply_regression(stats: dict, calibration: dict | None) -> dict:
     """``stats`` (``Task.combine``'s mean/var/std/aleatoric/epistemic) with the spread
-    recalibrated (the parts scaled alike, so total = aleatoric + epistemic still holds)
-    and "intervals": {"50": half-width array, "90": ..., "95": ...}. None: Gaussian
-    intervals of the uncalibrated spread."""
+    recalibrated (the parts scaled alike, so total = aleatoric + epistemic still holds; a spread
+    below the calibration's floor, none at all, is raised to it as aleatoric) and "intervals":
+    {"50": half-width array, "90": ..., "95": ...}. None: Gaussian intervals of the
+    uncalibrated spread."""
     out = dict(stats)
     std = np.asarray(stats["std"], dtype=np.float64)
     if calibration is None:
@@ -220,10 +241,15 @@ def apply_regression(stats: dict, calibration: dict | None) -> dict:
         return out
     scale = _per_output(calibration["std_scale"], std)
     floor = _per_output(calibration.get("floor", [0.0]), std)
+    sd = np.maximum(std, floor)
     for key in ("var", "aleatoric", "epistemic"):
         out[key] = np.asarray(stats[key], dtype=np.float64) * scale ** 2
-    out["std"] = std * scale
-    sd = np.maximum(std, floor)
+    # an ensemble without any spread (one member without a variance head) has its calibration's
+    # residual scale as its spread, counted as noise it cannot tell apart: its std said 0 beside
+    # intervals of +-0.6, and it reported no coverage
+    out["aleatoric"] = out["aleatoric"] + (sd ** 2 - std ** 2) * scale ** 2
+    out["var"] = sd ** 2 * scale ** 2
+    out["std"] = sd * scale
     out["intervals"] = {key: _per_output(f, std) * sd for key, f in calibration["half_width"].items()}
     return out
 
@@ -341,11 +367,12 @@ def apply_temperature(stats: dict, calibration: dict | None) -> dict:
 
 
 # ------------------------------------------------------------------------ either
-def fit(task: str, y: np.ndarray, stats: dict, setting: str, seed: int = 0, held_out: bool = True) -> dict | None:
+def fit(task: str, y: np.ndarray, stats: dict, setting: str, seed: int = 0, held_out: bool = True,
+        none_kept: str | None = None) -> dict | None:
     """The calibration ``setting`` gives on ``task`` from validation ``stats``; None for none.
     "auto" keeps T = 1 on fewer than ``MIN_ROWS`` classification rows (saying why in "why"):
     a temperature is kept only when held-out folds confirm it. ``held_out``: whether these
-    rows were kept from early stopping and selection (``fit_regression``)."""
+    rows were kept from early stopping and selection (``fit_regression``; ``none_kept``: why not)."""
     method = resolve(setting, task)
     if method == "none":
         return None
@@ -356,7 +383,7 @@ def fit(task: str, y: np.ndarray, stats: dict, setting: str, seed: int = 0, held
                     "why": f"{len(y)} validation rows are too few to check a temperature on held-out "
                            f"folds (at least {MIN_ROWS})"}
         return fit_temperature(y, stats["proba"], seed, soften_only=setting == "auto" and not held_out)
-    return fit_regression(y, stats["mean"], stats["std"], method, seed, held_out)
+    return fit_regression(y, stats["mean"], stats["std"], method, seed, held_out, none_kept)
 
 
 def apply(task: str, stats: dict, calibration: dict | None) -> dict:

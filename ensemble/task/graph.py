@@ -68,9 +68,11 @@ def classification_graph(members: list[MemberOutput], k: int):
                               "probabilities")
 
 
-def regression_graph(members: list[MemberOutput], k: int, var_floor: float, var_scale=None):
+def regression_graph(members: list[MemberOutput], k: int, var_floor: float, var_scale=None, min_var=None):
     """[mean (n, k), variance (n, k)]: the mixture's mean and aleatoric + epistemic variance,
-    times ``var_scale`` (per output; the recalibration's squared std scale) when given."""
+    at least ``min_var`` (per output: the recalibration's floor, squared) and times ``var_scale``
+    (per output; the recalibration's squared std scale) when given, as
+    ``calibration.apply_regression`` does."""
     import keras
     means, variances = [], []
     for m in members:
@@ -93,5 +95,9 @@ def regression_graph(members: list[MemberOutput], k: int, var_floor: float, var_
         return [mean, _sum(variances, "variance")]
     total = _sum(variances, "variance_uncalibrated")
     scale = np.asarray(var_scale, dtype=np.float64)
-    return [mean, keras.layers.Rescaling(scale.tolist() if scale.size > 1 else float(scale.reshape(-1)[0]),
-                                         dtype=F64, name="variance")(total)]
+    low = np.zeros(1) if min_var is None else np.asarray(min_var, dtype=np.float64)
+    if np.any(low > 0):                           # max(total, low) = relu(total - low) + low, in float64
+        total = _affine(total, 1.0, -low, k, "variance_less_floor")
+        total = keras.layers.Activation("relu", dtype=F64, name="variance_above_floor")(total)
+        return [mean, _affine(total, scale, low * scale, k, "variance")]
+    return [mean, _affine(total, scale, None, k, "variance")]

@@ -67,6 +67,13 @@ COVERAGE_LEVELS = (0.5, 0.8, 0.9, 0.95)
 CURVE_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 #: the half-width of the central Gaussian interval of each level, in standard deviations
 Z = {level: NormalDist().inv_cdf(0.5 + level / 2) for level in sorted({*COVERAGE_LEVELS, *CURVE_LEVELS})}
+
+
+def z_of(level: float) -> float:
+    """The half-width of the central Gaussian interval of any ``level`` in (0, 1), in standard
+    deviations (``Z`` holds the reported levels')."""
+    return Z[level] if level in Z else NormalDist().inv_cdf(0.5 + level / 2)
+
 PROBA_EPS = 1e-15  # floor of a probability before the log
 PROBA_TOL = 1e-3  # how far rows may stray from a distribution (float32 softmax)
 VAR_EPS = 1e-12  # floor of a predicted variance before the log and the division, relative (``var_floor``)

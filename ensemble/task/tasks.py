@@ -251,10 +251,11 @@ class Regression(Task):
 
     def combine_in_keras(self, members, n_outputs, calibration=None):
         from ensemble.task.graph import regression_graph
-        scale = None
+        scale = floor = None
         if calibration and calibration.get("std_scale") is not None:
             scale = np.asarray(calibration["std_scale"], dtype=np.float64) ** 2
-        return regression_graph(members, n_outputs, VAR_FLOOR, scale)
+            floor = np.asarray(calibration.get("floor", [0.0]), dtype=np.float64) ** 2    # apply_regression's
+        return regression_graph(members, n_outputs, VAR_FLOOR, scale, floor)
 
     def ensemble_metrics(self, y, stats, gaussian=False):
         """mse, mae, r2 and, when the ensemble has a spread (members' variances or their

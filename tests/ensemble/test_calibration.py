@@ -286,3 +286,50 @@ def test_auto_only_softens_on_classification_rows_that_also_stopped_training():
     sure = get_task("classification").combine(proba[None], None, np.ones(1))
     softened = C.fit("classification", y, sure, "auto", held_out=False)
     assert softened["temperature"] > 1.5 and softened["soften_only"]
+
+
+def test_a_level_too_few_rows_can_guarantee_is_wider_than_the_one_below_and_said():
+    """12 validation rows: split conformal's 95% interval needs an unbounded one, and was the largest
+    error, the 90% one (it covered 0.86 of new rows), with nothing said but `capped` in ensemble.json."""
+    from ensemble.results.summary import calibration_lines
+    from ensemble.task.calibration import beyond, fit_regression
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=12)
+    mean = y + rng.normal(size=12)
+    cal = fit_regression(y, mean, np.ones(12), "conformal")
+    assert cal["capped"] == ["95", "99"]
+    w = {k: v[0] for k, v in cal["half_width"].items()}
+    assert w["95"] == pytest.approx(w["90"] * beyond(12, 0.95)) and w["95"] > w["90"] * 1.1
+    assert cal["curve"]["99"][0] > w["95"]
+    lines = calibration_lines({**cal, "rows": 12, "held_out": True})
+    said = "95%: 12 rows are too few for split conformal to guarantee this level"
+    assert any(line.startswith(said) for line in lines)
+    many = fit_regression(rng.normal(size=200), rng.normal(size=200), np.ones(200), "conformal")
+    assert many["capped"] == [] and beyond(200, 0.95) == 1.0
+
+
+def test_the_reason_no_rows_were_kept_aside_is_the_true_one():
+    """`data.calibration_holdout = 0` asked for none, but the console said the rows were too few."""
+    from ensemble.results.summary import score_weights
+    from ensemble.task import get_task
+    rng = np.random.default_rng(0)
+    y = {s: rng.normal(size=61) for s in ("val", "test")}
+    arrays = {"m0": {f"{s}_pred": y[s] + 0.3 * rng.normal(size=61) for s in y} |
+              {f"{s}_var": np.full(61, 0.09) for s in y}}
+    for share, said in ((0.0, "`data.calibration_holdout` is 0: none kept aside"), (0.9, "too few to keep a part")):
+        out = score_weights(get_task("regression"), {"m0": 1.0}, arrays, y, "auto", 0, True, share)
+        assert said in out["calibration"]["why"], (share, out["calibration"]["why"])
+
+
+def test_uncalibrated_intervals_far_below_nominal_are_warned_of():
+    """`calibration = "none"` with members without variance heads: the 90% intervals covered 0.22 of
+    the test rows and nothing said so."""
+    from ensemble.results.summary import format_comparison
+    test = {"mse": 1.0, "coverage50": 0.07, "coverage80": 0.15, "coverage90": 0.22, "coverage95": 0.3}
+    summary = {"metric": "mse", "task": "regression", "members": [{"id": "a", "weight": 1.0}],
+               "ensemble": {"test": test}, "best_member": {"id": "a", "test": {"mse": 1.0}},
+               "calibration": {"method": "none"}}
+    text = format_comparison(summary)
+    assert "warning: the uncalibrated 90% intervals cover 0.22 of the test rows" in text
+    summary["ensemble"]["test"] = {**test, "coverage90": 0.88}
+    assert "warning: the uncalibrated" not in format_comparison(summary)
