@@ -611,6 +611,12 @@ def _answer(view: RunView) -> str:
     for split in ("test", "val"):
         rows = [[name, *(part.get(split, {}).get(k, "") for k in keys)] for name, part in rows_in]
         out.append(f"<h3>{'Test' if split == 'test' else 'Validation'} split</h3>" + _table([""] + keys, rows))
+    per_target = s.get("per_target") or {}
+    if per_target:                              # several regression targets: each in its own units
+        columns = list(dict.fromkeys(k for values in per_target.values() for k in values))
+        out.append("<h3>Each target (test split, its own units)</h3>"
+                   + _table(["target"] + columns, [[name, *(values.get(k, "") for k in columns)]
+                                                   for name, values in per_target.items()]))
     out.append(f"<p>{html.escape(VALIDATION_CAVEAT)}</p>")
     if base.get("skipped"):
         out.append(f"<p>Linear baseline skipped: {html.escape(base['skipped'])}</p>")

@@ -268,3 +268,15 @@ def test_the_report_judges_the_baseline_as_the_console_does(tmp_path):
     page = R.write_report(run).read_text()
     assert "The ensemble is at least as good as the linear baseline</b> on test accuracy" in page
     assert "beats" not in format_comparison(summary)
+
+
+def test_a_report_of_several_targets_has_each_ones_metrics(tmp_path):
+    """The console and ensemble.json gave per-target metrics; the report had none."""
+    run = make_run(tmp_path / "run", "regression")
+    summary = json.loads((run / "ensemble.json").read_text())
+    summary["per_target"] = {"energy": {"mse": 2.5e6, "r2": 0.91, "coverage90": 0.9}, "gap": {"mse": 0.012, "r2": 0.8}}
+    (run / "ensemble.json").write_text(json.dumps(summary))
+    page = R.write_report(run).read_text()
+    table = page.split("<h3>Each target (test split, its own units)</h3>")[1].split("</table>")[0]
+    assert "<td>energy</td><td>2.5e+06</td><td>0.9100</td><td>0.9000</td>" in table
+    assert "<td>gap</td><td>0.0120</td><td>0.8000</td><td></td>" in table
