@@ -222,7 +222,7 @@ def outlier_note(y: np.ndarray) -> str | None:
 
 def constant_note(y: np.ndarray, names: Sequence[str] = ()) -> str | None:
     """What ``check`` and the run say of regression targets with one value in every row: their
-    R^2 is undefined (reported 0, which pulls down the run's mean R^2) and they teach nothing."""
+    R^2 is undefined (left out of the run's mean R^2) and they teach nothing."""
     y = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
     same = np.flatnonzero((y == y[:1]).all(axis=0)) if len(y) else []
     if not len(same):
@@ -233,7 +233,7 @@ def constant_note(y: np.ndarray, names: Sequence[str] = ()) -> str | None:
     named = [names[j] if len(names) == y.shape[1] else str(j) for j in same]
     listed = ", ".join(f"{n!r} (always {y[0, j]:.6g})" for n, j in zip(named, same))
     return (f"target(s) {listed} take one value in every row: there is nothing to learn there, their R^2 is "
-            "undefined (reported 0, and averaged into the run's r2); leave them out of `data.label` / `data.y`")
+            "undefined (left out of the run's r2); leave them out of `data.label` / `data.y`")
 
 
 def channels_note(input_shape: Sequence[int]) -> str | None:

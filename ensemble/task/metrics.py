@@ -259,18 +259,20 @@ def coverage(y: np.ndarray, mean: np.ndarray, half_width: np.ndarray) -> float:
 
 
 def _r2(y: np.ndarray, mean: np.ndarray) -> float:
-    """Coefficient of determination, averaged over outputs (scikit-learn's
-    "uniform_average"); an output with constant targets scores 1 if predicted
-    exactly, else 0, as scikit-learn does; NaN for fewer than two rows (undefined: one
-    row has no spread to explain; scikit-learn warns and returns NaN)."""
+    """Coefficient of determination, averaged over outputs (scikit-learn's "uniform_average")
+    whose targets vary: an output with one value in every row has none (scikit-learn calls it
+    1 if predicted exactly, else 0, and a ridge baseline that fits the constant then read 0.94
+    against an ensemble's 0.44 on the same real target); NaN when no output varies, and for
+    fewer than two rows (one row has no spread to explain; scikit-learn warns and returns NaN)."""
     if len(y) < 2:
         return float("nan")
     y2, m2 = y.reshape(len(y), -1), mean.reshape(len(y), -1)
     sse = np.sum((y2 - m2) ** 2, axis=0)
     sst = np.sum((y2 - y2.mean(axis=0)) ** 2, axis=0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r2 = np.where(sst > 0, 1.0 - sse / np.where(sst > 0, sst, 1.0), np.where(sse > 0, 0.0, 1.0))
-    return float(np.mean(r2))
+    varies = sst > 0
+    if not varies.any():
+        return float("nan")
+    return float(np.mean(1.0 - sse[varies] / sst[varies]))
 
 
 def _mse(y: np.ndarray, mean: np.ndarray) -> float:

@@ -104,6 +104,13 @@ def test_r2_matches_scikit_learn_for_one_and_several_outputs():
     assert score("r2", y[:, 0], pred[:, 0]) == pytest.approx(r2_score(y[:, 0], pred[:, 0]))
     # one row: undefined (it printed 0, a perfect-looking "no better than the mean")
     assert np.isnan(regression_metrics(y[:1], pred[:1])["r2"]) and np.isnan(score("r2", y[:1, 0], pred[:1, 0]))
+    # a target with one value in every row has no R^2: left out of the average, not 0 (or 1 for a
+    # baseline that fits the constant exactly, which then read 0.94 against an ensemble's 0.44)
+    flat = np.column_stack([y[:, 0], np.full(len(y), 3.0)])
+    for guess in (np.full(len(y), 3.0), np.full(len(y), 3.1)):
+        got = regression_metrics(flat, np.column_stack([pred[:, 0], guess]))["r2"]
+        assert got == pytest.approx(r2_score(y[:, 0], pred[:, 0]))
+    assert np.isnan(regression_metrics(np.full(5, 3.0), np.full(5, 3.1))["r2"])
 
 
 def test_regression_shapes():
