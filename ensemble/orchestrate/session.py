@@ -12,6 +12,7 @@ runs any config the real run accepts: early discarding, PBT rounds, retention.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import sys
@@ -37,6 +38,7 @@ from ensemble.results.rundir import RunDirectory
 from ensemble.results.summary import finalize, format_comparison
 from ensemble.results.timeline import format_stats, run_stats
 from ensemble.results.tracking import Tracking
+from ensemble.runtime import storage
 from ensemble.runtime.budget import RunBudget
 from ensemble.runtime.executor import Executor, MpiExecutor, SerialExecutor, serve
 from ensemble.runtime.scheduler import job_end_time
@@ -168,6 +170,8 @@ class MasterSession:
                                 specs_in_hand=rt.specs_in_hand, job_started=self.job_started, now=self.clock(),
                                 **self.open_fields, **({"resume_seconds": resume_seconds} if self.resume else {}))
             journal.event(opened)
+            if self.keep_beat:                      # a real job: room to say it stopped if the disk fills
+                storage.reserve(self.run_dir.path)
             if given_up:
                 journal.extend([r.to_json() for r in given_up])
                 for r in given_up:
@@ -222,6 +226,16 @@ class MasterSession:
             except KeyboardInterrupt:                 # Ctrl-C, SIGTERM: a stop, not a crash (results.crashes)
                 journal.append(Event(EventKind.INTERRUPTED, {"time": round(self.clock(), 4)}).to_json())
                 raise
+            except OSError as exc:                    # a full disk is no member's crash either: said through
+                full = storage.storage_full(exc)      # the reserve's room (the journal's buffer holds the failed write)
+                if full is not None and self.keep_beat:
+                    stop = Event(EventKind.INTERRUPTED, {"time": round(self.clock(), 4),
+                                                         "reason": storage.full_message(full)})
+                    storage.append_last_line(journal.path, json.dumps(stop.to_json(), sort_keys=True))
+                raise
+            finally:
+                if self.keep_beat:
+                    storage.release(self.run_dir.path)
             account = dict(self.account)
             if account["master_busy_seconds"] is None:          # the serial master trains: no master share
                 account["master_wall_seconds"] = None

@@ -57,6 +57,9 @@ WORKER_DIED_KIND = "worker_died"
 #: the error kind of a member whose data could not be read any more (a file deleted or made
 #: unreadable while the run reads it): the run stops handing out members (``runtime.budget``)
 DATA_UNREADABLE_KIND = "data_unreadable"
+#: the error kind of a member whose files could not be written for want of space (a full disk or
+#: quota, ``runtime.storage``): every member would fail alike, so the run stops handing them out
+STORAGE_FULL_KIND = "storage_full"
 
 
 #: what a run stopped by a fatal failure says (``fatal_failure``), as sub-masters pass it on
@@ -69,6 +72,9 @@ def fatal_failure(record: "MemberRecord") -> str | None:
     if error.get("kind") == DATA_UNREADABLE_KIND:
         return (f"{record.id}: {error.get('message', 'the data could not be read')}; {FATAL_STOP}. Restore the "
                 "files, then continue with --resume")
+    if error.get("kind") == STORAGE_FULL_KIND:
+        return (f"{record.id}: {error.get('message', 'no space left on the device')}; {FATAL_STOP}. Free space "
+                "(or move the run directory), then continue with --resume: finished members are kept")
     return None
 #: the record key (true, else absent) of a member trained on a worker's kept model, whose
 #: steps were traced before it started (``train.traced``)

@@ -17,6 +17,8 @@ import time
 import traceback
 from collections.abc import Callable
 
+from ensemble.runtime.storage import full_message, storage_full
+
 
 def _pipes() -> dict[int, int]:
     """This process's open pipe descriptors: {fd: inode}."""
@@ -169,11 +171,10 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
                 _let_go_of_the_launcher()
                 time.sleep(INTERRUPT_GRACE * (2 if _leads() else 1))
             os._exit(EXIT_TERMINATED if issubclass(kind, Terminated) else EXIT_INTERRUPTED)
-        full = _disk_full(value)
+        full = storage_full(value)
         if full is not None:            # the storage's fault, not the code's: one line with the way on
-            what = repr(full.filename) if full.filename else "the run directory"
-            text = (f"no space left on the device writing {what} ({full.strerror}); free space (or move the run "
-                    "directory), then continue with `--resume`: finished members are kept\n")
+            text = (f"{full_message(full)}; free space (or move the run directory), then continue with "
+                    "`--resume`: finished members are kept\n")
         else:
             text = "".join(traceback.format_exception(kind, value, tb))
         sys.stderr.write(f"[{where()}] fatal error, aborting the job:\n{text}")
@@ -183,18 +184,6 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
             world.Abort(1)
         os._exit(1)
     sys.excepthook = hook
-
-
-def _disk_full(error: BaseException | None) -> OSError | None:
-    """The out-of-space (or over-quota) OSError behind ``error`` (itself, its cause or context:
-    a full disk fails a write, then the close after it), or None."""
-    import errno
-    found: list[OSError] = []
-    while error is not None and len(found) < 8:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            found.append(error)
-        error = error.__cause__ or error.__context__
-    return next((e for e in found if e.filename), found[0] if found else None)     # one that names its file
 
 
 def _let_go_of_the_launcher() -> None:

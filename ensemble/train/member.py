@@ -24,11 +24,12 @@ import numpy as np
 
 from datafeed.pipeline import make_dataset, member_indices
 from ensemble.config.vocabulary import gaussian_head
-from ensemble.results.records import DATA_UNREADABLE_KIND, REUSED_TRACE, TIME_LIMIT_KIND, Status
+from ensemble.results.records import DATA_UNREADABLE_KIND, REUSED_TRACE, STORAGE_FULL_KIND, TIME_LIMIT_KIND, Status
 from ensemble.results.retention import passes
 from ensemble.results.rundir import RunDirectory
 from ensemble.runtime.env import TENSORFLOW
 from ensemble.runtime.executor import Report
+from ensemble.runtime.storage import full_message, storage_full
 from ensemble.runtime.tail import MIN_STEP_SECONDS, PAYS
 from ensemble.runtime.watchdog import Watchdog, stuck_seconds
 from ensemble.task import get_task
@@ -663,6 +664,9 @@ def root_cause(exc: BaseException) -> tuple[str, str]:
     error's line first (it was buried in 50 lines of TensorFlow's trace); a data file that cannot be
     read any more is ``DATA_UNREADABLE_KIND``."""
     kind, text = getattr(exc, "kind", type(exc).__name__), str(exc)
+    full = storage_full(exc)
+    if full is not None:                        # a full disk: not this member's fault, and every one would fail
+        return STORAGE_FULL_KIND, full_message(full)
     if not (type(exc).__module__.startswith("tensorflow") or "Graph execution error" in text):
         return kind, text                       # not TensorFlow's wrapper: the error is its own
     inner = re.findall(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$", text, re.MULTILINE)

@@ -9,7 +9,9 @@ The run's workers call ``trainer(cfg, meta, data, run_dir, rank, group)`` (a tra
 - ``nan``: the member trains on NaN features, so its loss is NaN from the first step (a
   failed record of kind ``nan_loss``, from the trainer's own check);
 - ``limit``: the member trains with a time limit it cannot meet (a time-limit record);
-- ``exit``: the rank dies at once, as if killed.
+- ``exit``: the rank dies at once, as if killed;
+- ``full``: writing the member's model finds the disk full (``OSError`` ENOSPC, as a full file
+  system or quota raises it).
 
 Fault injection lives here, in the tests, and nowhere in the product. The test folder must
 be importable on every rank (``tests.conftest.run_mpi`` puts the repository on PYTHONPATH).
@@ -25,7 +27,7 @@ import numpy as np
 
 #: the variable naming the members to fail and how
 VARIABLE = "ENSEMBLE_TEST_FAULTS"
-KINDS = ("raise", "nan", "limit", "exit")
+KINDS = ("raise", "nan", "limit", "exit", "full")
 
 
 def faults(text: str | None = None) -> dict[str, str]:
@@ -65,12 +67,21 @@ def trainer(cfg, meta: dict, data: Mapping[str, np.ndarray], run_dir, rank: int,
     def fail(spec: dict) -> NoReturn:
         raise RuntimeError(f"injected failure in member {spec['id']} ({VARIABLE})")
 
+    def full(spec: dict) -> NoReturn:
+        import errno
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", f"models/{spec['id']}.keras")
+        except OSError as exc:                      # as Keras wraps it: the disk's error is the context
+            raise RuntimeError(f"could not save {spec['id']}") from exc
+
     def train(spec: dict, report=None) -> dict | None:
         kind = told.get(spec["id"])
         if kind == "exit":
             os._exit(9)
         if kind == "raise":
             return guarded(lambda: fail(spec), spec, rank)
+        if kind == "full":
+            return guarded(lambda: full(spec), spec, rank)
         if kind == "nan":
             return run_member(spec, _nan_features(data), meta, run_dir, rank, group, report)
         if kind == "limit":

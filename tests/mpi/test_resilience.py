@@ -309,6 +309,23 @@ def test_a_search_candidate_that_kills_its_worker_is_given_up_and_the_search_fin
     assert not {m["id"] for m in ens["members"]} & {r["id"] for r in given_up}
 
 
+def test_a_full_disk_stops_the_run_at_the_first_member_it_fails(tmp_path):
+    """A member whose model could not be written for want of space failed with kind OSError, and
+    every member after it too (6 of 8 trainings wasted), then the run said it was complete. A full
+    disk fails every member alike: the run stops handing them out at the first, with one line."""
+    cfg = write_config(tmp_path, with_faults(CONFIG))
+    run_dir = tmp_path / "run"
+    proc = run_mpi(3, ["-m", "ensemble.run", str(cfg), "--run-dir", str(run_dir)],
+                   env=faults.env(**{"mlp-001": "full"}))
+    assert proc.returncode == 4, proc.stderr
+    records = read_journal(run_dir / "journal.jsonl")
+    full = [r for r in records if (r.get("error") or {}).get("kind") == "storage_full"]
+    assert [r["id"] for r in full] == ["mlp-001"] and "no space left on the device writing 'models/mlp-001.keras'" \
+        in full[0]["error"]["message"]
+    assert "stopping: every member would fail the same way. Free space" in proc.stderr
+    assert len(records) < 6 and not os.path.exists(run_dir / ".space_reserve")      # the reserve given back
+
+
 def test_too_many_failures_stop_the_run_with_a_summary(tmp_path):
     cfg = write_config(tmp_path, with_faults(CONFIG.replace("max_failed_share = 0.9", "max_failed_share = 0.5")))
     run_dir = tmp_path / "run"

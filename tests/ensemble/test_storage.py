@@ -1,0 +1,65 @@
+"""A full disk is the storage's fault, not a member's (``ensemble.runtime.storage``): a member that
+finds it fails with kind ``storage_full``, which stops the run (every member would fail alike), and
+a master whose own write finds it journals that the job stopped, through its reserve's room, so a
+``--resume`` takes no member then training for a crash suspect (two full disks gave a healthy
+member up as the crasher, ``worker_died``, for good)."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+import ensemble
+from ensemble.results import journal as J
+from ensemble.results.crashes import read_crashes
+from ensemble.results.records import MemberRecord, fatal_failure
+from ensemble.results.rundir import RunDirectory
+from ensemble.runtime import storage
+from ensemble.train.member import root_cause
+
+
+def full_error(name: str = "models/m.keras") -> OSError:
+    return OSError(errno.ENOSPC, "No space left on device", name)
+
+
+def test_a_full_disk_is_found_behind_the_error_that_wraps_it():
+    try:
+        try:
+            raise full_error()
+        except OSError as exc:
+            raise RuntimeError("could not save the model") from exc
+    except RuntimeError as wrapped:
+        assert storage.storage_full(wrapped).filename == "models/m.keras"
+        kind, message = root_cause(wrapped)
+    assert kind == "storage_full" and message.startswith("no space left on the device writing 'models/m.keras'")
+    record = MemberRecord.from_json({"id": "m", "status": "failed", "error": {"kind": kind, "message": message}})
+    assert "stopping: every member would fail the same way. Free space" in fatal_failure(record)
+    assert storage.storage_full(OSError(errno.EACCES, "denied")) is None
+    assert storage.storage_full(OSError(errno.EDQUOT, "Disk quota exceeded")) is not None
+
+
+def test_the_master_says_its_job_stopped_when_its_own_write_finds_the_disk_full(tmp_path, monkeypatch):
+    real = J.Journal.extend
+    results = {"n": 0}
+
+    def extend(self, records):
+        records = list(records)
+        if any("event" not in J.line_of(r) for r in records):          # a member's result line
+            results["n"] += 1
+            if results["n"] == 3:
+                raise full_error(str(self.path))
+        return real(self, records)
+    monkeypatch.setattr(J.Journal, "extend", extend)
+    run = tmp_path / "run"
+    cfg = {"name": "full", "data": {"source": "iris"}, "runtime": {"trainer": "rehearsal"},
+           "rehearsal": {"seconds": 0.01},
+           "architectures": [{"name": "a", "members": 6, "layers": [{"type": "Dense", "units": 4}]}]}
+    with pytest.raises(OSError, match="No space left"):
+        ensemble.run_config(cfg, run_dir=run)
+    history = RunDirectory(run).history()
+    stops = [x for x in history if getattr(x, "kind", None) is not None and x.kind.value == "interrupted"]
+    assert stops and "no space left on the device writing" in stops[-1].data["reason"]
+    book = read_crashes(history)
+    assert not book.suspects and not book.given_up                   # in flight then: no crash suspect
+    assert not (run / storage.RESERVE_NAME).exists()                  # the reserve given back
