@@ -24,7 +24,7 @@ from ensemble.config import ConfigError, RunConfig, read_saved_config
 from ensemble.modes import MODES, mode_of
 from ensemble.results.events import Event, EventKind
 from ensemble.results.heartbeat import FINAL, duration_words, read_heartbeat, state_words, untrained_lines
-from ensemble.results.lock import pid_alive
+from ensemble.results.lock import RunLock, pid_alive
 from ensemble.results.records import Counts, MemberRecord, Status, journal_shortfall, latest
 from ensemble.results.rundir import RunDirectory
 from ensemble.results.timeline import jobs_seconds
@@ -167,6 +167,11 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     state = beat.get("state")
     if state is None:
         state = "done" if summary else ("unknown" if tail.records else "starting")
+    if state == "starting":                  # no heartbeat yet: is the job that locked the run still there?
+        holder = RunLock(run_dir).holder() or {}
+        if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) \
+                and not pid_alive(holder["pid"]):
+            state, beat = "dead", {**beat, "pid": holder["pid"]}     # killed in its start-up, before a beat
     beat_age = None if "time" not in beat else now - beat["time"]
     if state in ("running", "finishing") and beat.get("host") == socket.gethostname() \
             and isinstance(beat.get("pid"), int) and not pid_alive(beat["pid"]):
@@ -289,7 +294,7 @@ def format_status(s: dict) -> str:
     elif s["queued_up_to"] and live and s["ends_by"] != "time":
         parts.append(f"up to {s['queued_up_to']} queued")
     text = f"members: {', '.join(parts)}" + (f" of {total}" if total else "") \
-        + (f" on {s['workers']} workers" if s["workers"] else "")
+        + (f" on {s['workers']} worker{'s' * (s['workers'] != 1)}" if s["workers"] else "")
     if c["issued"] > c["ended"] + (s["running"] or 0):
         text += f" ({c['issued']} handed out)"
     lines.append(text)

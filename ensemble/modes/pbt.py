@@ -93,5 +93,5 @@ class PbtMode(Mode):
         p = section
         return [f"population: round {p['round']} of {p['rounds'] or '?'} done"
                 + (f", best {p['best']} val {p['metric']} {p['value']:.4f} (its round's score), {p['copies']} "
-                   "copies so far"
+                   f"cop{'y' if p['copies'] == 1 else 'ies'} so far"
                    if "best" in p else "")]

@@ -355,12 +355,21 @@ def choose_run_dir(cfg: RunConfig, args: argparse.Namespace) -> tuple[Path, RunL
             if child.name != LOCK_NAME:
                 shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
         return run_dir, lock
-    if not args.run_dir:
-        n = 2
-        base = run_dir
-        while RunDirectory(run_dir).has_journal():
-            run_dir = base.parent / f"{base.name}-{n}"
-            n += 1
+    if not args.run_dir:                            # the first of <name>, <name>-2, ... no other run holds,
+        base, n = run_dir, 2                        # nor another new job is starting in (a job array)
+        while True:
+            if not RunDirectory(run_dir).has_journal():
+                run_dir.mkdir(parents=True, exist_ok=True)
+                try:
+                    lock = RunLock(run_dir)
+                    lock.acquire()
+                except RunLocked:
+                    pass
+                else:
+                    if not RunDirectory(run_dir).has_journal():
+                        return run_dir, lock
+                    lock.release()
+            run_dir, n = base.parent / f"{base.name}-{n}", n + 1
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = take_lock(run_dir)
     if RunDirectory(run_dir).has_journal():          # checked under the lock: a run another job began

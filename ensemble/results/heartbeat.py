@@ -118,7 +118,10 @@ class Heartbeat:
                 tmp.write_text(json.dumps(self.fields, default=str))
                 os.replace(tmp, self.path)      # no fsync: a lost beat is rewritten in `every` seconds
             except OSError:                     # a full disk: no empty .part left behind
-                tmp.unlink(missing_ok=True)
+                try:
+                    tmp.unlink(missing_ok=True)
+                except OSError:                 # a read-only one: nothing to tidy, and no second error
+                    pass
                 raise
             self.last = now
             self.writes += 1

@@ -234,8 +234,11 @@ class RunLock:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self.owner and self.owned():
-            self.path.unlink(missing_ok=True)
+        try:
+            if self.owner and self.owned():
+                self.path.unlink(missing_ok=True)
+        except OSError:                 # a file system gone read-only: the lock stays, and is broken as stale
+            pass                        # (its process gone) by the next job; no second error on the way out
 
     def __enter__(self) -> RunLock:
         self.acquire()

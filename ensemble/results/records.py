@@ -74,7 +74,8 @@ def fatal_failure(record: "MemberRecord") -> str | None:
                 "files, then continue with --resume")
     if error.get("kind") == STORAGE_FULL_KIND:
         return (f"{record.id}: {error.get('message', 'no space left on the device')}; {FATAL_STOP}. Free space "
-                "(or move the run directory), then continue with --resume: finished members are kept")
+                "or make it writable (or move the run directory), then continue with --resume: finished members are "
+                "kept")
     return None
 #: the record key (true, else absent) of a member trained on a worker's kept model, whose
 #: steps were traced before it started (``train.traced``)

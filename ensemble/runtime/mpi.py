@@ -173,8 +173,8 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
             os._exit(EXIT_TERMINATED if issubclass(kind, Terminated) else EXIT_INTERRUPTED)
         full = storage_full(value)
         if full is not None:            # the storage's fault, not the code's: one line with the way on
-            text = (f"{full_message(full)}; free space (or move the run directory), then continue with "
-                    "`--resume`: finished members are kept\n")
+            text = (f"{full_message(full)}; free space or make it writable (or move the run directory), then "
+                    "continue with `--resume`: finished members are kept\n")
         else:
             text = "".join(traceback.format_exception(kind, value, tb))
         sys.stderr.write(f"[{where()}] fatal error, aborting the job:\n{text}")

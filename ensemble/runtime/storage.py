@@ -19,20 +19,27 @@ from pathlib import Path
 RESERVE_NAME, RESERVE_BYTES = ".space_reserve", 1 << 18
 
 
+#: what a file system says when it takes no more writes: no space, over quota, read-only
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
 def storage_full(error: BaseException | None) -> OSError | None:
-    """The out-of-space (or over-quota) OSError behind ``error`` (itself, its cause or context),
-    preferring one that names its file; None if there is none."""
+    """The OSError behind ``error`` (itself, its cause or context) of a file system that takes no
+    more writes (``STORAGE_ERRNOS``), preferring one that names its file; None if there is none."""
     found: list[OSError] = []
     while error is not None and len(found) < 8:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(error, OSError) and error.errno in STORAGE_ERRNOS:
             found.append(error)
         error = error.__cause__ or error.__context__
     return next((e for e in found if e.filename), found[0] if found else None)
 
 
 def full_message(error: OSError) -> str:
-    """What a full disk is called in a message: the file it failed to write and why."""
+    """What a full (or read-only) file system is called in a message: the file it failed to write
+    and why."""
     what = repr(error.filename) if error.filename else "the run directory"
+    if error.errno == errno.EROFS:
+        return f"the file system holding {what} became read-only ({error.strerror})"
     return f"no space left on the device writing {what} ({error.strerror})"
 
 

@@ -165,6 +165,23 @@ def test_a_run_held_by_another_job_is_refused_before_anything_is_touched(tmp_pat
     assert (run / "journal.jsonl").read_text() == "{}\n"
 
 
+def test_two_new_jobs_of_one_config_take_a_folder_each(tmp_path):
+    """Two jobs of one config started together (a job array): the second found runs/<name> locked by
+    the first's start-up (no journal yet) and was refused instead of taking runs/<name>-2."""
+    cfg = resolve_config({"name": "arr", "output_dir": str(tmp_path / "runs"), "architectures": [ARCH]})
+    first, held = choose_run_dir(cfg, args())
+    second, also = choose_run_dir(cfg, args())
+    try:
+        assert (first.name, second.name) == ("arr", "arr-2")
+    finally:
+        held.release()
+        also.release()
+    (tmp_path / "mine").mkdir()
+    with RunLock(tmp_path / "mine", what="another job"):               # --run-dir names one: still refused
+        with pytest.raises(ConfigError, match="in use by another job"):
+            choose_run_dir(cfg, args(tmp_path / "mine"))
+
+
 # -- a journal with damaged bytes -----------------------------------------------------------------
 def test_a_journal_with_invalid_bytes_skips_those_lines_and_warns_once(tmp_path, caplog):
     path = tmp_path / "journal.jsonl"

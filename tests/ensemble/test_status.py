@@ -432,3 +432,16 @@ def test_a_resumed_run_took_its_jobs_time_not_the_gap_between_them(tmp_path):
     s = S.run_status(tmp_path, S.JournalTail(tmp_path / "journal.jsonl"), now=4700.0)
     assert (s["jobs"], s["run_seconds"], s["age_seconds"]) == (2, 18.0, 3605.0)
     assert "done after 18 s over 2 jobs, 97 s ago" in S.format_status(s)
+
+
+def test_a_job_killed_in_its_start_up_is_dead_not_starting(tmp_path):
+    """kill -9 of the master after config.toml, before the journal and the first heartbeat: status
+    said "starting ... if that lasts, see the job's log" for ever."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()                                                  # a process of this host that has ended
+    (tmp_path / "config.toml").write_text(CONFIG)
+    (tmp_path / "run.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": gone.pid}))
+    s = S.run_status(tmp_path, S.JournalTail(tmp_path / "journal.jsonl"))
+    assert s["state"] == "dead" and f"its master (process {gone.pid} on this host) is gone" in S.format_status(s)
+    (tmp_path / "run.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    assert S.run_status(tmp_path, S.JournalTail(tmp_path / "journal.jsonl"))["state"] == "starting"

@@ -63,3 +63,27 @@ def test_the_master_says_its_job_stopped_when_its_own_write_finds_the_disk_full(
     book = read_crashes(history)
     assert not book.suspects and not book.given_up                   # in flight then: no crash suspect
     assert not (run / storage.RESERVE_NAME).exists()                  # the reserve given back
+
+
+def test_a_run_directory_gone_read_only_ends_with_one_error_not_a_chain(tmp_path, monkeypatch):
+    """The heartbeat's tidying and the lock's release raised again on a read-only file system: three
+    to five chained tracebacks instead of the one line the full-disk path gives."""
+    import os
+    from pathlib import Path
+
+    from ensemble.results.heartbeat import Heartbeat
+    from ensemble.results.lock import RunLock
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    beat = Heartbeat(tmp_path, 5.0)
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "status.json"))
+    monkeypatch.setattr(os, "replace", read_only)
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with pytest.raises(OSError) as raised:
+        beat.final("failed", error="x")
+    assert raised.value.errno == errno.EROFS and raised.value.__context__ is None
+    lock.release()                                                    # no second error on the way out
+    assert storage.full_message(storage.storage_full(raised.value)).startswith(
+        "the file system holding '") and "became read-only" in storage.full_message(raised.value)
