@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from ensemble.results.records import MemberRecord
+from ensemble.runtime import stopping
 from ensemble.runtime.executor import UNSTARTED, Executor
 from ensemble.sources.base import Decider, GoOn, Source
 
@@ -38,6 +39,7 @@ def dispatch(executor: Executor, source: Source, on_results: Callable[[list[Memb
     count = 0
     wall0, cpu0 = clock(), time.thread_time()
     while True:
+        stopping.take()                        # a signal's stop dropped on its way (runtime.stopping)
         while executor.free() and not should_stop():
             spec = source.next_spec()
             if spec is None:

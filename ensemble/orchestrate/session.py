@@ -38,7 +38,7 @@ from ensemble.results.rundir import RunDirectory
 from ensemble.results.summary import finalize, format_comparison
 from ensemble.results.timeline import format_stats, run_stats
 from ensemble.results.tracking import Tracking
-from ensemble.runtime import storage
+from ensemble.runtime import stopping, storage
 from ensemble.runtime.budget import RunBudget
 from ensemble.runtime.executor import Executor, MpiExecutor, SerialExecutor, serve
 from ensemble.runtime.scheduler import job_end_time
@@ -194,6 +194,7 @@ class MasterSession:
             decider.bind(hooks)
 
             def idle() -> None:
+                stopping.take()                               # a signal's stop dropped on its way
                 journal.sync_if_due()
                 self.tracking.idle()                          # members gathered before a lull go out
                 if beat is not None:

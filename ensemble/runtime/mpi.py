@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+from ensemble.runtime import stopping
 from ensemble.runtime.storage import full_message, storage_full
 
 
@@ -131,12 +132,16 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)   # one is enough: a second (the scheduler signals
         if not _leads():                                # every process, mpiexec forwards too) cuts no cleanup
             exit_after(WORKER_STOP_LIMIT, EXIT_TERMINATED)
-        raise Terminated(f"signal {signum}")
+        stop = Terminated(f"signal {signum}")
+        stopping.ask(stop)                              # raised again by the master's loop if dropped
+        raise stop
 
     def on_int(signum, frame):
         if not _leads():
             exit_after(WORKER_STOP_LIMIT, EXIT_INTERRUPTED)
-        raise KeyboardInterrupt
+        stop = KeyboardInterrupt()
+        stopping.ask(stop)
+        raise stop
     try:
         signal.signal(signal.SIGTERM, on_term)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -156,6 +161,7 @@ def abort_on_exception(interrupted: Callable[[], str] | None = None) -> None:
         except Exception:               # noqa: BLE001 - never a second error on the way out
             pass
         if issubclass(kind, KeyboardInterrupt):
+            stopping.forget()
             if _leads():
                 try:
                     line = interrupted() if interrupted else "interrupted"

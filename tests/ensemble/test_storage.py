@@ -2,7 +2,8 @@
 finds it fails with kind ``storage_full``, which stops the run (every member would fail alike), and
 a master whose own write finds it journals that the job stopped, through its reserve's room, so a
 ``--resume`` takes no member then training for a crash suspect (two full disks gave a healthy
-member up as the crasher, ``worker_died``, for good)."""
+member up as the crasher, ``worker_died``, for good). And a signal's stop that Python dropped
+(``runtime.stopping``) is raised again by the master's loop: the job would otherwise look lost too."""
 
 from __future__ import annotations
 
@@ -87,3 +88,28 @@ def test_a_run_directory_gone_read_only_ends_with_one_error_not_a_chain(tmp_path
     lock.release()                                                    # no second error on the way out
     assert storage.full_message(storage.storage_full(raised.value)).startswith(
         "the file system holding '") and "became read-only" in storage.full_message(raised.value)
+
+
+def test_a_stop_a_signal_asked_for_and_that_was_dropped_is_raised_again_by_the_loop():
+    """SIGTERM's KeyboardInterrupt, raised inside a weakref callback, was printed as "Exception ignored"
+    and dropped: the master went on, the launcher killed it, and the job looked lost. The handler notes
+    the stop (``runtime.stopping``) and the dispatch loop raises it again."""
+    from ensemble.orchestrate.dispatch import dispatch
+    from ensemble.runtime import stopping
+    from ensemble.runtime.executor import SerialExecutor
+    from ensemble.sources.members import SpecList
+
+    class Stop(KeyboardInterrupt):
+        pass
+    trained = []
+
+    def train(spec, report):
+        trained.append(spec["id"])
+        if len(trained) == 2:
+            stopping.ask(Stop("signal 15"))        # the handler's raise, dropped where it landed
+        return {"id": spec["id"], "status": "ok", "val": {"accuracy": 1.0}, "seed": spec["seed"]}
+    specs = [{"id": f"m{i}", "seed": i} for i in range(5)]
+    with pytest.raises(Stop):
+        dispatch(SerialExecutor(lambda: train), SpecList(specs), lambda records: None)
+    assert trained == ["m0", "m1"]
+    stopping.take()                                  # taken once: nothing left to raise
