@@ -158,6 +158,7 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     now = time.time() if now is None else now
     tail.read()
     beat = read_heartbeat(run_dir) or {}
+    torn = not beat and (run_dir / RunDirectory.STATUS).is_file()     # there, but cut short (a kill mid-write)
     summary = _read_json(run_dir / RunDirectory.ENSEMBLE)
     cfg = read_run_config(run_dir)
     # a finished run's ensemble.json says what it ranks on (`ensemble reselect --metric` changes it)
@@ -200,6 +201,8 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
     out["heartbeat_age_seconds"] = None if beat_age is None else round(beat_age, 1)
     out["pid"] = beat.get("pid")
     out["state"] = state
+    if torn:
+        out["status_unreadable"] = True
     out["ended_seconds_ago"] = None
     closes = [e.time for e in tail.events if e.kind is EventKind.CLOSE]
     ended = beat.get("time") if state in FINAL else (closes[-1] if closes and state in ("done", "unknown") else None)

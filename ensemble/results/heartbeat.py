@@ -159,7 +159,9 @@ def state_words(s: Mapping[str, Any]) -> tuple[str, str | None]:
             "stopped": ("stopped early", f"{s.get('reason')}; {resume}"),
             "failed": ("failed", s.get("error")),
             "starting": ("starting", "no heartbeat and no member yet; if that lasts, see the job's log"),
-            "unknown": ("state unknown", "no status.json: a run from before it, or one killed before its "
+            "unknown": ("state unknown", "its status.json cannot be read (cut short by a kill while written?); "
+                                         f"if the job is gone, {resume}" if s.get("status_unreadable") else
+                                         "no status.json: a run from before it, or one killed before its "
                                          "first heartbeat"),
             "silent": ("silent", f"no heartbeat for {duration_words(s.get('heartbeat_age_seconds'))}: the job "
                                  f"looks dead; {resume}"),

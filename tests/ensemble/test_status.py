@@ -445,3 +445,11 @@ def test_a_job_killed_in_its_start_up_is_dead_not_starting(tmp_path):
     assert s["state"] == "dead" and f"its master (process {gone.pid} on this host) is gone" in S.format_status(s)
     (tmp_path / "run.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
     assert S.run_status(tmp_path, S.JournalTail(tmp_path / "journal.jsonl"))["state"] == "starting"
+
+
+def test_a_torn_status_json_is_said_so_not_called_missing(tmp_path):
+    (tmp_path / "config.toml").write_text(CONFIG)
+    (tmp_path / "journal.jsonl").write_text(json.dumps(record(1)) + "\n")
+    (tmp_path / "status.json").write_text('{"state": "runn')
+    text = S.format_status(S.run_status(tmp_path, S.JournalTail(tmp_path / "journal.jsonl")))
+    assert "status.json cannot be read (cut short" in text and "no status.json" not in text
