@@ -233,6 +233,7 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
                            "test": summary["ensemble"]["test"].get(summary.get("metric"))}
     if cfg is not None:
         out["mode"] = cfg.mode
+        out["resume_trains"] = mode_of(cfg).resume_trains(cfg, tail.records, total)   # a stopped run's --resume
         section = mode_of(cfg).status_section(cfg, tail.events)
         if section is not None:                         # the mode's own progress, under its name
             out[cfg.mode] = section

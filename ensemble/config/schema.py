@@ -852,13 +852,6 @@ def check_given_split(data: dict, given: set[str], found: Problems) -> None:
         found.add("`data.val_source` needs `data.test_source`: separate files give the test rows too "
                   "(`data.source` holds the training rows)", "data.val_source")
         return
-    files = {k: os.path.normpath(data[k]) for k in ("source", "val_source", "test_source") if data[k]}
-    for key, other in (("test_source", "source"), ("val_source", "source"), ("test_source", "val_source")):
-        if key in files and files.get(other) == files[key] and found.ok(f"data.{key}"):
-            found.add(f"`data.{key}` is `data.{other}` itself ({data[key]!r}): its rows would be "
-                      f"{'training' if other == 'source' else 'validation'} rows too, and the scores on them "
-                      f"flatter the networks; give `data.{key}` a file of other rows (or leave it out: a random "
-                      "split is drawn)", f"data.{key}")
     if "test_fraction" in given:
         found.add(f"`data.test_fraction` draws a random test split, but `data.{used[0]}` gives the test rows; "
                   "remove `data.test_fraction`", "data.test_fraction")
@@ -1116,6 +1109,7 @@ def _locate(cfg: dict, base: Path, problems: Problems | None = None) -> dict:
             cfg["data"][key] = str((near_config if near_config.exists() or not Path(src).exists()
                                     else Path(src)).resolve())
     found = Problems() if problems is None else problems
+    same_files(cfg["data"], found)
     for i, arch in enumerate(cfg["architectures"]):
         where = f"architectures[{i}].model_dir"
         with found.catch(where):
@@ -1132,6 +1126,19 @@ def _locate(cfg: dict, base: Path, problems: Problems | None = None) -> dict:
     if problems is None:
         found.raise_any()
     return cfg
+
+
+def same_files(data: dict, found: Problems) -> None:
+    """The test (or validation) rows' file must not be the training file (or the other): its
+    scores would flatter the networks. Compared as the files are (paths resolved, links
+    followed), so `d.csv`, `./d.csv` and `/abs/d.csv` are one file."""
+    files = {k: os.path.realpath(data[k]) for k in ("source", "val_source", "test_source") if data[k]}
+    for key, other in (("test_source", "source"), ("val_source", "source"), ("test_source", "val_source")):
+        if key in files and files.get(other) == files[key] and found.ok(f"data.{key}"):
+            found.add(f"`data.{key}` is `data.{other}` itself ({data[key]!r}): its rows would be "
+                      f"{'training' if other == 'source' else 'validation'} rows too, and the scores on them "
+                      f"flatter the networks; give `data.{key}` a file of other rows (or leave it out: a random "
+                      "split is drawn)", f"data.{key}")
 
 
 def builder_folder(arch: dict, base: Path, where: str) -> str | None:

@@ -120,6 +120,15 @@ class Mode:
         the mode sizes itself by it), or None when it cannot be said in advance."""
         raise NotImplementedError
 
+    def resume_trains(self, cfg: RunConfig, records: list[MemberRecord], total: int | None = None) -> int | None:
+        """How many members a ``--resume`` of a run whose journal holds ``records`` would train
+        (``total``: the members the run is meant to end with, else ``expected_members``): those
+        never ended, by default; None when it cannot be said. What ``ensemble status``, the
+        report and ``check --resume`` say of a stopped run."""
+        from ensemble.results.records import latest
+        total = total if total is not None else self.expected_members(cfg)
+        return None if not total else max(0, total - len(latest(records)))
+
     def keras_trainer(self, cfg: RunConfig, meta: dict, data: Any, run_dir: RunDirectory, rank: int,
                       group: Any = None, comm: Any = None) -> Trainer:
         """The Keras trainer for this mode on one worker (TensorFlow is configured already)."""

@@ -395,7 +395,7 @@ def describe_runtime(cfg: RunConfig, resumed: Path | None = None) -> None:
     if resumed is not None and hint and n and mode.members_end_apart:
         records, _ = RunDirectory(resumed).records()
         finished = Counts.of_records(records).ok
-        left = max(0, n - finished)
+        left = mode.resume_trains(cfg, records, n) or 0            # as `ensemble status` counts them
         hint = (f"; the run to resume has {finished} of {n} members finished: "
                 + (f"-n {1 + left * g} trains the {left} left at once" if left else
                    "--resume trains none, it selects and writes the ensemble again"))

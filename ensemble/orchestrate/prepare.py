@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -276,8 +277,10 @@ def config_differences(cfg: RunConfig, run_dir: RunDirectory | Path) -> str | No
     if not saved_path.exists():
         return None
     saved, given = read_saved_config(saved_path).to_dict(), cfg.to_dict()
+    from ensemble.sources.earlier import started_from
+    kept = set(started_from(run_dir))               # read from the run's copy: where it came from is no matter
     changed = [line for key in RESULT_SETTINGS
-               for line in _differences(key, _comparable(key, saved[key]), _comparable(key, given[key]))]
+               for line in _differences(key, _comparable(key, saved[key], kept), _comparable(key, given[key], kept))]
     if not changed:
         return None
     return "; ".join(changed[:8]) + (f"; and {len(changed) - 8} more" if len(changed) > 8 else "")
@@ -320,12 +323,16 @@ def _shown(value) -> str:
 DATA_PATHS = ("source", "test_source", "val_source", "split_file")
 
 
-def _comparable(key: str, value):
+def _comparable(key: str, value, kept: Collection[str] = ()):
     """A setting as --resume compares it: where a builder's module is imported from
-    (``model_dir``, absolute, so it moves with the config file) and where the data files are
-    (``DATA_PATHS``, absolute: a project moved to another file system) are not part of the run."""
+    (``model_dir``, absolute, so it moves with the config file), where the data files are
+    (``DATA_PATHS``, absolute: a project moved to another file system) and where an earlier run
+    was whose starting points the run kept (``kept``: "evolve.start_from", "pbt.start";
+    ``sources.earlier.kept``: it may since be moved or gone) are not part of the run."""
     if key == "data":
         return {k: v for k, v in value.items() if k not in DATA_PATHS}
+    if isinstance(value, dict) and any(k.startswith(f"{key}.") for k in kept):
+        return {k: v for k, v in value.items() if f"{key}.{k}" not in kept}
     if key != "architectures":
         return value
     return [{k: v for k, v in arch.items() if k != "model_dir"} for arch in value]

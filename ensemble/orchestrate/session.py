@@ -215,6 +215,7 @@ class MasterSession:
                     beat.beat(late=True)      # a loop never idle (results always waiting) still beats, if less often
 
             alive = beat.kept_alive("running") if beat is not None and self.serial else nullcontext()
+            dispatched = False
             try:
                 with alive:  # a serial master trains the members itself, with no idle moments: a thread beats
                     if self.shares is not None:
@@ -224,6 +225,7 @@ class MasterSession:
                             self.executor, source, on_results, decider=decider, should_stop=self.budget.should_stop,
                             adjust=lambda spec: handed(progress.hand_out(artifacts.stamp(self.budget.cap(spec)))),
                             idle=idle, clock=self.clock)
+                dispatched = True
             except KeyboardInterrupt:                 # Ctrl-C, SIGTERM: a stop, not a crash (results.crashes)
                 journal.append(Event(EventKind.INTERRUPTED, {"time": round(self.clock(), 4)}).to_json())
                 raise
@@ -235,7 +237,7 @@ class MasterSession:
                     storage.append_last_line(journal.path, json.dumps(stop.to_json(), sort_keys=True))
                 raise
             finally:
-                if self.keep_beat:
+                if self.keep_beat and not dispatched:
                     storage.release(self.run_dir.path)
             account = dict(self.account)
             if account["master_busy_seconds"] is None:          # the serial master trains: no master share
@@ -245,10 +247,19 @@ class MasterSession:
             journal.event(closed)
             self.journal_bytes = journal.bytes
         self.events += [opened, closed]
-        if self.shares is not None:
-            artifacts = self._absorb(previous, artifacts)
-        with beat.kept_alive("finishing") if beat is not None else nullcontext():
-            code = self._finish(source, progress, artifacts, beat, t0)
+        try:
+            if self.shares is not None:
+                artifacts = self._absorb(previous, artifacts)
+            with beat.kept_alive("finishing") if beat is not None else nullcontext():
+                try:
+                    code = self._finish(source, progress, artifacts, beat, t0)
+                except OSError as exc:                # a full disk while writing the outputs: the reserve's
+                    if storage.storage_full(exc) is not None:     # room lets status.json say the run failed
+                        storage.release(self.run_dir.path)       # and why (it was left at "finishing": "dead")
+                    raise
+        finally:
+            if self.keep_beat:
+                storage.release(self.run_dir.path)
         self.tracking.close(ok=code == 0)                    # bounded by tracking.finish_seconds
         return code
 
@@ -310,6 +321,7 @@ class MasterSession:
             log.info(progress.summary())
         code = 0
         final = Counts.of_records(records)                                          # a retried member once
+        again = self.mode.resume_trains(cfg, records, source.total)     # what a --resume trains (the report says)
         kinds = sorted({r.error_kind for r in latest(records).values() if not r.status.evaluated and r.error_kind})
         failures = (f"\nended without a result: {final.not_ok} of {final.ended} members ({', '.join(kinds)})"
                     if final.not_ok else "")
@@ -332,7 +344,7 @@ class MasterSession:
                       f"({cfg.runtime.finish_reserve:g} s), {when}; give the job more time, or lower "
                       "`runtime.finish_reserve`, then --resume")
             if beat is not None:
-                beat.final("stopped", reason=budget.reason)
+                beat.final("stopped", reason=budget.reason, resume_trains=again)
             artifacts.close()
             return 1
         stats = run_stats(records, self.events)
@@ -347,7 +359,7 @@ class MasterSession:
         except RuntimeError as exc:
             log.error(f"error: {exc}")
             if beat is not None:
-                beat.final("failed", error=str(exc))
+                beat.final("failed", error=str(exc), resume_trains=again)
             if self.report:
                 log.info(report_line(self.run_dir.path))          # the failures, listed with their messages
             return code or 1
@@ -362,7 +374,7 @@ class MasterSession:
         log.info(f"wrote {self.run_dir.path}/ensemble.json, leaderboard.csv, journal.jsonl  "
                  f"({time.monotonic() - t0:.1f} s)")
         if beat is not None:
-            beat.final("stopped" if budget.reason else "done", reason=budget.reason)
+            beat.final("stopped" if budget.reason else "done", reason=budget.reason, resume_trains=again)
         if self.report:
             log.info(report_line(self.run_dir.path))
         self.tracking.finish(summary)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ensemble.results.rundir import RunDirectory
+from ensemble.runtime.storage import full_message, storage_full
 
 STATES = ("running", "finishing", "done", "stopped", "failed")
 FINAL = ("done", "stopped", "failed")
@@ -80,8 +81,11 @@ class Heartbeat:
     def __exit__(self, kind, value, tb) -> None:
         if kind is None or self.ended:
             return
+        full = storage_full(value)
         if issubclass(kind, KeyboardInterrupt):
             self.final("stopped", reason="interrupted by Ctrl-C or a signal")
+        elif full is not None:                  # as the console says it, with the way on
+            self.final("failed", error=f"{full_message(full)}; free space or make it writable, then `--resume`")
         else:
             self.final("failed", error=f"{kind.__name__}: {value}")
 
@@ -172,12 +176,18 @@ def state_words(s: Mapping[str, Any]) -> tuple[str, str | None]:
 
 def untrained_lines(s: Mapping[str, Any], apart: bool | None) -> list[str]:
     """Why a run that is over trained fewer members than it was to (a status's ``state``,
-    ``left``, ``total`` and ``time_limit``). ``apart``: its members end one by one
-    (``Mode.members_end_apart``; False: a population's, which --resume continues from their last
-    round; None: not known)."""
+    ``left``, ``total``, ``time_limit`` and ``resume_trains``: what a --resume would train,
+    ``Mode.resume_trains``, failed members it tries again included). ``apart``: its members end
+    one by one (``Mode.members_end_apart``; False: a population's, which --resume continues from
+    their last round; None: not known)."""
     state, total, left = s["state"], s.get("total"), s.get("left")
     if state == "done" and left and s.get("time_limit"):          # "64 finished of 500": why not 500
         return [f"the other {left} were never started: {s['time_limit']} ended the run first"]
+    untried, left = left or 0, s["resume_trains"] if s.get("resume_trains") is not None else left
+    again = (left or 0) - untried                      # ended without a result, tried again
+    if state in ("stopped", "silent", "failed") and left and apart and again > 0:
+        return [f"{untried} of {total} members not trained yet and {again} that ended without a result; "
+                f"--resume trains these {left}"]
     if state in ("stopped", "silent", "failed") and left:
         return [f"{left} of {total} members not trained yet; --resume trains them" if apart else
                 f"{left} of {total} members not finished; --resume continues them from their last round"

@@ -256,8 +256,11 @@ def plot_classification(view: RunView):
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Rank correlation (average ranks for ties)."""
+    """Rank correlation (average ranks for ties); NaN where either side is constant (one member
+    without a variance head has no spread: scipy warned on the console)."""
     from scipy.stats import spearmanr
+    if np.ptp(np.asarray(a, dtype=np.float64)) == 0 or np.ptp(np.asarray(b, dtype=np.float64)) == 0:
+        return float("nan")
     value = spearmanr(a, b).statistic
     return float(value) if np.isfinite(value) else float("nan")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -282,7 +283,7 @@ def per_target_metrics(meta: dict, stats: dict, y: np.ndarray) -> dict[str, dict
     from ensemble.task.metrics import coverage
     return {name: {**{key: value for key, value in regression_metrics(y[:, j], mean[:, j],
                                                                       var[:, j] if spread else None).items()
-                      if key in keep},
+                      if key in keep and math.isfinite(value)},        # a constant target has no r2: no NaN
                    **{f"coverage{k}": coverage(y[:, j], mean[:, j], w[:, j]) for k, w in widths.items()}}
             for j, name in enumerate(names)}
 
@@ -409,7 +410,8 @@ def selection_text(summary: dict) -> str | None:
             + ("; the ensemble is worse than it on these rows by design: weights kept near equal give up fit to "
                "the rows that chose them for what holds on new ones, which the test split tells" if worse and
                len(summary.get("members", ())) > 1 else "")
-            + f"); effective size {sel['effective_size']:.2f} of {len(summary.get('members', ()))} members"
+            + f"); effective size {sel['effective_size']:.2f} of {len(summary.get('members', ()))} member"
+            + ("s" if len(summary.get("members", ())) != 1 else "")
             + (f" ({sel['why']})" if sel.get("why") else ""))
 
 

@@ -191,11 +191,6 @@ def test_separate_files_mistakes_name_their_file_and_setting(tmp_path, table):
      "`data.val_fraction` draws validation rows from the training rows, but `data.val_source` gives them"),
     ({"split_column": "label"}, "`data.split_column` 'label' is the target column `data.label`"),
     ({"split_column": "part", "features": ["a", "part"]}, "`data.split_column` 'part' is listed in `data.features`"),
-    # the training file given again as the test (or validation) rows: scored on rows it trained on
-    ({"test_source": "./d.csv"}, "`data.test_source` is `data.source` itself ('./d.csv'): its rows would be "
-                                 "training rows too"),
-    ({"test_source": "t.csv", "val_source": "d.csv"}, "`data.val_source` is `data.source` itself"),
-    ({"test_source": "t.csv", "val_source": "t.csv"}, "`data.test_source` is `data.val_source` itself"),
 ])
 def test_conflicting_settings_are_one_config_error_each(data, message):
     found = Problems()
@@ -215,3 +210,25 @@ def test_a_given_split_with_a_val_fraction_alone_is_fine_and_a_saved_config_read
     with tempfile.TemporaryDirectory() as tmp:           # every default written out, fractions included
         (Path(tmp) / "config.toml").write_text(dump_toml(cfg))
         assert read_saved_config(Path(tmp) / "config.toml").data == cfg.data
+
+
+@pytest.mark.parametrize("test, val, message", [
+    ("./d.csv", "", "`data.test_source` is `data.source` itself"),
+    ("{dir}/d.csv", "", "`data.test_source` is `data.source` itself"),
+    ("../{name}/d.csv", "", "`data.test_source` is `data.source` itself"),
+    ("t.csv", "d.csv", "`data.val_source` is `data.source` itself"),
+    ("t.csv", "./t.csv", "`data.test_source` is `data.val_source` itself"),
+])
+def test_the_training_file_given_again_as_other_rows_is_refused_however_it_is_written(tmp_path, test, val, message):
+    """`test_source = source` scored the networks on rows they trained on; refused when the strings
+    matched, but not for the same file written another way (an absolute path, ../dir/d.csv)."""
+    from ensemble.config import load_config
+    for name in ("d.csv", "t.csv"):
+        (tmp_path / name).write_text("a,label\n1,0\n2,1\n")
+    given = {"test": test.format(dir=tmp_path, name=tmp_path.name), "val": val}
+    lines = [f'test_source = "{given["test"]}"'] + ([f'val_source = "{given["val"]}"'] if val else [])
+    (tmp_path / "c.toml").write_text("[data]\nsource = \"d.csv\"\nlabel = \"label\"\n" + "\n".join(lines) + "\n"
+                                     "[[architectures]]\nlayers = [{type = \"Dense\", units = 2}]\n")
+    found = Problems()
+    load_config(tmp_path / "c.toml", found)
+    assert [m for m in found.messages if m.startswith(message)] and "its rows would be" in " ".join(found.messages)

@@ -710,6 +710,8 @@ def test_mode_is_registered_under_its_name_and_describes_itself(mode_case):
         assert n is None or (type(n) is int and n > 0)
     assert isinstance(mode.ranks_hint(cfg), str)
     assert isinstance(mode.packs(cfg), bool)
+    n = mode.resume_trains(cfg, [], 4)               # nothing ended yet: a resume trains every member
+    assert n == 4
 
 
 def test_mode_preflight_finds_nothing_wrong_with_a_valid_config(mode_case):

@@ -338,3 +338,18 @@ def test_a_search_key_the_genome_does_not_read_is_said():
                                flat)
     assert notes[0].startswith("`search.stages`, `search.blocks` are not read: the search's genome is the free")
     assert EvolveMode().notes(config(), META) == [] and EvolveMode().notes(config("free"), META) == []
+
+
+def test_a_resume_compares_no_path_of_an_earlier_run_it_kept(tmp_path, earlier):
+    """`start_from = "runs/base"` (relative, as the docs write it) is saved absolute while the earlier
+    run exists; moved away, the relative path stays as written and --resume said "the config
+    differs". The run kept what it took (started_from.json), so where it was is no part of the run."""
+    from ensemble.orchestrate.prepare import config_differences
+    run = RunDirectory(tmp_path / "next")
+    cfg = config(start_from=str(earlier))
+    write_run(run.path, cfg, [])
+    moved = config(start_from="runs/base")
+    assert "`evolve.start_from`" in config_differences(moved, run)              # nothing kept: it differs
+    SearchSource(cfg, META, run, [])                                            # keeps started_from.json
+    assert config_differences(moved, run) is None
+    assert "`evolve.evaluations`" in config_differences(config(evaluations=11, start_from="x"), run)

@@ -348,8 +348,10 @@ def test_a_stopped_run_says_what_is_left_for_resume(tmp_path):
                                "reason": "interrupted by Ctrl-C or a signal"})
     s = S.run_status(run, S.JournalTail(run / "journal.jsonl"), now=1020.0)
     assert (s["running"], s["queued"], s["left"], s["eta_seconds"]) == (0, None, 6, None)
-    assert "6 of 12 members not trained yet; --resume trains them" in S.format_status(s)
-    pbt = {**s, "mode": "pbt", "recent_members_per_second": 1176.4, "members_per_second": 2.0}
+    # and the one that failed, which a resume of an ensemble tries again (status said 6, --resume trained 7)
+    assert "6 of 12 members not trained yet and 1 that ended without a result; --resume trains these 7" \
+        in S.format_status(s)
+    pbt = {**s, "mode": "pbt", "recent_members_per_second": 1176.4, "members_per_second": 2.0, "resume_trains": None}
     text = S.format_status(pbt)                 # a population: every member ends at the last round
     assert "6 of 12 members not finished; --resume continues them from their last round" in text
     assert "/s recently" not in text and "not trained yet" not in text

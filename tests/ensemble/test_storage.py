@@ -113,3 +113,22 @@ def test_a_stop_a_signal_asked_for_and_that_was_dropped_is_raised_again_by_the_l
         dispatch(SerialExecutor(lambda: train), SpecList(specs), lambda records: None)
     assert trained == ["m0", "m1"]
     stopping.take()                                  # taken once: nothing left to raise
+
+
+def test_a_full_disk_while_the_outputs_are_written_leaves_status_json_saying_so(tmp_path, monkeypatch):
+    """The disk filled while ensemble.json was written: status.json stayed at "finishing" (the reserve
+    was given back before) and `ensemble status` called the job killed."""
+    from ensemble.orchestrate import session
+    from ensemble.results.heartbeat import read_heartbeat
+
+    def finalize(*args, **kwargs):
+        raise full_error(str(tmp_path / "run" / "ensemble.json"))
+    monkeypatch.setattr(session, "finalize", finalize)
+    cfg = {"name": "full", "data": {"source": "iris"}, "runtime": {"trainer": "rehearsal"},
+           "rehearsal": {"seconds": 0.01},
+           "architectures": [{"name": "a", "members": 2, "layers": [{"type": "Dense", "units": 4}]}]}
+    with pytest.raises(OSError, match="No space left"):
+        ensemble.run_config(cfg, run_dir=tmp_path / "run")
+    beat = read_heartbeat(tmp_path / "run")
+    assert beat["state"] == "failed" and beat["error"].startswith("no space left on the device writing ")
+    assert not (tmp_path / "run" / storage.RESERVE_NAME).exists()
