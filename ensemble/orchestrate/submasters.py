@@ -28,6 +28,7 @@ from ensemble.orchestrate.fastsim import MIN_SHARE, hierarchy_shape
 from ensemble.orchestrate.progress import Progress
 from ensemble.orchestrate.session import in_hand, run_artifacts, run_master_side
 from ensemble.orchestrate.simulate import master_cost
+from ensemble.results.crashes import REPEATS, handed_event, read_crashes
 from ensemble.results.journal import Journal, typed_history
 from ensemble.results.records import MemberRecord, fatal_failure
 from ensemble.results.rundir import RunDirectory
@@ -85,6 +86,10 @@ class SubBooks:
         self.last_tally = -float("inf")
 
     def stamp(self, spec: dict) -> dict:
+        """The spec as it goes out, journalled as handed out first (``results.crashes``: a member
+        that kills its worker takes the job with it; without these lines a resume had no suspect,
+        and the same member lost every resumed job of a hierarchy)."""
+        self.journal.append(handed_event(spec["id"], self.clock()))     # flushed; fsynced with the next batch
         return self.progress.hand_out(self.artifacts.stamp(spec))
 
     def on_results(self, records: list[MemberRecord]) -> None:
@@ -215,21 +220,43 @@ def choose(cfg: RunConfig, size: int, mean_seconds: float | None) -> int:
 
 
 def shape_on_every_rank(comm, cfg: RunConfig, run_dir: RunDirectory | None, resume: bool) -> int:
-    """Every rank: how many sub-masters this job has. A fixed setting needs no message;
-    "auto" is chosen on rank 0 (it reads the journal) and broadcast."""
-    if cfg.runtime.sub_masters != AUTO:
-        return int(cfg.runtime.sub_masters)
+    """Every rank: how many sub-masters this job has, chosen on rank 0 (it reads the journal)
+    and broadcast: the setting, or for "auto" the shape fitted to the job; none for a resume
+    with crash suspects (``flat_for_suspects``)."""
     from ensemble.runtime.mpi import polite_bcast
     subs = None
     if comm.Get_rank() == 0:
         size = comm.Get_size()
-        could = (size - 1) // cfg.runtime.group_size >= 2 * MIN_SHARE     # else flat, with nothing read
-        mean = measured_seconds(cfg, run_dir, resume) if could and run_dir is not None else None
-        subs = choose(cfg, size, mean)
-        if subs:
-            log.info(f"runtime.sub_masters = \"auto\": {subs} sub-masters for members of {mean:.3g} s "
-                     f"on {comm.Get_size() - 1 - subs} workers")
+        if cfg.runtime.sub_masters != AUTO:
+            subs = int(cfg.runtime.sub_masters)
+        else:
+            could = (size - 1) // cfg.runtime.group_size >= 2 * MIN_SHARE     # else flat, with nothing read
+            mean = measured_seconds(cfg, run_dir, resume) if could and run_dir is not None else None
+            subs = choose(cfg, size, mean)
+            if subs:
+                log.info(f"runtime.sub_masters = \"auto\": {subs} sub-masters for members of {mean:.3g} s "
+                         f"on {comm.Get_size() - 1 - subs} workers")
+        if subs and resume and run_dir is not None and (size - 1) % cfg.runtime.group_size == 0 \
+                and flat_for_suspects(cfg, run_dir):
+            subs = 0
     return polite_bcast(comm, subs, 0, cfg.runtime.poll_max_sleep)
+
+
+def flat_for_suspects(cfg: RunConfig, run_dir: RunDirectory) -> bool:
+    """Whether a resume runs with one master because an earlier job was lost with members in flight
+    (``results.crashes``): sub-masters that run their own shares hand them out each on its own,
+    so no share can see that a suspect trains alone, and one that kills its worker took every
+    resumed job with it (9 in a row). One master hands them out a few at a time and gives the
+    culprit up; the next resume, with no suspect left, has its sub-masters again (said)."""
+    mode = mode_of(cfg)
+    if not (mode.sub_master_books(cfg) and mode.gives_up_crashers):
+        return False
+    suspects = read_crashes(run_dir.history(), None if mode.quarantines else REPEATS).suspects
+    if suspects:
+        log.warning(f"resume: {len(suspects)} member(s) were training when an earlier job was lost; this job runs "
+                    "with one master (`runtime.sub_masters` ignored for it), which hands them out a few at a time "
+                    "and gives up one that is lost with the job again alone")
+    return bool(suspects)
 
 
 def run_hierarchy(comm, cfg: RunConfig, meta: dict, data, run_dir: RunDirectory, resume: bool, subs: int,

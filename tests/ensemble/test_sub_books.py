@@ -204,3 +204,30 @@ def test_an_absorb_cut_after_its_copy_leaves_one_copy_to_read(tmp_path):
     assert [r.id for r in run_dir.records()[0]] == ["a", "b"]
     assert run_dir.absorb() == [] and not leftover.exists()
     assert [r.id for r in run_dir.records()[0]] == ["a", "b"]
+
+
+def test_a_share_journals_what_it_hands_out_so_a_resume_finds_its_crash_suspects(tmp_path):
+    """A hierarchy's sub-masters journalled no `handed` lines: a member that killed its worker took
+    every resumed job with it (9 jobs, rc 9 each), never a suspect, never given up. Absorbed after a
+    lost job, a share's lines name the members in flight, and the crash book finds them."""
+    from ensemble.results.crashes import read_crashes
+    cfg = resolve_config({"name": "x", "architectures": [{"name": "m", "members": 4,
+                                                          "layers": [{"type": "Dense", "units": 2}]}]})
+    run_dir = RunDirectory(tmp_path)
+    with run_dir.journal() as journal:
+        journal.event({"event": "open", "time": 1.0, "workers": 2})
+    books = SubBooks(cfg, {"task": "classification"}, run_dir, 0, RunBudget(None, 0.0, 0.5),
+                     Progress(None, "accuracy", 2, lines=0))
+    for n in range(3):
+        books.stamp({"id": f"m{n}"})
+    books.on_results([MemberRecord.from_json({**line("m0", 0.5), "payload": {"arrays": arrays(0)}})])
+    books.journal.close()                                # the job lost here: no close, no interrupted
+    run_dir.absorb()
+    assert set(read_crashes(run_dir.history()).suspects) == {"m1", "m2"}
+    # so the resume runs with one master, which hands them out a few at a time (shares could not tell
+    # that one trains alone: the same member lost nine resumed jobs in a row)
+    from ensemble.orchestrate.submasters import flat_for_suspects
+    assert flat_for_suspects(cfg, run_dir)
+    with run_dir.journal() as journal:
+        journal.extend([line("m1"), line("m2")])
+    assert not flat_for_suspects(cfg, run_dir)

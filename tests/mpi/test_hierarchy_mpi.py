@@ -138,7 +138,10 @@ def test_kill_9_mid_run_then_resume_trains_every_member_exactly_once(tmp_path, s
     resumed = after[len(before):]
     assert not set(resumed) & set(before)                             # no finished member handed out again
     records, events = journal(run_dir)
-    assert [e.get("sub_masters") for e in events if e["event"] == "open"] == [2, 2]
+    # the members in flight when the job was lost are crash suspects: the resume runs with one master,
+    # which hands them out a few at a time (shares each on its own could not tell one trains alone)
+    assert [e.get("sub_masters") for e in events if e["event"] == "open"] == [2, None]
+    assert "this job runs with one master (`runtime.sub_masters` ignored for it)" in proc.stderr + proc.stdout
 
 
 EVOLVE = """
