@@ -76,11 +76,23 @@ def run_notes(cfg: RunConfig, info: dict, arrays: dict, meta: dict) -> list[str]
     notes = [*data_notes(info, arrays, meta), few_rows_note(meta["sizes"]["val"]),
              scales_note(metric, arrays["y_train"], meta.get("target_names", ())),
              rare_class_note(metric, arrays["y_train"], meta.get("class_names") or (), meta["sizes"]["test"]),
-             *mode_of(cfg).notes(cfg, meta),
+             *mode_of(cfg).notes(cfg, meta), unpacked_note(cfg),
              *(dense_on_values_note(arch.to_dict()["layers"], meta["input_shape"], f"architectures[{i}].layers")
                for i, arch in enumerate(cfg.architectures if mode_of(cfg).uses_architectures else ())
                if arch.layers)]
     return [n for n in notes if n]
+
+
+def unpacked_note(cfg: RunConfig) -> str | None:
+    """``runtime.members_per_rank`` > 1 where members do not pack (``Mode.packs``: another mode, or
+    another precision): they train one at a time on each worker, which nothing said."""
+    from ensemble.modes import mode_of
+    k = cfg.runtime.members_per_rank
+    if k <= 1 or mode_of(cfg).packs(cfg):
+        return None
+    return (f"`runtime.members_per_rank = {k}` packs no members here (mode {cfg.mode!r}, `runtime.precision = "
+            f"\"{cfg.runtime.precision}\"`): members pack only in an ensemble of listed members in float32; each "
+            "worker trains one at a time")
 
 
 def made_with(run_dir: RunDirectory) -> tuple[dict, tuple[np.ndarray, np.ndarray]] | None:

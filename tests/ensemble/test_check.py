@@ -362,3 +362,14 @@ def test_settings_sub_masters_cannot_run_with_are_said_whatever_the_job_size(tmp
                           'sub_masters = 2\nmembers_per_rank = 2\n')
     assert check_main(str(cfg)) == EXIT_PROBLEMS
     assert "`runtime.sub_masters = 2` cannot be used: `runtime.members_per_rank` > 1" in capsys.readouterr().out
+
+
+def test_members_per_rank_where_members_do_not_pack_is_said():
+    """`members_per_rank = 2` in a search: check said nothing and the run trained members one by one."""
+    from ensemble.config import resolve_config
+    from ensemble.orchestrate.prepare import unpacked_note
+    search = resolve_config({"mode": "evolve", "runtime": {"members_per_rank": 2}})
+    assert unpacked_note(search).startswith("`runtime.members_per_rank = 2` packs no members here (mode 'evolve'")
+    listed = {"architectures": [{"layers": [{"type": "Dense", "units": 2}]}], "runtime": {"members_per_rank": 2}}
+    assert unpacked_note(resolve_config(listed)) is None
+    assert unpacked_note(resolve_config({**listed, "runtime": {"members_per_rank": 2, "precision": "mixed_float16"}}))
