@@ -142,6 +142,12 @@ def time_budget(cfg: RunConfig | None, beat: dict, tail: JournalTail) -> tuple[f
     return min(ends)
 
 
+def _gone_here(owner: dict) -> bool:
+    """Whether the process a status.json or a run.lock names ran on this host and is gone."""
+    return owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int) \
+        and not pid_alive(owner["pid"])
+
+
 def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> dict:
     """The run's status as one dict (what ``--json`` prints); ``tail`` is read first.
 
@@ -170,12 +176,10 @@ def run_status(run_dir: Path, tail: JournalTail, now: float | None = None) -> di
         state = "done" if summary else ("unknown" if tail.records else "starting")
     if state == "starting":                  # no heartbeat yet: is the job that locked the run still there?
         holder = RunLock(run_dir).holder() or {}
-        if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) \
-                and not pid_alive(holder["pid"]):
+        if _gone_here(holder):
             state, beat = "dead", {**beat, "pid": holder["pid"]}     # killed in its start-up, before a beat
     beat_age = None if "time" not in beat else now - beat["time"]
-    if state in ("running", "finishing") and beat.get("host") == socket.gethostname() \
-            and isinstance(beat.get("pid"), int) and not pid_alive(beat["pid"]):
+    if state in ("running", "finishing") and _gone_here(beat):
         state = "dead"                     # killed on this host: no need to wait for missed beats
     elif state in ("running", "finishing") and beat_age is not None and \
             beat_age > STALE_BEATS * beat.get("every", 10.0):
@@ -302,8 +306,8 @@ def format_status(s: dict) -> str:
     if c["issued"] > c["ended"] + (s["running"] or 0):
         text += f" ({c['issued']} handed out)"
     lines.append(text)
-    lines += untrained_lines(s, s.get("mode") not in MODES or MODES[s["mode"]].members_end_apart)
     apart = s.get("mode") not in MODES or MODES[s["mode"]].members_end_apart
+    lines += untrained_lines(s, apart)
     rates = [r for r in (f"{s['recent_members_per_second']:.2f}/s recently" if s["recent_members_per_second"] else "",
                          f"{s['members_per_second']:.2f}/s this job" if s["members_per_second"] else "") if r
              and apart]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ensemble.config import Problems, RunConfig, member_train_settings
+from ensemble.results.crashes import REPEATS, CrashBook, read_crashes
 from ensemble.results.events import Event
 from ensemble.results.records import MemberRecord
 from ensemble.results.rundir import RunDirectory
@@ -120,14 +121,26 @@ class Mode:
         the mode sizes itself by it), or None when it cannot be said in advance."""
         raise NotImplementedError
 
+    def crash_book(self, history: list[MemberRecord | Event]) -> CrashBook:
+        """What a run's journal (``history``) says of members that killed their workers, as this
+        mode reads it (``gives_up_crashers``, ``quarantines``)."""
+        if not self.gives_up_crashers:
+            return CrashBook()
+        return read_crashes(history, None if self.quarantines else REPEATS)
+
+    def settled(self, final: dict[str, MemberRecord]) -> set[str]:
+        """Of the members' final records (``records.latest``), the ids a ``--resume`` trains no
+        more: every member that ended, by default."""
+        return set(final)
+
     def resume_trains(self, cfg: RunConfig, records: list[MemberRecord], total: int | None = None) -> int | None:
         """How many members a ``--resume`` of a run whose journal holds ``records`` would train
         (``total``: the members the run is meant to end with, else ``expected_members``): those
-        never ended, by default; None when it cannot be said. What ``ensemble status``, the
-        report and ``check --resume`` say of a stopped run."""
+        not ``settled``; None when it cannot be said. What ``ensemble status``, the report and
+        ``check --resume`` say of a stopped run."""
         from ensemble.results.records import latest
         total = total if total is not None else self.expected_members(cfg)
-        return None if not total else max(0, total - len(latest(records)))
+        return None if not total else max(0, total - len(self.settled(latest(records))))
 
     def keras_trainer(self, cfg: RunConfig, meta: dict, data: Any, run_dir: RunDirectory, rank: int,
                       group: Any = None, comm: Any = None) -> Trainer:

@@ -22,20 +22,15 @@ class EnsembleMode(Mode):
     name = "ensemble"
     gives_up_crashers = True
 
-    @staticmethod
-    def _settled(final: dict[str, MemberRecord]) -> set[str]:
-        """The members a resume trains no more: finished, or given up as crashers; the failed
-        ones are tried again (after the untried)."""
+    def settled(self, final: dict[str, MemberRecord]) -> set[str]:
+        """Finished, or given up as crashers; the failed ones are tried again (after the untried)."""
         return {i for i, r in final.items() if r.ok or r.given_up}
-
-    def resume_trains(self, cfg: RunConfig, records: list[MemberRecord], total: int | None = None) -> int | None:
-        total = total if total is not None else self.expected_members(cfg)
-        return None if not total else max(0, total - len(self._settled(latest(records))))
 
     def make(self, ctx: RunContext) -> tuple[Source, Decider]:
         final = latest(x for x in ctx.history if isinstance(x, MemberRecord))
-        done: Collection[str] = self._settled(final) - set(ctx.lost)
-        failed = {i for i, r in final.items() if not (r.ok or r.given_up)}
+        settled = self.settled(final)
+        done: Collection[str] = settled - set(ctx.lost)
+        failed = set(final) - settled
         if ctx.mine is not None:                      # a sub-master's share: the others' count as done here
             done = Others(done, ctx.mine)
         # a resume tries the members never tried before those that failed: a run stopped by

@@ -73,12 +73,13 @@ def run_notes(cfg: RunConfig, info: dict, arrays: dict, meta: dict) -> list[str]
     from ensemble.task import get_task
     from ensemble.task.metrics import rare_class_note, scales_note
     metric = get_task(meta["task"]).default_metric(cfg.ensemble.metric)
+    mode = mode_of(cfg)
     notes = [*data_notes(info, arrays, meta), few_rows_note(meta["sizes"]["val"]),
              scales_note(metric, arrays["y_train"], meta.get("target_names", ())),
              rare_class_note(metric, arrays["y_train"], meta.get("class_names") or (), meta["sizes"]["test"]),
-             *mode_of(cfg).notes(cfg, meta), unpacked_note(cfg),
+             *mode.notes(cfg, meta), unpacked_note(cfg),
              *(dense_on_values_note(arch.to_dict()["layers"], meta["input_shape"], f"architectures[{i}].layers")
-               for i, arch in enumerate(cfg.architectures if mode_of(cfg).uses_architectures else ())
+               for i, arch in enumerate(cfg.architectures if mode.uses_architectures else ())
                if arch.layers)]
     return [n for n in notes if n]
 

@@ -28,7 +28,7 @@ from ensemble.modes import Mode, RunContext, make_trainer, mode_of
 from ensemble.orchestrate.dispatch import dispatch
 from ensemble.orchestrate.progress import Progress
 from ensemble.results.artifacts import Artifacts
-from ensemble.results.crashes import REPEATS, CrashBook, Quarantine, handed_event, read_crashes, with_genomes
+from ensemble.results.crashes import REPEATS, CrashBook, Quarantine, handed_event, with_genomes
 from ensemble.results.events import Event, EventKind, close_event, open_event
 from ensemble.results.heartbeat import Heartbeat
 from ensemble.results.journal import Journal, typed_history
@@ -121,8 +121,7 @@ class MasterSession:
         lost = artifacts.restore(lines) if self.resume else set()
         history = typed_history(lines)
         del lines
-        crashes = (read_crashes(history, None if self.mode.quarantines else REPEATS)
-                   if self.resume and self.mode.gives_up_crashers else CrashBook())
+        crashes = self.mode.crash_book(history) if self.resume else CrashBook()
         given_up = with_genomes(crashes.records(), history)     # journalled once the journal is open
         history += given_up
         previous = [x for x in history if isinstance(x, MemberRecord)]

@@ -28,7 +28,7 @@ from ensemble.orchestrate.fastsim import MIN_SHARE, hierarchy_shape
 from ensemble.orchestrate.progress import Progress
 from ensemble.orchestrate.session import in_hand, run_artifacts, run_master_side
 from ensemble.orchestrate.simulate import master_cost
-from ensemble.results.crashes import REPEATS, handed_event, read_crashes
+from ensemble.results.crashes import handed_event
 from ensemble.results.journal import Journal, typed_history
 from ensemble.results.records import MemberRecord, fatal_failure
 from ensemble.results.rundir import RunDirectory
@@ -249,9 +249,9 @@ def flat_for_suspects(cfg: RunConfig, run_dir: RunDirectory) -> bool:
     resumed job with it (9 in a row). One master hands them out a few at a time and gives the
     culprit up; the next resume, with no suspect left, has its sub-masters again (said)."""
     mode = mode_of(cfg)
-    if not (mode.sub_master_books(cfg) and mode.gives_up_crashers):
+    if not mode.sub_master_books(cfg):
         return False
-    suspects = read_crashes(run_dir.history(), None if mode.quarantines else REPEATS).suspects
+    suspects = mode.crash_book(run_dir.history()).suspects
     if suspects:
         log.warning(f"resume: {len(suspects)} member(s) were training when an earlier job was lost; this job runs "
                     "with one master (`runtime.sub_masters` ignored for it), which hands them out a few at a time "
