@@ -73,7 +73,7 @@ class EvolveMode(Mode):
             return []
         keys = ", ".join(f"`search.{k}`" for k in unused)
         if space.structured:
-            why = (f"the search's genome is structured (`search.space = \"{cfg.search.get('space', 'auto')}\"`, "
+            why = (f"the search's genome is structured (`search.space = \"{cfg.search['space']}\"`, "
                    f"samples of shape {list(meta['input_shape'])}): its depth is `search.stages` x `search.blocks` "
                    "conv blocks, then `search.dense_layers`; set those, or `search.space = \"free\"`")
         else:
