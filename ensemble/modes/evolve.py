@@ -73,8 +73,8 @@ class EvolveMode(Mode):
             return []
         keys = ", ".join(f"`search.{k}`" for k in unused)
         if space.structured:
-            why = (f"the search's genome is structured (`search.space = \"{cfg.search['space']}\"`, "
-                   f"samples of shape {list(meta['input_shape'])}): its depth is `search.stages` x `search.blocks` "
+            why = (f"the search's genome is structured (`search.space`, for samples of shape "
+                   f"{list(meta['input_shape'])}): its depth is `search.stages` x `search.blocks` "
                    "conv blocks, then `search.dense_layers`; set those, or `search.space = \"free\"`")
         else:
             why = ("the search's genome is the free layer list: its depth is `search.min_depth`..`search.max_depth`; "
